@@ -1,0 +1,15 @@
+"""dufs: distributed, out-of-core feature selection for huge sparse data, on Dask.
+
+>>> import dufs
+>>> store = dufs.open("kddb.zarr")          # a sparse store made by `dufs convert` or `dufs.data.write_store`
+>>> X = store.to_dask("csc")                # a Dask array of sparse feature blocks
+"""
+
+__version__ = "0.1.0"
+
+from dufs import config  # noqa: E402,F401  (registers the dufs namespace in dask.config)
+from dufs.data import SparseStore, open_store, write_store  # noqa: E402
+
+open = open_store  # noqa: A001  (dufs.open(path), like zarr.open)
+
+__all__ = ["SparseStore", "__version__", "open", "open_store", "write_store"]

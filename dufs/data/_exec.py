@@ -1,0 +1,80 @@
+"""Run storage tasks on the active Dask cluster, or on local threads when there is none.
+
+The storage layer does not start clusters (that is the CLI's and the engine's business): it uses the active
+``distributed.Client`` if there is one, else a thread pool (the numba kernels release the GIL).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+def active_client() -> Any | None:
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+class Executor:
+    """``submit`` / ``as_completed`` over a distributed client or a local thread pool."""
+
+    def __init__(self, client: Any | None = None, max_workers: int | None = None):
+        self.client = client if client is not None else active_client()
+        self._pool = None
+        if self.client is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=max_workers or os.cpu_count() or 1)
+
+    @property
+    def n_workers(self) -> int:
+        if self.client is not None:
+            return max(1, len(self.client.scheduler_info().get("workers", {})))
+        return self._pool._max_workers  # type: ignore[union-attr]
+
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.client is not None:
+            return self.client.submit(fn, *args, pure=False, **kwargs)
+        return self._pool.submit(fn, *args, **kwargs)  # type: ignore[union-attr]
+
+    def as_completed(self, futures: Iterable[Any]) -> Iterator[Any]:
+        if self.client is not None:
+            from distributed import as_completed
+
+            yield from as_completed(list(futures))
+        else:
+            yield from cf.as_completed(list(futures))
+
+    def cancel(self, futures: Iterable[Any]) -> None:
+        for f in futures:
+            f.cancel()
+
+    def map_ordered(self, fn: Callable, items: list, *, on_done: Callable | None = None) -> list:
+        """Run ``fn(item)`` for every item, return results in order; ``on_done(result)`` as they finish."""
+        futs = [self.submit(fn, it) for it in items]
+        index = {id(f): i for i, f in enumerate(futs)}
+        out: list = [None] * len(futs)
+        try:
+            for f in self.as_completed(futs):
+                r = f.result()
+                out[index[id(f)]] = r
+                if on_done is not None:
+                    on_done(r)
+        except BaseException:
+            self.cancel(futs)
+            raise
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,161 @@
+"""Filesystem plumbing for stores: local paths and fsspec URLs, atomic renames, an exclusive lock file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import zarr
+from zarr.storage import FsspecStore, LocalStore
+
+from dufs.errors import StoreError, StoreLockedError
+
+LOCK_NAME = "dufs.lock"
+
+
+def is_url(path: str) -> bool:
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A store location: a local directory or an fsspec URL."""
+
+    url: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> Location:
+        s = os.fspath(path)
+        if s.startswith("file://"):
+            s = s[len("file://"):]
+        if not is_url(s):
+            s = os.path.abspath(s)
+        return cls(s.rstrip("/") if s not in ("/",) else s)
+
+    @property
+    def local(self) -> bool:
+        return not is_url(self.url)
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        return fsspec.core.url_to_fs(self.url)[0]
+
+    @property
+    def fspath(self) -> str:
+        return fsspec.core.url_to_fs(self.url)[1]
+
+    def sibling(self, suffix: str) -> Location:
+        return Location(self.url + suffix)
+
+    def child(self, name: str) -> str:
+        return self.url + "/" + name
+
+    def exists(self) -> bool:
+        if self.local:
+            return os.path.exists(self.url)
+        return self.fs.exists(self.fspath)
+
+    def zarr_store(self, read_only: bool) -> Any:
+        if self.local:
+            return LocalStore(self.url, read_only=read_only)
+        return FsspecStore.from_url(self.url, read_only=read_only)
+
+    def open_group(self, mode: str = "r") -> zarr.Group:
+        return zarr.open_group(store=self.zarr_store(read_only=(mode == "r")), mode=mode)
+
+    def remove(self) -> None:
+        if not self.exists():
+            return
+        if self.local:
+            import shutil
+
+            shutil.rmtree(self.url)
+        else:
+            self.fs.rm(self.fspath, recursive=True)
+
+    def rename_to(self, dest: Location) -> None:
+        """Move this directory to ``dest`` (which must not exist)."""
+        if dest.exists():
+            raise StoreError(f"cannot rename {self.url} to {dest.url}: the destination exists")
+        if self.local:
+            os.replace(self.url, dest.url)
+        else:
+            self.fs.mv(self.fspath, dest.fspath, recursive=True)
+            if self.fs.exists(self.fspath):  # some filesystems copy and leave the source
+                self.fs.rm(self.fspath, recursive=True)
+
+    # small JSON side files (lock, checkpoints) --------------------------------------------------
+    def read_json(self, name: str) -> Any | None:
+        p = self.child(name)
+        fs, fp = fsspec.core.url_to_fs(p)
+        if not fs.exists(fp):
+            return None
+        with fs.open(fp, "r") as f:
+            return json.load(f)
+
+    def write_json_atomic(self, name: str, obj: Any) -> None:
+        p = self.child(name)
+        if self.local:
+            tmp = f"{p}.tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        else:
+            fs, fp = fsspec.core.url_to_fs(p)
+            with fs.open(fp, "w") as f:
+                json.dump(obj, f)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(loc: Location, *, what: str) -> dict:
+    """Create ``loc/dufs.lock`` exclusively. A lock whose process is gone (same host) is taken over."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "what": what}
+    path = loc.child(LOCK_NAME)
+    if loc.local:
+        os.makedirs(loc.url, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                held = loc.read_json(LOCK_NAME) or {}
+                if held.get("host") == me["host"] and not _pid_alive(int(held.get("pid", -1))):
+                    os.remove(path)  # stale: its process is gone
+                    continue
+                raise StoreLockedError(
+                    f"{loc.url} is being written by another process (pid {held.get('pid')} on "
+                    f"{held.get('host')}, since {time.ctime(held.get('time', 0))}); wait for it to "
+                    f"finish, or stop it and resume"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return me
+        raise StoreLockedError(f"could not lock {loc.url}")
+    held = loc.read_json(LOCK_NAME)
+    if held is not None and not (held.get("host") == me["host"] and not _pid_alive(int(held["pid"]))):
+        raise StoreLockedError(f"{loc.url} is being written by another process (pid {held.get('pid')} "
+                               f"on {held.get('host')})")
+    loc.write_json_atomic(LOCK_NAME, me)
+    return me
+
+
+def release_lock(loc: Location) -> None:
+    p = loc.child(LOCK_NAME)
+    fs, fp = fsspec.core.url_to_fs(p)
+    if fs.exists(fp):
+        fs.rm(fp)

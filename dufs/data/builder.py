@@ -1,0 +1,392 @@
+"""Building a sparse store out of core: row blocks in, both orientations out.
+
+The build runs in three steps, each resumable:
+
+1. ``write_row_block(i, ...)`` (any order, in parallel, on any worker): writes CSR row block ``i`` and a *spill* of
+   its entries sorted by (feature, row), with offsets at every granule of ``feature-granule`` features;
+   a block is done when its group carries ``complete: true`` (written last).
+2. ``finalize()`` picks feature blocks balanced by nonzeros on granule boundaries, then assembles every CSC feature
+   block from the spills (each task reads one contiguous slice of every row block's spill), writes labels,
+   per-feature nonzeros and the attributes, and the completion marker last.
+3. The partial store ``<path>.dufs-partial`` is renamed to ``<path>``.
+
+Memory per task is bounded by the block sizes, never by the data size. Row blocks may carry raw column indices with
+an index base decided only at the end (libsvm's ``zero_based="auto"``): ``finalize(index_shift=1)`` subtracts it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+
+from dufs import config
+from dufs._logging import get_logger
+from dufs.data._exec import Executor
+from dufs.data._fs import Location, acquire_lock, release_lock
+from dufs.data.store import (
+    FORMAT_VERSION,
+    PARTIAL_SUFFIX,
+    SparseStore,
+    _compressors,
+    read_array,
+    write_array,
+)
+from dufs.errors import ParameterError, StoreError
+
+log = get_logger(__name__)
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class RowBlockInfo:
+    index: int
+    n_rows: int
+    nnz: int
+    min_index: int
+    max_index: int
+
+
+class StoreBuilder:
+    """Writes a store under ``<path>.dufs-partial`` and renames it to ``<path>`` on success.
+
+    Picklable (it holds only the path and options), so row-block writes run as tasks on workers.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The final store location (local directory or fsspec URL).
+    value_dtype : dtype, default from ``dufs.store.value-dtype`` (float32)
+    overwrite : bool
+        Replace an existing finished store at ``path`` (only once the new one is complete).
+    resume : bool
+        Continue a partial store left by an interrupted build.
+    options : dict
+        What the build was asked to do (inputs, parser options); a resume must ask for the same.
+    """
+
+    def __init__(self, path: Any, *, value_dtype: Any = None, overwrite: bool = False,
+                 resume: bool = False, options: dict | None = None):
+        self.final = Location.of(path)
+        self.partial = self.final.sibling(PARTIAL_SUFFIX)
+        self.value_dtype = np.dtype(value_dtype or config.get("store.value-dtype"))
+        if self.value_dtype.kind != "f":
+            raise ParameterError(f"The 'value_dtype' parameter must be a float dtype; got {self.value_dtype}.")
+        self.overwrite = overwrite
+        self.resume = resume
+        self.options = dict(options or {})
+        self.granule = int(config.get("store.feature-granule"))
+        self.chunk = int(config.get("store.chunk-elements"))
+        self._locked = False
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_locked"] = False
+        return d
+
+    # ------------------------------------------------------------------ lifecycle
+    def begin(self) -> set[int]:
+        """Create (or, resuming, reopen) the partial store and lock it; return the finished row blocks."""
+        if self.final.exists() and not self.overwrite:
+            raise StoreError(f"{self.final.url} exists; pass overwrite=True (--overwrite) to replace it")
+        if self.partial.exists():
+            if not self.resume:
+                held = self.partial.read_json("dufs.lock")
+                raise StoreError(
+                    f"{self.final.url}: an unfinished build is at {self.partial.url}"
+                    + (f" (pid {held.get('pid')} on {held.get('host')})" if held else "")
+                    + "; finish it with --resume (resume=True) or delete it")
+            acquire_lock(self.partial, what="build")
+            self._locked = True
+            g = self.partial.open_group("r+")
+            prev = dict(g.attrs).get("dufs_partial", {}).get("options")
+            if prev is not None and _jsonable(prev) != _jsonable(self.options):
+                self.abort(remove=False)
+                raise StoreError(f"cannot resume {self.partial.url}: it was started with other options "
+                                 f"({prev}); now {self.options}")
+            done = self.finished_row_blocks()
+            log.info("resuming %s: %d row blocks already written", self.partial.url, len(done))
+            return done
+        if self.resume:
+            log.info("nothing to resume at %s: starting afresh", self.partial.url)
+        acquire_lock(self.partial, what="build")
+        self._locked = True
+        g = zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="a")
+        g.attrs["dufs_partial"] = {"format_version": FORMAT_VERSION, "options": _jsonable(self.options),
+                                   "value_dtype": str(self.value_dtype), "granule": self.granule}
+        g.require_group("csr")
+        g.require_group("csc")
+        g.require_group("spill")
+        return set()
+
+    def abort(self, *, remove: bool = True) -> None:
+        """Give up: remove the partial store (nothing half-written is left) or just release the lock."""
+        if remove:
+            self.partial.remove()
+        elif self._locked:
+            release_lock(self.partial)
+        self._locked = False
+
+    def _group(self) -> zarr.Group:
+        return zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="r+")
+
+    def finished_row_blocks(self) -> set[int]:
+        g = self._group()
+        done = set()
+        for name, sub in g["csr"].groups():
+            if sub.attrs.get("complete") and "spill" in g and name in g["spill"]:
+                done.add(int(name))
+        return done
+
+    # ------------------------------------------------------------------ step 1
+    def write_row_block(self, i: int, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
+                        y: np.ndarray | None = None, extra: dict | None = None) -> RowBlockInfo:
+        """Write CSR row block ``i`` (indices sorted within rows, possibly with a not yet applied base) and its spill."""
+        from dufs.kernels.sparse import csr_to_spill
+
+        indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+        n_rows = indptr.shape[0] - 1
+        nnz = int(indptr[-1])
+        indices = np.asarray(indices)[:nnz]
+        if nnz and (indices.min() < 0 or indices.max() > INT32_MAX):
+            raise ParameterError(f"row block {i}: column indices must lie in [0, 2**31 - 1]")
+        indices = np.ascontiguousarray(indices, dtype=np.int32)
+        data = np.ascontiguousarray(np.asarray(data)[:nnz], dtype=self.value_dtype)
+        if n_rows > INT32_MAX:
+            raise ParameterError(f"row block {i} has too many rows ({n_rows})")
+        g = self._group()
+        blk = g["csr"].require_group(str(i))
+        blk.attrs.update({"complete": False})
+        write_array(blk, "indptr", indptr, chunk=self.chunk)
+        write_array(blk, "indices", indices, chunk=self.chunk)
+        write_array(blk, "data", data, chunk=self.chunk)
+        if y is not None:
+            y = np.asarray(y, dtype=np.float64).ravel()
+            if y.shape[0] != n_rows:
+                raise ParameterError(f"row block {i}: {y.shape[0]} labels for {n_rows} rows")
+            write_array(blk, "y", y, chunk=self.chunk)
+        cols, rows, vals, goff = csr_to_spill(indptr, indices, data, self.granule)
+        sp = g["spill"].require_group(str(i))
+        write_array(sp, "cols", cols, chunk=self.chunk)
+        write_array(sp, "rows", rows, chunk=self.chunk)
+        write_array(sp, "vals", vals, chunk=self.chunk)
+        write_array(sp, "goff", goff, chunk=8192)
+        info = RowBlockInfo(i, n_rows, nnz, int(indices.min()) if nnz else -1,
+                            int(indices.max()) if nnz else -1)
+        blk.attrs.update({"complete": True, "n_rows": n_rows, "nnz": nnz, "has_y": y is not None,
+                          "min_index": info.min_index, "max_index": info.max_index, **(extra or {})})
+        return info
+
+    def row_block_infos(self) -> list[dict]:
+        """Attributes of every finished row block, in block order (blocks must be numbered 0..k-1)."""
+        g = self._group()
+        done = sorted(self.finished_row_blocks())
+        if done != list(range(len(done))):
+            missing = sorted(set(range(max(done, default=-1) + 1)) - set(done))
+            raise StoreError(f"{self.partial.url}: row blocks {missing[:5]} were never written")
+        return [dict(g["csr"][str(i)].attrs) for i in done]
+
+    # ------------------------------------------------------------------ step 2
+    def finalize(self, *, n_features: int | None = None, index_shift: int = 0, feature_ids: Any = None,
+                 provenance: dict | None = None, ground_truth: dict | None = None,
+                 executor: Executor | None = None, feature_block: int | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> SparseStore:
+        """Assemble the CSC side, write labels and attributes, mark complete and rename into place."""
+        infos = self.row_block_infos()
+        n_rows_blk = np.array([b["n_rows"] for b in infos], dtype=np.int64)
+        row_bounds = np.concatenate([[0], np.cumsum(n_rows_blk)]).astype(np.int64)
+        n_rows = int(row_bounds[-1])
+        max_raw = max((b["max_index"] for b in infos), default=-1)
+        min_raw = min((b["min_index"] for b in infos if b["nnz"]), default=0)
+        if index_shift and min_raw < index_shift:
+            raise ParameterError(f"index {min_raw} is below the index base {index_shift}")
+        needed = max_raw - index_shift + 1
+        if n_features is None:
+            n_features = max(needed, 0)
+        elif needed > n_features:
+            raise ParameterError(f"the data has feature index {max_raw} (base {index_shift}) but "
+                                 f"n_features={n_features}")
+        has_y = [bool(b.get("has_y")) for b in infos]
+        if any(has_y) and not all(has_y):
+            raise StoreError("some row blocks have labels and some do not")
+        g = self._group()
+        ex = executor or Executor()
+        try:
+            if index_shift:
+                todo = [i for i, b in enumerate(infos) if b.get("index_shift_applied", 0) != index_shift]
+                ex.map_ordered(lambda i: _shift_row_block(self, i, index_shift), todo,
+                               on_done=lambda _: progress and progress("reindex", 1, len(todo)))
+            bounds_raw = self._feature_bounds(len(infos), n_features, index_shift, feature_block)
+            nb = len(bounds_raw) - 1
+            done = {int(k) for k, sub in g["csc"].groups() if sub.attrs.get("complete")}
+            todo = [j for j in range(nb) if j not in done]
+            prev_bounds = g.attrs.get("dufs_partial", {}).get("csc_bounds")
+            if prev_bounds is not None and prev_bounds != [int(x) for x in bounds_raw]:
+                done, todo = set(), list(range(nb))
+            attrs = dict(g.attrs)
+            attrs["dufs_partial"] = {**attrs.get("dufs_partial", {}), "csc_bounds": [int(x) for x in bounds_raw]}
+            g.attrs.update(attrs)
+            ex.map_ordered(lambda j: _assemble_feature_block(self, j, bounds_raw, row_bounds, index_shift,
+                                                             n_features), todo,
+                           on_done=lambda _: progress and progress("transpose", 1, len(todo)))
+        finally:
+            if executor is None:
+                ex.close()
+        csc_bounds = np.clip(bounds_raw - index_shift, 0, n_features)
+        csc_bounds[-1] = n_features
+        csc_nnz = [int(g["csc"][str(j)].attrs["nnz"]) for j in range(nb)]
+        # per-feature nnz and labels, streamed block by block
+        fnnz = np.zeros(n_features, dtype=np.int64)
+        for j in range(nb):
+            ip = read_array(g["csc"][str(j)]["indptr"], f"csc block {j}")
+            fnnz[csc_bounds[j]:csc_bounds[j + 1]] = np.diff(ip)
+        write_array(g, "feature_nnz", fnnz, chunk=self.chunk)
+        if all(has_y) and infos:
+            yarr = g.create_array("y", shape=(n_rows,), dtype="float64",
+                                  chunks=(max(1, min(self.chunk, n_rows)),), fill_value=0, overwrite=True,
+                                  compressors=_compressors(),
+                                  config={"write_empty_chunks": True})
+            for i in range(len(infos)):
+                yarr[row_bounds[i]:row_bounds[i + 1]] = read_array(g["csr"][str(i)]["y"], f"row block {i}")
+        if feature_ids is not None:
+            fid = np.asarray(feature_ids)
+            if fid.shape != (n_features,):
+                raise ParameterError(f"feature_ids has shape {fid.shape}; expected ({n_features},)")
+            if fid.dtype.kind in "OUS":
+                fid = fid.astype(str)
+                g.create_array("feature_ids", shape=fid.shape, dtype=str, overwrite=True)[...] = fid
+            else:
+                write_array(g, "feature_ids", fid.astype(np.int64))
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "shape": [n_rows, int(n_features)],
+            "nnz": int(sum(b["nnz"] for b in infos)),
+            "dtype": str(self.value_dtype), "index_dtype": "int32", "indptr_dtype": "int64",
+            "csr": {"bounds": [int(x) for x in row_bounds], "block_nnz": [int(b["nnz"]) for b in infos]},
+            "csc": {"bounds": [int(x) for x in csc_bounds], "block_nnz": csc_nnz},
+            "has_labels": bool(all(has_y) and infos), "has_feature_ids": feature_ids is not None,
+            "provenance": _jsonable({**(provenance or {}), "options": self.options}),
+            "ground_truth": _jsonable(ground_truth) if ground_truth else None,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "dufs_version": _dufs_version(),
+        }
+        # the spill is scratch: drop it before the marker goes in
+        if "spill" in g:
+            Location(self.partial.child("spill")).remove()
+        g = self._group()
+        attrs = dict(g.attrs)
+        attrs.pop("dufs_partial", None)
+        attrs["dufs"] = {**meta, "complete": True}  # the completion marker, written last
+        g.attrs.put(attrs) if hasattr(g.attrs, "put") else g.attrs.update(attrs)
+        release_lock(self.partial)
+        self._locked = False
+        if self.final.exists():
+            trash = self.final.sibling(".dufs-old")
+            trash.remove()
+            self.final.rename_to(trash)
+            self.partial.rename_to(self.final)
+            trash.remove()
+        else:
+            self.partial.rename_to(self.final)
+        return SparseStore(self.final.url)
+
+    def _feature_bounds(self, n_row_blocks: int, n_features: int, shift: int,
+                        feature_block: int | None) -> np.ndarray:
+        """Raw-index feature block boundaries on granule multiples, balanced by nonzeros."""
+        G = self.granule
+        n_raw = n_features + shift
+        n_gran = max(1, math.ceil(n_raw / G))
+        if feature_block:  # a fixed number of features per block (rounded to granules)
+            step = max(1, round(feature_block / G))
+            gb = list(range(0, n_gran, step)) + [n_gran]
+        else:
+            counts = np.zeros(n_gran, dtype=np.int64)
+            g = self._group()
+            for i in range(n_row_blocks):
+                goff = read_array(g["spill"][str(i)]["goff"], f"spill {i}")
+                c = np.diff(goff)[:n_gran]
+                counts[:c.shape[0]] += c
+            target = int(config.get("store.feature-block-nnz"))
+            max_gran = max(1, int(config.get("store.feature-block-max-features", 262144)) // G)
+            gb, acc = [0], 0
+            for k in range(n_gran):
+                if k > gb[-1] and (acc + counts[k] > target or k - gb[-1] >= max_gran):
+                    gb.append(k)
+                    acc = 0
+                acc += counts[k]
+            gb.append(n_gran)
+        bounds = np.asarray(gb, dtype=np.int64) * G
+        bounds[-1] = n_raw
+        if n_features == 0:
+            bounds = np.array([0, shift], dtype=np.int64)
+        return bounds
+
+
+def _shift_row_block(b: StoreBuilder, i: int, shift: int) -> None:
+    g = b._group()
+    blk = g["csr"][str(i)]
+    if blk.attrs.get("index_shift_applied", 0) == shift:
+        return
+    idx = read_array(blk["indices"], f"row block {i}")
+    write_array(blk, "indices", (idx - shift).astype(np.int32), chunk=b.chunk)
+    blk.attrs.update({"index_shift_applied": shift})
+
+
+def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row_bounds: np.ndarray,
+                            shift: int, n_features: int) -> int:
+    from dufs.kernels.sparse import merge_spills
+
+    G = b.granule
+    g = b._group()
+    lo_raw, hi_raw = int(bounds_raw[j]), int(bounds_raw[j + 1])
+    g0, g1 = lo_raw // G, -(-hi_raw // G)
+    pieces_c, pieces_r, pieces_v = [], [], []
+    for i in range(len(row_bounds) - 1):
+        sp = g["spill"][str(i)]
+        goff = sp["goff"]
+        ng = goff.shape[0] - 1
+        a, z = min(g0, ng), min(g1, ng)
+        if a >= z:
+            continue
+        lo, hi = (int(x) for x in read_array(goff, f"spill {i}", slice(a, z + 1))[[0, -1]])
+        if hi <= lo:
+            continue
+        pieces_c.append(read_array(sp["cols"], f"spill {i}", slice(lo, hi)))
+        pieces_r.append(read_array(sp["rows"], f"spill {i}", slice(lo, hi)).astype(np.int64) + row_bounds[i])
+        pieces_v.append(read_array(sp["vals"], f"spill {i}", slice(lo, hi)))
+    lo_f = min(max(lo_raw - shift, 0), n_features)
+    hi_f = min(hi_raw - shift, n_features) if j < len(bounds_raw) - 2 else n_features
+    width = max(hi_f - lo_f, 0)
+    if pieces_c:
+        cols = np.concatenate(pieces_c).astype(np.int64) - shift - lo_f
+        rows = np.concatenate(pieces_r)
+        vals = np.concatenate(pieces_v)
+    else:
+        cols = np.empty(0, np.int64)
+        rows = np.empty(0, np.int64)
+        vals = np.empty(0, b.value_dtype)
+    indptr, indices, data = merge_spills(cols, rows, vals, width)
+    blk = g["csc"].require_group(str(j))
+    blk.attrs.update({"complete": False})
+    write_array(blk, "indptr", indptr, chunk=b.chunk)
+    write_array(blk, "indices", indices.astype(np.int32), chunk=b.chunk)
+    write_array(blk, "data", data.astype(b.value_dtype), chunk=b.chunk)
+    blk.attrs.update({"complete": True, "nnz": int(indptr[-1]), "start": lo_f, "stop": lo_f + width})
+    return int(indptr[-1])
+
+
+def _dufs_version() -> str:
+    from dufs import __version__
+
+    return __version__
+
+
+def _jsonable(obj: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

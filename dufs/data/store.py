@@ -1,0 +1,366 @@
+"""The sparse Zarr store: both orientations of a sparse matrix, in blocks, with labels and metadata.
+
+Layout (one Zarr v3 group)::
+
+    zarr.json          attributes["dufs"]: shape, nnz, dtype, block bounds and per-block nnz, provenance,
+                       synthetic ground truth, format version, and ``complete: true`` written last
+    y                  labels (float64, n_rows), optional
+    feature_ids        optional
+    feature_nnz        nonzeros per feature (int64, n_features)
+    csr/<i>/indptr     row block i: local indptr (int64), indices (int32, columns), data (float32 by default)
+    csr/<i>/indices
+    csr/<i>/data
+    csc/<j>/...        feature block j: local indptr over its features, indices = row numbers, data
+
+Every array carries Zarr's crc32c codec, and every chunk of every array is written (no implicit fill values), so
+a flipped bit, a truncated chunk or a missing chunk is an error naming the chunk, never silent zeros.
+A store is built under ``<path>.dufs-partial`` and renamed to ``<path>`` when complete (see ``builder``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+import zarr.codecs as zc
+
+from dufs import config
+from dufs.data._fs import Location
+from dufs.errors import CorruptChunkError, IncompleteStoreError, ParameterError, StoreError
+
+FORMAT_VERSION = 1
+PARTIAL_SUFFIX = ".dufs-partial"
+Orientation = Literal["csr", "csc"]
+
+
+def _compressors() -> list:
+    name = str(config.get("store.compressor")).lower()
+    level = int(config.get("store.compression-level"))
+    if name in ("none", "null", ""):
+        comp = []
+    elif name == "zstd":
+        comp = [zc.ZstdCodec(level=level)]
+    elif name.startswith("blosc"):
+        cname = name.split("-", 1)[1] if "-" in name else "lz4"
+        comp = [zc.BloscCodec(cname=cname, clevel=level, shuffle="shuffle")]
+    else:
+        raise ParameterError(f"The 'dufs.store.compressor' setting must be one of none, zstd, blosc-lz4, "
+                             f"blosc-zstd; got {name!r}.")
+    return [*comp, zc.Crc32cCodec()]
+
+
+def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int | None = None) -> zarr.Array:
+    """Write a 1-D array (every chunk stored, crc32c-checked), replacing any previous one."""
+    values = np.ascontiguousarray(values)
+    chunk = int(chunk or config.get("store.chunk-elements"))
+    arr = group.create_array(
+        name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(chunk, max(1, values.size))),),
+        compressors=_compressors(), fill_value=0, overwrite=True, config={"write_empty_chunks": True},
+    )
+    if values.size:
+        arr[...] = values
+    return arr
+
+
+def read_array(arr: zarr.Array, where: str, sl: slice | None = None) -> np.ndarray:
+    """Read ``arr[sl]`` and turn a missing, truncated or corrupt chunk into a ``CorruptChunkError``."""
+    n = arr.shape[0]
+    start, stop = (0, n) if sl is None else (sl.start or 0, n if sl.stop is None else sl.stop)
+    if stop <= start:
+        return np.empty(0, dtype=arr.dtype)
+    csize = arr.chunks[0]
+    needed = range(start // csize, (stop - 1) // csize + 1)
+    try:
+        return np.asarray(arr[start:stop])
+    except Exception as exc:  # zarr raises ValueError on checksum mismatch, others on truncation
+        bad = _find_bad_chunk(arr, needed)
+        raise CorruptChunkError(f"{where}: chunk {bad} is corrupt or truncated ({exc}); the store is damaged: "
+                                f"rebuild it (dufs convert) or restore it from a copy") from exc
+    finally:
+        _check_present(arr, where, needed)
+
+
+def _chunk_name(arr: zarr.Array, k: int) -> str:
+    return f"{arr.path}/c/{k}"
+
+
+def _find_bad_chunk(arr: zarr.Array, needed: range) -> str:
+    csize = arr.chunks[0]
+    for k in needed:
+        try:
+            arr[k * csize:min(arr.shape[0], (k + 1) * csize)]
+        except Exception:
+            return _chunk_name(arr, k)
+    return f"{arr.path}/c/?"
+
+
+def _check_present(arr: zarr.Array, where: str, needed: range) -> None:
+    if arr.nchunks_initialized != arr.nchunks:
+        store = arr.store
+        import asyncio
+
+        async def missing() -> list[int]:
+            out = []
+            for k in needed:
+                if not await store.exists(_chunk_name(arr, k)):
+                    out.append(k)
+            return out
+
+        from zarr.core.sync import sync
+
+        gone = sync(missing())
+        if gone:
+            raise CorruptChunkError(f"{where}: chunk {_chunk_name(arr, gone[0])} is missing; the store is "
+                                    f"damaged: rebuild it (dufs convert) or restore it from a copy")
+        del asyncio
+
+
+@dataclass(frozen=True)
+class RawBlock:
+    """One block as raw buffers: ``indptr`` (local, int64), ``indices`` (int32), ``data``.
+
+    For a CSR row block, rows ``start:stop`` and ``indices`` are column numbers; for a CSC feature block,
+    features ``start:stop`` and ``indices`` are row numbers.
+    """
+
+    orientation: str
+    index: int
+    start: int
+    stop: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    other_dim: int
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        k = self.stop - self.start
+        return (k, self.other_dim) if self.orientation == "csr" else (self.other_dim, k)
+
+    def to_scipy(self) -> Any:
+        import scipy.sparse as sp
+
+        cls = sp.csr_array if self.orientation == "csr" else sp.csc_array
+        return cls((self.data, self.indices, self.indptr), shape=self.shape)
+
+    def to_sparse(self) -> Any:
+        import sparse
+
+        axis = 0 if self.orientation == "csr" else 1
+        return sparse.GCXS((self.data, self.indices, self.indptr), shape=self.shape, compressed_axes=(axis,))
+
+
+class SparseStore:
+    """A complete dufs store, opened read-only. Use :func:`open_store` (``dufs.open``)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.location = Location.of(path)
+        loc = self.location
+        if not loc.exists():
+            partial = loc.sibling(PARTIAL_SUFFIX)
+            if partial.exists():
+                raise IncompleteStoreError(
+                    f"{loc.url} was never finished: its build was interrupted and the partial store is at "
+                    f"{partial.url}. Finish it with `dufs convert <inputs> {loc.url} --resume` (the same "
+                    f"inputs and options), or delete {partial.url} and start again")
+            raise StoreError(f"no dufs store at {loc.url}")
+        try:
+            self._group = loc.open_group("r")
+        except Exception as exc:
+            raise StoreError(f"{loc.url} is not a Zarr group ({exc})") from exc
+        meta = dict(self._group.attrs).get("dufs")
+        if not isinstance(meta, dict) or not meta.get("complete"):
+            raise IncompleteStoreError(
+                f"{loc.url} has no completion marker: it is not a finished dufs store. If a conversion into "
+                f"it was interrupted, finish it with `dufs convert <inputs> {loc.url} --resume`; else rebuild it")
+        if int(meta.get("format_version", -1)) > FORMAT_VERSION:
+            raise StoreError(f"{loc.url} has format version {meta['format_version']}, newer than this dufs "
+                             f"reads ({FORMAT_VERSION}); upgrade dufs")
+        self.attrs: dict = meta
+        self.shape: tuple[int, int] = (int(meta["shape"][0]), int(meta["shape"][1]))
+        self.nnz: int = int(meta["nnz"])
+        self.dtype = np.dtype(meta["dtype"])
+        self._bounds = {o: np.asarray(meta[o]["bounds"], dtype=np.int64) for o in ("csr", "csc")}
+        self._block_nnz = {o: np.asarray(meta[o]["block_nnz"], dtype=np.int64) for o in ("csr", "csc")}
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def path(self) -> str:
+        return self.location.url
+
+    def __repr__(self) -> str:
+        n, d = self.shape
+        return (f"<dufs.SparseStore {self.path}: {n} x {d}, nnz={self.nnz}, {self.n_blocks('csr')} row blocks, "
+                f"{self.n_blocks('csc')} feature blocks>")
+
+    def __getstate__(self) -> dict:
+        return {"path": self.location.url}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def bounds(self, orientation: Orientation = "csc") -> np.ndarray:
+        """Block boundaries: block i covers rows (csr) or features (csc) ``bounds[i]:bounds[i+1]``."""
+        return self._bounds[_check_orientation(orientation)].copy()
+
+    def block_nnz(self, orientation: Orientation = "csc") -> np.ndarray:
+        return self._block_nnz[_check_orientation(orientation)].copy()
+
+    def n_blocks(self, orientation: Orientation = "csc") -> int:
+        return len(self._bounds[_check_orientation(orientation)]) - 1
+
+    @property
+    def provenance(self) -> dict:
+        return dict(self.attrs.get("provenance") or {})
+
+    @property
+    def ground_truth(self) -> dict | None:
+        return self.attrs.get("ground_truth")
+
+    @property
+    def has_labels(self) -> bool:
+        return bool(self.attrs.get("has_labels"))
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def y(self) -> np.ndarray | None:
+        """Labels (float64, n_rows), or None."""
+        if not self.has_labels:
+            return None
+        return read_array(self._group["y"], f"{self.path}: labels")
+
+    @property
+    def feature_ids(self) -> np.ndarray | None:
+        if not self.attrs.get("has_feature_ids"):
+            return None
+        return np.asarray(self._group["feature_ids"][...])
+
+    @property
+    def feature_nnz(self) -> np.ndarray:
+        return read_array(self._group["feature_nnz"], f"{self.path}: feature_nnz")
+
+    def block(self, i: int, orientation: Orientation = "csc") -> RawBlock:
+        """Block ``i`` as raw buffers (one contiguous read of each of its three arrays)."""
+        o = _check_orientation(orientation)
+        nb = self.n_blocks(o)
+        if not 0 <= i < nb:
+            raise ParameterError(f"{o} block {i} does not exist in {self.path} (it has {nb} {o} blocks)")
+        g = self._group[f"{o}/{i}"]
+        where = f"{self.path}: {o} block {i}"
+        indptr = read_array(g["indptr"], where)
+        indices = read_array(g["indices"], where)
+        data = read_array(g["data"], where)
+        b = self._bounds[o]
+        other = self.shape[1] if o == "csr" else self.shape[0]
+        if indptr.shape[0] != b[i + 1] - b[i] + 1 or indptr[-1] != indices.shape[0] != data.shape[0] \
+                or indptr[-1] != self._block_nnz[o][i]:
+            raise CorruptChunkError(f"{where}: array lengths do not match the store's metadata "
+                                    f"(indptr {indptr.shape[0]}, nnz {indices.shape[0]}, expected "
+                                    f"{b[i + 1] - b[i] + 1} and {self._block_nnz[o][i]})")
+        return RawBlock(o, i, int(b[i]), int(b[i + 1]), indptr, indices, data, other)
+
+    def to_dask(self, orientation: Orientation = "csc", *, kind: Literal["sparse", "scipy"] = "sparse") -> Any:
+        """A Dask array over the store: one chunk per block, each chunk a pydata ``sparse.GCXS`` (or SciPy).
+
+        Chunks are read lazily, on the workers, when computed.
+        """
+        import dask.array as da
+
+        o = _check_orientation(orientation)
+        if kind not in ("sparse", "scipy"):
+            raise ParameterError(f"The 'kind' parameter of to_dask must be 'sparse' or 'scipy'; got {kind!r}.")
+        n, d = self.shape
+        b = self._bounds[o]
+        sizes = tuple(int(x) for x in np.diff(b))
+        name = f"dufs-store-{o}-{kind}-" + _token(self.path, self.attrs.get("created"))
+        dsk = {}
+        for i in range(len(sizes)):
+            key = (name, i, 0) if o == "csr" else (name, 0, i)
+            dsk[key] = (_load_chunk, self.path, o, i, kind)
+        chunks = ((sizes, (d,)) if o == "csr" else ((n,), sizes))
+        if kind == "sparse":
+            import sparse
+
+            meta = sparse.GCXS.from_numpy(np.zeros((0, 0), dtype=self.dtype), compressed_axes=(0,))
+        else:
+            import scipy.sparse as sp
+
+            meta = (sp.csr_array if o == "csr" else sp.csc_array)((0, 0), dtype=self.dtype)
+        return da.Array(dsk, name, chunks, meta=meta)
+
+    def to_scipy(self, orientation: Orientation = "csr") -> Any:
+        """The whole matrix in memory as a SciPy sparse array: for small stores and tests only."""
+        import scipy.sparse as sp
+
+        blocks = [self.block(i, orientation).to_scipy() for i in range(self.n_blocks(orientation))]
+        if not blocks:
+            return (sp.csr_array if orientation == "csr" else sp.csc_array)(self.shape, dtype=self.dtype)
+        return (sp.vstack if orientation == "csr" else sp.hstack)(blocks, format=orientation)
+
+    def info(self, top: int = 10) -> dict:
+        """A summary: shape, nnz, density, blocks, label counts, most frequent features, provenance."""
+        n, d = self.shape
+        fnnz = self.feature_nnz
+        order = np.argsort(-fnnz, kind="stable")[:top]
+        out: dict[str, Any] = {
+            "path": self.path, "shape": [n, d], "nnz": self.nnz,
+            "density": self.nnz / (n * d) if n and d else 0.0,
+            "nnz_per_row": self.nnz / n if n else 0.0,
+            "dtype": str(self.dtype),
+            "row_blocks": self.n_blocks("csr"), "feature_blocks": self.n_blocks("csc"),
+            "max_block_nnz": {o: int(self._block_nnz[o].max(initial=0)) for o in ("csr", "csc")},
+            "empty_features": int((fnnz == 0).sum()),
+            "top_features": [[int(j), int(fnnz[j])] for j in order],
+            "provenance": self.provenance,
+            "format_version": self.attrs.get("format_version"),
+        }
+        if self.has_labels:
+            vals, counts = np.unique(self.y, return_counts=True)
+            out["labels"] = {_fmt_label(v): int(c) for v, c in zip(vals, counts)}
+        if self.ground_truth:
+            gt = self.ground_truth
+            out["ground_truth"] = {"informative": gt.get("informative"), "seed": gt.get("seed")}
+        return out
+
+
+def _fmt_label(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _token(*parts: Any) -> str:
+    from dask.base import tokenize
+
+    return tokenize(*parts)
+
+
+_STORE_CACHE: dict[str, SparseStore] = {}
+
+
+def _cached(path: str) -> SparseStore:
+    st = _STORE_CACHE.get(path)
+    if st is None:
+        st = _STORE_CACHE[path] = SparseStore(path)
+    return st
+
+
+def _load_chunk(path: str, orientation: str, i: int, kind: str) -> Any:
+    blk = _cached(path).block(i, orientation)  # type: ignore[arg-type]
+    return blk.to_sparse() if kind == "sparse" else blk.to_scipy()
+
+
+def _check_orientation(o: str) -> str:
+    if o not in ("csr", "csc"):
+        raise ParameterError(f"The 'orientation' parameter must be 'csr' or 'csc'; got {o!r}.")
+    return o
+
+
+def open_store(path: str | os.PathLike) -> SparseStore:
+    """Open a finished dufs store (a local directory or an fsspec URL such as ``memory://x.zarr``)."""
+    return SparseStore(path)

@@ -1,0 +1,135 @@
+"""Writing a store from in-memory or Dask input: NumPy, SciPy sparse, pydata ``sparse``, Dask arrays.
+
+Dask input is written out of core: each row slab is computed on a worker and written there, so the whole matrix
+is never materialised anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from dufs import config
+from dufs.data.builder import StoreBuilder
+from dufs.data.store import SparseStore
+from dufs.errors import ParameterError
+
+
+def _csr_buffers(block: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Canonical CSR buffers (sorted indices, duplicates summed, explicit zeros dropped) of a 2-D block."""
+    if isinstance(block, np.ndarray) or np.isscalar(block):
+        m = sp.csr_array(np.atleast_2d(np.asarray(block)))
+    elif sp.issparse(block):
+        m = sp.csr_array(block)
+    elif type(block).__module__.startswith("sparse"):
+        m = sp.csr_array(block.to_scipy_sparse())
+    else:
+        m = sp.csr_array(np.asarray(block))
+    m.sum_duplicates()
+    m.eliminate_zeros()
+    m.sort_indices()
+    return m.indptr.astype(np.int64), m.indices, m.data
+
+
+def _check_finite(data: np.ndarray, what: str) -> None:
+    if data.size and not np.isfinite(data).all():
+        raise ParameterError(f"{what} contains NaN or infinite values; dufs stores finite numbers only")
+
+
+def _write_slab(builder: StoreBuilder, i: int, slab: Any, y: Any) -> int:
+    indptr, indices, data = _csr_buffers(slab)
+    _check_finite(data, f"row block {i}")
+    if y is not None:
+        y = np.asarray(y, dtype=np.float64).ravel()
+        _check_finite(y, f"labels of row block {i}")
+    builder.write_row_block(i, indptr, indices, data, y)
+    return int(indptr[-1])
+
+
+def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: Any = None,
+                row_block: int | None = None, feature_block: int | None = None, value_dtype: Any = None,
+                overwrite: bool = False, provenance: dict | None = None,
+                ground_truth: dict | None = None) -> SparseStore:
+    """Write ``X`` (n_samples x n_features) and optional labels ``y`` to a dufs store at ``path``.
+
+    Parameters
+    ----------
+    X : numpy.ndarray, scipy.sparse matrix/array, sparse.COO/GCXS or dask.array.Array
+        Dask arrays may have dense or sparse chunks; they are written slab by slab on the workers.
+    path : str or path-like
+        Local directory or fsspec URL (``memory://...``).
+    y : array-like, optional
+        Labels, one per row.
+    row_block : int, optional
+        Rows per CSR block (default ``dufs.store.row-block``).
+    feature_block : int, optional
+        Features per CSC block; by default blocks are balanced by nonzeros (``dufs.store.feature-block-nnz``).
+    overwrite : bool
+        Replace an existing store (the old one is removed only after the new one is complete).
+
+    Returns
+    -------
+    SparseStore
+    """
+    import dask
+
+    row_block = int(row_block or config.get("store.row-block"))
+    if row_block < 1:
+        raise ParameterError(f"The 'row_block' parameter of write_store must be an int >= 1; got {row_block}.")
+    if getattr(X, "ndim", 2) != 2:
+        raise ParameterError(f"The 'X' parameter of write_store must be 2-D; got {getattr(X, 'ndim', '?')}-D.")
+    n_rows, n_features = (int(s) for s in X.shape)
+    if y is not None and len(y) != n_rows:
+        raise ParameterError(f"X has {n_rows} rows but y has {len(y)} labels")
+    b = StoreBuilder(path, value_dtype=value_dtype or _default_dtype(X), overwrite=overwrite,
+                     options={"writer": "write_store", "row_block": row_block})
+    b.begin()
+    try:
+        starts = list(range(0, n_rows, row_block))
+        if _is_dask(X):
+            import dask.array as da
+
+            Xr = X.rechunk({0: row_block, 1: -1})
+            parts = Xr.to_delayed().ravel()
+            if y is not None:
+                yd = y if _is_dask(y) else da.from_array(np.asarray(y), chunks=row_block)
+                ys = yd.rechunk(Xr.chunks[0]).to_delayed().ravel()
+            else:
+                ys = [None] * len(parts)
+            tasks = [dask.delayed(_write_slab)(b, i, part, yy) for i, (part, yy) in enumerate(zip(parts, ys))]
+            dask.compute(*tasks)
+        else:
+            M = X
+            if type(X).__module__.startswith("sparse"):
+                M = X.to_scipy_sparse()
+            if sp.issparse(M):
+                M = sp.csr_array(M)
+            ya = None if y is None else np.asarray(y)
+            tasks = [dask.delayed(_write_slab)(b, i, M[a:a + row_block],
+                                               None if ya is None else ya[a:a + row_block])
+                     for i, a in enumerate(starts)]
+            dask.compute(*tasks, scheduler="threads")
+        if n_rows == 0:
+            b.write_row_block(0, np.zeros(1, np.int64), np.empty(0, np.int32), np.empty(0),
+                              None if y is None else np.empty(0))
+        return b.finalize(n_features=n_features, feature_ids=feature_ids, feature_block=feature_block,
+                          provenance={"source": "write_store", "input_type": type(X).__name__,
+                                      **(provenance or {})},
+                          ground_truth=ground_truth)
+    except BaseException:
+        b.abort(remove=True)
+        raise
+
+
+def _is_dask(x: Any) -> bool:
+    return type(x).__module__.startswith("dask")
+
+
+def _default_dtype(X: Any) -> Any:
+    dt = np.dtype(getattr(X, "dtype", np.float64))
+    if dt.kind == "f":
+        return dt if dt.itemsize >= 4 else np.float32
+    return None

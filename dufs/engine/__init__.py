@@ -1,0 +1,1 @@
+"""engine layer of dufs (see DESIGN.md section 2)."""

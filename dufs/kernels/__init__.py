@@ -1,0 +1,1 @@
+"""kernels layer of dufs (see DESIGN.md section 2)."""

@@ -1,0 +1,1 @@
+"""methods layer of dufs (see DESIGN.md section 2)."""
