@@ -123,6 +123,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def lock_is_live(held: dict) -> bool:
+    """A lock is live unless its process is known to be gone (same host, no such pid)."""
+    if held.get("host") != socket.gethostname():
+        return True
+    return _pid_alive(int(held.get("pid", -1))) and int(held.get("pid", -1)) != os.getpid()
+
+
 def acquire_lock(loc: Location, *, what: str) -> dict:
     """Create ``loc/dufs.lock`` exclusively. A lock whose process is gone (same host) is taken over."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "what": what}
@@ -134,7 +141,7 @@ def acquire_lock(loc: Location, *, what: str) -> dict:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 held = loc.read_json(LOCK_NAME) or {}
-                if held.get("host") == me["host"] and not _pid_alive(int(held.get("pid", -1))):
+                if not lock_is_live(held):
                     os.remove(path)  # stale: its process is gone
                     continue
                 raise StoreLockedError(
@@ -147,7 +154,7 @@ def acquire_lock(loc: Location, *, what: str) -> dict:
             return me
         raise StoreLockedError(f"could not lock {loc.url}")
     held = loc.read_json(LOCK_NAME)
-    if held is not None and not (held.get("host") == me["host"] and not _pid_alive(int(held["pid"]))):
+    if held is not None and lock_is_live(held):
         raise StoreLockedError(f"{loc.url} is being written by another process (pid {held.get('pid')} "
                                f"on {held.get('host')})")
     loc.write_json_atomic(LOCK_NAME, me)

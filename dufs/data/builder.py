@@ -28,7 +28,7 @@ import zarr
 from dufs import config
 from dufs._logging import get_logger
 from dufs.data._exec import Executor
-from dufs.data._fs import Location, acquire_lock, release_lock
+from dufs.data._fs import Location, acquire_lock, lock_is_live, release_lock
 from dufs.data.store import (
     FORMAT_VERSION,
     PARTIAL_SUFFIX,
@@ -95,8 +95,10 @@ class StoreBuilder:
         if self.final.exists() and not self.overwrite:
             raise StoreError(f"{self.final.url} exists; pass overwrite=True (--overwrite) to replace it")
         if self.partial.exists():
+            held = self.partial.read_json("dufs.lock")
+            if held and lock_is_live(held):
+                acquire_lock(self.partial, what="build")  # raises StoreLockedError naming the holder
             if not self.resume:
-                held = self.partial.read_json("dufs.lock")
                 raise StoreError(
                     f"{self.final.url}: an unfinished build is at {self.partial.url}"
                     + (f" (pid {held.get('pid')} on {held.get('host')})" if held else "")
@@ -145,8 +147,13 @@ class StoreBuilder:
 
     # ------------------------------------------------------------------ step 1
     def write_row_block(self, i: int, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
-                        y: np.ndarray | None = None, extra: dict | None = None) -> RowBlockInfo:
-        """Write CSR row block ``i`` (indices sorted within rows, possibly with a not yet applied base) and its spill."""
+                        y: np.ndarray | None = None, extra: dict | None = None, *,
+                        raw_indices: bool = False) -> RowBlockInfo:
+        """Write CSR row block ``i`` (indices sorted within rows) and its spill.
+
+        With ``raw_indices=True`` the column indices carry an index base decided only at ``finalize``: they are
+        kept as ``indices_raw`` and ``finalize(index_shift=...)`` writes the final ``indices`` from them.
+        """
         from dufs.kernels.sparse import csr_to_spill
 
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
@@ -161,9 +168,9 @@ class StoreBuilder:
             raise ParameterError(f"row block {i} has too many rows ({n_rows})")
         g = self._group()
         blk = g["csr"].require_group(str(i))
-        blk.attrs.update({"complete": False})
+        blk.attrs.put({"complete": False})
         write_array(blk, "indptr", indptr, chunk=self.chunk)
-        write_array(blk, "indices", indices, chunk=self.chunk)
+        write_array(blk, "indices_raw" if raw_indices else "indices", indices, chunk=self.chunk)
         write_array(blk, "data", data, chunk=self.chunk)
         if y is not None:
             y = np.asarray(y, dtype=np.float64).ravel()
@@ -179,6 +186,7 @@ class StoreBuilder:
         info = RowBlockInfo(i, n_rows, nnz, int(indices.min()) if nnz else -1,
                             int(indices.max()) if nnz else -1)
         blk.attrs.update({"complete": True, "n_rows": n_rows, "nnz": nnz, "has_y": y is not None,
+                          "raw_indices": raw_indices,
                           "min_index": info.min_index, "max_index": info.max_index, **(extra or {})})
         return info
 
@@ -217,10 +225,11 @@ class StoreBuilder:
         g = self._group()
         ex = executor or Executor()
         try:
-            if index_shift:
-                todo = [i for i, b in enumerate(infos) if b.get("index_shift_applied", 0) != index_shift]
-                ex.map_ordered(lambda i: _shift_row_block(self, i, index_shift), todo,
-                               on_done=lambda _: progress and progress("reindex", 1, len(todo)))
+            todo = [i for i, b in enumerate(infos) if b.get("raw_indices")]
+            if any(b.get("raw_indices") is False for b in infos) and index_shift:
+                raise StoreError("cannot shift the index base of row blocks written with final indices")
+            ex.map_ordered(lambda i: _reindex_row_block(self, i, index_shift), todo,
+                           on_done=lambda _: progress and progress("reindex", 1, len(todo)))
             bounds_raw = self._feature_bounds(len(infos), n_features, index_shift, feature_block)
             nb = len(bounds_raw) - 1
             done = {int(k) for k, sub in g["csc"].groups() if sub.attrs.get("complete")}
@@ -327,14 +336,17 @@ class StoreBuilder:
         return bounds
 
 
-def _shift_row_block(b: StoreBuilder, i: int, shift: int) -> None:
+def _reindex_row_block(b: StoreBuilder, i: int, shift: int) -> None:
+    """Final ``indices`` = ``indices_raw - shift`` (idempotent: the raw array goes only after the attrs say so)."""
     g = b._group()
     blk = g["csr"][str(i)]
-    if blk.attrs.get("index_shift_applied", 0) == shift:
+    if "indices_raw" not in blk:
         return
-    idx = read_array(blk["indices"], f"row block {i}")
-    write_array(blk, "indices", (idx - shift).astype(np.int32), chunk=b.chunk)
-    blk.attrs.update({"index_shift_applied": shift})
+    if blk.attrs.get("indices_shift") != shift:
+        idx = read_array(blk["indices_raw"], f"row block {i}")
+        write_array(blk, "indices", (idx - shift).astype(np.int32), chunk=b.chunk)
+        blk.attrs.update({"indices_shift": shift})
+    Location(b.partial.child(f"csr/{i}/indices_raw")).remove()
 
 
 def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row_bounds: np.ndarray,

@@ -1,0 +1,259 @@
+"""The ``dufs`` command line: convert, info, make-synthetic, demo, bench.
+
+Only here: progress bars and starting clusters from flags. With no ``--scheduler``, commands that run on a
+cluster start an embedded ``LocalCluster`` (processes, one worker a core) and close it afterwards;
+``--workers 0`` runs on local threads in this process instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dufs.errors import DufsError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dufs: distributed, out-of-core feature selection for huge sparse data.")
+console = Console(stderr=True)
+out = Console()
+
+SchedulerOpt = typer.Option(None, "--scheduler", help="Address of a running dask scheduler (tcp://host:8786).")
+WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded LocalCluster (default: one a core; "
+                                                   "0: local threads, no cluster).")
+
+
+@contextlib.contextmanager
+def cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
+    """A distributed Client on ``scheduler``, or on an embedded LocalCluster of processes; None for threads."""
+    if scheduler:
+        from distributed import Client
+
+        with Client(scheduler) as client:
+            yield client
+        return
+    if workers == 0:
+        yield None
+        return
+    from distributed import Client, LocalCluster
+
+    n = workers or os.cpu_count() or 1
+    from dufs import config
+
+    with LocalCluster(n_workers=n, threads_per_worker=int(config.get("cluster.threads-per-worker")),
+                      processes=True, dashboard_address=None, silence_logs=40) as lc, Client(lc) as client:
+        yield client
+
+
+def _fail(exc: BaseException) -> None:
+    console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _bytes_progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
+                    disable=not console.is_terminal and not os.environ.get("DUFS_PROGRESS"))
+
+
+@app.command()
+def convert(
+    inputs: list[Path] = typer.Argument(..., help="libsvm/svmlight files (plain, .bz2, .gz, .xz), then OUT."),
+    each: bool = typer.Option(False, "--each", help="One store per input (OUT is a directory); the stores "
+                                                    "share the index base and n_features."),
+    zero_based: str = typer.Option("auto", "--zero-based", help="auto, true or false (as scikit-learn)."),
+    n_features: Optional[int] = typer.Option(None, "--n-features", help="Number of features (default: the "
+                                                                        "largest index + 1)."),
+    on_error: str = typer.Option("raise", "--on-error", help="raise: stop at the first bad line; skip: skip "
+                                                             "bad lines and report them."),
+    dtype: str = typer.Option("float32", "--dtype", help="Value dtype of the store."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted conversion."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
+    block_bytes: Optional[str] = typer.Option(None, "--block-bytes", help="Text bytes per row block (32MiB)."),
+    scheduler: Optional[str] = SchedulerOpt,
+    workers: Optional[int] = WorkersOpt,
+) -> None:
+    """Convert libsvm text into a dufs store: `dufs convert train.bz2 train.zarr`."""
+    from dufs.data.convert import convert_libsvm
+
+    if len(inputs) < 2:
+        _fail(DufsError("give at least one input and the output: dufs convert IN... OUT"))
+    *ins, dest = inputs
+    zb: Any = {"auto": "auto", "true": True, "false": False}.get(zero_based.lower())
+    if zb is None:
+        _fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
+    outs: Any = [dest / (p.name.split(".")[0] + ".zarr") for p in ins] if each else dest
+    if each:
+        dest.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        with cluster(scheduler, workers) as client, _bytes_progress() as bar:
+            task = bar.add_task("parse", total=None, rate="")
+
+            def progress(ev: dict) -> None:
+                el = max(time.perf_counter() - t0, 1e-9)
+                if ev["stage"] == "parse":
+                    bar.update(task, completed=ev["bytes"], total=ev["total_bytes"],
+                               rate=f"{ev['rows'] / el:,.0f} rows/s  {ev['bytes'] / el / 1e6:,.1f} MB/s")
+                else:
+                    bar.update(task, description=ev["stage"], advance=0, rate=f"{ev['total']} blocks")
+
+            stores, rep = convert_libsvm([str(p) for p in ins], [str(o) for o in outs] if each else str(outs),
+                                         zero_based=zb, n_features=n_features, on_error=on_error,
+                                         value_dtype=dtype, resume=resume, overwrite=overwrite,
+                                         block_bytes=block_bytes, client=client, progress=progress)
+    except DufsError as exc:
+        _fail(exc)
+    dt = time.perf_counter() - t0
+    console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
+                  f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s "
+                  f"({rep.bytes / dt / 1e6:,.1f} MB/s); blank lines {rep.blank_lines}, comment lines "
+                  f"{rep.comment_lines}", highlight=False)
+    if rep.skipped_lines:
+        console.print(f"[yellow]skipped {rep.skipped_lines} bad lines[/]; first ones:", highlight=False)
+        for f, line, off, why in rep.skipped:
+            console.print(f"  {f}:{line}: {why} (byte offset {off})", highlight=False)
+    for s in (stores if isinstance(stores, list) else [stores]):
+        out.print(s.path, highlight=False)
+
+
+@app.command()
+def info(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+         top: int = typer.Option(10, "--top", help="How many most frequent features to list.")) -> None:
+    """Shape, nonzeros, density, blocks, label counts, top features by frequency, provenance."""
+    from dufs.data import open_store
+
+    try:
+        st = open_store(store)
+        d = st.info(top=top)
+    except DufsError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(d))
+        return
+    _print_info(d)
+
+
+def _print_info(d: dict) -> None:
+    t = Table(title=d["path"], show_header=False, title_justify="left")
+    n, m = d["shape"]
+    t.add_row("shape", f"{n:,} rows x {m:,} features")
+    t.add_row("nonzeros", f"{d['nnz']:,} ({d['nnz_per_row']:.1f} a row, density {d['density']:.3g})")
+    t.add_row("dtype", d["dtype"])
+    t.add_row("blocks", f"{d['row_blocks']} row blocks (largest {d['max_block_nnz']['csr']:,} nnz), "
+                        f"{d['feature_blocks']} feature blocks (largest {d['max_block_nnz']['csc']:,} nnz)")
+    t.add_row("empty features", f"{d['empty_features']:,}")
+    if "labels" in d:
+        t.add_row("labels", ", ".join(f"{k}: {v:,}" for k, v in d["labels"].items()))
+    t.add_row("top features", ", ".join(f"{j} ({c:,})" for j, c in d["top_features"]))
+    prov = d.get("provenance") or {}
+    t.add_row("provenance", ", ".join(f"{k}={v}" for k, v in prov.items() if k != "options"))
+    if d.get("ground_truth"):
+        t.add_row("ground truth", f"informative features {d['ground_truth']['informative']}")
+    out.print(t)
+
+
+@app.command("make-synthetic")
+def make_synthetic_cmd(
+    output: str = typer.Argument(..., help="The store to write."),
+    rows: int = typer.Option(100_000, "--rows"),
+    features: int = typer.Option(1_000_000, "--features"),
+    nnz_per_row: int = typer.Option(30, "--nnz-per-row"),
+    informative: int = typer.Option(20, "--informative"),
+    seed: int = typer.Option(0, "--seed"),
+    label_noise: float = typer.Option(0.05, "--label-noise"),
+    row_block: Optional[int] = typer.Option(None, "--row-block", help="Rows per row block."),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+    resume: bool = typer.Option(False, "--resume"),
+    scheduler: Optional[str] = SchedulerOpt,
+    workers: Optional[int] = WorkersOpt,
+) -> None:
+    """Write a kddb-like synthetic store (power-law binary features, sparse linear labels)."""
+    try:
+        _make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
+                        overwrite, resume, scheduler, workers)
+    except DufsError as exc:
+        _fail(exc)
+
+
+def _make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
+                    overwrite, resume, scheduler, workers) -> Any:
+    from dufs.data.synthetic import SyntheticSpec
+    from dufs.data.writers import make_synthetic
+
+    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row,
+                         n_informative=informative, seed=seed, label_noise=label_noise)
+    t0 = time.perf_counter()
+    with cluster(scheduler, workers) as client, _bytes_progress() as bar:
+        task = bar.add_task("generate", total=None, rate="")
+        nnz = [0]
+
+        def progress(ev: dict) -> None:
+            if ev["stage"] == "generate":
+                nnz[0] += ev["nnz"]
+                bar.update(task, advance=1, total=ev["total_blocks"],
+                           rate=f"{nnz[0] / max(time.perf_counter() - t0, 1e-9) / 1e6:,.1f} Mnnz/s")
+            else:
+                bar.update(task, description=ev["stage"], advance=0)
+
+        st = make_synthetic(output, spec, row_block=row_block, overwrite=overwrite, resume=resume,
+                            client=client, progress=progress)
+    console.print(f"wrote {st.shape[0]:,} x {st.shape[1]:,}, {st.nnz:,} nonzeros in "
+                  f"{time.perf_counter() - t0:.1f} s", highlight=False)
+    out.print(st.path, highlight=False)
+    return st
+
+
+@app.command()
+def demo(
+    out_dir: Path = typer.Option(Path("dufs-demo"), "--out", help="Where to write the demo's outputs."),
+    rows: int = typer.Option(200_000, "--rows"),
+    features: int = typer.Option(500_000, "--features"),
+    workers: Optional[int] = WorkersOpt,
+) -> None:
+    """The main job on an embedded default: a kddb-like store made on a local multi-process cluster."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "synthetic.zarr"
+    try:
+        st = _make_synthetic(str(path), rows, features, 30, 20, 0, 0.05, None, True, False, None, workers)
+        _print_info(st.info())
+    except DufsError as exc:
+        _fail(exc)
+
+
+@app.command()
+def bench(
+    what: str = typer.Argument(..., help="What to measure: ingest."),
+    size_mb: float = typer.Option(64.0, "--size-mb", help="Size of the base libsvm file (MB)."),
+    repeats: int = typer.Option(3, "--repeats", help="Runs per figure (the median is printed)."),
+    work_dir: Optional[Path] = typer.Option(None, "--dir", help="Scratch directory (default: a temp dir)."),
+) -> None:
+    """Benchmarks printed as ratios against a reference measured in the same run."""
+    from dufs import bench as _bench
+
+    if what != "ingest":
+        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest"))
+    _bench.ingest(size_mb=size_mb, repeats=repeats, work_dir=work_dir, console=out)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""Streaming libsvm/svmlight ingest into sparse stores (``dufs convert``).
+
+Plain text is split into byte ranges at line boundaries and every range is read, parsed (a numba parser on raw
+bytes) and written as one row block by a task on the cluster, so memory is bounded by the block size whatever the
+file size. Compressed input (.bz2, .gz, .xz) is decompressed as one stream on the driver and cut into blocks of
+whole lines that are parsed on the cluster, a bounded number in flight. The CSC side is then built by the store
+builder's out-of-core transpose.
+
+Every malformed line is reported as ``file:line: what is wrong (byte offset N)``; the build is then removed, so no
+half-written output is left. ``on_error="skip"`` drops bad lines and reports how many and the first few.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import fsspec
+import numpy as np
+
+from dufs import config
+from dufs._logging import get_logger
+from dufs.data._exec import Executor
+from dufs.data._fs import Location
+from dufs.data.builder import StoreBuilder
+from dufs.data.store import SparseStore
+from dufs.errors import InputFormatError, ParameterError
+
+log = get_logger(__name__)
+_OPENERS = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open, ".lzma": lzma.open}
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row block's worth of input: a byte range of a plain file, or a block of decompressed text."""
+
+    block: int  # row block number within its store
+    file: int  # input number
+    start: int  # byte offset in the (decompressed) stream
+    stop: int
+    first_line: int = -1  # 1-based line of the block's first line, when known (compressed streams)
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion saw: counts, skipped lines, the index base used."""
+
+    rows: int = 0
+    nnz: int = 0
+    lines: int = 0
+    blank_lines: int = 0
+    comment_lines: int = 0
+    skipped_lines: int = 0
+    skipped: list = field(default_factory=list)  # (file, line, offset, reason) of the first few
+    bytes: int = 0
+    zero_based: bool = True
+    n_features: int = 0
+
+
+def _compressed(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in _OPENERS
+
+
+def _open_stream(path: str):
+    ext = os.path.splitext(path)[1].lower()
+    raw = fsspec.open(path, "rb").open()
+    return _OPENERS[ext](raw, "rb") if ext in _OPENERS else raw
+
+
+def _file_size(path: str) -> int:
+    fs, p = fsspec.core.url_to_fs(path)
+    return int(fs.size(p))
+
+
+def _plain_units(path: str, file_no: int, block_bytes: int, first_block: int) -> list[Unit]:
+    """Byte ranges of about ``block_bytes`` cut just after a newline."""
+    size = _file_size(path)
+    cuts = [0]
+    with fsspec.open(path, "rb") as f:
+        pos = block_bytes
+        while pos < size:
+            f.seek(pos)
+            nl = -1
+            while True:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    break
+                k = chunk.find(b"\n")
+                if k >= 0:
+                    nl = f.tell() - len(chunk) + k
+                    break
+            if nl < 0 or nl + 1 >= size:
+                break
+            cuts.append(nl + 1)
+            pos = nl + 1 + block_bytes
+    cuts.append(size)
+    return [Unit(first_block + k, file_no, a, b) for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+
+
+def _stream_blocks(path: str, block_bytes: int) -> Iterator[tuple[int, int, bytes]]:
+    """Blocks of whole lines from a compressed stream: (start offset, first line, bytes)."""
+    start, line, carry = 0, 1, b""
+    with _open_stream(path) as f:
+        while True:
+            chunk = f.read(block_bytes)
+            if not chunk:
+                break
+            buf = carry + chunk
+            k = buf.rfind(b"\n")
+            if k < 0:
+                carry = buf
+                continue
+            out, carry = buf[:k + 1], buf[k + 1:]
+            yield start, line, out
+            start += len(out)
+            line += out.count(b"\n")
+    if carry:
+        yield start, line, carry
+
+
+def _read_range(path: str, start: int, stop: int) -> np.ndarray:
+    if not _is_url(path):
+        return np.fromfile(path, dtype=np.uint8, count=stop - start, offset=start)
+    with fsspec.open(path, "rb") as f:
+        f.seek(start)
+        return np.frombuffer(f.read(stop - start), dtype=np.uint8)
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any, opts: dict) -> dict:
+    """Task: parse one unit and write it as a row block. Returns counts, or the first error (nothing written)."""
+    from dufs.kernels.libsvm import error_message, parse_block
+
+    buf = _read_range(path, unit.start, unit.stop) if payload is None else np.frombuffer(payload, np.uint8)
+    pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX)
+    res = {"block": unit.block, "unit": unit, "n_lines": pb.n_lines, "n_blank": pb.n_blank,
+           "n_comment": pb.n_comment, "n_skipped": pb.n_skipped, "bytes": int(buf.size),
+           "skipped": [(int(a), int(b), error_message(int(c))) for a, b, c in
+                       zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes)],
+           "error": None}
+    if pb.error_code:
+        res["error"] = (int(pb.error_line), unit.start + int(pb.error_offset), error_message(int(pb.error_code)))
+        return res
+    data = pb.data.astype(builder.value_dtype)
+    bad = _first_bad(pb, data, opts)
+    if bad is not None:
+        res["error"] = bad
+        return res
+    info = builder.write_row_block(
+        unit.block, pb.indptr, pb.indices - (1 if opts["zero_based"] is False else 0), data, pb.labels,
+        raw_indices=opts["zero_based"] == "auto",
+        extra={"n_lines": pb.n_lines, "n_blank": pb.n_blank, "n_comment": pb.n_comment,
+               "n_skipped": pb.n_skipped, "bytes": int(buf.size), "max_index_line": int(pb.max_index_line),
+               "skipped": [list(s) for s in res["skipped"]], "unit": [unit.file, unit.start, unit.stop]})
+    res.update(n_rows=info.n_rows, nnz=info.nnz, min_index=info.min_index, max_index=info.max_index,
+               max_index_line=int(pb.max_index_line))
+    return res
+
+
+def _first_bad(pb: Any, data: np.ndarray, opts: dict) -> tuple | None:
+    """Checks that need the options: index 0 when one-based, index beyond n_features, values beyond the dtype."""
+    checks = []
+    if opts["zero_based"] is False:
+        checks.append((pb.indices == 0, "feature index 0 in one-based data (pass --zero-based if the file "
+                                        "is zero-based)"))
+    if opts["n_features"] is not None and opts["zero_based"] != "auto":
+        lim = opts["n_features"] + (0 if opts["zero_based"] else 1)
+        checks.append((pb.indices >= lim, f"feature index beyond n_features={opts['n_features']}"))
+    if data.size and not np.isfinite(data).all():
+        checks.append((~np.isfinite(data), f"value out of range for {data.dtype}"))
+    for mask, why in checks:
+        hits = np.flatnonzero(mask)
+        if hits.size:
+            row = int(np.searchsorted(pb.indptr, hits[0], side="right") - 1)
+            return (int(pb.row_lines[row]), None, why)
+    return None
+
+
+def _check_options(zero_based: Any, n_features: Any, on_error: str, block_bytes: int) -> None:
+    if zero_based not in (True, False, "auto"):
+        raise ParameterError(f"The 'zero_based' parameter of convert_libsvm must be True, False or 'auto'; "
+                             f"got {zero_based!r}.")
+    if n_features is not None and (not isinstance(n_features, (int, np.integer)) or not
+                                   0 <= n_features <= INT32_MAX + 1):
+        raise ParameterError(f"The 'n_features' parameter of convert_libsvm must be an int in [0, 2**31] or "
+                             f"None; got {n_features!r}.")
+    if on_error not in ("raise", "skip"):
+        raise ParameterError(f"The 'on_error' parameter of convert_libsvm must be 'raise' or 'skip'; "
+                             f"got {on_error!r}.")
+    if block_bytes < 1:
+        raise ParameterError(f"The 'block_bytes' parameter of convert_libsvm must be >= 1; got {block_bytes}.")
+
+
+def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike | list, *,
+                   zero_based: bool | Literal["auto"] = "auto", n_features: int | None = None,
+                   on_error: Literal["raise", "skip"] = "raise", value_dtype: Any = None,
+                   resume: bool = False, overwrite: bool = False, block_bytes: int | str | None = None,
+                   client: Any = None, progress: Callable[[dict], None] | None = None,
+                   ) -> tuple[SparseStore | list[SparseStore], ConvertReport]:
+    """Convert libsvm/svmlight text files (plain, .bz2, .gz, .xz) into dufs stores.
+
+    Parameters
+    ----------
+    inputs : path or list of paths
+        Local paths or fsspec URLs.
+    output : path or list of paths
+        One store (all inputs appended, in order) or one store per input (same length as ``inputs``; the
+        stores then share the index base and ``n_features``, as ``sklearn.datasets.load_svmlight_files``).
+    zero_based : True, False or "auto"
+        As scikit-learn: "auto" means zero-based if any index 0 occurs in any input, else one-based.
+    n_features : int, optional
+        Number of features; an index beyond it is an error. Default: the largest index seen, plus one.
+    on_error : "raise" or "skip"
+        Raise on the first malformed line (naming ``file:line``), or skip malformed lines and count them.
+    resume : bool
+        Finish an interrupted conversion of the same inputs with the same options.
+    block_bytes : int or str
+        Bytes of text per row block (default ``dufs.convert.block-bytes``).
+    client : distributed.Client, optional
+        Where to run the parse tasks (default: the active client, else local threads).
+    progress : callable, optional
+        Called with a dict (``rows``, ``bytes``, ``total_bytes``, ``stage``) as blocks finish.
+
+    Returns
+    -------
+    (store or list of stores, ConvertReport)
+    """
+    ins = [os.fspath(p) for p in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+    many = isinstance(output, (list, tuple))
+    outs = [os.fspath(p) for p in (output if many else [output])]
+    if not ins:
+        raise ParameterError("The 'inputs' parameter of convert_libsvm must name at least one file; got none.")
+    if many and len(outs) != len(ins):
+        raise ParameterError(f"{len(ins)} inputs but {len(outs)} outputs: give one output, or one per input")
+    block_bytes = config.parse_bytes(block_bytes or config.get("convert.block-bytes"))
+    _check_options(zero_based, n_features, on_error, block_bytes)
+    for p in ins:
+        fs, fp = fsspec.core.url_to_fs(p)
+        if not fs.exists(fp):
+            raise ParameterError(f"{p}: no such file")
+    store_of = list(range(len(ins))) if many else [0] * len(ins)
+    opts = {"skip": on_error == "skip", "zero_based": zero_based, "n_features": n_features}
+    builders = []
+    for s, out in enumerate(outs):
+        mine = [p for p, k in zip(ins, store_of) if k == s]
+        options = {"inputs": [[Location.of(p).url, _file_size(p)] for p in mine], "zero_based": zero_based,
+                   "n_features": n_features, "on_error": on_error, "block_bytes": block_bytes,
+                   "together_with": [Location.of(o).url for o in outs] if many else None}
+        builders.append(StoreBuilder(out, value_dtype=value_dtype, overwrite=overwrite, resume=resume,
+                                     options=options))
+    begun: list[StoreBuilder] = []
+    report = ConvertReport()
+    ex = Executor(client)
+    try:
+        done = []
+        for b in builders:
+            done.append(b.begin())
+            begun.append(b)
+        total = sum(_file_size(p) for p in ins)
+        _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total)
+        # the index base and n_features, over every input together (as load_svmlight_files)
+        infos = [b.row_block_infos() for b in builders]
+        all_blocks = [blk for inf in infos for blk in inf if blk["nnz"]]
+        min_idx = min((blk["min_index"] for blk in all_blocks), default=1)
+        zb = zero_based if zero_based != "auto" else (min_idx == 0)
+        # blocks of a known base were shifted as they were parsed; "auto" blocks are shifted at finalize
+        shift = (0 if zb else 1) if zero_based == "auto" else 0
+        max_idx = max((blk["max_index"] for blk in all_blocks), default=-1)
+        nf = n_features if n_features is not None else max(max_idx - shift + 1, 0)
+        if max_idx - shift >= nf:
+            max_idx_text = max_idx + (0 if zb or zero_based == "auto" else 1)
+            s, inf = next((s, inf) for s, inf in enumerate(infos) for blk in inf if blk["max_index"] == max_idx)
+            blk = next(blk for blk in inf if blk["max_index"] == max_idx)
+            f, line = _global_line(builders[s], inf, blk, ins, store_of, s)
+            raise InputFormatError(f"{f}:{line}: feature index {max_idx_text} is beyond n_features={nf} "
+                                   f"({'zero' if zb else 'one'}-based)", path=f, line=line)
+        report.zero_based, report.n_features = bool(zb), int(nf)
+        stores = []
+        for s, b in enumerate(builders):
+            mine = [p for p, k in zip(ins, store_of) if k == s]
+            stores.append(b.finalize(
+                n_features=nf, index_shift=shift, executor=ex,
+                provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],
+                            "zero_based": bool(zb), "lines": report.lines,
+                            "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},
+                progress=(lambda stage, k, n: progress({"stage": stage, "done": k, "total": n}))
+                if progress else None))
+        return (stores if many else stores[0]), report
+    except InputFormatError:
+        for b in begun:
+            b.abort(remove=True)
+        raise
+    except BaseException:
+        for b in begun:  # keep the partial store for --resume, release the lock
+            b.abort(remove=False)
+        raise
+    finally:
+        ex.close()
+
+
+def _global_line(b: StoreBuilder, infos: list[dict], blk: dict, ins: list[str], store_of: list[int],
+                 s: int) -> tuple[str, int]:
+    file_no = blk["unit"][0]
+    before = sum(x["n_lines"] for x in infos if x["unit"][0] == file_no and x["unit"][1] < blk["unit"][1])
+    return ins[file_no], before + int(blk["max_index_line"])
+
+
+def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total) -> None:
+    next_block = [0] * len(builders)
+    in_flight: dict = {}
+    max_in_flight = max(2, ex.n_workers * int(config.get("convert.in-flight")))
+
+    def collect(fut) -> None:
+        unit, path = in_flight.pop(fut)
+        r = fut.result()
+        if r["error"] is not None:
+            line, offset, why = r["error"]
+            first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
+            gl = first + line - 1
+            where = f" (byte offset {offset})" if offset is not None else ""
+            raise InputFormatError(f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset, reason=why)
+        account(r, unit, path)
+
+    def account(r: dict, unit: Unit, path: str) -> None:
+        report.rows += r.get("n_rows", 0)
+        report.nnz += r.get("nnz", 0)
+        report.lines += r["n_lines"]
+        report.blank_lines += r["n_blank"]
+        report.comment_lines += r["n_comment"]
+        report.skipped_lines += r["n_skipped"]
+        report.bytes += r["bytes"]
+        if r["skipped"] and len(report.skipped) < 10:
+            first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
+            for line, off, why in r["skipped"][:10 - len(report.skipped)]:
+                report.skipped.append((path, first + line - 1, unit.start + off, why))
+        if progress:
+            progress({"stage": "parse", "rows": report.rows, "bytes": report.bytes, "total_bytes": total})
+
+    def submit(unit: Unit, path: str, payload: Any) -> None:
+        while len(in_flight) >= max_in_flight:
+            collect(next(iter(ex.as_completed(list(in_flight)))))
+        fut = ex.submit(_parse_and_write, builders[store_of[unit.file]], unit, path, payload, opts)
+        in_flight[fut] = (unit, path)
+
+    try:
+        for k, path in enumerate(ins):
+            s = store_of[k]
+            if _compressed(path):
+                for start, line, buf in _stream_blocks(path, block_bytes):
+                    u = Unit(next_block[s], k, start, start + len(buf), first_line=line)
+                    next_block[s] += 1
+                    if u.block in done[s]:
+                        account(_done_counts(builders[s], u.block), u, path)
+                        continue
+                    submit(u, path, buf)
+            else:
+                for u in _plain_units(path, k, block_bytes, next_block[s]):
+                    next_block[s] = u.block + 1
+                    if u.block in done[s]:
+                        account(_done_counts(builders[s], u.block), u, path)
+                        continue
+                    submit(u, path, None)
+        while in_flight:
+            collect(next(iter(ex.as_completed(list(in_flight)))))
+    except BaseException:
+        ex.cancel(list(in_flight))
+        raise
+
+
+def _done_counts(b: StoreBuilder, i: int) -> dict:
+    a = dict(b._group()["csr"][str(i)].attrs)
+    return {"n_rows": a["n_rows"], "nnz": a["nnz"], "n_lines": a["n_lines"], "n_blank": a["n_blank"],
+            "n_comment": a["n_comment"], "n_skipped": a["n_skipped"], "bytes": a["bytes"],
+            "skipped": [tuple(x) for x in a.get("skipped", [])]}
+
+
+def _lines_before(path: str, offset: int) -> int:
+    """Newlines in the first ``offset`` bytes of a plain file (only on the error path)."""
+    n = 0
+    with fsspec.open(path, "rb") as f:
+        left = offset
+        while left > 0:
+            chunk = f.read(min(left, 1 << 24))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+    return n

@@ -1,0 +1,374 @@
+"""A synthetic kddb-like data generator: huge, sparse, binary, power-law frequencies, known answer.
+
+kddb (KDD Cup 2010, LIBSVM's version) has ~19M rows, ~30M binary features and ~30 nonzeros a row,
+and its feature frequencies follow a power law. :class:`SyntheticSpec` describes a data set of that
+kind and :func:`generate_rows` produces any range of its rows as CSR buffers, so a writer can
+produce the rows of a billion-nonzero store block by block, in parallel, in any order.
+
+The model
+---------
+- Row ``i`` has ``1 + Poisson(nnz_per_row - 1)`` nonzeros (capped at ``n_features``), all 1.0.
+- Its feature ranks are drawn from a continuous power law of density ``~ x**-s`` on
+  ``[1, n + 1)`` (``s = zipf_exponent``, ``n = n_features``) by the closed-form inverse CDF
+  ``x = (1 + u * ((n + 1)**(1 - s) - 1))**(1 / (1 - s))``, ``rank = floor(x) - 1``: rank 0 is the
+  most frequent feature and the probability of rank ``r`` decays as ``(r + 1)**-s``. No table of
+  ``n_features`` entries is built, so 30M features cost nothing.
+- Ranks map to feature ids by the affine bijection ``id = (a * rank + c) mod n``,
+  ``gcd(a, n) = 1``, ``a`` and ``c`` drawn from the seed, so frequent features are spread over the
+  id range.
+- A feature already in the row is drawn again (duplicates are resampled, not dropped); ids are
+  sorted within a row.
+- Labels come from a sparse linear model: ``n_informative`` features picked at random among those
+  of moderate-to-high frequency (expected in 3% to 50% of the rows, the 10 most frequent excluded,
+  when there are enough of them), weights of magnitude uniform in ``[1, 2]`` and random sign, and
+  ``y = sign(x.w + bias + e)``, ``e ~ N(0, 0.1**2)``. Balance is set on a fixed pilot sample of
+  16384 rows (independent of ``n_rows``): a random order of the features decides which are
+  positive, the number of positive ones is the one closest to half whose scores ``x.w`` can be
+  split within 5% of half and half, and the bias puts the threshold in the widest gap between pilot
+  scores among such splits at least 0.5 away from 0 (so that rows without any informative feature,
+  ``x.w = 0``, are not near it). Finally a ``label_noise`` fraction of the labels is flipped (each
+  row independently).
+
+Determinism
+-----------
+Rows are made in fixed generation chunks of :data:`CHUNK_ROWS` rows, chunk ``k`` from its own
+random stream ``SeedSequence(seed, spawn_key=(0, k))``; :func:`generate_rows` makes the chunks
+overlapping ``[start, stop)`` and slices them. Row ``i`` is therefore the same whatever blocking the
+caller uses, and does not depend on ``n_rows``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dufs.errors import ParameterError
+from dufs.kernels.synthetic import fill_power_law_rows, row_dot_sparse_weights
+
+__all__ = ["CHUNK_ROWS", "GENERATOR", "SyntheticSpec", "generate_rows"]
+
+#: Name and version of the generator, recorded in the ground truth; bump it when the rows change.
+GENERATOR = "dufs.synthetic v1"
+#: Rows per generation chunk (the unit of seeding); part of the output's definition.
+CHUNK_ROWS = 4096
+#: Standard deviation of the Gaussian noise added to ``x.w + bias`` before taking the sign.
+NOISE_STD = 0.1
+
+_MAX_FEATURES = int(np.iinfo(np.int32).max)  # indices are int32
+_PILOT_CHUNKS = 4
+_TAG_ROWS, _TAG_PILOT, _TAG_MODEL, _TAG_MAP = 0, 1, 2, 3
+_MAX_DRAWS_FACTOR, _MAX_DRAWS_EXTRA = 4, 64
+# informative features: expected in [_FREQ_LO, _FREQ_HI] of the rows, ranks below _SKIP_TOP excluded
+_FREQ_LO, _FREQ_HI, _FREQ_FALLBACK, _SKIP_TOP = 0.03, 0.5, 0.01, 10
+_RANK_SCAN = 100_000  # ranks scanned for frequencies; a rank beyond has per-draw probability < 1e-5
+_BALANCE_TOL = 0.05
+_SIGN_COUNTS_TRIED = 41
+_ATOM_CLEARANCE = 0.5  # keep the threshold off score 0 (rows with no informative feature)
+
+_OWNER = "make_synthetic"
+
+
+def _fail(name: str, what: str, value: Any, owner: str = _OWNER) -> ParameterError:
+    return ParameterError(f"The {name!r} parameter of {owner} must be {what}; got {value!r}.")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None, what: str,
+               owner: str = _OWNER) -> int:
+    if not _is_int(value) or value < lo or (hi is not None and value > hi):
+        raise _fail(name, what, value, owner)
+    return int(value)
+
+
+# parameter -> (kind, accepts(value, already-validated parameters), description); checked in order
+_CONSTRAINTS = {
+    "n_rows": (int, lambda v, p: v >= 1, "an int in [1, inf)"),
+    "n_features": (int, lambda v, p: 1 <= v <= _MAX_FEATURES, f"an int in [1, {_MAX_FEATURES}]"),
+    "nnz_per_row": (int, lambda v, p: 1 <= v <= p["n_features"], "an int in [1, n_features]"),
+    "n_informative": (int, lambda v, p: 1 <= v <= p["n_features"], "an int in [1, n_features]"),
+    "seed": (int, lambda v, p: v >= 0, "an int in [0, inf)"),
+    "zipf_exponent": (float, lambda v, p: math.isfinite(v) and v >= 0.0, "a float in [0, inf)"),
+    "label_noise": (float, lambda v, p: 0.0 <= v < 0.5, "a float in [0, 0.5)"),
+}
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """A synthetic kddb-like data set (see the module docstring for the model).
+
+    Parameters
+    ----------
+    n_rows : int
+        Rows (samples), >= 1.
+    n_features : int
+        Features, in ``[1, 2**31 - 1]``.
+    nnz_per_row : int, default 30
+        Mean nonzeros a row, in ``[1, n_features]`` (kddb: ~30).
+    n_informative : int, default 20
+        Features the labels depend on, in ``[1, n_features]``.
+    seed : int, default 0
+        Seed (>= 0) of every random choice.
+    zipf_exponent : float, default 1.1
+        Exponent ``s`` of the power law of feature frequencies, >= 0 (0: uniform). Around 1 gives
+        a few features in most rows and most features in almost none, as in kddb.
+    label_noise : float, default 0.05
+        Fraction of labels flipped, in ``[0, 0.5)``.
+    """
+
+    n_rows: int
+    n_features: int
+    nnz_per_row: int = 30
+    n_informative: int = 20
+    seed: int = 0
+    zipf_exponent: float = 1.1
+    label_noise: float = 0.05
+
+    def __post_init__(self):
+        valid: dict[str, Any] = {}
+        for name, (kind, accepts, what) in _CONSTRAINTS.items():
+            value = getattr(self, name)
+            typed = _is_int(value) if kind is int else _is_real(value)
+            if not typed or not accepts(value, valid):
+                raise _fail(name, what, value)
+            valid[name] = kind(value)
+            object.__setattr__(self, name, valid[name])  # plain Python numbers: hashable, JSON
+
+    def ground_truth(self) -> dict:
+        """The answer a feature selector should find, JSON-serialisable.
+
+        Returns
+        -------
+        dict
+            ``informative`` (feature ids, ascending), ``weights`` (aligned with them), ``bias``,
+            ``noise_std``, ``label_noise``, ``zipf_exponent``, ``nnz_per_row``, ``n_rows``,
+            ``n_features``, ``seed``, ``informative_ranks`` (frequency ranks of the informative
+            features, aligned), ``rank_to_feature`` (``{"multiplier": a, "offset": c}``: the feature
+            id of rank r is ``(a * r + c) % n_features``), ``chunk_rows`` and ``generator``.
+        """
+        m = _model(self)
+        return {
+            "generator": GENERATOR,
+            "seed": self.seed,
+            "n_rows": self.n_rows,
+            "n_features": self.n_features,
+            "nnz_per_row": self.nnz_per_row,
+            "zipf_exponent": self.zipf_exponent,
+            "label_noise": self.label_noise,
+            "noise_std": NOISE_STD,
+            "informative": [int(v) for v in m.ids],
+            "weights": [float(v) for v in m.weights],
+            "bias": float(m.bias),
+            "informative_ranks": [int(v) for v in m.ranks],
+            "rank_to_feature": {"multiplier": int(m.mult), "offset": int(m.offset)},
+            "chunk_rows": CHUNK_ROWS,
+        }
+
+
+@dataclass(frozen=True)
+class _Model:
+    one_minus_s: float
+    span: float
+    log_n1: float
+    mult: int
+    offset: int
+    ranks: np.ndarray  # informative ranks, aligned with ids
+    ids: np.ndarray  # informative feature ids, ascending (int64)
+    weights: np.ndarray
+    bias: float
+
+
+def _power_law(n: int, s: float) -> tuple[float, float, float]:
+    one_minus_s = 1.0 - s
+    if abs(one_minus_s) < 1e-12:
+        one_minus_s = 0.0
+    log_n1 = math.log(n + 1.0)
+    span = math.expm1(one_minus_s * log_n1)  # (n + 1)**(1 - s) - 1
+    return one_minus_s, span, log_n1
+
+
+def _rank_cdf(x: np.ndarray, one_minus_s: float, span: float, log_n1: float) -> np.ndarray:
+    """P(X < x) of the continuous power law on [1, n + 1)."""
+    if one_minus_s == 0.0:
+        return np.log(x) / log_n1
+    return np.expm1(one_minus_s * np.log(x)) / span
+
+
+def _rank_to_feature_map(spec: SyntheticSpec) -> tuple[int, int]:
+    n = spec.n_features
+    if n == 1:
+        return 1, 0
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed, spawn_key=(_TAG_MAP,)))
+    mult = int(rng.integers(1, n))
+    while math.gcd(mult, n) != 1:
+        mult = mult % (n - 1) + 1
+    return mult, int(rng.integers(0, n))
+
+
+def _choose_informative_ranks(spec: SyntheticSpec, power: tuple[float, float, float],
+                              rng: np.random.Generator) -> np.ndarray:
+    n, k = spec.n_features, spec.n_informative
+    r = np.arange(min(n, _RANK_SCAN), dtype=np.float64)
+    p = _rank_cdf(r + 2.0, *power) - _rank_cdf(r + 1.0, *power)  # per-draw probability of rank r
+    p = np.clip(p, 0.0, 1.0 - 1e-16)
+    freq = -np.expm1(spec.nnz_per_row * np.log1p(-p))  # P(rank r in a row), roughly
+    skip = min(_SKIP_TOP, n - k)
+    ranks = np.arange(r.size)
+    band = (freq >= _FREQ_LO) & (freq <= _FREQ_HI)
+    for ok in (band & (ranks >= skip), band, (freq >= _FREQ_FALLBACK) & (ranks >= skip)):
+        cand = ranks[ok]
+        if cand.size >= k:
+            break
+    else:
+        cand = np.arange(skip, skip + k)  # the most frequent ranks after the top ones
+    return np.sort(rng.choice(cand, size=k, replace=False)).astype(np.int64)
+
+
+def _split(scores: np.ndarray) -> tuple[float, float, bool]:
+    """``(bias, imbalance, clear)`` of the best threshold for ``scores``.
+
+    The imbalance is ``|P(score + bias > 0) - 1/2|``. The threshold is in the widest gap between
+    scores among the splits of imbalance at most ``_BALANCE_TOL`` and at least ``_ATOM_CLEARANCE``
+    away from 0 (``clear``), else among the splits of imbalance at most ``_BALANCE_TOL``, else the
+    most balanced split.
+    """
+    s = np.sort(scores)
+    u = np.unique(s)
+    if u.size == 1:
+        return float(-u[0]), 0.5, False
+    mids = 0.5 * (u[:-1] + u[1:])
+    dev = np.abs(0.5 - np.searchsorted(s, mids, side="right") / s.size)
+    balanced = dev <= _BALANCE_TOL
+    clear = np.abs(mids) >= _ATOM_CLEARANCE
+    ok = np.flatnonzero(balanced & clear)
+    if not ok.size:
+        ok = np.flatnonzero(balanced)
+    best = ok[np.argmax(np.diff(u)[ok])] if ok.size else int(np.argmin(dev))
+    return float(-mids[best]), float(dev[best]), bool(clear[best])
+
+
+def _choose_signs_and_bias(pilot, ids: np.ndarray, magnitudes: np.ndarray, perm: np.ndarray):
+    """Weights (the features ``perm[:n_pos]`` positive) and bias balancing the pilot's classes.
+
+    ``n_pos`` is the count closest to half of the features (of the ``_SIGN_COUNTS_TRIED`` closest)
+    whose split (:func:`_split`) is balanced and clear of 0, else balanced, else the most balanced.
+    """
+    k = magnitudes.size
+    best, best_key = None, None
+    counts = sorted(range(k + 1), key=lambda v: (abs(2 * v - k), v))[:_SIGN_COUNTS_TRIED]
+    for n_pos in counts:
+        signs = -np.ones(k)
+        signs[perm[:n_pos]] = 1.0
+        weights = signs * magnitudes
+        scores = np.concatenate([row_dot_sparse_weights(ip, ix, ids, weights) for ip, ix in pilot])
+        bias, dev, clear = _split(scores)
+        key = (dev > _BALANCE_TOL, not clear, dev if dev > _BALANCE_TOL else 0.0)
+        if best_key is None or key < best_key:
+            best, best_key = (weights, bias), key
+        if best_key[:2] == (False, False):
+            break
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _model(spec: SyntheticSpec) -> _Model:
+    power = _power_law(spec.n_features, spec.zipf_exponent)
+    mult, offset = _rank_to_feature_map(spec)
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed, spawn_key=(_TAG_MODEL,)))
+    ranks = _choose_informative_ranks(spec, power, rng)
+    ids = (mult * ranks + offset) % spec.n_features
+    magnitudes = rng.uniform(1.0, 2.0, size=ranks.size)
+    perm = rng.permutation(ranks.size)
+    order = np.argsort(ids)
+    ranks, ids, magnitudes = ranks[order], ids[order], magnitudes[order]
+    perm = np.argsort(order)[perm]  # the same random order, in the new positions
+    pilot = [_chunk_rows(spec, power, mult, offset, _TAG_PILOT, c)[:2]
+             for c in range(_PILOT_CHUNKS)]
+    weights, bias = _choose_signs_and_bias(pilot, ids, magnitudes, perm)
+    return _Model(*power, mult, offset, ranks, ids, weights, bias)
+
+
+def _chunk_rows(spec: SyntheticSpec, power, mult: int, offset: int, tag: int, chunk: int):
+    """CSR rows of one generation chunk, and its per-row label noise and flip uniforms."""
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed, spawn_key=(tag, chunk)))
+    counts = 1 + rng.poisson(spec.nnz_per_row - 1, size=CHUNK_ROWS)
+    np.minimum(counts, spec.n_features, out=counts)
+    counts = counts.astype(np.int64)
+    noise = rng.standard_normal(CHUNK_ROWS)
+    flip_u = rng.random(CHUNK_ROWS)
+    indptr = np.zeros(CHUNK_ROWS + 1, dtype=np.int64)
+    indices = np.empty(int(counts.sum()), dtype=np.int32)
+    row = 0
+    while row < CHUNK_ROWS:
+        need = int(counts[row:].sum())
+        size = max(need + need // 4 + 256, _MAX_DRAWS_FACTOR * int(counts[row]) + _MAX_DRAWS_EXTRA)
+        pool = rng.random(size)
+        row = fill_power_law_rows(counts, pool, row, indptr, indices, spec.n_features, *power,
+                                  mult, offset, _MAX_DRAWS_FACTOR, _MAX_DRAWS_EXTRA)
+    return indptr, indices[: indptr[-1]], noise, flip_u
+
+
+def _chunk(spec: SyntheticSpec, chunk: int):
+    m = _model(spec)
+    power = (m.one_minus_s, m.span, m.log_n1)
+    indptr, indices, noise, flip_u = _chunk_rows(spec, power, m.mult, m.offset, _TAG_ROWS, chunk)
+    score = row_dot_sparse_weights(indptr, indices, m.ids, m.weights)
+    y = np.where(score + m.bias + NOISE_STD * noise > 0.0, 1.0, -1.0)
+    y[flip_u < spec.label_noise] *= -1.0
+    return indptr, indices, y
+
+
+def generate_rows(spec: SyntheticSpec, start: int, stop: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``[start, stop)`` of the data set ``spec`` as CSR buffers and labels.
+
+    The same rows whatever blocking the caller uses: concatenating the outputs for ``[0, a)`` and
+    ``[a, b)`` gives the output for ``[0, b)``.
+
+    Parameters
+    ----------
+    spec : SyntheticSpec
+    start, stop : int
+        ``0 <= start <= stop <= spec.n_rows``.
+
+    Returns
+    -------
+    indptr : int64 array (stop - start + 1,)
+        Starts at 0.
+    indices : int32 array (nnz,)
+        Feature ids, strictly ascending within each row.
+    data : float32 array (nnz,)
+        All 1.0.
+    y : float64 array (stop - start,)
+        Labels in {-1.0, +1.0}.
+    """
+    if not isinstance(spec, SyntheticSpec):
+        raise _fail("spec", "a SyntheticSpec", spec, "generate_rows")
+    start = _check_int("start", start, 0, spec.n_rows, "an int in [0, n_rows]", "generate_rows")
+    stop = _check_int("stop", stop, start, spec.n_rows, "an int in [start, n_rows]",
+                      "generate_rows")
+    indptrs, parts, ys = [], [], []
+    nnz = 0
+    for c in range(start // CHUNK_ROWS, -(-stop // CHUNK_ROWS)):
+        ip, ix, y = _chunk(spec, c)
+        lo = max(start - c * CHUNK_ROWS, 0)
+        hi = min(stop - c * CHUNK_ROWS, CHUNK_ROWS)
+        indptrs.append(ip[lo + 1: hi + 1] - ip[lo] + nnz)
+        parts.append(ix[ip[lo]: ip[hi]])
+        ys.append(y[lo:hi])
+        nnz += int(ip[hi] - ip[lo])
+    indptr = np.concatenate([np.zeros(1, dtype=np.int64), *indptrs])
+    indices = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+    y = np.concatenate(ys) if ys else np.empty(0, dtype=np.float64)
+    return indptr, indices, np.ones(indices.size, dtype=np.float32), y
