@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,8 +26,9 @@ from dufs.errors import DufsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="dufs: distributed, out-of-core feature selection for huge sparse data.")
-console = Console(stderr=True)
-out = Console()
+# no emoji codes: "file.svm:100:" must not print as "file.svm💯"
+console = Console(stderr=True, emoji=False)
+out = Console(emoji=False)
 
 SchedulerOpt = typer.Option(None, "--scheduler", help="Address of a running dask scheduler (tcp://host:8786).")
 WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded LocalCluster (default: one a core; "
@@ -56,7 +58,7 @@ def cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 
 
 def _fail(exc: BaseException) -> None:
-    console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # no wrapping
     raise typer.Exit(2)
 
 
@@ -93,6 +95,7 @@ def convert(
     if zb is None:
         _fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
     outs: Any = [dest / (p.name.split(".")[0] + ".zarr") for p in ins] if each else dest
+    made_dest = each and not dest.exists()
     if each:
         dest.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -113,6 +116,8 @@ def convert(
                                          value_dtype=dtype, resume=resume, overwrite=overwrite,
                                          block_bytes=block_bytes, client=client, progress=progress)
     except DufsError as exc:
+        if made_dest and not any(dest.iterdir()):
+            dest.rmdir()  # leave no output behind
         _fail(exc)
     dt = time.perf_counter() - t0
     console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
@@ -122,9 +127,10 @@ def convert(
     if rep.skipped_lines:
         console.print(f"[yellow]skipped {rep.skipped_lines} bad lines[/]; first ones:", highlight=False)
         for f, line, off, why in rep.skipped:
-            console.print(f"  {f}:{line}: {why} (byte offset {off})", highlight=False)
+            console.print(f"  {f}:{line}: {why} (byte offset {off})", highlight=False, soft_wrap=True,
+                          markup=False)
     for s in (stores if isinstance(stores, list) else [stores]):
-        out.print(s.path, highlight=False)
+        out.print(s.path, highlight=False, soft_wrap=True, markup=False)  # a path for scripts: as it is
 
 
 @app.command()
@@ -146,7 +152,7 @@ def info(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
 
 
 def _print_info(d: dict) -> None:
-    t = Table(title=d["path"], show_header=False, title_justify="left")
+    t = Table(title=escape(d["path"]), show_header=False, title_justify="left")
     n, m = d["shape"]
     t.add_row("shape", f"{n:,} rows x {m:,} features")
     t.add_row("nonzeros", f"{d['nnz']:,} ({d['nnz_per_row']:.1f} a row, density {d['density']:.3g})")
@@ -158,7 +164,7 @@ def _print_info(d: dict) -> None:
         t.add_row("labels", ", ".join(f"{k}: {v:,}" for k, v in d["labels"].items()))
     t.add_row("top features", ", ".join(f"{j} ({c:,})" for j, c in d["top_features"]))
     prov = d.get("provenance") or {}
-    t.add_row("provenance", ", ".join(f"{k}={v}" for k, v in prov.items() if k != "options"))
+    t.add_row("provenance", escape(", ".join(f"{k}={v}" for k, v in prov.items() if k != "options")))
     if d.get("ground_truth"):
         t.add_row("ground truth", f"informative features {d['ground_truth']['informative']}")
     out.print(t)
@@ -211,7 +217,7 @@ def _make_synthetic(output, rows, features, nnz_per_row, informative, seed, labe
                             client=client, progress=progress)
     console.print(f"wrote {st.shape[0]:,} x {st.shape[1]:,}, {st.nnz:,} nonzeros in "
                   f"{time.perf_counter() - t0:.1f} s", highlight=False)
-    out.print(st.path, highlight=False)
+    out.print(st.path, highlight=False, soft_wrap=True, markup=False)
     return st
 
 

@@ -142,47 +142,77 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
 
     buf = _read_range(path, unit.start, unit.stop) if payload is None else np.frombuffer(payload, np.uint8)
     pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX)
+    skipped = [(int(a), int(b), error_message(int(c))) for a, b, c in
+               zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes, strict=True)]
     res = {"block": unit.block, "unit": unit, "n_lines": pb.n_lines, "n_blank": pb.n_blank,
            "n_comment": pb.n_comment, "n_skipped": pb.n_skipped, "bytes": int(buf.size),
-           "skipped": [(int(a), int(b), error_message(int(c))) for a, b, c in
-                       zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes)],
-           "error": None}
+           "skipped": skipped, "error": None}
+    with np.errstate(over="ignore", invalid="ignore"):
+        data = pb.data.astype(builder.value_dtype)
+    indptr, indices, labels, row_lines = pb.indptr, pb.indices, pb.labels, pb.row_lines
+    # the rows before a parse error come first: a line that breaks the options there is the first bad line
+    bad = _option_errors(pb, data, opts)
+    if bad and not opts["skip"]:
+        row = min(bad)
+        line = int(row_lines[row])
+        res["error"] = (line, unit.start + _line_start(buf, line), bad[row])
+        return res
     if pb.error_code:
         res["error"] = (int(pb.error_line), unit.start + int(pb.error_offset), error_message(int(pb.error_code)))
         return res
-    data = pb.data.astype(builder.value_dtype)
-    bad = _first_bad(pb, data, opts)
-    if bad is not None:
-        res["error"] = bad
-        return res
+    max_index_line = int(pb.max_index_line)
+    if bad:  # on_error="skip": drop the rows that break the options, as the parser drops malformed lines
+        keep = np.ones(labels.shape[0], dtype=bool)
+        keep[list(bad)] = False
+        entry_keep = np.repeat(keep, np.diff(indptr))
+        indptr = np.concatenate([[0], np.cumsum(np.diff(indptr)[keep])]).astype(np.int64)
+        indices, data, labels, row_lines = indices[entry_keep], data[entry_keep], labels[keep], row_lines[keep]
+        max_index_line = -1
+        if indices.size:
+            first = int(np.argmax(indices == indices.max()))
+            max_index_line = int(row_lines[np.searchsorted(indptr, first, side="right") - 1])
+        more = [(int(pb.row_lines[r]), _line_start(buf, int(pb.row_lines[r])), why) for r, why in bad.items()]
+        skipped = sorted(skipped + more)[:10]
+        res.update(n_skipped=pb.n_skipped + len(bad), skipped=skipped)
     info = builder.write_row_block(
-        unit.block, pb.indptr, pb.indices - (1 if opts["zero_based"] is False else 0), data, pb.labels,
+        unit.block, indptr, indices - (1 if opts["zero_based"] is False else 0), data, labels,
         raw_indices=opts["zero_based"] == "auto",
         extra={"n_lines": pb.n_lines, "n_blank": pb.n_blank, "n_comment": pb.n_comment,
-               "n_skipped": pb.n_skipped, "bytes": int(buf.size), "max_index_line": int(pb.max_index_line),
-               "skipped": [list(s) for s in res["skipped"]], "unit": [unit.file, unit.start, unit.stop]})
+               "n_skipped": res["n_skipped"], "bytes": int(buf.size), "max_index_line": max_index_line,
+               "skipped": [list(s) for s in skipped], "unit": [unit.file, unit.start, unit.stop]})
     res.update(n_rows=info.n_rows, nnz=info.nnz, min_index=info.min_index, max_index=info.max_index,
-               max_index_line=int(pb.max_index_line))
+               max_index_line=max_index_line)
     return res
 
 
-def _first_bad(pb: Any, data: np.ndarray, opts: dict) -> tuple | None:
-    """Checks that need the options: index 0 when one-based, index beyond n_features, values beyond the dtype."""
+def _option_errors(pb: Any, data: np.ndarray, opts: dict) -> dict[int, str]:
+    """Rows that break the options (index 0 when one-based, index beyond n_features, values beyond the dtype).
+
+    Returns {row: reason} (the first reason of each bad row).
+    """
     checks = []
     if opts["zero_based"] is False:
-        checks.append((pb.indices == 0, "feature index 0 in one-based data (pass --zero-based if the file "
-                                        "is zero-based)"))
+        checks.append((pb.indices == 0, "feature index 0 in one-based data (if the file is zero-based, pass "
+                                        "zero_based=True, --zero-based true)"))
     if opts["n_features"] is not None and opts["zero_based"] != "auto":
         lim = opts["n_features"] + (0 if opts["zero_based"] else 1)
         checks.append((pb.indices >= lim, f"feature index beyond n_features={opts['n_features']}"))
     if data.size and not np.isfinite(data).all():
         checks.append((~np.isfinite(data), f"value out of range for {data.dtype}"))
+    bad: dict[int, str] = {}
     for mask, why in checks:
         hits = np.flatnonzero(mask)
         if hits.size:
-            row = int(np.searchsorted(pb.indptr, hits[0], side="right") - 1)
-            return (int(pb.row_lines[row]), None, why)
-    return None
+            for row in np.unique(np.searchsorted(pb.indptr, hits, side="right") - 1).tolist():
+                bad.setdefault(int(row), why)
+    return bad
+
+
+def _line_start(buf: np.ndarray, line: int) -> int:
+    """Byte offset in ``buf`` where its (1-based) ``line`` starts."""
+    if line <= 1:
+        return 0
+    return int(np.flatnonzero(buf == 10)[line - 2]) + 1
 
 
 def _check_options(zero_based: Any, n_features: Any, on_error: str, block_bytes: int) -> None:
@@ -243,6 +273,11 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         raise ParameterError(f"{len(ins)} inputs but {len(outs)} outputs: give one output, or one per input")
     block_bytes = config.parse_bytes(block_bytes or config.get("convert.block-bytes"))
     _check_options(zero_based, n_features, on_error, block_bytes)
+    try:
+        np.dtype(value_dtype)
+    except TypeError:
+        raise ParameterError(f"The 'value_dtype' parameter of convert_libsvm must be a float dtype; "
+                             f"got {value_dtype!r}.") from None
     for p in ins:
         fs, fp = fsspec.core.url_to_fs(p)
         if not fs.exists(fp):
@@ -255,16 +290,21 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         options = {"inputs": [[Location.of(p).url, _file_size(p)] for p in mine], "zero_based": zero_based,
                    "n_features": n_features, "on_error": on_error, "block_bytes": block_bytes,
                    "together_with": [Location.of(o).url for o in outs] if many else None}
-        builders.append(StoreBuilder(out, value_dtype=value_dtype, overwrite=overwrite, resume=resume,
-                                     options=options))
+        b = StoreBuilder(out, value_dtype=value_dtype, overwrite=overwrite, resume=resume, options=options)
+        b.options["value_dtype"] = str(b.value_dtype)  # a resume must write the same dtype
+        builders.append(b)
     begun: list[StoreBuilder] = []
+    fresh: list[StoreBuilder] = []  # begun here, not resumed
     report = ConvertReport()
     ex = Executor(client)
     try:
         done = []
         for b in builders:
+            new = not b.partial.exists()
             done.append(b.begin())
             begun.append(b)
+            if new:
+                fresh.append(b)
         total = sum(_file_size(p) for p in ins)
         _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total)
         # the index base and n_features, over every input together (as load_svmlight_files)
@@ -300,8 +340,8 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
             b.abort(remove=True)
         raise
     except BaseException:
-        for b in begun:  # keep the partial store for --resume, release the lock
-            b.abort(remove=False)
+        for b in begun:  # keep the partial store for --resume (unless nothing was written), release the lock
+            b.abort(remove=b in fresh and len(begun) < len(builders))
         raise
     finally:
         ex.close()
@@ -318,17 +358,36 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
     next_block = [0] * len(builders)
     in_flight: dict = {}
     max_in_flight = max(2, ex.n_workers * int(config.get("convert.in-flight")))
+    lines_of: dict = {}  # (file, start) -> lines of that unit, to number skipped lines without re-reading
+    first_skipped: list = []  # the first few skipped lines by position: (file, offset, unit, path, line, why)
 
     def collect(fut) -> None:
         unit, path = in_flight.pop(fut)
         r = fut.result()
         if r["error"] is not None:
-            line, offset, why = r["error"]
-            first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
-            gl = first + line - 1
-            where = f" (byte offset {offset})" if offset is not None else ""
-            raise InputFormatError(f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset, reason=why)
+            fail(unit, path, r)
         account(r, unit, path)
+
+    def fail(unit: Unit, path: str, r: dict) -> None:
+        # Wait for the tasks still in flight: they write into the partial store, which is removed next. Report
+        # the first bad line of all (every unit before the failed ones was submitted, in order).
+        errors = [(unit, path, r)]
+        if ex.client is None:
+            ex.cancel(list(in_flight))  # drops only the queued ones; a running thread cannot be stopped
+        for f in ex.as_completed(list(in_flight)):
+            u, p = in_flight.pop(f)
+            try:
+                rr = f.result()
+            except BaseException:  # cancelled, or failed: either way it no longer writes
+                continue
+            if rr["error"] is not None:
+                errors.append((u, p, rr))
+        unit, path, r = min(errors, key=lambda e: (e[0].file, e[0].start))
+        line, offset, why = r["error"]
+        first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
+        gl = first + line - 1
+        where = f" (byte offset {offset})" if offset is not None else ""
+        raise InputFormatError(f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset, reason=why)
 
     def account(r: dict, unit: Unit, path: str) -> None:
         report.rows += r.get("n_rows", 0)
@@ -338,10 +397,12 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
         report.comment_lines += r["n_comment"]
         report.skipped_lines += r["n_skipped"]
         report.bytes += r["bytes"]
-        if r["skipped"] and len(report.skipped) < 10:
-            first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
-            for line, off, why in r["skipped"][:10 - len(report.skipped)]:
-                report.skipped.append((path, first + line - 1, unit.start + off, why))
+        lines_of[(unit.file, unit.start)] = r["n_lines"]
+        if r["skipped"]:  # blocks finish in any order: keep the first few by position in the input
+            first_skipped.extend((unit.file, unit.start + off, unit, path, line, why)
+                                 for line, off, why in r["skipped"])
+            first_skipped.sort(key=lambda e: e[:2])
+            del first_skipped[10:]
         if progress:
             progress({"stage": "parse", "rows": report.rows, "bytes": report.bytes, "total_bytes": total})
 
@@ -374,6 +435,11 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
     except BaseException:
         ex.cancel(list(in_flight))
         raise
+    # every unit is done: number the skipped lines (the lines of the units before them, in the same file)
+    for file_no, offset, unit, path, line, why in first_skipped:
+        first = unit.first_line if unit.first_line > 0 else 1 + sum(
+            n for (f, st), n in lines_of.items() if f == file_no and st < unit.start)
+        report.skipped.append((path, first + line - 1, offset, why))
 
 
 def _done_counts(b: StoreBuilder, i: int) -> dict:

@@ -1,0 +1,626 @@
+"""libsvm ingest (``dufs.data.convert``): scikit-learn equality, errors naming ``file:line``, skip, kill and resume.
+
+Every input is made here: random sparse matrices and the bundled ``basehock`` set written with scikit-learn's
+``dump_svmlight_file``, plus hand-written text. scikit-learn's ``load_svmlight_file`` on the same text is the
+reference; block sizes are kept small so that files are cut into many row and feature blocks.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import dump_svmlight_file, load_svmlight_file, load_svmlight_files
+
+import dufs
+from dufs.data.convert import convert_libsvm
+from dufs.data.datasets import load
+from dufs.errors import (
+    IncompleteStoreError,
+    InputFormatError,
+    ParameterError,
+    StoreError,
+    StoreLockedError,
+)
+
+SMALL = {"dufs.store.feature-granule": 16, "dufs.store.feature-block-nnz": 500}
+PARTIAL = ".dufs-partial"
+
+
+@pytest.fixture(autouse=True)
+def small_blocks():
+    with dask.config.set(SMALL):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def random_data(n: int, d: int, density: float, seed: int) -> tuple[sp.csr_array, np.ndarray]:
+    """A random sparse matrix with values of every magnitude and sign, and labels (ints and halves)."""
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=density, format="csr", rng=rng,
+                        data_sampler=lambda size: rng.standard_normal(size) * 10.0 ** rng.integers(-9, 9, size))
+    ints = rng.random(X.nnz) < 0.2
+    X.data[ints] = rng.integers(1, 5, int(ints.sum()))
+    y = rng.integers(-1, 3, n).astype(np.float64)
+    y[rng.random(n) < 0.1] += 0.5
+    return X, y
+
+
+def svm_text(X, y, *, zero_based: bool = False) -> bytes:
+    buf = io.BytesIO()
+    dump_svmlight_file(X, y, buf, zero_based=zero_based)
+    return buf.getvalue()
+
+
+_OPENERS = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open}
+
+
+def write(path: Path, text: bytes) -> Path:
+    with _OPENERS.get(path.suffix, open)(path, "wb") as f:
+        f.write(text)
+    return path
+
+
+def sk_load(text: bytes, **kw):
+    """scikit-learn's reading of the text (float64)."""
+    X, y = load_svmlight_file(io.BytesIO(text), dtype=np.float64, **kw)
+    return sp.csr_array(X), y
+
+
+def lines_of(text: bytes) -> list[bytes]:
+    return text.splitlines(keepends=True)
+
+
+def _same_arrays(a, b, what: str) -> None:
+    assert a.dtype == b.dtype, (what, a.dtype, b.dtype)
+    np.testing.assert_array_equal(a, b, err_msg=what)
+
+
+def assert_equals_sklearn(st: dufs.SparseStore, X, y) -> None:
+    """Both orientations, labels and per-feature counts of the store are exactly scikit-learn's X and y."""
+    X = sp.csr_array(X)
+    assert X.has_sorted_indices
+    assert st.shape == X.shape
+    assert st.nnz == X.nnz
+    A = st.to_scipy("csr")
+    assert A.shape == X.shape
+    np.testing.assert_array_equal(A.indptr, X.indptr)
+    np.testing.assert_array_equal(A.indices, X.indices)
+    _same_arrays(A.data.view(np.int64), X.data.view(np.int64), "csr data, bit for bit")
+    Xc = X.tocsc()
+    Xc.sort_indices()
+    C = st.to_scipy("csc")
+    assert C.shape == X.shape
+    np.testing.assert_array_equal(C.indptr, Xc.indptr)
+    np.testing.assert_array_equal(C.indices, Xc.indices)
+    _same_arrays(C.data.view(np.int64), Xc.data.view(np.int64), "csc data, bit for bit")
+    for o in ("csr", "csc"):  # every block's indices sorted (and unique) within its rows / features
+        for i in range(st.n_blocks(o)):
+            b = st.block(i, o)
+            step = np.diff(b.indices.astype(np.int64))
+            step[b.indptr[1:-1][(b.indptr[1:-1] > 0) & (b.indptr[1:-1] < b.nnz)] - 1] = 1  # row starts
+            assert np.all(step > 0), f"{o} block {i}: indices not sorted within rows"
+    _same_arrays(st.y, np.asarray(y, dtype=np.float64), "labels")
+    np.testing.assert_array_equal(st.feature_nnz, np.diff(Xc.indptr))
+
+
+def assert_no_output(out: Path) -> None:
+    assert not out.exists(), f"{out} was left behind"
+    assert not Path(str(out) + PARTIAL).exists(), f"{out}{PARTIAL} was left behind"
+
+
+def convert(src, out, **kw):
+    kw.setdefault("value_dtype", "float64")
+    return convert_libsvm(src, out, **kw)
+
+
+@pytest.fixture(scope="module")
+def basehock_text() -> bytes:
+    X, y = load("basehock")
+    return svm_text(X, y)
+
+
+# ---------------------------------------------------------------------------------------------------- equality
+@pytest.mark.parametrize("suffix, parts", [(s, k) for s in ("", ".bz2") for k in (1, 2, 3, 6)]
+                         + [(".gz", 3), (".xz", 2)])
+def test_basehock_equals_sklearn_for_every_split(tmp_path, basehock_text, suffix, parts):
+    src = write(tmp_path / f"basehock.svm{suffix}", basehock_text)
+    bb = 10**9 if parts == 1 else len(basehock_text) // parts + 1
+    with dask.config.set({"dufs.store.feature-block-nnz": 50000}):
+        st, rep = convert(src, tmp_path / "out.zarr", block_bytes=bb)
+    assert st.n_blocks("csr") == parts
+    assert st.n_blocks("csc") > 1
+    X, y = sk_load(basehock_text)
+    assert_equals_sklearn(st, X, y)
+    assert (rep.rows, rep.nnz, rep.lines, rep.n_features) == (1993, X.nnz, 1993, 4862)
+    assert rep.zero_based is False and rep.skipped_lines == 0
+    assert rep.bytes == len(basehock_text)
+    assert st.provenance["inputs"] == [str(src)] and st.provenance["zero_based"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, "out.zarr"])  # no leftovers
+
+
+# A small text with everything scikit-learn accepts: comments, blank lines, CRLF, tabs, explicit zeros, signs,
+# exponents, a row with no features, and no newline at the end.
+AWKWARD = (b"# a comment line" + b"-" * 83 + b"\n"
+           b"1 3:1 4:.5  # a trailing comment\r\n"
+           b"\n"
+           b"-1\t2:-0 5:+2e0 \t\r\n"
+           b"   \n"
+           b"+1.5 1:1e-3 7:123456789012345678901234567890\n"
+           b"2 3:0\n"
+           b"#\n"
+           b"0\n"
+           b"3 1:-1.7976931348623157e308 2:5e-324 6:0.1\r\n"
+           b"-2 6:7 7:-7e-7 8:8 # 9:9\n"
+           b"4 2:2")
+
+
+@pytest.mark.parametrize("suffix, block_bytes", [("", 1), ("", 99), ("", 100), ("", 101), ("", 10**6),
+                                                 (".bz2", 1), (".bz2", 100)])
+def test_awkward_text_any_cut(tmp_path, suffix, block_bytes):
+    # every line a block; the first cut on the first newline, just after it, just before it; no cut
+    assert len(AWKWARD.split(b"\n")[0]) + 1 == 100
+    src = write(tmp_path / f"a.svm{suffix}", AWKWARD)
+    st, rep = convert(src, tmp_path / "out.zarr", block_bytes=block_bytes)
+    X, y = sk_load(AWKWARD)
+    assert_equals_sklearn(st, X, y)
+    assert X.shape == (8, 8) and st.nnz == 14
+    assert (rep.lines, rep.blank_lines, rep.comment_lines, rep.rows) == (12, 2, 2, 8)
+
+
+def test_unsorted_indices_are_sorted(tmp_path):
+    X, y = random_data(60, 30, 0.2, seed=3)
+    text = svm_text(X, y)
+    rng = np.random.default_rng(0)
+    shuffled = []
+    for ln in lines_of(text):
+        label, *pairs = ln.split()
+        rng.shuffle(pairs)
+        shuffled.append(b" ".join([label, *pairs]) + b"\r\n")
+    st, _ = convert(write(tmp_path / "u.svm", b"".join(shuffled)), tmp_path / "out.zarr", block_bytes=3000)
+    assert st.n_blocks("csr") >= 3
+    assert_equals_sklearn(st, *sk_load(text))
+
+
+def _zero_based_text(seed: int, n: int = 90, d: int = 25, zero_in_rows: slice | None = None):
+    """A zero-based text; column 0 has entries only in ``zero_in_rows`` (none: no index 0 at all)."""
+    X, y = random_data(n, d, 0.15, seed)
+    X = X.tolil()
+    X[:, 0] = 0
+    if zero_in_rows is not None:
+        X[zero_in_rows, 0] = 3.25
+    X = sp.csr_array(X)
+    X.eliminate_zeros()
+    return svm_text(X, y, zero_based=True), X, y
+
+
+@pytest.mark.parametrize("file_base, zero_based", [
+    ("zero", "auto"), ("zero", True), ("one", "auto"), ("one", False), ("one", True)])
+@pytest.mark.parametrize("n_extra", [0, 7])
+def test_index_base_and_n_features(tmp_path, file_base, zero_based, n_extra):
+    X, y = random_data(90, 25, 0.15, seed=5)
+    text = svm_text(X, y, zero_based=file_base == "zero")
+    if file_base == "zero":
+        assert b" 0:" in text  # "auto" must find the index 0 (it is in column 0 of some row)
+    kw = {"zero_based": zero_based}
+    Xs, ys = sk_load(text, **kw)
+    if n_extra:
+        kw["n_features"] = Xs.shape[1] + n_extra
+        Xs, ys = sk_load(text, **kw)
+    st, rep = convert(write(tmp_path / "b.svm", text), tmp_path / "out.zarr", block_bytes=len(text) // 3 + 1,
+                      **kw)
+    assert st.n_blocks("csr") >= 3
+    assert_equals_sklearn(st, Xs, ys)
+    assert rep.zero_based is (file_base == "zero" or zero_based is True)
+    assert rep.n_features == Xs.shape[1]
+
+
+@pytest.mark.parametrize("base", ["zero", "one"])
+def test_several_inputs_appended(tmp_path, base):
+    """A file cut by lines into parts (plain, .bz2, .gz, .xz) and given as several inputs equals the whole."""
+    if base == "zero":  # the only index 0 is in the last part: the base is decided over all inputs
+        text, _, _ = _zero_based_text(seed=7, n=200, zero_in_rows=slice(185, 190))
+    else:
+        X, y = random_data(200, 25, 0.15, seed=7)
+        text = svm_text(X, y)
+    lines = lines_of(text)
+    cuts = [0, 37, 38, 120, 200]  # a part of a single line, too
+    srcs = [write(tmp_path / f"part{k}.svm{suf}", b"".join(lines[a:b]))
+            for k, (a, b, suf) in enumerate(zip(cuts[:-1], cuts[1:], ["", ".bz2", ".gz", ".xz"], strict=True))]
+    st, rep = convert([str(s) for s in srcs], tmp_path / "out.zarr", block_bytes=len(text) // 4)
+    assert st.n_blocks("csr") >= 6
+    assert_equals_sklearn(st, *sk_load(text))
+    assert rep.zero_based is (base == "zero") and rep.lines == 200
+    assert st.provenance["inputs"] == [str(s) for s in srcs]
+
+
+def test_several_inputs_to_several_outputs(tmp_path):
+    """``output=[a, b, c]`` equals ``load_svmlight_files``: a shared index base and n_features."""
+    text, _, _ = _zero_based_text(seed=11, n=240, zero_in_rows=slice(130, 132))
+    lines = lines_of(text)
+    parts = [b"".join(lines[:100]), b"".join(lines[100:150]), b"".join(lines[150:])]
+    # the first part has a smaller largest index than the others: the stores still share n_features
+    parts[0] = b"".join(re.sub(rb" (2[0-4]):\S+", b"", ln) for ln in lines_of(parts[0]))
+    srcs = [write(tmp_path / name, p) for name, p in zip(["p0.svm", "p1.svm.bz2", "p2.svm"], parts, strict=True)]
+    outs = [tmp_path / "o0.zarr", tmp_path / "o1.zarr", tmp_path / "o2.zarr"]
+    stores, rep = convert(srcs, outs, block_bytes=len(text) // 4)
+    assert isinstance(stores, list) and len(stores) == 3
+    ref = load_svmlight_files([io.BytesIO(p) for p in parts], dtype=np.float64, zero_based="auto")
+    assert ref[0].shape[1] == 25
+    for k, st in enumerate(stores):
+        assert st.path == str(outs[k])
+        assert_equals_sklearn(st, ref[2 * k], ref[2 * k + 1])
+    assert rep.zero_based is True and rep.n_features == 25
+    # one-based everywhere: the shared base is one
+    parts1 = [re.sub(rb" 0:\S+", b"", p) for p in parts]
+    srcs = [write(tmp_path / f"q{k}.svm", p) for k, p in enumerate(parts1)]
+    outs = [tmp_path / "r0.zarr", tmp_path / "r1.zarr", tmp_path / "r2.zarr"]
+    stores, rep = convert(srcs, outs, block_bytes=len(text) // 4, n_features=30)
+    ref = load_svmlight_files([io.BytesIO(p) for p in parts1], dtype=np.float64, n_features=30)
+    for k, st in enumerate(stores):
+        assert_equals_sklearn(st, ref[2 * k], ref[2 * k + 1])
+    assert rep.zero_based is False
+
+
+def test_parameters_are_checked(tmp_path):
+    src = write(tmp_path / "a.svm", b"1 1:1\n")
+    for kw in [{"zero_based": "yes"}, {"n_features": -1}, {"n_features": 2**31 + 1}, {"on_error": "warn"},
+               {"block_bytes": -5}, {"value_dtype": "not a dtype"}]:
+        with pytest.raises(ParameterError):
+            convert_libsvm(src, tmp_path / "o.zarr", **kw)
+    with pytest.raises(ParameterError, match="no such file"):
+        convert_libsvm(tmp_path / "missing.svm", tmp_path / "o.zarr")
+    with pytest.raises(ParameterError, match="2 inputs but 1 outputs"):
+        convert_libsvm([src, src], [tmp_path / "o.zarr"])
+    assert_no_output(tmp_path / "o.zarr")
+    st, _ = convert_libsvm(src, tmp_path / "o.zarr")
+    assert st.dtype == np.float32
+    with pytest.raises(StoreError, match="exists"):
+        convert_libsvm(src, tmp_path / "o.zarr")
+    write(src, b"1 2:1\n")
+    st, _ = convert_libsvm(src, tmp_path / "o.zarr", overwrite=True)
+    assert st.shape == (1, 2)
+    assert_no_output(tmp_path / "o.zarr.dufs-old")
+
+
+def test_several_outputs_one_exists_leaves_nothing_new(tmp_path):
+    a, b = write(tmp_path / "a.svm", b"1 1:1\n"), write(tmp_path / "b.svm", b"1 2:1\n")
+    convert_libsvm(b, tmp_path / "ob.zarr")
+    with pytest.raises(StoreError, match="exists"):
+        convert_libsvm([a, b], [tmp_path / "oa.zarr", tmp_path / "ob.zarr"])
+    assert_no_output(tmp_path / "oa.zarr")
+    convert_libsvm([a, b], [tmp_path / "oa.zarr", tmp_path / "ob.zarr"], overwrite=True)
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+N_LINES, BAD_LINE, D = 300, 137, 40
+
+
+def _base_text(zero_at: int | None = None) -> bytes:
+    """300 one-based lines, largest index 40 (and an index 0 on line ``zero_at``, when given)."""
+    X, y = random_data(N_LINES, D, 0.15, seed=1)
+    X = X.tolil()
+    X[:, D - 1] = 0
+    X[[5, 250], D - 1] = 1.5  # index 40 on lines 6 and 251 only
+    text = svm_text(sp.csr_array(X), y)
+    if zero_at is not None:
+        lines = lines_of(text)
+        lines[zero_at - 1] = b"2 0:1 3:1\n"
+        text = b"".join(lines)
+    return text
+
+
+def _with_line(text: bytes, line: int, bad: bytes) -> bytes:
+    lines = lines_of(text)
+    lines[line - 1] = bad + b"\n"
+    return b"".join(lines)
+
+
+def _line_span(text: bytes, line: int) -> tuple[int, int]:
+    lines = lines_of(text)
+    start = sum(len(x) for x in lines[:line - 1])
+    return start, start + len(lines[line - 1])
+
+
+# (id, bad line, options, reason)
+BAD = [
+    ("value-not-a-number", b"1 3:1 7:abc 9:1", {}, "a feature value is not a number"),
+    ("label-not-a-number", b"abc 3:1", {}, "the label is not a number"),
+    ("value-nan", b"1 3:nan 7:1", {}, "a feature value is nan or infinite"),
+    ("value-inf", b"1 3:1 7:-inf", {}, "a feature value is nan or infinite"),
+    ("label-nan", b"NaN 3:1", {}, "the label is nan or infinite"),
+    ("label-inf", b"+Infinity 3:1", {}, "the label is nan or infinite"),
+    ("index-0-one-based", b"1 0:1 3:1", {"zero_based": False}, "feature index 0 in one-based data"),
+    ("negative-index", b"1 -3:1", {}, "a feature index is negative"),
+    ("index-beyond-int32", b"1 3:1 2147483648:1", {}, "a feature index exceeds the index limit"),
+    ("beyond-n_features-one", b"1 3:1 41:1", {"zero_based": False, "n_features": 40},
+     "feature index beyond n_features=40"),
+    ("beyond-n_features-zero", b"1 3:1 41:1", {"zero_based": True, "n_features": 41},
+     "feature index beyond n_features=41"),
+    ("beyond-n_features-auto", b"1 3:1 41:1", {"n_features": 40},
+     r"feature index 41 is beyond n_features=40 \(one-based\)"),
+    ("beyond-n_features-auto-zero", b"1 3:1 41:1", {"n_features": 41, "zero_at": 20},
+     r"feature index 41 is beyond n_features=41 \(zero-based\)"),
+    ("duplicate-index", b"1 3:1 7:1 3:2", {}, "a feature index appears twice in the line"),
+    ("cut-after-colon", b"1 3:1 7:", {}, r"an index:value pair is cut off"),
+    ("cut-before-colon", b"1 3:1 7", {}, r"an index:value pair is cut off"),
+    ("missing-label", b"3:1 7:2", {}, "the line has no label"),
+    ("byte-order-mark", b"\xef\xbb\xbf1 3:1", {}, "a byte-order mark"),
+    ("nul-byte", b"1 3:1\x00 7:1", {}, "a NUL byte in the line"),
+    ("beyond-float32", b"1 3:1e39", {"value_dtype": None}, "value out of range for float32"),
+]
+
+
+# compressed input numbers lines another way (from the stream, not from byte offsets): a few of every path
+BZ2 = {"value-not-a-number", "label-nan", "index-0-one-based", "beyond-n_features-zero", "beyond-n_features-auto",
+       "beyond-n_features-auto-zero", "duplicate-index", "byte-order-mark", "nul-byte", "beyond-float32"}
+
+
+@pytest.mark.parametrize("suffix, bad, opts, reason",
+                         [("", *b[1:]) for b in BAD] + [(".bz2", *b[1:]) for b in BAD if b[0] in BZ2],
+                         ids=[b[0] for b in BAD] + [b[0] + "-bz2" for b in BAD if b[0] in BZ2])
+def test_bad_line_is_named(tmp_path, suffix, bad, opts, reason):
+    opts = dict(opts)
+    text = _with_line(_base_text(opts.pop("zero_at", None)), BAD_LINE, bad)
+    src = write(tmp_path / f"in.svm{suffix}", text)
+    out = tmp_path / "out.zarr"
+    opts.setdefault("value_dtype", "float64")
+    with pytest.raises(InputFormatError, match=rf"^{re.escape(str(src))}:{BAD_LINE}: {reason}") as ei:
+        convert_libsvm(src, out, block_bytes=len(text) // 4, **opts)
+    e = ei.value
+    assert (e.path, e.line) == (str(src), BAD_LINE)
+    if e.offset is not None:  # a byte offset (in the decompressed text) inside the bad line
+        a, b = _line_span(text, BAD_LINE)
+        assert a <= e.offset < b
+        assert f"(byte offset {e.offset})" in str(e)
+    assert_no_output(out)
+    assert [p.name for p in tmp_path.iterdir()] == [src.name]
+
+
+def test_first_bad_line_of_several(tmp_path):
+    """With bad lines in several blocks (and of several kinds in one block), the first one is named."""
+    text = _base_text()
+    for line, bad in [(290, b"x 1:1"), (200, b"1 0:1"), (150, b"1 1:1 1:1"), (120, b"1 0:2"), (121, b"1 2:z")]:
+        text = _with_line(text, line, bad)
+    src = write(tmp_path / "in.svm", text)
+    for _ in range(3):
+        with pytest.raises(InputFormatError, match=r"in\.svm:120: feature index 0 in one-based"):
+            convert_libsvm(src, tmp_path / "out.zarr", zero_based=False, block_bytes=len(text) // 6)
+        assert_no_output(tmp_path / "out.zarr")
+
+
+def test_bad_line_in_a_later_input(tmp_path):
+    text = _base_text()
+    lines = lines_of(text)
+    a = write(tmp_path / "first.svm", b"".join(lines[:100]))
+    b = write(tmp_path / "second.svm.bz2", _with_line(b"".join(lines[100:]), 37, b"1 3:x"))
+    c = write(tmp_path / "third.svm", _with_line(b"".join(lines[100:]), 12, b"1 3:x"))
+    for outs in [tmp_path / "out.zarr", [tmp_path / "o1.zarr", tmp_path / "o2.zarr", tmp_path / "o3.zarr"]]:
+        with pytest.raises(InputFormatError, match=rf"^{re.escape(str(b))}:37: a feature value is not"):
+            convert_libsvm([a, b, c], outs, block_bytes=len(text) // 4)
+        for o in outs if isinstance(outs, list) else [outs]:
+            assert_no_output(o)
+    # beyond n_features in a later input, the base known only at the end ("auto")
+    d = write(tmp_path / "fourth.svm", _with_line(b"".join(lines[100:]), 55, b"1 3:1 41:1"))
+    with pytest.raises(InputFormatError, match=rf"^{re.escape(str(d))}:55: feature index 41 is beyond"):
+        convert_libsvm([a, d], tmp_path / "out.zarr", block_bytes=len(text) // 4, n_features=40)
+    assert_no_output(tmp_path / "out.zarr")
+
+
+SKIP_AT = {3: b"1 3:abc", 40: b"nan 3:1", 41: b"\xef\xbb\xbf1 3:1", 90: b"1 2:1 2:1", 137: b"1 0:1 5:1",
+           150: b"1 3:1\x00", 151: b"3:1", 200: b"1 -4:1", 230: b"1 3:1 7:", 260: b"1 41:1", 290: b"1 3:inf",
+           300: b"x"}
+
+
+@pytest.mark.parametrize("suffix", ["", ".bz2"])
+def test_skip_bad_lines(tmp_path, suffix):
+    good = _base_text()
+    text = good
+    for line, bad in SKIP_AT.items():
+        text = _with_line(text, line, bad)
+    src = write(tmp_path / f"in.svm{suffix}", text)
+    st, rep = convert(src, tmp_path / "out.zarr", on_error="skip", zero_based=False, n_features=D,
+                      block_bytes=len(text) // 6)
+    assert rep.skipped_lines == len(SKIP_AT) == 12
+    first = sorted(SKIP_AT)[:10]
+    assert [(f, line) for f, line, _, _ in rep.skipped] == [(str(src), line) for line in first]
+    for _, line, offset, why in rep.skipped:
+        a, b = _line_span(text, line)
+        assert a <= offset < b, (line, offset, a, b)
+        assert isinstance(why, str) and why
+    assert rep.lines == N_LINES and rep.rows == N_LINES - 12
+    kept = b"".join(ln for k, ln in enumerate(lines_of(text), 1) if k not in SKIP_AT)
+    assert_equals_sklearn(st, *sk_load(kept, zero_based=False, n_features=D))
+    assert st.provenance["skipped_lines"] == 12
+    assert [s[1] for s in st.provenance["skipped"]] == first
+
+
+# ---------------------------------------------------------------------------------------------------- kill, resume
+KILL = {"dufs.store.feature-granule": 16, "dufs.store.feature-block-nnz": 1000}
+ENV = {**os.environ, "DASK_DUFS__STORE__FEATURE_GRANULE": "16", "DASK_DUFS__STORE__FEATURE_BLOCK_NNZ": "1000"}
+KILL_BB = 8300
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dufs.cli", "convert", *args, "--workers", "0", "--dtype", "float64",
+            "--block-bytes", str(KILL_BB)]
+
+
+def _complete(partial: Path, side: str) -> int:
+    """How many blocks of ``side`` (csr or csc) the partial store has marked complete."""
+    n = 0
+    d = partial / side
+    if not d.is_dir():
+        return 0
+    for sub in list(d.iterdir()):
+        try:
+            n += bool(json.loads((sub / "zarr.json").read_text())["attributes"].get("complete"))
+        except (OSError, ValueError, KeyError):
+            pass
+    return n
+
+
+def _run_until(cmd: list[str], partial: Path, side: str, k: int, timeout: float = 120) -> subprocess.Popen:
+    """Start ``cmd``; return once ``k`` blocks of ``side`` are complete (the process still running)."""
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    t0 = time.monotonic()
+    while _complete(partial, side) < k:
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"the conversion ended (rc {proc.returncode}) before {k} {side} blocks were done: "
+                        f"{err.decode()[-2000:]}")
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            pytest.fail("timed out")
+        time.sleep(0.005)
+    return proc
+
+
+def _kill(proc: subprocess.Popen, *, may_be_done: bool = False) -> None:
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL or (may_be_done and proc.returncode == 0), err.decode()[-2000:]
+
+
+def _nodes(path: Path) -> dict[str, dict]:
+    """Every node (group, array) of the store with its metadata and attributes, less the creation time."""
+    out = {}
+    for f in sorted(path.rglob("zarr.json")):
+        meta = json.loads(f.read_text())
+        attrs = meta.get("attributes", {})
+        if "dufs" in attrs:
+            attrs = {**attrs, "dufs": {k: v for k, v in attrs["dufs"].items() if k != "created"}}
+        out[str(f.parent.relative_to(path))] = {**meta, "attributes": attrs}
+    return out
+
+
+def assert_identical_stores(a: dufs.SparseStore, b: dufs.SparseStore) -> None:
+    assert {k: v for k, v in a.attrs.items() if k != "created"} == \
+        {k: v for k, v in b.attrs.items() if k != "created"}
+    assert _nodes(Path(a.path)) == _nodes(Path(b.path))  # no leftovers (spill, raw indices, lock) either
+    assert sorted(p.name for p in Path(a.path).iterdir()) == sorted(p.name for p in Path(b.path).iterdir())
+    for o in ("csr", "csc"):
+        assert a.n_blocks(o) == b.n_blocks(o)
+        for i in range(a.n_blocks(o)):
+            x, y = a.block(i, o), b.block(i, o)
+            for name in ("indptr", "indices", "data"):
+                _same_arrays(getattr(x, name), getattr(y, name), f"{o} block {i} {name}")
+    _same_arrays(a.y, b.y, "y")
+    _same_arrays(a.feature_nnz, b.feature_nnz, "feature_nnz")
+
+
+@pytest.fixture(scope="module")
+def kill_data(tmp_path_factory):
+    """A 20-block file (and an 8-block .bz2), and the store of a one-shot conversion of each."""
+    d = tmp_path_factory.mktemp("kill")
+    X, y = random_data(800, 600, 10 / 600, seed=21)
+    text = svm_text(X, y)
+    src = write(d / "big.svm", text)
+    srcz = write(d / "big.svm.bz2", b"".join(lines_of(text)[:320]))
+    with dask.config.set(KILL):
+        ref, _ = convert_libsvm(src, d / "ref.zarr", value_dtype="float64", block_bytes=KILL_BB)
+        refz, _ = convert_libsvm(srcz, d / "refz.zarr", value_dtype="float64", block_bytes=KILL_BB)
+    assert 15 <= ref.n_blocks("csr") <= 25 and ref.n_blocks("csc") >= 6
+    assert 6 <= refz.n_blocks("csr") and refz.n_blocks("csc") >= 3
+    assert_equals_sklearn(ref, *sk_load(text))
+    return src, srcz, ref, refz
+
+
+@pytest.mark.slow
+def test_second_converter_is_refused_and_a_killed_one_points_to_resume(tmp_path, kill_data):
+    """While a conversion runs, another one into the same output is refused; killed, it leaves a resumable
+    partial store that ``dufs.open`` and a plain rerun point to ``--resume`` for."""
+    from typer.testing import CliRunner
+
+    from dufs.cli import app
+
+    src, _, ref, _ = kill_data
+    out = tmp_path / "out.zarr"
+    partial = Path(str(out) + PARTIAL)
+    proc = _run_until(_cli(str(src), str(out)), partial, "csr", random.randint(1, ref.n_blocks("csr") // 2))
+    try:
+        with dask.config.set(KILL):
+            for resume in (False, True):
+                with pytest.raises(StoreLockedError, match="being written by another process"):
+                    convert(src, out, block_bytes=KILL_BB, resume=resume)
+        for extra in ([], ["--resume"]):
+            res = CliRunner().invoke(app, ["convert", str(src), str(out), "--workers", "0", *extra])
+            assert res.exit_code == 2, res.output
+            assert "being written by another process" in res.stderr
+            assert f"pid {proc.pid}" in res.stderr
+    finally:
+        _kill(proc)
+    assert partial.exists() and not out.exists()
+    with pytest.raises(IncompleteStoreError, match=rf"dufs convert <inputs> {re.escape(str(out))} --resume"):
+        dufs.open(out)
+    with dask.config.set(KILL):
+        with pytest.raises(StoreError, match="finish it with --resume"):  # refused, the partial kept
+            convert(src, out, block_bytes=KILL_BB)
+        assert partial.exists()
+        with pytest.raises(StoreError, match="other options"):  # a resume must ask for the same
+            convert(src, out, block_bytes=KILL_BB + 1, resume=True)
+        with pytest.raises(StoreError, match="other options"):
+            convert(src, out, block_bytes=KILL_BB, resume=True, value_dtype="float32")
+    assert partial.exists() and not (partial / "dufs.lock").exists()
+
+
+@pytest.mark.slow
+def test_kill_and_resume(tmp_path, kill_data):
+    """SIGKILL while parsing, resume, SIGKILL during the transpose, resume: the store of a one-shot run."""
+    src, _, ref, _ = kill_data
+    rnd = random.Random()
+    seed = rnd.randrange(2**32)
+    rnd.seed(seed)
+    print("kill points from seed", seed)
+    out = tmp_path / "out.zarr"
+    partial = Path(str(out) + PARTIAL)
+    n_row, n_col = ref.n_blocks("csr"), ref.n_blocks("csc")
+
+    # 1. killed while parsing
+    _kill(_run_until(_cli(str(src), str(out)), partial, "csr", rnd.randint(2, n_row - 3)))
+    assert 0 < _complete(partial, "csr") < n_row
+
+    # 2. resumed, killed again during the transpose
+    _kill(_run_until(_cli(str(src), str(out), "--resume"), partial, "csc", rnd.randint(1, n_col - 3)))
+    assert partial.exists() and not out.exists()
+    with pytest.raises(IncompleteStoreError, match=r"--resume"):
+        dufs.open(out)
+
+    # 3. resumed to the end: the same store as one conversion in one go
+    with dask.config.set(KILL):
+        st, rep = convert(src, out, block_bytes=KILL_BB, resume=True)
+    assert not partial.exists()
+    assert (rep.rows, rep.lines, rep.nnz) == (ref.shape[0], ref.shape[0], ref.nnz)
+    assert_identical_stores(st, ref)
+
+
+@pytest.mark.slow
+def test_kill_compressed_at_random_time_and_resume(tmp_path, kill_data):
+    _, srcz, _, refz = kill_data
+    out = tmp_path / "out.zarr"
+    partial = Path(str(out) + PARTIAL)
+    proc = _run_until(_cli(str(srcz), str(out)), partial, "csr", 1)
+    time.sleep(random.uniform(0.0, 0.3))
+    _kill(proc, may_be_done=True)
+    if not out.exists():
+        assert partial.exists()
+        res = subprocess.run(_cli(str(srcz), str(out), "--resume"), env=ENV, capture_output=True, timeout=120)
+        assert res.returncode == 0, res.stderr.decode()
+        assert res.stdout.decode().strip() == str(out)
+    assert not partial.exists()
+    assert_identical_stores(dufs.open(out), refz)

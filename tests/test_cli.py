@@ -1,0 +1,225 @@
+"""The ``dufs`` command line: convert (threads, an embedded LocalCluster), info, make-synthetic, errors."""
+
+from __future__ import annotations
+
+import bz2
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+from typer.testing import CliRunner
+
+import dufs
+from dufs.cli import app
+
+ENV = {**os.environ, "DASK_DUFS__STORE__FEATURE_GRANULE": "16", "DASK_DUFS__STORE__FEATURE_BLOCK_NNZ": "1000"}
+
+
+@pytest.fixture(autouse=True)
+def small_blocks():
+    with dask.config.set({"dufs.store.feature-granule": 16, "dufs.store.feature-block-nnz": 1000}):
+        yield
+
+
+def run(*args: str, code: int = 0):
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == code, f"exit {res.exit_code}\nstdout: {res.stdout}\nstderr: {res.stderr}\n" \
+                                  f"{res.exception!r}"
+    return res
+
+
+def text_of(n: int, d: int, seed: int, zero_based: bool = False) -> bytes:
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.1, format="csr", rng=rng)
+    buf = io.BytesIO()
+    dump_svmlight_file(X, rng.integers(0, 2, n), buf, zero_based=zero_based)
+    return buf.getvalue()
+
+
+def write(path: Path, text: bytes) -> Path:
+    with (bz2.open if path.suffix == ".bz2" else open)(path, "wb") as f:
+        f.write(text)
+    return path
+
+
+def assert_loads_as_sklearn(store_path: Path, text: bytes, **kw) -> None:
+    st = dufs.open(store_path)
+    X, y = load_svmlight_file(io.BytesIO(text), **kw)
+    assert st.shape == X.shape
+    np.testing.assert_array_equal(st.to_scipy("csr").toarray(), X.toarray().astype(st.dtype))
+    np.testing.assert_array_equal(st.to_scipy("csc").toarray(), X.toarray().astype(st.dtype))
+    np.testing.assert_array_equal(st.y, y)
+
+
+@pytest.fixture(scope="module")
+def text() -> bytes:
+    return text_of(200, 50, seed=0)
+
+
+@pytest.mark.parametrize("suffix", ["", ".bz2"])
+def test_convert(tmp_path, text, suffix):
+    src = write(tmp_path / f"in.svm{suffix}", text)
+    out = tmp_path / "out.zarr"
+    res = run("convert", src, out, "--workers", "0", "--block-bytes", "3000", "--dtype", "float64")
+    assert res.stdout.strip() == str(out)  # only the store's path on stdout
+    assert "converted 200 rows" in res.stderr and "(one-based)" in res.stderr
+    assert_loads_as_sklearn(out, text)
+    st = dufs.open(out)
+    assert st.dtype == np.float64 and st.n_blocks("csr") > 3
+    # again: refused, unless --overwrite
+    res = run("convert", src, out, "--workers", "0", code=2)
+    assert "exists" in res.stderr and "--overwrite" in res.stderr
+    run("convert", src, out, "--workers", "0", "--overwrite", "--zero-based", "true", "--n-features", "60")
+    st = dufs.open(out)
+    assert st.shape == (200, 60) and st.dtype == np.float32
+    assert_loads_as_sklearn(out, text, zero_based=True, n_features=60)
+
+
+def test_convert_paths_and_messages_print_as_they_are(tmp_path, text):
+    """Long paths are not wrapped, brackets are not markup, ``:100:`` is not an emoji."""
+    deep = tmp_path / ("a_rather_long_directory_name_" * 4) / "[bold]odd[/] :100: name"
+    deep.mkdir(parents=True)
+    src = write(deep / "in.svm", text)
+    res = run("convert", src, deep / "out.zarr", "--workers", "0")
+    assert res.stdout == f"{deep / 'out.zarr'}\n"
+    info = run("info", deep / "out.zarr").stdout
+    assert "".join(str(deep).split()) in "".join(info.split())  # (the table may wrap it)
+    lines = text.splitlines(keepends=True)
+    lines[99] = b"1 2:x\n"
+    bad = write(deep / "bad.svm", b"".join(lines))
+    res = run("convert", bad, deep / "bad.zarr", "--workers", "0", code=2)
+    assert f"{bad}:100: a feature value is not a number" in res.stderr
+
+
+def test_convert_each(tmp_path):
+    a_text, b_text = text_of(100, 30, seed=1, zero_based=True), text_of(80, 50, seed=2)
+    a = write(tmp_path / "a.svm", a_text)
+    b = write(tmp_path / "b.svm.bz2", b_text)
+    dest = tmp_path / "stores"
+    res = run("convert", a, b, dest, "--each", "--workers", "0", "--block-bytes", "2000")
+    assert res.stdout.split() == [str(dest / "a.zarr"), str(dest / "b.zarr")]
+    sa, sb = dufs.open(dest / "a.zarr"), dufs.open(dest / "b.zarr")
+    assert sa.shape == (100, 51) and sb.shape == (80, 51)  # a shared n_features and index base (zero)
+    assert_loads_as_sklearn(dest / "a.zarr", a_text, zero_based=True, n_features=51)
+    assert_loads_as_sklearn(dest / "b.zarr", b_text, zero_based=True, n_features=51)
+
+
+def test_convert_bad_input(tmp_path, text):
+    lines = text.splitlines(keepends=True)
+    lines[36] = b"1 3:1 3:2\n"
+    bad = b"".join(lines)
+    for name in ("in.svm", "in.svm.bz2"):
+        src = write(tmp_path / name, bad)
+        res = run("convert", src, tmp_path / "out.zarr", "--workers", "0", "--block-bytes", "2000", code=2)
+        assert f"{src}:37: a feature index appears twice in the line (byte offset " in res.stderr
+        assert res.stdout == ""
+        assert not (tmp_path / "out.zarr").exists() and not (tmp_path / "out.zarr.dufs-partial").exists()
+    res = run("convert", src, tmp_path / "a.svm", tmp_path / "each", "--each", "--workers", "0", code=2)
+    assert "no such file" in res.stderr
+    assert not (tmp_path / "each").exists()  # the directory --each made is gone again
+    for args, what in [(["--zero-based", "maybe"], "--zero-based"), (["--on-error", "warn"], "on_error"),
+                       (["--dtype", "int32"], "float dtype"), (["--dtype", "nonsense"], "float dtype")]:
+        res = run("convert", src, tmp_path / "out.zarr", "--workers", "0", *args, code=2)
+        assert what in res.stderr
+    res = run("convert", src, "--workers", "0", code=2)
+    assert "IN... OUT" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.svm", "in.svm.bz2"]
+
+
+def test_convert_skip(tmp_path, text):
+    lines = text.splitlines(keepends=True)
+    for k, bad in [(4, b"1 3:nan\n"), (150, b"abc 1:1\n"), (151, b"\n"), (160, b"1 0:1\n")]:
+        lines[k] = bad
+    src = write(tmp_path / "in.svm", b"".join(lines))
+    out = tmp_path / "out.zarr"
+    res = run("convert", src, out, "--workers", "0", "--on-error", "skip", "--zero-based", "false",
+              "--block-bytes", "2500", "--dtype", "float64")
+    assert "skipped 3 bad lines" in res.stderr
+    for line, why in [(5, "a feature value is nan or infinite"), (151, "the label is not a number"),
+                      (161, "feature index 0 in one-based data")]:
+        assert f"  {src}:{line}: {why}" in res.stderr
+    assert "blank lines 1" in res.stderr
+    kept = b"".join(ln for k, ln in enumerate(lines) if k not in (4, 150, 160))
+    assert_loads_as_sklearn(out, kept, zero_based=False)
+
+
+def test_info(tmp_path, text):
+    src = write(tmp_path / "in.svm", text)
+    out = tmp_path / "out.zarr"
+    run("convert", src, out, "--workers", "0")
+    res = run("info", out)
+    assert "200 rows x 50 features" in res.stdout
+    assert "labels" in res.stdout and "source=libsvm" in res.stdout
+    d = json.loads(run("info", out, "--json", "--top", "3").stdout)
+    st = dufs.open(out)
+    assert d["shape"] == [200, 50] and d["nnz"] == st.nnz and d["path"] == str(out)
+    assert len(d["top_features"]) == 3
+    assert d["top_features"][0][1] == int(st.feature_nnz.max())
+    assert sum(d["labels"].values()) == 200
+    assert d["provenance"]["inputs"] == [str(src)]
+    res = run("info", tmp_path / "nothing.zarr", code=2)
+    assert "no dufs store" in res.stderr
+    # an interrupted build: info says how to resume
+    from dufs.data.builder import StoreBuilder
+
+    b = StoreBuilder(tmp_path / "half.zarr")
+    b.begin()
+    b.abort(remove=False)
+    res = run("info", tmp_path / "half.zarr", code=2)
+    assert "--resume" in res.stderr
+
+
+def test_make_synthetic_and_info(tmp_path):
+    out = tmp_path / "syn.zarr"
+    res = run("make-synthetic", out, "--rows", "2000", "--features", "5000", "--workers", "0")
+    assert res.stdout.strip() == str(out)
+    st = dufs.open(out)
+    assert st.shape == (2000, 5000)
+    res = run("info", out)
+    assert "2,000 rows x 5,000 features" in res.stdout
+    assert "ground truth" in res.stdout
+    d = json.loads(run("info", out, "--json").stdout)
+    assert d["shape"] == [2000, 5000]
+    assert d["ground_truth"]["informative"] == st.ground_truth["informative"]
+    assert len(d["ground_truth"]["informative"]) == 20 and d["ground_truth"]["seed"] == 0
+    res = run("make-synthetic", out, "--rows", "2000", "--features", "5000", "--workers", "0", code=2)
+    assert "exists" in res.stderr
+
+
+@pytest.mark.slow
+def test_convert_on_the_default_local_cluster(tmp_path, text):
+    """No --workers: an embedded LocalCluster of processes (one worker a core)."""
+    src = write(tmp_path / "in.svm", text)
+    out = tmp_path / "out.zarr"
+    res = subprocess.run([sys.executable, "-m", "dufs.cli", "convert", str(src), str(out), "--block-bytes",
+                          "3000"], env=ENV, capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode().strip() == str(out)
+    assert_loads_as_sklearn(out, text)
+    assert dufs.open(out).n_blocks("csr") > 3
+
+
+@pytest.mark.slow
+def test_convert_on_two_workers(tmp_path, text):
+    a = write(tmp_path / "a.svm.bz2", text)
+    b_text = text_of(120, 40, seed=3)
+    b = write(tmp_path / "b.svm", b_text)
+    res = run("convert", a, b, tmp_path / "each", "--each", "--workers", "2", "--block-bytes", "2500")
+    assert res.stdout.split() == [str(tmp_path / "each" / "a.zarr"), str(tmp_path / "each" / "b.zarr")]
+    assert_loads_as_sklearn(tmp_path / "each" / "a.zarr", text, n_features=50)
+    assert_loads_as_sklearn(tmp_path / "each" / "b.zarr", b_text, n_features=50)
+    # an error on the cluster: exit code 2 naming the line, nothing left behind
+    lines = text.splitlines(keepends=True)
+    lines[99] = b"1 5:1e400\n"
+    src = write(tmp_path / "bad.svm", b"".join(lines))
+    res = run("convert", src, tmp_path / "bad.zarr", "--workers", "2", "--block-bytes", "2500", code=2)
+    assert f"{src}:100: a feature value is nan or infinite" in res.stderr
+    assert not (tmp_path / "bad.zarr").exists() and not (tmp_path / "bad.zarr.dufs-partial").exists()
