@@ -120,7 +120,8 @@ def _local_cluster(n_workers: int) -> Iterator[Any]:
         yield client
 
 
-def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = None, console: Any = None) -> dict:
+def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = None, console: Any = None,
+           block_bytes: int = 8 << 20) -> dict:
     """Our conversion MB/s with 1 and 2 workers against ``load_svmlight_file`` on the same file; peak memory
     per worker for a file 1x and 4x larger."""
     from sklearn.datasets import load_svmlight_file
@@ -134,7 +135,8 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     size1 = make_libsvm_file(f1, size_mb)
     f4 = root / "base4.svm"
     size4 = make_libsvm_file(f4, size_mb, copies=4)
-    say(f"file: {size1 / 1e6:.1f} MB ({f1}); 4x file: {size4 / 1e6:.1f} MB; median of {repeats} runs")
+    say(f"file: {size1 / 1e6:.1f} MB ({f1}); 4x file: {size4 / 1e6:.1f} MB; blocks of {block_bytes / 2**20:.0f} MiB; "
+        f"median of {repeats} runs")
     res: dict[str, Any] = {"size_mb": size1 / 1e6}
 
     times = []
@@ -160,7 +162,8 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
                     if ev["stage"] != "parse" and "parsed" not in marks:
                         marks["parsed"] = time.perf_counter()
 
-                convert_libsvm(str(f1), str(root / "out.zarr"), client=client, overwrite=True, progress=prog)
+                convert_libsvm(str(f1), str(root / "out.zarr"), client=client, overwrite=True, progress=prog,
+                               block_bytes=block_bytes)
                 times.append(time.perf_counter() - t0)
                 parse_times.append(marks.get("parsed", time.perf_counter()) - t0)
             mb = size1 / _median(times) / 1e6
@@ -176,7 +179,8 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
             convert_libsvm(str(f1), str(root / "warm.zarr"), client=client, overwrite=True,
                            block_bytes=1 << 20)
             with WorkerPeak(client) as wp, PeakRSS() as drv:
-                convert_libsvm(str(f), str(root / "mem.zarr"), client=client, overwrite=True)
+                convert_libsvm(str(f), str(root / "mem.zarr"), client=client, overwrite=True,
+                               block_bytes=block_bytes)
             res[f"peak_worker_mb_{label}"] = wp.peak / 1e6
             say(f"peak RSS, {label} file ({f.stat().st_size / 1e6:7.1f} MB): worker {wp.peak / 1e6:7.1f} MB, "
                 f"driver {psutil.Process().memory_info().rss / 1e6:7.1f} MB (now), all processes "

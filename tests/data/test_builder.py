@@ -1,0 +1,47 @@
+"""StoreBuilder: resume refuses a different layout (granule, dtype) instead of building a wrong CSC side."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dufs.data.builder import StoreBuilder
+from dufs.errors import StoreError
+
+
+def _half_built(path, X, granule):
+    with dask.config.set({"dufs.store.feature-granule": granule}):
+        b = StoreBuilder(path, options={"x": 1})
+        b.begin()
+        b.write_row_block(0, X[:20].indptr, X[:20].indices, X[:20].data)
+        b.abort(remove=False)
+
+
+def test_resume_with_another_granule_is_refused(tmp_path):
+    X = sp.random_array((40, 100), density=0.2, format="csr", rng=0, dtype=np.float32)
+    path = tmp_path / "g.zarr"
+    _half_built(path, X, 16)
+    with dask.config.set({"dufs.store.feature-granule": 32}):
+        b = StoreBuilder(path, options={"x": 1}, resume=True)
+        with pytest.raises(StoreError, match="feature-granule"):
+            b.begin()
+    # with the same granule the resume completes and both orientations are exact
+    with dask.config.set({"dufs.store.feature-granule": 16}):
+        b = StoreBuilder(path, options={"x": 1}, resume=True)
+        assert b.begin() == {0}
+        b.write_row_block(1, X[20:].indptr, X[20:].indices, X[20:].data)
+        st = b.finalize(n_features=100)
+    assert (st.to_scipy("csc") != X.tocsc()).nnz == 0
+    assert (st.to_scipy("csr") != X).nnz == 0
+
+
+def test_resume_with_another_dtype_is_refused(tmp_path):
+    X = sp.random_array((40, 100), density=0.2, format="csr", rng=1, dtype=np.float32)
+    path = tmp_path / "d.zarr"
+    _half_built(path, X, 16)
+    with dask.config.set({"dufs.store.feature-granule": 16}):
+        b = StoreBuilder(path, options={"x": 1}, resume=True, value_dtype=np.float64)
+        with pytest.raises(StoreError, match="dtype"):
+            b.begin()
