@@ -124,6 +124,7 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
            block_bytes: int = 8 << 20) -> dict:
     """Our conversion MB/s with 1 and 2 workers against ``load_svmlight_file`` on the same file; peak memory
     per worker for a file 1x and 4x larger."""
+    import dask
     from sklearn.datasets import load_svmlight_file
 
     from dufs.data.convert import convert_libsvm
@@ -174,11 +175,13 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     res["speedup_2w"] = res["dufs_2w_mbps"] / res["dufs_1w_mbps"]
     say(f"2 workers / 1 worker            : {res['speedup_2w']:.2f}x")
 
+    # memory is bounded by the block sizes: give both files blocks of the same size (feature blocks of at most
+    # 1M nonzeros; row blocks of block_bytes of text) and the peak per worker must not grow with the file
     for label, f in (("1x", f1), ("4x", f4)):
         with _local_cluster(2) as client:
             convert_libsvm(str(f1), str(root / "warm.zarr"), client=client, overwrite=True,
                            block_bytes=1 << 20)
-            with WorkerPeak(client) as wp, PeakRSS() as drv:
+            with WorkerPeak(client) as wp, PeakRSS() as drv, dask.config.set({"dufs.store.feature-block-nnz": 1 << 20}):
                 convert_libsvm(str(f), str(root / "mem.zarr"), client=client, overwrite=True,
                                block_bytes=block_bytes)
             res[f"peak_worker_mb_{label}"] = wp.peak / 1e6

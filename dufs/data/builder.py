@@ -106,11 +106,18 @@ class StoreBuilder:
             acquire_lock(self.partial, what="build")
             self._locked = True
             g = self.partial.open_group("r+")
-            prev = dict(g.attrs).get("dufs_partial", {}).get("options")
+            started = dict(g.attrs).get("dufs_partial", {})
+            prev = started.get("options")
             if prev is not None and _jsonable(prev) != _jsonable(self.options):
                 self.abort(remove=False)
                 raise StoreError(f"cannot resume {self.partial.url}: it was started with other options "
                                  f"({prev}); now {self.options}")
+            layout = {"value_dtype": str(self.value_dtype), "granule": self.granule}
+            was = {k: started.get(k) for k in layout}
+            if was != layout:
+                self.abort(remove=False)
+                raise StoreError(f"cannot resume {self.partial.url}: it was started with {was} (dtype and "
+                                 f"dufs.store.feature-granule); now {layout}. Resume with the same settings")
             done = self.finished_row_blocks()
             log.info("resuming %s: %d row blocks already written", self.partial.url, len(done))
             return done
@@ -179,15 +186,17 @@ class StoreBuilder:
             write_array(blk, "y", y, chunk=self.chunk)
         cols, rows, vals, goff = csr_to_spill(indptr, indices, data, self.granule)
         sp = g["spill"].require_group(str(i))
-        write_array(sp, "cols", cols, chunk=self.chunk)
-        write_array(sp, "rows", rows, chunk=self.chunk)
-        write_array(sp, "vals", vals, chunk=self.chunk)
+        spill_chunk = int(config.get("store.spill-chunk-elements"))
+        write_array(sp, "cols", cols, chunk=spill_chunk, sharded=True)
+        write_array(sp, "rows", rows, chunk=spill_chunk, sharded=True)
+        write_array(sp, "vals", vals, chunk=spill_chunk, sharded=True)
         write_array(sp, "goff", goff, chunk=8192)
         info = RowBlockInfo(i, n_rows, nnz, int(indices.min()) if nnz else -1,
                             int(indices.max()) if nnz else -1)
-        blk.attrs.update({"complete": True, "n_rows": n_rows, "nnz": nnz, "has_y": y is not None,
-                          "raw_indices": raw_indices,
-                          "min_index": info.min_index, "max_index": info.max_index, **(extra or {})})
+        # one write (zarr's attrs.update writes key by key): "complete" never lands without the counts
+        blk.attrs.put({"complete": True, "n_rows": n_rows, "nnz": nnz, "has_y": y is not None,
+                       "raw_indices": raw_indices,
+                       "min_index": info.min_index, "max_index": info.max_index, **(extra or {})})
         return info
 
     def row_block_infos(self) -> list[dict]:
@@ -239,7 +248,7 @@ class StoreBuilder:
                 done, todo = set(), list(range(nb))
             attrs = dict(g.attrs)
             attrs["dufs_partial"] = {**attrs.get("dufs_partial", {}), "csc_bounds": [int(x) for x in bounds_raw]}
-            g.attrs.update(attrs)
+            g.attrs.put(attrs)
             ex.map_ordered(lambda j: _assemble_feature_block(self, j, bounds_raw, row_bounds, index_shift,
                                                              n_features), todo,
                            on_done=lambda _: progress and progress("transpose", 1, len(todo)))
@@ -268,7 +277,11 @@ class StoreBuilder:
                 raise ParameterError(f"feature_ids has shape {fid.shape}; expected ({n_features},)")
             if fid.dtype.kind in "OUS":
                 fid = fid.astype(str)
-                g.create_array("feature_ids", shape=fid.shape, dtype=str, overwrite=True)[...] = fid
+                arr = g.create_array("feature_ids", shape=fid.shape, dtype=str, fill_value="", overwrite=True,
+                                     chunks=(max(1, min(self.chunk, fid.size)),), compressors=_compressors(),
+                                     config={"write_empty_chunks": True})  # crc32c-checked like every array
+                if fid.size:
+                    arr[...] = fid
             else:
                 write_array(g, "feature_ids", fid.astype(np.int64))
         meta = {
@@ -321,7 +334,7 @@ class StoreBuilder:
                 c = np.diff(goff)[:n_gran]
                 counts[:c.shape[0]] += c
             target = int(config.get("store.feature-block-nnz"))
-            max_gran = max(1, int(config.get("store.feature-block-max-features", 262144)) // G)
+            max_gran = max(1, int(config.get("store.feature-block-max-features")) // G)
             gb, acc = [0], 0
             for k in range(n_gran):
                 if k > gb[-1] and (acc + counts[k] > target or k - gb[-1] >= max_gran):
@@ -384,11 +397,11 @@ def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row
         vals = np.empty(0, b.value_dtype)
     indptr, indices, data = merge_spills(cols, rows, vals, width)
     blk = g["csc"].require_group(str(j))
-    blk.attrs.update({"complete": False})
+    blk.attrs.put({"complete": False})
     write_array(blk, "indptr", indptr, chunk=b.chunk)
     write_array(blk, "indices", indices.astype(np.int32), chunk=b.chunk)
     write_array(blk, "data", data.astype(b.value_dtype), chunk=b.chunk)
-    blk.attrs.update({"complete": True, "nnz": int(indptr[-1]), "start": lo_f, "stop": lo_f + width})
+    blk.attrs.put({"complete": True, "nnz": int(indptr[-1]), "start": lo_f, "stop": lo_f + width})  # one write
     return int(indptr[-1])
 
 

@@ -407,7 +407,10 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
             progress({"stage": "parse", "rows": report.rows, "bytes": report.bytes, "total_bytes": total})
 
     def submit(unit: Unit, path: str, payload: Any) -> None:
-        while len(in_flight) >= max_in_flight:
+        # byte ranges of plain files carry no data (workers read them): queue them all on the scheduler;
+        # blocks of decompressed text are held in memory until parsed: keep only a few in flight
+        limit = max_in_flight if payload is not None else 64 * max_in_flight
+        while len(in_flight) >= limit:
             collect(next(iter(ex.as_completed(list(in_flight)))))
         fut = ex.submit(_parse_and_write, builders[store_of[unit.file]], unit, path, payload, opts)
         in_flight[fut] = (unit, path)

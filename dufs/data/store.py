@@ -52,12 +52,18 @@ def _compressors() -> list:
     return [*comp, zc.Crc32cCodec()]
 
 
-def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int | None = None) -> zarr.Array:
-    """Write a 1-D array (every chunk stored, crc32c-checked), replacing any previous one."""
+def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int | None = None,
+                sharded: bool = False) -> zarr.Array:
+    """Write a 1-D array (every chunk stored, crc32c-checked), replacing any previous one.
+
+    ``sharded=True`` puts all the (small) chunks in one shard object: slices read only the chunks they touch,
+    without one file per chunk (used for the transpose's spill, read in many small slices).
+    """
     values = np.ascontiguousarray(values)
-    chunk = int(chunk or config.get("store.chunk-elements"))
+    chunk = max(1, min(int(chunk or config.get("store.chunk-elements")), max(1, values.size)))
+    shards = (-(-max(1, values.size) // chunk) * chunk,) if sharded else None
     arr = group.create_array(
-        name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(chunk, max(1, values.size))),),
+        name, shape=values.shape, dtype=values.dtype, chunks=(chunk,), shards=shards,
         compressors=_compressors(), fill_value=0, overwrite=True, config={"write_empty_chunks": True},
     )
     if values.size:
@@ -240,7 +246,7 @@ class SparseStore:
     def feature_ids(self) -> np.ndarray | None:
         if not self.attrs.get("has_feature_ids"):
             return None
-        return np.asarray(self._group["feature_ids"][...])
+        return read_array(self._group["feature_ids"], f"{self.path}: feature_ids")
 
     @property
     def feature_nnz(self) -> np.ndarray:
@@ -259,11 +265,11 @@ class SparseStore:
         data = read_array(g["data"], where)
         b = self._bounds[o]
         other = self.shape[1] if o == "csr" else self.shape[0]
-        if indptr.shape[0] != b[i + 1] - b[i] + 1 or indptr[-1] != indices.shape[0] != data.shape[0] \
-                or indptr[-1] != self._block_nnz[o][i]:
+        nnz = int(self._block_nnz[o][i])
+        if indptr.shape[0] != b[i + 1] - b[i] + 1 or not indptr[-1] == indices.shape[0] == data.shape[0] == nnz:
             raise CorruptChunkError(f"{where}: array lengths do not match the store's metadata "
-                                    f"(indptr {indptr.shape[0]}, nnz {indices.shape[0]}, expected "
-                                    f"{b[i + 1] - b[i] + 1} and {self._block_nnz[o][i]})")
+                                    f"(indptr {indptr.shape[0]}, indices {indices.shape[0]}, data "
+                                    f"{data.shape[0]}, expected {b[i + 1] - b[i] + 1} and {nnz})")
         return RawBlock(o, i, int(b[i]), int(b[i + 1]), indptr, indices, data, other)
 
     def to_dask(self, orientation: Orientation = "csc", *, kind: Literal["sparse", "scipy"] = "sparse") -> Any:
@@ -283,7 +289,7 @@ class SparseStore:
         dsk = {}
         for i in range(len(sizes)):
             key = (name, i, 0) if o == "csr" else (name, 0, i)
-            dsk[key] = (_load_chunk, self.path, o, i, kind)
+            dsk[key] = (_load_chunk, self.path, o, i, kind, self.attrs.get("created"))
         chunks = ((sizes, (d,)) if o == "csr" else ((n,), sizes))
         if kind == "sparse":
             import sparse
@@ -343,15 +349,19 @@ def _token(*parts: Any) -> str:
 _STORE_CACHE: dict[str, SparseStore] = {}
 
 
-def _cached(path: str) -> SparseStore:
+def _cached(path: str, created: str | None) -> SparseStore:
+    """The open store at ``path`` written at ``created``; reopened when the store there was replaced since."""
     st = _STORE_CACHE.get(path)
-    if st is None:
+    if st is None or st.attrs.get("created") != created:
         st = _STORE_CACHE[path] = SparseStore(path)
+        if st.attrs.get("created") != created:
+            raise StoreError(f"{path} was replaced (written {st.attrs.get('created')}) after this Dask array "
+                             f"was made from it (written {created}); make it again with store.to_dask()")
     return st
 
 
-def _load_chunk(path: str, orientation: str, i: int, kind: str) -> Any:
-    blk = _cached(path).block(i, orientation)  # type: ignore[arg-type]
+def _load_chunk(path: str, orientation: str, i: int, kind: str, created: str | None = None) -> Any:
+    blk = _cached(path, created).block(i, orientation)  # type: ignore[arg-type]
     return blk.to_sparse() if kind == "sparse" else blk.to_scipy()
 
 

@@ -6,6 +6,7 @@ is never materialised anywhere.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 from typing import Any
 
@@ -20,6 +21,7 @@ from dufs.errors import ParameterError
 
 def _csr_buffers(block: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Canonical CSR buffers (sorted indices, duplicates summed, explicit zeros dropped) of a 2-D block."""
+    block = _widen(block)
     if isinstance(block, np.ndarray) or np.isscalar(block):
         m = sp.csr_array(np.atleast_2d(np.asarray(block)))
     elif sp.issparse(block):
@@ -34,6 +36,11 @@ def _csr_buffers(block: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return m.indptr.astype(np.int64), m.indices, m.data
 
 
+def _widen(x: Any) -> Any:
+    """float16 input as float32 (exactly): SciPy sparse has no float16."""
+    return x.astype(np.float32) if getattr(x, "dtype", None) == np.float16 else x
+
+
 def _check_finite(data: np.ndarray, what: str) -> None:
     if data.size and not np.isfinite(data).all():
         raise ParameterError(f"{what} contains NaN or infinite values; dufs stores finite numbers only")
@@ -42,11 +49,44 @@ def _check_finite(data: np.ndarray, what: str) -> None:
 def _write_slab(builder: StoreBuilder, i: int, slab: Any, y: Any) -> int:
     indptr, indices, data = _csr_buffers(slab)
     _check_finite(data, f"row block {i}")
+    with np.errstate(over="ignore"):
+        cast = data.astype(builder.value_dtype, copy=False)
+    if not np.isfinite(cast).all():
+        raise ParameterError(f"row block {i} has values beyond the range of {builder.value_dtype}; "
+                             f"pass value_dtype=np.float64")
     if y is not None:
         y = np.asarray(y, dtype=np.float64).ravel()
         _check_finite(y, f"labels of row block {i}")
     builder.write_row_block(i, indptr, indices, data, y)
     return int(indptr[-1])
+
+
+def _compute_to_the_end(tasks: list, *, local: bool = False) -> tuple:
+    """``dask.compute(*tasks)`` that, when a task fails, lets the running ones finish before raising.
+
+    ``write_store`` removes the partial store after a failure: a block still being written then would recreate
+    it, and the removal itself would fail on the directory being written into. ``local``: on local threads even
+    when a distributed client is active (for in-memory input).
+    """
+    import dask
+
+    from dufs.data._exec import active_client
+
+    scheduler = dask.config.get("scheduler", None)
+    client = None if local else active_client()
+    if client is not None and scheduler in (None, "dask.distributed", "distributed"):
+        from distributed import wait
+
+        futures = client.compute(tasks)
+        wait(futures)  # every task finished or failed
+        return tuple(client.gather(futures))
+    if scheduler is not None and not local:
+        return dask.compute(*tasks)
+    pool = cf.ThreadPoolExecutor(os.cpu_count() or 1)
+    try:
+        return dask.compute(*tasks, scheduler="threads", pool=pool)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # running tasks end before the caller cleans up
 
 
 def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: Any = None,
@@ -76,7 +116,7 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
     """
     import dask
 
-    row_block = int(row_block or config.get("store.row-block"))
+    row_block = int(config.get("store.row-block") if row_block is None else row_block)  # 0 is an error
     if row_block < 1:
         raise ParameterError(f"The 'row_block' parameter of write_store must be an int >= 1; got {row_block}.")
     if getattr(X, "ndim", 2) != 2:
@@ -84,6 +124,8 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
     n_rows, n_features = (int(s) for s in X.shape)
     if y is not None and len(y) != n_rows:
         raise ParameterError(f"X has {n_rows} rows but y has {len(y)} labels")
+    if y is not None and not _is_dask(y):
+        _check_finite(np.asarray(y, dtype=np.float64), "y")
     b = StoreBuilder(path, value_dtype=value_dtype or _default_dtype(X), overwrite=overwrite,
                      options={"writer": "write_store", "row_block": row_block})
     b.begin()
@@ -100,18 +142,18 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
             else:
                 ys = [None] * len(parts)
             tasks = [dask.delayed(_write_slab)(b, i, part, yy) for i, (part, yy) in enumerate(zip(parts, ys))]
-            dask.compute(*tasks)
+            _compute_to_the_end(tasks)
         else:
             M = X
             if type(X).__module__.startswith("sparse"):
-                M = X.to_scipy_sparse()
+                M = _widen(X).to_scipy_sparse()
             if sp.issparse(M):
                 M = sp.csr_array(M)
             ya = None if y is None else np.asarray(y)
             tasks = [dask.delayed(_write_slab)(b, i, M[a:a + row_block],
                                                None if ya is None else ya[a:a + row_block])
                      for i, a in enumerate(starts)]
-            dask.compute(*tasks, scheduler="threads")
+            _compute_to_the_end(tasks, local=True)
         if n_rows == 0:
             b.write_row_block(0, np.zeros(1, np.int64), np.empty(0, np.int32), np.empty(0),
                               None if y is None else np.empty(0))
@@ -154,7 +196,7 @@ def make_synthetic(path: str | os.PathLike, spec: Any, *, row_block: int | None 
     """
     from dufs.data._exec import Executor
 
-    row_block = int(row_block or config.get("store.row-block"))
+    row_block = int(config.get("store.row-block") if row_block is None else row_block)  # 0 is an error
     if row_block < 1:
         raise ParameterError(f"The 'row_block' parameter of make_synthetic must be an int >= 1; got {row_block}.")
     gt = spec.ground_truth()
