@@ -115,7 +115,7 @@ def _median(xs: list[float]) -> float:
 def _local_cluster(n_workers: int) -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                       silence_logs=40) as lc, Client(lc) as client:
         yield client
 

@@ -53,7 +53,7 @@ def cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     from dufs import config
 
     with LocalCluster(n_workers=n, threads_per_worker=int(config.get("cluster.threads-per-worker")),
-                      processes=True, dashboard_address=None, silence_logs=40) as lc, Client(lc) as client:
+                      processes=True, dashboard_address=":0", silence_logs=40) as lc, Client(lc) as client:
         yield client
 
 

@@ -51,7 +51,7 @@ def cluster_client():
             n_workers=2,
             threads_per_worker=1,
             processes=True,
-            dashboard_address=None,
+            dashboard_address=":0",
             silence_logs=40,
         ) as cluster,
         distributed.Client(cluster, set_as_default=False) as client,
