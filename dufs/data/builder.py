@@ -33,6 +33,7 @@ from dufs.data.store import (
     FORMAT_VERSION,
     PARTIAL_SUFFIX,
     SparseStore,
+    _check_present as check_present,
     _compressors,
     read_array,
     write_array,
@@ -158,8 +159,10 @@ class StoreBuilder:
                         raw_indices: bool = False) -> RowBlockInfo:
         """Write CSR row block ``i`` (indices sorted within rows) and its spill.
 
-        With ``raw_indices=True`` the column indices carry an index base decided only at ``finalize``: they are
-        kept as ``indices_raw`` and ``finalize(index_shift=...)`` writes the final ``indices`` from them.
+        With ``raw_indices=True`` the column indices carry an index base decided only at ``finalize``. The spill
+        keeps them raw; the CSR block is written with a provisional base: one-based (``indices - 1``) unless the
+        block holds an index 0. ``finalize(index_shift=...)`` rewrites only the blocks whose guess was wrong
+        (for one-based files, none).
         """
         from dufs.kernels.sparse import csr_to_spill
 
@@ -177,7 +180,8 @@ class StoreBuilder:
         blk = g["csr"].require_group(str(i))
         blk.attrs.put({"complete": False})
         write_array(blk, "indptr", indptr, chunk=self.chunk)
-        write_array(blk, "indices_raw" if raw_indices else "indices", indices, chunk=self.chunk)
+        guess = 1 if raw_indices and (nnz == 0 or int(indices.min()) >= 1) else 0
+        write_array(blk, "indices", indices - np.int32(guess) if guess else indices, chunk=self.chunk)
         write_array(blk, "data", data, chunk=self.chunk)
         if y is not None:
             y = np.asarray(y, dtype=np.float64).ravel()
@@ -195,7 +199,7 @@ class StoreBuilder:
                             int(indices.max()) if nnz else -1)
         # one write (zarr's attrs.update writes key by key): "complete" never lands without the counts
         blk.attrs.put({"complete": True, "n_rows": n_rows, "nnz": nnz, "has_y": y is not None,
-                       "raw_indices": raw_indices,
+                       "raw_indices": raw_indices, "indices_shift": guess,
                        "min_index": info.min_index, "max_index": info.max_index, **(extra or {})})
         return info
 
@@ -234,7 +238,8 @@ class StoreBuilder:
         g = self._group()
         ex = executor or Executor()
         try:
-            todo = [i for i, b in enumerate(infos) if b.get("raw_indices")]
+            todo = [i for i, b in enumerate(infos)
+                    if b.get("raw_indices") and (b.get("indices_shift") != index_shift or b.get("fix_pending"))]
             if any(b.get("raw_indices") is False for b in infos) and index_shift:
                 raise StoreError("cannot shift the index base of row blocks written with final indices")
             ex.map_ordered(lambda i: _reindex_row_block(self, i, index_shift), todo,
@@ -249,8 +254,10 @@ class StoreBuilder:
             attrs = dict(g.attrs)
             attrs["dufs_partial"] = {**attrs.get("dufs_partial", {}), "csc_bounds": [int(x) for x in bounds_raw]}
             g.attrs.put(attrs)
+            offsets = spill_offsets(self, len(infos), bounds_raw)
+            row_nnz = [int(b["nnz"]) for b in infos]
             ex.map_ordered(lambda j: _assemble_feature_block(self, j, bounds_raw, row_bounds, index_shift,
-                                                             n_features), todo,
+                                                             n_features, offsets, row_nnz), todo,
                            on_done=lambda _: progress and progress("transpose", 1, len(todo)))
         finally:
             if executor is None:
@@ -350,40 +357,77 @@ class StoreBuilder:
 
 
 def _reindex_row_block(b: StoreBuilder, i: int, shift: int) -> None:
-    """Final ``indices`` = ``indices_raw - shift`` (idempotent: the raw array goes only after the attrs say so)."""
+    """Rewrite row block ``i``'s ``indices`` for the final index base ``shift`` (its provisional guess was wrong).
+
+    Idempotent under kills: the fixed array is written beside the old one, the attributes then record the new
+    base with ``fix_pending``, and only then is it moved into place.
+    """
     g = b._group()
     blk = g["csr"][str(i)]
-    if "indices_raw" not in blk:
-        return
-    if blk.attrs.get("indices_shift") != shift:
-        idx = read_array(blk["indices_raw"], f"row block {i}")
-        write_array(blk, "indices", (idx - shift).astype(np.int32), chunk=b.chunk)
-        blk.attrs.update({"indices_shift": shift})
-    Location(b.partial.child(f"csr/{i}/indices_raw")).remove()
+    attrs = dict(blk.attrs)
+    fix = Location(b.partial.child(f"csr/{i}/indices_fix"))
+    if not attrs.get("fix_pending"):
+        if attrs.get("indices_shift") == shift:
+            return
+        idx = read_array(blk["indices"], f"row block {i}")
+        write_array(blk, "indices_fix", (idx.astype(np.int64) + attrs["indices_shift"] - shift).astype(np.int32),
+                    chunk=b.chunk)
+        blk.attrs.put({**attrs, "indices_shift": shift, "fix_pending": True})
+        attrs = dict(blk.attrs)
+    if fix.exists():
+        Location(b.partial.child(f"csr/{i}/indices")).remove()
+        fix.rename_to(Location(b.partial.child(f"csr/{i}/indices")))
+    blk.attrs.put({**attrs, "fix_pending": False})
+
+
+_SPILL_CACHE: dict = {}
+
+
+def _spill_arrays(b: StoreBuilder, i: int, nnz: int) -> tuple:
+    """Row block ``i``'s spill arrays, opened (and checked complete) once per process and build."""
+    key = (b.partial.url, i, nnz)
+    got = _SPILL_CACHE.get(key)
+    if got is None:
+        if len(_SPILL_CACHE) > 4096:
+            _SPILL_CACHE.clear()
+        sp = b._group()["spill"][str(i)]
+        got = tuple(sp[name] for name in ("cols", "rows", "vals"))
+        for arr in got:  # a missing shard would read back as zeros: check it is there, once
+            check_present(arr, f"spill {i}", range(arr.nchunks))
+        _SPILL_CACHE[key] = got
+    return got
+
+
+def spill_offsets(b: StoreBuilder, n_row_blocks: int, bounds_raw: np.ndarray) -> np.ndarray:
+    """``off[i, j]``: where feature block ``j`` starts in row block ``i``'s spill (one read of each ``goff``)."""
+    G = b.granule
+    gb = np.asarray(bounds_raw, dtype=np.int64) // G
+    gb[-1] = -(-int(bounds_raw[-1]) // G)
+    g = b._group()
+    off = np.zeros((n_row_blocks, len(bounds_raw)), dtype=np.int64)
+    for i in range(n_row_blocks):
+        goff = read_array(g["spill"][str(i)]["goff"], f"spill {i}")
+        off[i] = goff[np.minimum(gb, goff.shape[0] - 1)]
+    return off
 
 
 def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row_bounds: np.ndarray,
-                            shift: int, n_features: int) -> int:
+                            shift: int, n_features: int, offsets: np.ndarray, row_nnz: list) -> int:
     from dufs.kernels.sparse import merge_spills
 
-    G = b.granule
     g = b._group()
     lo_raw, hi_raw = int(bounds_raw[j]), int(bounds_raw[j + 1])
-    g0, g1 = lo_raw // G, -(-hi_raw // G)
     pieces_c, pieces_r, pieces_v = [], [], []
     for i in range(len(row_bounds) - 1):
-        sp = g["spill"][str(i)]
-        goff = sp["goff"]
-        ng = goff.shape[0] - 1
-        a, z = min(g0, ng), min(g1, ng)
-        if a >= z:
-            continue
-        lo, hi = (int(x) for x in read_array(goff, f"spill {i}", slice(a, z + 1))[[0, -1]])
+        lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
         if hi <= lo:
             continue
-        pieces_c.append(read_array(sp["cols"], f"spill {i}", slice(lo, hi)))
-        pieces_r.append(read_array(sp["rows"], f"spill {i}", slice(lo, hi)).astype(np.int64) + row_bounds[i])
-        pieces_v.append(read_array(sp["vals"], f"spill {i}", slice(lo, hi)))
+        cols, rows, vals = _spill_arrays(b, i, row_nnz[i])
+        where = f"spill {i}"
+        pieces_c.append(read_array(cols, where, slice(lo, hi), check_present=False))
+        pieces_r.append(read_array(rows, where, slice(lo, hi), check_present=False).astype(np.int64)
+                        + row_bounds[i])
+        pieces_v.append(read_array(vals, where, slice(lo, hi), check_present=False))
     lo_f = min(max(lo_raw - shift, 0), n_features)
     hi_f = min(hi_raw - shift, n_features) if j < len(bounds_raw) - 2 else n_features
     width = max(hi_f - lo_f, 0)
