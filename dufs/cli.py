@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -74,16 +74,16 @@ def convert(
     each: bool = typer.Option(False, "--each", help="One store per input (OUT is a directory); the stores "
                                                     "share the index base and n_features."),
     zero_based: str = typer.Option("auto", "--zero-based", help="auto, true or false (as scikit-learn)."),
-    n_features: Optional[int] = typer.Option(None, "--n-features", help="Number of features (default: the "
+    n_features: int | None = typer.Option(None, "--n-features", help="Number of features (default: the "
                                                                         "largest index + 1)."),
     on_error: str = typer.Option("raise", "--on-error", help="raise: stop at the first bad line; skip: skip "
                                                              "bad lines and report them."),
     dtype: str = typer.Option("float32", "--dtype", help="Value dtype of the store."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted conversion."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
-    block_bytes: Optional[str] = typer.Option(None, "--block-bytes", help="Text bytes per row block (32MiB)."),
-    scheduler: Optional[str] = SchedulerOpt,
-    workers: Optional[int] = WorkersOpt,
+    block_bytes: str | None = typer.Option(None, "--block-bytes", help="Text bytes per row block (32MiB)."),
+    scheduler: str | None = SchedulerOpt,
+    workers: int | None = WorkersOpt,
 ) -> None:
     """Convert libsvm text into a dufs store: `dufs convert train.bz2 train.zarr`."""
     from dufs.data.convert import convert_libsvm
@@ -179,11 +179,11 @@ def make_synthetic_cmd(
     informative: int = typer.Option(20, "--informative"),
     seed: int = typer.Option(0, "--seed"),
     label_noise: float = typer.Option(0.05, "--label-noise"),
-    row_block: Optional[int] = typer.Option(None, "--row-block", help="Rows per row block."),
+    row_block: int | None = typer.Option(None, "--row-block", help="Rows per row block."),
     overwrite: bool = typer.Option(False, "--overwrite"),
     resume: bool = typer.Option(False, "--resume"),
-    scheduler: Optional[str] = SchedulerOpt,
-    workers: Optional[int] = WorkersOpt,
+    scheduler: str | None = SchedulerOpt,
+    workers: int | None = WorkersOpt,
 ) -> None:
     """Write a kddb-like synthetic store (power-law binary features, sparse linear labels)."""
     try:
@@ -226,7 +226,7 @@ def demo(
     out_dir: Path = typer.Option(Path("dufs-demo"), "--out", help="Where to write the demo's outputs."),
     rows: int = typer.Option(200_000, "--rows"),
     features: int = typer.Option(500_000, "--features"),
-    workers: Optional[int] = WorkersOpt,
+    workers: int | None = WorkersOpt,
 ) -> None:
     """The main job on an embedded default: a kddb-like store made on a local multi-process cluster."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +243,7 @@ def bench(
     what: str = typer.Argument(..., help="What to measure: ingest."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="Size of the base libsvm file (MB)."),
     repeats: int = typer.Option(3, "--repeats", help="Runs per figure (the median is printed)."),
-    work_dir: Optional[Path] = typer.Option(None, "--dir", help="Scratch directory (default: a temp dir)."),
+    work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (default: a temp dir)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench

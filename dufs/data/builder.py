@@ -33,10 +33,12 @@ from dufs.data.store import (
     FORMAT_VERSION,
     PARTIAL_SUFFIX,
     SparseStore,
-    _check_present as check_present,
     _compressors,
     read_array,
     write_array,
+)
+from dufs.data.store import (
+    _check_present as check_present,
 )
 from dufs.errors import ParameterError, StoreError
 

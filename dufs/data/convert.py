@@ -100,7 +100,7 @@ def _plain_units(path: str, file_no: int, block_bytes: int, first_block: int) ->
             cuts.append(nl + 1)
             pos = nl + 1 + block_bytes
     cuts.append(size)
-    return [Unit(first_block + k, file_no, a, b) for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+    return [Unit(first_block + k, file_no, a, b) for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=False))]
 
 
 def _stream_blocks(path: str, block_bytes: int) -> Iterator[tuple[int, int, bytes]]:
@@ -286,7 +286,7 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
     opts = {"skip": on_error == "skip", "zero_based": zero_based, "n_features": n_features}
     builders = []
     for s, out in enumerate(outs):
-        mine = [p for p, k in zip(ins, store_of) if k == s]
+        mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
         options = {"inputs": [[Location.of(p).url, _file_size(p)] for p in mine], "zero_based": zero_based,
                    "n_features": n_features, "on_error": on_error, "block_bytes": block_bytes,
                    "together_with": [Location.of(o).url for o in outs] if many else None}
@@ -326,7 +326,7 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         report.zero_based, report.n_features = bool(zb), int(nf)
         stores = []
         for s, b in enumerate(builders):
-            mine = [p for p, k in zip(ins, store_of) if k == s]
+            mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
             stores.append(b.finalize(
                 n_features=nf, index_shift=shift, executor=ex,
                 provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],

@@ -333,7 +333,7 @@ class SparseStore:
         }
         if self.has_labels:
             vals, counts = np.unique(self.y, return_counts=True)
-            out["labels"] = {_fmt_label(v): int(c) for v, c in zip(vals, counts)}
+            out["labels"] = {_fmt_label(v): int(c) for v, c in zip(vals, counts, strict=False)}
         if self.ground_truth:
             gt = self.ground_truth
             out["ground_truth"] = {"informative": gt.get("informative"), "seed": gt.get("seed")}

@@ -141,7 +141,8 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
                 ys = yd.rechunk(Xr.chunks[0]).to_delayed().ravel()
             else:
                 ys = [None] * len(parts)
-            tasks = [dask.delayed(_write_slab)(b, i, part, yy) for i, (part, yy) in enumerate(zip(parts, ys))]
+            tasks = [dask.delayed(_write_slab)(b, i, part, yy)
+                     for i, (part, yy) in enumerate(zip(parts, ys, strict=True))]
             _compute_to_the_end(tasks)
         else:
             M = X
