@@ -96,7 +96,15 @@ class Location:
         if not fs.exists(fp):
             return None
         with fs.open(fp, "r") as f:
-            return json.load(f)
+            text = f.read()
+        try:
+            return json.loads(text)
+        except ValueError:
+            if name == LOCK_NAME:  # a writer killed between creating its lock and filling it in
+                raise StoreLockedError(
+                    f"the lock file {p} is unreadable ({text[:40]!r}); if no other process is writing this "
+                    f"store, delete the lock file and run again (with --resume)") from None
+            raise
 
     def write_json_atomic(self, name: str, obj: Any) -> None:
         p = self.child(name)

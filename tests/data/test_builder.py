@@ -45,3 +45,20 @@ def test_resume_with_another_dtype_is_refused(tmp_path):
         b = StoreBuilder(path, options={"x": 1}, resume=True, value_dtype=np.float64)
         with pytest.raises(StoreError, match="dtype"):
             b.begin()
+
+
+def test_garbled_lock_is_a_clear_refusal(tmp_path):
+    from dufs.errors import StoreLockedError
+
+    X = sp.random_array((40, 100), density=0.2, format="csr", rng=2, dtype=np.float32)
+    path = tmp_path / "l.zarr"
+    _half_built(path, X, 16)
+    (tmp_path / "l.zarr.dufs-partial" / "dufs.lock").write_text('{"host": "x", "pi')
+    with dask.config.set({"dufs.store.feature-granule": 16}):
+        with pytest.raises(StoreLockedError, match="unreadable.*delete the lock file"):
+            StoreBuilder(path, options={"x": 1}, resume=True).begin()
+        (tmp_path / "l.zarr.dufs-partial" / "dufs.lock").unlink()
+        b = StoreBuilder(path, options={"x": 1}, resume=True)
+        assert b.begin() == {0}
+        b.abort(remove=True)
+    assert not (tmp_path / "l.zarr.dufs-partial").exists()
