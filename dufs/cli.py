@@ -38,23 +38,10 @@ WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded Local
 @contextlib.contextmanager
 def cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     """A distributed Client on ``scheduler``, or on an embedded LocalCluster of processes; None for threads."""
-    if scheduler:
-        from distributed import Client
+    from dufs.engine.cluster import get_client
 
-        with Client(scheduler) as client:
-            yield client
-        return
-    if workers == 0:
-        yield None
-        return
-    from distributed import Client, LocalCluster
-
-    n = workers or os.cpu_count() or 1
-    from dufs import config
-
-    with LocalCluster(n_workers=n, threads_per_worker=int(config.get("cluster.threads-per-worker")),
-                      processes=True, dashboard_address=":0", silence_logs=40) as lc, Client(lc) as client:
-        yield client
+    with get_client(scheduler_address=scheduler, n_workers=workers, synchronous=workers == 0 and not scheduler) as c:
+        yield c
 
 
 def _fail(exc: BaseException) -> None:

@@ -1,0 +1,73 @@
+"""Which Dask cluster a computation runs on (``get_client``).
+
+Order, as DESIGN.md section 1: the ``client`` given; else the active ``distributed.Client``; else a client on
+``scheduler_address``; else an embedded ``LocalCluster`` of processes (one worker a core) started for the call and
+closed afterwards. ``synchronous=True`` runs without any cluster (small in-memory inputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from dufs import config
+from dufs._logging import get_logger
+from dufs.errors import ParameterError
+
+log = get_logger(__name__)
+
+
+def active_client() -> Any | None:
+    """The current ``distributed.Client`` (``Client.current()``), or None."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def get_client(client: Any = None, *, scheduler_address: str | None = None, n_workers: int | None = None,
+               synchronous: bool = False) -> Iterator[Any]:
+    """Yield the client to run on (None when ``synchronous``); close only what this call started.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Used as is (never closed here).
+    scheduler_address : str, optional
+        ``tcp://host:8786`` of a running scheduler, used when no client is given or active.
+    n_workers : int, optional
+        Workers of the embedded LocalCluster (default: one a core).
+    synchronous : bool
+        Run in this process without a cluster.
+    """
+    if synchronous:
+        yield None
+        return
+    if client is not None:
+        if not hasattr(client, "submit") or not hasattr(client, "scheduler_info"):
+            raise ParameterError(f"The 'client' parameter must be a distributed.Client; got {type(client).__name__}.")
+        yield client
+        return
+    current = active_client()
+    if current is not None:
+        yield current
+        return
+    from distributed import Client, LocalCluster
+
+    if scheduler_address:
+        log.info("connecting to the scheduler at %s", scheduler_address)
+        with Client(scheduler_address) as c:
+            yield c
+        return
+    n = int(n_workers or os.cpu_count() or 1)
+    if n < 1:
+        raise ParameterError(f"The 'n_workers' parameter must be an int >= 1; got {n_workers}.")
+    log.info("starting an embedded LocalCluster of %d worker processes", n)
+    with LocalCluster(n_workers=n, threads_per_worker=int(config.get("cluster.threads-per-worker")),
+                      processes=True, dashboard_address=":0", silence_logs=40) as lc, Client(lc) as c:
+        yield c

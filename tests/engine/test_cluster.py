@@ -1,0 +1,53 @@
+"""get_client: the given client, the active one, a scheduler address, or an embedded LocalCluster of processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from distributed import Client, LocalCluster
+
+from dufs.engine.cluster import active_client, get_client
+from dufs.errors import ParameterError
+
+
+def test_synchronous_needs_no_cluster():
+    with get_client(synchronous=True) as c:
+        assert c is None
+
+
+def test_given_and_active_clients_are_used_and_left_open(cluster_client):
+    with get_client(cluster_client) as c:
+        assert c is cluster_client
+    assert cluster_client.status == "running"
+    with cluster_client.as_current():
+        assert active_client() is cluster_client
+        with get_client() as c:
+            assert c is cluster_client
+    assert cluster_client.status == "running"
+
+
+def test_scheduler_address_connects_and_closes_only_its_client(cluster_client):
+    addr = cluster_client.scheduler.address
+    with get_client(scheduler_address=addr) as c:
+        assert c is not cluster_client and c.scheduler.address == addr
+        assert c.submit(os.getpid).result() != os.getpid()  # ran in a worker process
+    assert c.status == "closed"
+    assert cluster_client.status == "running"
+
+
+def test_embedded_local_cluster_of_processes_is_closed_afterwards():
+    with get_client(n_workers=2) as c:
+        pids = set(c.run(os.getpid).values())
+        assert len(pids) == 2 and os.getpid() not in pids
+        cluster = c.cluster
+    assert c.status == "closed" and cluster.status.name == "closed"
+
+
+def test_bad_client_is_refused():
+    with pytest.raises(ParameterError, match="'client' parameter"), get_client("tcp://x"):
+        pass
+
+
+def test_local_cluster_fixture_is_a_real_cluster(cluster_client):
+    assert isinstance(cluster_client, Client) and isinstance(cluster_client.cluster, LocalCluster)
