@@ -1,0 +1,91 @@
+"""A real `dask scheduler` and two `dask worker` processes started from the command line: `dufs convert
+--scheduler` runs its parse tasks on them."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+
+import dufs
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dask_cluster_processes(tmp_path):
+    dask_cli = shutil.which("dask")
+    if dask_cli is None:
+        pytest.skip("the dask command line is not installed")
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask_cli, "worker", addr, "--nworkers", "1", "--nthreads", "1",
+                                           "--no-dashboard", "--local-directory", str(tmp_path / "w")],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Client(addr, timeout=5) as c:
+                    c.wait_for_workers(2, timeout=60)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        yield addr
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_convert_runs_on_a_command_line_cluster(tmp_path, dask_cluster_processes):
+    addr = dask_cluster_processes
+    rng = np.random.default_rng(5)
+    X = sp.random(3000, 400, density=0.03, format="csr", random_state=rng)
+    y = rng.integers(0, 2, 3000) * 2 - 1
+    buf = io.BytesIO()
+    dump_svmlight_file(X, y, buf, zero_based=False)
+    src = tmp_path / "in.svm"
+    src.write_bytes(buf.getvalue())
+    out = tmp_path / "out.zarr"
+    res = subprocess.run([sys.executable, "-m", "dufs.cli", "convert", str(src), str(out), "--scheduler", addr,
+                          "--dtype", "float64", "--block-bytes", "20000"], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    st = dufs.open(out)
+    Xs, ys = load_svmlight_file(str(src))
+    assert (st.to_scipy("csr") != Xs).nnz == 0 and (st.to_scipy("csc") != Xs).nnz == 0
+    assert np.array_equal(st.y, ys)
+    assert st.n_blocks("csr") > 2
+    # the parse tasks ran on the command-line workers
+    from distributed import Client
+
+    with Client(addr) as c:
+        done = c.run_on_scheduler(lambda dask_scheduler: sorted(
+            {str(t[0]).split("-")[0] for t in dask_scheduler.transition_log}))
+    assert "_parse_and_write" in done, done
