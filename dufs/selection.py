@@ -125,8 +125,11 @@ class Selection:
 
         if self.scores is None:
             raise ParameterError(f"the {self.method} selection has no scores to plot")
-        plot_scores(self.scores, path, selected=self.indices, title=f"{self.method}: {self.n_selected} selected")
-        return os.fspath(path)
+        scores = self.scores if self.higher_is_better else -self.scores
+        finite = np.where(np.isfinite(scores), scores, np.nan)
+        return plot_scores(finite[~np.isnan(finite)], path, title=f"{self.method}: {self.n_selected} selected",
+                           top=max(1, min(4 * self.n_selected, int((~np.isnan(finite)).sum()))),
+                           ylabel="score" if self.higher_is_better else "-score")
 
     def __repr__(self) -> str:
         head = ", ".join(str(i) for i in self.indices[:8]) + (", ..." if self.n_selected > 8 else "")

@@ -63,3 +63,10 @@ def test_bad_selections_are_refused():
         Selection("x", [1, 1], None, 10)
     with pytest.raises(ParameterError, match="not a dufs selection"):
         Selection.from_json('{"format": "other"}')
+
+
+def test_plot_writes_a_png(tmp_path):
+    s = _sel()
+    out = s.plot(tmp_path / "s.png")
+    assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["s.png"]

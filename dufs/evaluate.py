@@ -1,0 +1,540 @@
+"""Evaluation of feature selections, following the papers' protocols (DESIGN.md section 6).
+
+* Supervised (MMFS, paper 002): top-K accuracy of an L2-regularised L2-loss linear SVM
+  (``LinearSVC(C=1, loss="squared_hinge", penalty="l2")``) trained on the K best features, on a held-out test set,
+  or by leave-one-out cross-validation on the tiny microarray sets (ALLAML) -- :func:`topk_curve`.
+* Unsupervised (JCFS 001, UFCM 003, LapAOFS/LapDOFS 004): k-means on the selected features, repeated and keeping the
+  run of best objective, scored by clustering accuracy (best one-to-one matching of clusters to classes, Hungarian
+  algorithm) and normalised mutual information -- :func:`kmeans_scores`, :func:`clustering_accuracy`, :func:`nmi`;
+  and leave-one-out 1-nearest-neighbour accuracy -- :func:`one_nn_accuracy`.
+* Figures: :func:`plot_topk` and :func:`plot_scores` write PNG files atomically.
+
+Every input check raises :class:`dufs.errors.ParameterError` naming the parameter.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from dufs._logging import get_logger
+from dufs.errors import ParameterError
+
+__all__ = [
+    "clustering_accuracy",
+    "nmi",
+    "kmeans_scores",
+    "one_nn_accuracy",
+    "topk_curve",
+    "plot_topk",
+    "plot_scores",
+]
+
+log = get_logger(__name__)
+
+# Row block of the leave-one-out 1-NN distance computation: keeps the (block, n) distance slab small.
+_NN_BLOCK = 1024
+
+
+# --------------------------------------------------------------------------------------------------- validation
+
+
+def _labels(y, name: str, func: str) -> np.ndarray:
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise ParameterError(f"The '{name}' parameter of {func} must be a 1-D array of labels; "
+                             f"got shape {arr.shape}.")
+    if arr.shape[0] == 0:
+        raise ParameterError(f"The '{name}' parameter of {func} must not be empty.")
+    return arr
+
+
+def _matrix(X, name: str, func: str):
+    if sp.issparse(X):
+        X = sp.csr_array(X)
+    else:
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ParameterError(f"The '{name}' parameter of {func} must be a 2-D array or sparse matrix; "
+                                 f"got shape {X.shape}.")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ParameterError(f"The '{name}' parameter of {func} must have at least one row and one column; "
+                             f"got shape {X.shape}.")
+    if X.dtype.kind not in "biuf":
+        raise ParameterError(f"The '{name}' parameter of {func} must be numeric; got dtype {X.dtype}.")
+    data = X.data if sp.issparse(X) else X
+    if data.size and not np.all(np.isfinite(data)):
+        raise ParameterError(f"The '{name}' parameter of {func} must contain only finite values.")
+    return X
+
+
+def _same_length(X, y, func: str, xname: str = "X", yname: str = "y") -> None:
+    if X.shape[0] != y.shape[0]:
+        raise ParameterError(f"The '{yname}' parameter of {func} must have one label per row of '{xname}'; "
+                             f"got {y.shape[0]} labels for {X.shape[0]} rows.")
+
+
+def _int(value, name: str, func: str, low: int, high: int | None = None) -> int:
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ParameterError(f"The '{name}' parameter of {func} must be an int {rng}; got {value!r}.")
+    return int(value)
+
+
+def _seed(value, func: str):
+    if value is None or isinstance(value, np.random.RandomState):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < 2**32:
+        return int(value)
+    raise ParameterError(f"The 'random_state' parameter of {func} must be None, an int in [0, 2**32) or a "
+                         f"numpy RandomState; got {value!r}.")
+
+
+# --------------------------------------------------------------------------------------------------- clustering
+
+
+def clustering_accuracy(y_true, y_pred) -> float:
+    """Clustering accuracy (ACC): the fraction of points whose cluster maps to their class.
+
+    The map is the best one-to-one matching of clusters to classes, found by the Hungarian algorithm
+    (:func:`scipy.optimize.linear_sum_assignment`) on the cluster/class contingency table, as in the
+    evaluation of JCFS (paper 001), UFCM (paper 003) and LapAOFS/LapDOFS (paper 004)::
+
+        ACC = max_map sum_i delta(y_true_i, map(y_pred_i)) / n
+
+    Parameters
+    ----------
+    y_true : array-like, (n_samples,)
+        Class labels, any hashable-sortable values.
+    y_pred : array-like, (n_samples,)
+        Cluster labels, any values; the number of clusters may differ from the number of classes (points of a
+        cluster left unmatched count as errors).
+
+    Returns
+    -------
+    float
+        ACC in [0, 1]; 1.0 exactly when the two partitions are equal up to relabelling.
+
+    Raises
+    ------
+    ParameterError
+        When the label arrays are not 1-D, are empty or differ in length.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    t = _labels(y_true, "y_true", "clustering_accuracy")
+    p = _labels(y_pred, "y_pred", "clustering_accuracy")
+    if t.shape[0] != p.shape[0]:
+        raise ParameterError("The 'y_pred' parameter of clustering_accuracy must have the length of 'y_true'; "
+                             f"got {p.shape[0]} and {t.shape[0]}.")
+    _, ti = np.unique(t, return_inverse=True)
+    _, pi = np.unique(p, return_inverse=True)
+    counts = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
+    np.add.at(counts, (pi.ravel(), ti.ravel()), 1)
+    rows, cols = linear_sum_assignment(counts, maximize=True)
+    return float(counts[rows, cols].sum()) / t.shape[0]
+
+
+def nmi(y_true, y_pred) -> float:
+    """Normalised mutual information of two labelings, ``I(T; P) / ((H(T) + H(P)) / 2)``.
+
+    The arithmetic-mean normalisation of :func:`sklearn.metrics.normalized_mutual_info_score`, the one used in the
+    clustering evaluations of papers 001, 003 and 004.
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like, (n_samples,)
+        Class and cluster labels.
+
+    Returns
+    -------
+    float
+        NMI in [0, 1].
+
+    Raises
+    ------
+    ParameterError
+        When the label arrays are not 1-D, are empty or differ in length.
+    """
+    from sklearn.metrics import normalized_mutual_info_score
+
+    t = _labels(y_true, "y_true", "nmi")
+    p = _labels(y_pred, "y_pred", "nmi")
+    if t.shape[0] != p.shape[0]:
+        raise ParameterError(f"The 'y_pred' parameter of nmi must have the length of 'y_true'; "
+                             f"got {p.shape[0]} and {t.shape[0]}.")
+    return float(normalized_mutual_info_score(t, p, average_method="arithmetic"))
+
+
+def kmeans_scores(X_selected, y, n_clusters: int | None = None, n_runs: int = 10,
+                  random_state=0) -> dict[str, float]:
+    """k-means ACC and NMI on the selected features.
+
+    The protocol of papers 001, 003 and 004: k-means with as many clusters as classes is run ``n_runs`` times from
+    random initialisations (k-means++ seeding, one initialisation per run) and the run of best objective (lowest
+    inertia) is kept; its clusters are scored by :func:`clustering_accuracy` and :func:`nmi` against ``y``.
+
+    Parameters
+    ----------
+    X_selected : ndarray or scipy sparse, (n_samples, n_selected)
+        The data restricted to the selected features.
+    y : array-like, (n_samples,)
+        Class labels.
+    n_clusters : int or None, default None
+        Number of clusters; ``None`` uses the number of distinct labels in ``y``.
+    n_runs : int, default 10
+        Number of k-means runs (each :class:`sklearn.cluster.KMeans` with ``n_init=1``).
+    random_state : int, RandomState or None, default 0
+        Seeds the runs' initialisations.
+
+    Returns
+    -------
+    dict
+        ``{"acc": float, "nmi": float}`` of the best-objective run.
+
+    Raises
+    ------
+    ParameterError
+        On a malformed ``X_selected``/``y``, or ``n_clusters``/``n_runs``/``random_state`` out of range.
+    """
+    from sklearn.cluster import KMeans
+
+    func = "kmeans_scores"
+    X = _matrix(X_selected, "X_selected", func)
+    y = _labels(y, "y", func)
+    _same_length(X, y, func, "X_selected")
+    if n_clusters is None:
+        n_clusters = int(np.unique(y).size)
+    n_clusters = _int(n_clusters, "n_clusters", func, 1, X.shape[0])
+    n_runs = _int(n_runs, "n_runs", func, 1)
+    seed = _seed(random_state, func)
+    rng = seed if isinstance(seed, np.random.RandomState) else np.random.RandomState(seed)
+    X = X.astype(np.float64)
+    best_inertia, best_labels = np.inf, None
+    for run in range(n_runs):
+        km = KMeans(n_clusters=n_clusters, n_init=1, random_state=int(rng.randint(0, 2**31 - 1)))
+        km.fit(X)
+        log.debug("kmeans run %d: inertia %.6g", run, km.inertia_)
+        if km.inertia_ < best_inertia:
+            best_inertia, best_labels = km.inertia_, km.labels_
+    return {"acc": clustering_accuracy(y, best_labels), "nmi": nmi(y, best_labels)}
+
+
+# --------------------------------------------------------------------------------------------------- 1-NN
+
+
+def one_nn_accuracy(X_selected, y) -> float:
+    """Leave-one-out 1-nearest-neighbour accuracy on the selected features.
+
+    Each point is classified by the label of its nearest other point (Euclidean distance, the point itself
+    excluded; among equally near points the one of lower index wins), the 1-NN protocol of the unsupervised
+    feature-selection papers. Distances are computed in row blocks from ``|a|^2 + |b|^2 - 2 a.b``, so dense and
+    sparse inputs alike take matrix products only.
+
+    Parameters
+    ----------
+    X_selected : ndarray or scipy sparse, (n_samples, n_selected)
+        The data restricted to the selected features; at least two rows.
+    y : array-like, (n_samples,)
+        Class labels.
+
+    Returns
+    -------
+    float
+        The fraction of points whose nearest neighbour has their label.
+
+    Raises
+    ------
+    ParameterError
+        On a malformed ``X_selected``/``y`` or fewer than two samples.
+    """
+    func = "one_nn_accuracy"
+    X = _matrix(X_selected, "X_selected", func)
+    y = _labels(y, "y", func)
+    _same_length(X, y, func, "X_selected")
+    n = X.shape[0]
+    if n < 2:
+        raise ParameterError(f"The 'X_selected' parameter of {func} must have at least two rows; got {n}.")
+    X = X.astype(np.float64)
+    if sp.issparse(X):
+        sq = np.asarray(X.multiply(X).sum(axis=1)).ravel()
+    else:
+        sq = np.einsum("ij,ij->i", X, X)
+    correct = 0
+    for start in range(0, n, _NN_BLOCK):
+        stop = min(start + _NN_BLOCK, n)
+        gram = X[start:stop] @ X.T
+        gram = gram.toarray() if sp.issparse(gram) else np.asarray(gram)
+        d = sq[start:stop, None] + sq[None, :] - 2.0 * gram
+        np.maximum(d, 0.0, out=d)
+        d[np.arange(stop - start), np.arange(start, stop)] = np.inf
+        nearest = np.argmin(d, axis=1)  # first minimum: ties go to the lower index
+        correct += int(np.count_nonzero(y[nearest] == y[start:stop]))
+    return correct / n
+
+
+# --------------------------------------------------------------------------------------------------- top-K curve
+
+
+def topk_curve(X, y, ranking, ks, *, test=None, cv="loo", C: float = 1.0, random_state=0) -> dict[str, list]:
+    """Top-K classification accuracy curve of a feature ranking.
+
+    The MMFS protocol (paper 002): for each K in ``ks``, an L2-regularised L2-loss linear SVM
+    (``LinearSVC(C=C, loss="squared_hinge", penalty="l2", dual="auto")``, C=1 in the paper) is trained on the K
+    best features of ``ranking`` and its accuracy measured on the test set when one is given, else by
+    cross-validation: leave-one-out on the tiny microarray sets (ALLAML), or stratified k-fold.
+
+    Parameters
+    ----------
+    X : ndarray or scipy sparse, (n_samples, n_features)
+        Training data (all features).
+    y : array-like, (n_samples,)
+        Training labels.
+    ranking : array-like of int
+        Feature indices, best first, distinct, in ``[0, n_features)``; may be shorter than ``n_features``.
+    ks : int or sequence of int
+        The K values, each in ``[1, len(ranking)]``.
+    test : tuple (X_test, y_test) or None, default None
+        When given, train on ``X, y`` and score on ``X_test, y_test`` (same features as ``X``); ``cv`` is ignored.
+    cv : "loo", int or None, default "loo"
+        Without ``test``: ``"loo"`` leave-one-out; an int >= 2 stratified k-fold (shuffled with ``random_state``);
+        ``None`` chooses leave-one-out below 100 samples, else stratified 5-fold. The accuracy is the mean of the
+        folds' accuracies (for leave-one-out, the fraction of points classified right).
+    C : float, default 1.0
+        The SVM's regularisation constant, > 0.
+    random_state : int, RandomState or None, default 0
+        Seeds the k-fold shuffling and the SVM.
+
+    Returns
+    -------
+    dict
+        ``{"k": [K, ...], "accuracy": [float, ...]}`` in the order of ``ks``.
+
+    Raises
+    ------
+    ParameterError
+        On malformed data, a ranking with repeats or out-of-range indices, ``ks`` out of range, a bad ``cv``,
+        ``C`` <= 0 or a test set of other width.
+    """
+    from sklearn.model_selection import LeaveOneOut, StratifiedKFold
+    from sklearn.svm import LinearSVC
+
+    func = "topk_curve"
+    X = _matrix(X, "X", func)
+    y = _labels(y, "y", func)
+    _same_length(X, y, func)
+    n, m = X.shape
+    seed = _seed(random_state, func)
+
+    r = np.asarray(ranking)
+    if r.ndim != 1 or r.size == 0 or (r.dtype.kind not in "iu") or r.min() < 0 or r.max() >= m \
+            or np.unique(r).size != r.size:
+        shown = r.tolist() if r.size <= 10 else f"array of shape {r.shape} and dtype {r.dtype}"
+        raise ParameterError(f"The 'ranking' parameter of {func} must be distinct int feature indices in "
+                             f"[0, n_features) with n_features={m}; got {shown}.")
+    if isinstance(ks, numbers.Integral):
+        ks_list = [ks]
+    elif isinstance(ks, np.ndarray):
+        ks_list = ks.ravel().tolist()
+    elif isinstance(ks, Sequence) and not isinstance(ks, str):
+        ks_list = list(ks)
+    else:
+        ks_list = None
+    bad = ks_list is None or len(ks_list) == 0 or any(
+        not isinstance(k, numbers.Integral) or isinstance(k, bool) or not 1 <= k <= r.size for k in ks_list)
+    if bad:
+        bound = "n_features" if r.size == m else f"len(ranking)={r.size}"
+        raise ParameterError(f"The 'ks' parameter of {func} must be ints in [1, {bound}]; got {ks!r}.")
+    ks_list = [int(k) for k in ks_list]
+    if not isinstance(C, numbers.Real) or isinstance(C, bool) or not np.isfinite(C) or C <= 0:
+        raise ParameterError(f"The 'C' parameter of {func} must be a finite float > 0; got {C!r}.")
+
+    if test is not None:
+        if not isinstance(test, (tuple, list)) or len(test) != 2:
+            raise ParameterError(f"The 'test' parameter of {func} must be a tuple (X_test, y_test) or None; "
+                                 f"got {type(test).__name__}.")
+        Xt = _matrix(test[0], "test", func)
+        yt = _labels(test[1], "test", func)
+        _same_length(Xt, yt, func, "test[0]", "test")
+        if Xt.shape[1] != m:
+            raise ParameterError(f"The 'test' parameter of {func} must have the {m} features of 'X'; "
+                                 f"got {Xt.shape[1]}.")
+        splits = None
+    else:
+        if cv is None:
+            cv = "loo" if n < 100 else 5
+        if cv == "loo":
+            splitter = LeaveOneOut()
+        elif isinstance(cv, numbers.Integral) and not isinstance(cv, bool) and 2 <= cv <= n:
+            splitter = StratifiedKFold(n_splits=int(cv), shuffle=True, random_state=seed)
+        else:
+            raise ParameterError(f"The 'cv' parameter of {func} must be 'loo', an int in [2, n_samples] or None; "
+                                 f"got {cv!r}.")
+        splits = list(splitter.split(np.zeros((n, 1)), y))
+
+    def svm():
+        return LinearSVC(C=float(C), loss="squared_hinge", penalty="l2", dual="auto", random_state=seed)
+
+    accuracy = []
+    for k in ks_list:
+        cols = r[:k]
+        Xk = X[:, cols]
+        if splits is None:
+            clf = svm().fit(Xk, y)
+            acc = float(np.mean(clf.predict(Xt[:, cols]) == yt))
+        else:
+            fold_acc = [float(np.mean(svm().fit(Xk[tr], y[tr]).predict(Xk[te]) == y[te])) for tr, te in splits]
+            acc = float(np.mean(fold_acc))
+        log.debug("top-%d accuracy %.4f", k, acc)
+        accuracy.append(acc)
+    return {"k": ks_list, "accuracy": accuracy}
+
+
+# --------------------------------------------------------------------------------------------------- figures
+
+
+def _save_atomic(fig, path, func: str) -> str:
+    """Write ``fig`` as PNG to a temporary name beside ``path``, then rename it over ``path``."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ParameterError(f"The 'path' parameter of {func} must be in an existing directory; "
+                             f"{directory!r} does not exist.")
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(6.4, 4.8), layout="constrained")
+
+
+def plot_topk(curves: Mapping[str, Mapping], path, title: str = "Top-K accuracy", *,
+              xlabel: str = "number of selected features K", ylabel: str = "accuracy") -> str:
+    """Plot top-K accuracy curves (as returned by :func:`topk_curve`) of several methods into a PNG file.
+
+    The figure of the MMFS paper's (002) evaluation: accuracy against the number of selected features, one line
+    per method.
+
+    Parameters
+    ----------
+    curves : mapping of str to dict
+        Method name -> ``{"k": [...], "accuracy": [...]}`` of equal lengths.
+    path : str or os.PathLike
+        The PNG file to write (its directory must exist); written to a temporary name and renamed on success.
+    title, xlabel, ylabel : str
+        Figure labels.
+
+    Returns
+    -------
+    str
+        ``path``.
+
+    Raises
+    ------
+    ParameterError
+        When ``curves`` is empty or a curve is malformed, or the directory of ``path`` does not exist.
+    """
+    func = "plot_topk"
+    if not isinstance(curves, Mapping) or len(curves) == 0:
+        raise ParameterError(f"The 'curves' parameter of {func} must be a non-empty mapping of name -> "
+                             f"{{'k': [...], 'accuracy': [...]}}; got {type(curves).__name__}.")
+    fig = _figure()
+    ax = fig.add_subplot()
+    for name, curve in curves.items():
+        ok = isinstance(curve, Mapping) and "k" in curve and "accuracy" in curve
+        k = np.asarray(curve["k"], dtype=float) if ok else None
+        a = np.asarray(curve["accuracy"], dtype=float) if ok else None
+        if not ok or k.ndim != 1 or k.shape != a.shape or k.size == 0:
+            raise ParameterError(f"The 'curves' parameter of {func} must map each name to a dict with 'k' and "
+                                 f"'accuracy' lists of one equal length; {name!r} does not.")
+        ax.plot(k, a, marker="o", label=str(name))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save_atomic(fig, path, func)
+
+
+def plot_scores(scores, path, title: str = "Scores", *, top: int | None = None, ylabel: str = "score") -> str:
+    """Plot scores into a PNG file.
+
+    Two forms:
+
+    * a 1-D array of per-feature scores (a selection's ``scores``): the scores sorted in decreasing order, the
+      ``top`` best (all when ``None``) -- the shape of the ranking;
+    * a mapping method -> ``{metric: value}`` (e.g. the ``{"acc", "nmi"}`` of :func:`kmeans_scores`): a grouped bar
+      chart, one group per method, one bar per metric, as the clustering tables of papers 001, 003 and 004.
+
+    Parameters
+    ----------
+    scores : array-like of float or mapping of str to mapping of str to float
+        What to plot (see above).
+    path : str or os.PathLike
+        The PNG file to write (its directory must exist); written to a temporary name and renamed on success.
+    title, ylabel : str
+        Figure labels.
+    top : int or None, default None
+        For per-feature scores, how many of the best to show.
+
+    Returns
+    -------
+    str
+        ``path``.
+
+    Raises
+    ------
+    ParameterError
+        When ``scores`` is empty or malformed, ``top`` < 1, or the directory of ``path`` does not exist.
+    """
+    func = "plot_scores"
+    fig = _figure()
+    ax = fig.add_subplot()
+    if isinstance(scores, Mapping):
+        if len(scores) == 0 or not all(isinstance(v, Mapping) and len(v) for v in scores.values()):
+            raise ParameterError(f"The 'scores' parameter of {func} must be a non-empty mapping of method -> "
+                                 "non-empty {metric: value}.")
+        methods = list(scores)
+        metrics = list(dict.fromkeys(m for v in scores.values() for m in v))
+        width = 0.8 / len(metrics)
+        x = np.arange(len(methods))
+        for j, metric in enumerate(metrics):
+            vals = [float(scores[name].get(metric, np.nan)) for name in methods]
+            ax.bar(x + (j - (len(metrics) - 1) / 2) * width, vals, width, label=str(metric))
+        ax.set_xticks(x, [str(name) for name in methods])
+        ax.legend()
+    else:
+        s = np.asarray(scores, dtype=float) if not sp.issparse(scores) else None
+        if s is None or s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)):
+            raise ParameterError(f"The 'scores' parameter of {func} must be a non-empty 1-D array of finite "
+                                 "scores or a mapping of method -> {metric: value}.")
+        if top is not None:
+            top = _int(top, "top", func, 1)
+        order = np.sort(s)[::-1][:top]
+        ax.plot(np.arange(1, order.size + 1), order, marker="." if order.size <= 200 else None)
+        ax.set_xlabel("rank")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    return _save_atomic(fig, path, func)
