@@ -1,0 +1,167 @@
+"""The feature-blocked Matrix: column statistics and implicitly standardized products against dense NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dufs.data import write_store
+from dufs.engine.matrix import ColumnStats, Matrix
+from dufs.errors import ParameterError
+from dufs.testing.strategies import sparse_matrices
+
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+MODES = ["zscore", "scale", None]
+
+
+def _tame(X):
+    """Bounded, few-digit values (so float64 references agree to 1e-10 even for nearly constant columns)."""
+    A = sp.csr_array(X, copy=True)
+    A.data = np.round(np.clip(A.data, -10, 10), 1).astype(A.dtype)
+    A.eliminate_zeros()
+    return A
+
+
+def _dense_z(D, mode):
+    """The explicitly transformed dense matrix."""
+    if mode is None:
+        return D
+    sd = D.std(0)
+    sd[(D.max(0) == D.min(0)) | (sd == 0)] = 1.0
+    if mode == "scale":
+        return D / sd
+    return (D - D.mean(0)) / sd
+
+
+def _check_stats(st_, D, y=None):
+    n = D.shape[0]
+    assert st_.n_rows == n
+    np.testing.assert_allclose(st_.sum, D.sum(0), **TOL)
+    np.testing.assert_allclose(st_.sumsq, (D * D).sum(0), **TOL)
+    np.testing.assert_array_equal(st_.nnz, (D != 0).sum(0))
+    np.testing.assert_array_equal(st_.min, D.min(0))
+    np.testing.assert_array_equal(st_.max, D.max(0))
+    np.testing.assert_allclose(st_.mean(), D.mean(0), **TOL)
+    var = D.var(0)
+    var[D.max(0) == D.min(0)] = 0.0
+    np.testing.assert_allclose(st_.var(), var, **TOL)
+    np.testing.assert_allclose(st_.std(), np.sqrt(var), **TOL)
+    if y is not None:
+        classes = np.unique(y)
+        np.testing.assert_array_equal(st_.classes, classes)
+        for i, c in enumerate(classes):
+            assert st_.class_count[i] == (y == c).sum()
+            np.testing.assert_allclose(st_.class_sum[i], D[y == c].sum(0), **TOL)
+            np.testing.assert_allclose(st_.class_sumsq[i], (D[y == c] ** 2).sum(0), **TOL)
+            np.testing.assert_allclose(st_.class_mean()[i], D[y == c].mean(0), **TOL)
+
+
+def _check_products(M, D, mode, rng, p):
+    n, d = D.shape
+    Z = _dense_z(D, mode)
+    V = rng.standard_normal((n, p))
+    U = rng.standard_normal((d, p))
+    np.testing.assert_allclose(M.rmatvec(V), Z.T @ V, **TOL)
+    np.testing.assert_allclose(M.matvec(U), Z @ U, **TOL)
+    r1, m1 = M.rmatvec(V[:, 0]), M.matvec(U[:, 0])
+    assert r1.shape == (d,) and m1.shape == (n,)
+    np.testing.assert_allclose(r1, Z.T @ V[:, 0], **TOL)
+    np.testing.assert_allclose(m1, Z @ U[:, 0], **TOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=20), width=st.integers(1, 25), mode=st.sampled_from(MODES),
+       p=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_matrix_from_scipy_matches_dense(X, width, mode, p, seed):
+    X = _tame(X)
+    D = X.toarray().astype(np.float64)
+    M = Matrix(X, standardize=mode, block_width=width)
+    assert M.n_blocks == -(-X.shape[1] // width)
+    np.testing.assert_array_equal(M.bounds, np.r_[np.arange(0, X.shape[1], width), X.shape[1]])
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, X.shape[0]).astype(np.float64)
+    _check_stats(M.column_stats(), D)
+    _check_stats(M.column_stats(y), D, y)
+    _check_products(M, D, mode, rng, p)
+    np.testing.assert_array_equal(M.to_scipy().toarray(), X.toarray())
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(X=sparse_matrices(max_rows=20, max_cols=15), fb=st.integers(1, 16), mode=st.sampled_from(MODES),
+       seed=st.integers(0, 2**32 - 1))
+def test_matrix_from_store_equals_matrix_from_scipy(tmp_path_factory, X, fb, mode, seed):
+    X = _tame(X)
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, X.shape[0]).astype(np.float64)
+    path = tmp_path_factory.mktemp("store") / "s.zarr"
+    store = write_store(X, path, y, feature_block=fb, value_dtype=X.dtype)
+    Ms = Matrix(store, standardize=mode)
+    Mx = Matrix(X, standardize=mode, block_width=fb)
+    np.testing.assert_array_equal(Ms.y, y)
+    a, b = Ms.column_stats(Ms.y), Mx.column_stats(y)
+    for name in ("sum", "sumsq", "nnz", "min", "max", "m2", "class_count", "class_sum", "class_sumsq"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), **TOL)
+    n, d = X.shape
+    V, U = rng.standard_normal((n, 2)), rng.standard_normal((d, 2))
+    np.testing.assert_allclose(Ms.rmatvec(V), Mx.rmatvec(V), **TOL)
+    np.testing.assert_allclose(Ms.matvec(U), Mx.matvec(U), **TOL)
+    _check_products(Matrix(str(path), standardize=mode), X.toarray().astype(np.float64), mode, rng, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(X=sparse_matrices(min_rows=2, max_rows=25, max_cols=10), cut=st.integers(1, 24),
+       seed=st.integers(0, 2**32 - 1))
+def test_column_stats_merge_over_rows(X, cut, seed):
+    X = _tame(X)
+    n = X.shape[0]
+    cut = min(cut, n - 1)
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype(np.float64)
+    top = Matrix(X[:cut], block_width=4).column_stats(y[:cut])
+    bottom = Matrix(X[cut:], block_width=3).column_stats(y[cut:])
+    _check_stats(top.merge(bottom), X.toarray().astype(np.float64), y)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_constant_and_empty_columns_stay_finite(mode):
+    D = np.array([[0.1, 0.0, 5.0, 1.0], [0.1, 0.0, 0.0, 2.0], [0.1, 0.0, 0.0, 4.0]])
+    M = Matrix(sp.csr_array(D), standardize=mode, block_width=2)
+    np.testing.assert_array_equal(M.scale[:2], [1.0, 1.0])
+    Z = _dense_z(D, mode)
+    np.testing.assert_allclose(M.matvec(np.eye(4)), Z, **TOL)
+    np.testing.assert_allclose(M.rmatvec(np.eye(3)), Z.T, **TOL)
+    if mode == "zscore":
+        np.testing.assert_allclose(M.matvec(np.eye(4))[:, 0], 0.0, atol=1e-15)
+
+
+def test_products_under_distributed_client(cluster_client, tmp_path):
+    rng = np.random.default_rng(1)
+    X = sp.random_array((300, 70), density=0.05, format="csr", rng=rng)
+    store = write_store(X, tmp_path / "s.zarr", feature_block=16, value_dtype=np.float64)
+    Z = _dense_z(X.toarray(), "zscore")
+    V, U = rng.standard_normal((300, 3)), rng.standard_normal((70, 3))
+    with cluster_client.as_current():
+        M = Matrix(store, standardize="zscore")
+        np.testing.assert_allclose(M.rmatvec(V), Z.T @ V, **TOL)
+        np.testing.assert_allclose(M.matvec(U), Z @ U, **TOL)
+
+
+def test_bad_parameters():
+    X = sp.csr_array(np.eye(3))
+    with pytest.raises(ParameterError):
+        Matrix(X, standardize="center")
+    with pytest.raises(ParameterError):
+        Matrix(X, block_width=0)
+    with pytest.raises(ParameterError):
+        Matrix(X).rmatvec(np.ones(4))
+    with pytest.raises(ParameterError):
+        Matrix(X).matvec(np.ones((2, 2)))
+    with pytest.raises(ParameterError):
+        Matrix(X).column_stats(np.ones(2))
+    with pytest.raises(ParameterError):
+        Matrix([[1.0]])
+    assert isinstance(Matrix(X).column_stats(), ColumnStats)
+    assert "3 x 3" in repr(Matrix(X))

@@ -1,0 +1,99 @@
+"""The CSC block kernels against SciPy / NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dufs.kernels.blockops import csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
+from dufs.testing.strategies import sparse_matrices
+
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+
+
+def _tame(X):
+    """CSC float copy with bounded, few-digit values (so float64 references agree to 1e-10)."""
+    A = sp.csc_array(X, copy=True)
+    A.data = np.round(np.clip(A.data, -10, 10), 1).astype(A.dtype)
+    A.eliminate_zeros()
+    A.sort_indices()
+    return A
+
+
+def _buffers(A):
+    return A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=20))
+def test_column_stats_match_numpy(X):
+    A = _tame(X)
+    n = A.shape[0]
+    D = A.toarray().astype(np.float64)
+    s, ss, m2, nnz, mn, mx = csc_column_stats(*_buffers(A), n)
+    np.testing.assert_allclose(s, D.sum(0), **TOL)
+    np.testing.assert_allclose(ss, (D * D).sum(0), **TOL)
+    np.testing.assert_allclose(m2, ((D - D.mean(0)) ** 2).sum(0), **TOL)
+    np.testing.assert_array_equal(nnz, (D != 0).sum(0))
+    np.testing.assert_array_equal(mn, D.min(0))
+    np.testing.assert_array_equal(mx, D.max(0))
+    assert s.dtype == np.float64 and nnz.dtype == np.int64
+
+
+def test_column_stats_constant_column_has_zero_m2_and_implicit_zeros():
+    A = sp.csc_array(np.array([[0.1, 2.0, 0.0], [0.1, 0.0, 0.0], [0.1, 3.0, 0.0]]))
+    s, ss, m2, nnz, mn, mx = csc_column_stats(*_buffers(A), 3)
+    assert m2[0] == 0.0 and m2[2] == 0.0
+    np.testing.assert_array_equal(mn, [0.1, 0.0, 0.0])
+    np.testing.assert_array_equal(mx, [0.1, 3.0, 0.0])
+    np.testing.assert_array_equal(nnz, [3, 2, 0])
+
+
+def test_column_stats_no_rows():
+    s, ss, m2, nnz, mn, mx = csc_column_stats(np.zeros(3, np.int64), np.zeros(0, np.int32), np.zeros(0), 0)
+    assert s.shape == (2,) and np.isnan(mn).all() and np.isnan(mx).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=20), seed=st.integers(0, 2**32 - 1))
+def test_class_stats_match_numpy(X, seed):
+    A = _tame(X)
+    n = A.shape[0]
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 4))
+    codes = rng.integers(0, k, n).astype(np.int64)
+    D = A.toarray().astype(np.float64)
+    s, ss = csc_class_stats(*_buffers(A), codes, k)
+    for c in range(k):
+        np.testing.assert_allclose(s[c], D[codes == c].sum(0), **TOL)
+        np.testing.assert_allclose(ss[c], (D[codes == c] ** 2).sum(0), **TOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=20), p=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_rmatvec_and_matvec_match_scipy(X, p, seed):
+    A = _tame(X)
+    n, d = A.shape
+    rng = np.random.default_rng(seed)
+    V = rng.standard_normal((n, p))
+    U = rng.standard_normal((d, p))
+    A64 = A.astype(np.float64)
+    out = np.full((d, p), np.nan)
+    csc_rmatvec(*_buffers(A), V, out)
+    np.testing.assert_allclose(out, A64.T @ V, **TOL)
+    acc = rng.standard_normal((n, p))
+    expect = acc + A64 @ U
+    csc_matvec(*_buffers(A), U, acc)  # accumulates
+    np.testing.assert_allclose(acc, expect, **TOL)
+
+
+def test_kernels_on_float32_and_int64_indices():
+    rng = np.random.default_rng(0)
+    A = sp.random_array((200, 50), density=0.1, format="csc", dtype=np.float32, rng=rng)
+    indptr, indices, data = A.indptr.astype(np.int64), A.indices.astype(np.int64), A.data
+    V = rng.standard_normal((200, 3))
+    out = np.empty((50, 3))
+    csc_rmatvec(indptr, indices, data, V, out)
+    np.testing.assert_allclose(out, A.astype(np.float64).T @ V, **TOL)

@@ -1,0 +1,93 @@
+"""Filter scores equal independent dense NumPy implementations of the papers' definitions on bundled real sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.neighbors import kneighbors_graph
+
+from dufs.data.datasets import load
+from dufs.engine.matrix import Matrix
+from dufs.methods.filters import correlation_scores, fisher_scores, laplacian_scores, variance_scores
+
+
+@pytest.fixture(scope="module", params=["basehock", "coil20"])
+def real(request):
+    X, y = load(request.param)
+    if request.param == "coil20":
+        X = X[::3]  # 480 samples
+        y = y[::3]
+    else:
+        X = X[::3, :1500]  # both classes (the rows are sorted by class)
+        y = y[::3]
+    Xd = X.toarray() if sp.issparse(X) else np.asarray(X)
+    return sp.csr_array(Xd), Xd, y.astype(np.float64)
+
+
+def test_variance(real):
+    X, Xd, _ = real
+    np.testing.assert_allclose(variance_scores(Matrix(X, block_width=97)), Xd.var(axis=0), rtol=1e-10, atol=1e-12)
+
+
+def test_correlation(real):
+    X, Xd, y = real
+    want = np.zeros(Xd.shape[1])
+    for j in range(Xd.shape[1]):
+        if Xd[:, j].std() > 0:
+            want[j] = abs(np.corrcoef(Xd[:, j], y)[0, 1])
+    got = correlation_scores(Matrix(X, block_width=211, standardize="zscore"), y)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_fisher(real):
+    X, Xd, y = real
+    mu = Xd.mean(axis=0)
+    sb = np.zeros(Xd.shape[1])
+    sw = np.zeros(Xd.shape[1])
+    for c in np.unique(y):
+        Xc = Xd[y == c]
+        sb += len(Xc) * (Xc.mean(axis=0) - mu) ** 2
+        sw += len(Xc) * Xc.var(axis=0)
+    want = np.where(sw > 0, sb / np.where(sw > 0, sw, 1), np.where(sb > 0, np.inf, 0.0))
+    got = fisher_scores(Matrix(X, block_width=128), y)
+    np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12)
+
+
+def _eq3(Xd, Wd):
+    Dd = np.diag(Wd.sum(axis=1))
+    Ld = Dd - Wd
+    one = np.ones(len(Xd))
+    want = np.empty(Xd.shape[1])
+    for j in range(Xd.shape[1]):
+        f = Xd[:, j]
+        ft = f - (f @ Dd @ one) / (one @ Dd @ one) * one  # He et al. 2005, eq. (3)
+        den = ft @ Dd @ ft
+        want[j] = (ft @ Ld @ ft) / den if den > 1e-12 * max(f @ Dd @ f, 1e-300) else np.inf
+    return want
+
+
+def _sk_graph(Xd):
+    A = sp.csr_array(kneighbors_graph(Xd, 5, mode="connectivity", include_self=False))
+    return A.maximum(A.T)
+
+
+def test_laplacian_score_equals_eq3_in_sample_space(real):
+    """On the same graph (text data has many tied distances, so kNN graphs may legitimately differ)."""
+    X, Xd, _ = real
+    W = _sk_graph(Xd)
+    want = _eq3(Xd, W.toarray())
+    got = laplacian_scores(Matrix(X, block_width=300), W)
+    fin = np.isfinite(want)
+    assert np.array_equal(fin, np.isfinite(got))
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-8, atol=1e-10)
+
+
+def test_laplacian_score_default_graph_on_continuous_data():
+    X, _ = load("coil20")
+    Xd = np.asarray(X[::4])
+    want = _eq3(Xd, _sk_graph(Xd).toarray())
+    got = laplacian_scores(Matrix(sp.csr_array(Xd), block_width=256))
+    fin = np.isfinite(want)
+    assert np.array_equal(fin, np.isfinite(got))
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-8, atol=1e-10)
