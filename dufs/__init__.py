@@ -8,8 +8,10 @@
 __version__ = "0.1.0"
 
 from dufs import config  # noqa: E402,F401  (registers the dufs namespace in dask.config)
+from dufs.api import fit  # noqa: E402
 from dufs.data import SparseStore, open_store, write_store  # noqa: E402
+from dufs.selection import Selection  # noqa: E402
 
 open = open_store  # noqa: A001  (dufs.open(path), like zarr.open)
 
-__all__ = ["SparseStore", "__version__", "open", "open_store", "write_store"]
+__all__ = ["Selection", "SparseStore", "__version__", "fit", "open", "open_store", "write_store"]

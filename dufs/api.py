@@ -1,0 +1,129 @@
+"""The functional API: ``dufs.fit(X, y, method=..., n_features=...) -> Selection``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dufs._logging import get_logger, timer
+from dufs.engine.cluster import active_client, get_client
+from dufs.engine.matrix import Matrix
+from dufs.errors import ParameterError
+from dufs.methods import filters
+from dufs.selection import Selection
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How to run a method: its score function, whether larger scores are better, whether it needs labels,
+    its default ``standardize`` and the passes over the data it makes."""
+
+    name: str
+    score: Callable[..., np.ndarray]
+    higher_is_better: bool
+    supervised: bool
+    standardize: str | None
+    passes: int
+
+
+METHODS: dict[str, MethodSpec] = {
+    "variance": MethodSpec("variance", lambda M, y, **p: filters.variance_scores(M), True, False, None, 1),
+    "correlation": MethodSpec("correlation", lambda M, y, **p: filters.correlation_scores(M, y), True, True,
+                              "zscore", 2),
+    "fisher": MethodSpec("fisher", lambda M, y, **p: filters.fisher_scores(M, y), True, True, None, 1),
+    "laplacian": MethodSpec("laplacian", lambda M, y, **p: filters.laplacian_scores(M, **p), False, False, None, 2),
+}
+_PARAMS = {"laplacian": {"n_neighbors", "weights", "t", "W"}}
+
+
+def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
+    """Feature indices best first; NaN scores last; ties broken by the lower index."""
+    s = np.asarray(scores, dtype=np.float64)
+    key = -s if higher_is_better else s
+    key = np.where(np.isnan(key), np.inf, key)
+    return np.argsort(key, kind="stable")
+
+
+def _is_dask(X: Any) -> bool:
+    return type(X).__module__.startswith("dask")
+
+
+def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = None,
+        standardize: str | None | type = ..., verbose: int | bool = False, **params: Any) -> Selection:
+    """Select ``n_features`` features of ``X`` with ``method``.
+
+    Parameters
+    ----------
+    X : NumPy array, SciPy sparse, pydata sparse, Dask array (dense or sparse chunks), a SparseStore or a store path
+        Dask arrays are written out of core to a temporary store first.
+    y : array-like, optional
+        Labels (supervised methods); a store's own labels are used by default.
+    method : {"variance", "correlation", "fisher", "laplacian"}
+    n_features : int
+        How many features to select, in [1, n_features of X].
+    client : distributed.Client, optional
+        Default: the active client; else, for stores and Dask arrays, an embedded LocalCluster of processes;
+        small in-memory inputs run synchronously without a cluster.
+    standardize : {"zscore", "scale", None}
+        The implicit transform; the default is the method's (``dufs.api.METHODS[method].standardize``).
+    **params
+        Method parameters (e.g. ``n_neighbors`` for the Laplacian score).
+
+    Returns
+    -------
+    Selection
+    """
+    from dufs._logging import set_verbosity
+
+    if verbose:
+        set_verbosity(verbose)
+    if method not in METHODS:
+        raise ParameterError(f"The 'method' parameter of fit must be one of {sorted(METHODS)}; got {method!r}.")
+    spec = METHODS[method]
+    extra = set(params) - _PARAMS.get(method, set())
+    if extra:
+        raise ParameterError(f"fit got parameters {sorted(extra)} that method {method!r} does not take "
+                             f"(it takes {sorted(_PARAMS.get(method, set())) or 'none'})")
+    std = spec.standardize if standardize is ... else standardize
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    in_memory = not (_is_dask(X) or isinstance(X, (str, os.PathLike)) or type(X).__name__ == "SparseStore")
+    sync = client is None and active_client() is None and in_memory
+    with get_client(client, synchronous=sync) as c, tempfile.TemporaryDirectory(prefix="dufs-fit-") as tmp:
+        import dask
+
+        ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync")
+        with ctx:
+            with timer("load", timings, log):
+                if _is_dask(X):
+                    from dufs.data import write_store
+
+                    X = write_store(X, os.path.join(tmp, "input.zarr"), y if _is_dask(y) else None)
+                if type(X).__module__.startswith("sparse"):
+                    X = X.to_scipy_sparse()
+                M = Matrix(X, standardize=std, y=None if y is None or _is_dask(y) else y)
+            n_total = M.shape[1]
+            if not isinstance(n_features, (int, np.integer)) or not 1 <= n_features <= n_total:
+                raise ParameterError(f"The 'n_features' parameter of {method} must be an int in [1, {n_total}]; "
+                                     f"got {n_features!r}.")
+            if spec.supervised and M.y is None and y is None:
+                raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
+            with timer("score", timings, log):
+                scores = spec.score(M, None if y is None or _is_dask(y) else y, **params)
+            n_workers = len(c.scheduler_info().get("workers", {})) if c is not None else 0
+    order = rank(scores, spec.higher_is_better)
+    sel = order[:n_features]
+    diagnostics = {"passes": spec.passes, "timings": timings, "wall_time": time.perf_counter() - t0,
+                   "n_workers": n_workers, "n_blocks": M.n_blocks, "standardize": std}
+    return Selection(method=method, indices=sel, scores=scores, n_features_in=n_total,
+                     params={"n_features": int(n_features), "standardize": std,
+                             **{k: v for k, v in params.items() if k != "W"}},
+                     diagnostics=diagnostics, higher_is_better=spec.higher_is_better)

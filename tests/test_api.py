@@ -1,0 +1,77 @@
+"""dufs.fit: every input kind gives the same selection; 1 and 2 workers and two blockings agree; the ranking
+equals an independent dense computation."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import sparse
+from distributed import Client, LocalCluster
+
+import dufs
+from dufs.data.datasets import load
+from dufs.errors import ParameterError
+
+
+@pytest.fixture(scope="module")
+def text():
+    X, y = load("pcmac")
+    X = sp.csr_array(X[::2, :800])
+    return X, y[::2].astype(np.float64)
+
+
+def _fisher_ref(Xd, y):
+    mu = Xd.mean(0)
+    sb = sum((y == c).sum() * (Xd[y == c].mean(0) - mu) ** 2 for c in np.unique(y))
+    sw = sum((y == c).sum() * Xd[y == c].var(0) for c in np.unique(y))
+    s = np.where(sw > 0, sb / np.where(sw > 0, sw, 1), np.where(sb > 0, np.inf, 0))
+    return np.argsort(-s, kind="stable")
+
+
+def test_every_input_kind_gives_the_same_selection(text, tmp_path):
+    X, y = text
+    want = _fisher_ref(X.toarray(), y)[:25]
+    store = dufs.write_store(X, tmp_path / "s.zarr", y)
+    inputs = {
+        "numpy": X.toarray(), "scipy": X, "scipy-csc": X.tocsc(), "pydata": sparse.COO.from_scipy_sparse(X),
+        "dask-dense": da.from_array(X.toarray(), chunks=(200, 300)),
+        "dask-sparse": da.from_array(sparse.COO.from_scipy_sparse(X), chunks=(300, 250), asarray=False),
+        "store": store, "path": str(tmp_path / "s.zarr"),
+    }
+    with dask.config.set({"dufs.store.feature-block-nnz": 3000}):
+        for name, Xi in inputs.items():
+            yi = None if name in ("store", "path") else y
+            sel = dufs.fit(Xi, yi, method="fisher", n_features=25)
+            assert sel.indices.tolist() == want.tolist(), name
+            assert sel.n_features_in == 800 and sel.support_mask.sum() == 25
+
+
+def test_one_and_two_workers_and_two_blockings_agree(text, tmp_path, cluster_client):
+    X, y = text
+    results = []
+    for block_nnz in (2000, 10**7):
+        with dask.config.set({"dufs.store.feature-block-nnz": block_nnz}):
+            store = dufs.write_store(X, tmp_path / f"b{block_nnz}.zarr", y)
+            results.append(dufs.fit(store, method="laplacian", n_features=40, client=cluster_client))
+            with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                              silence_logs=40) as lc, Client(lc, set_as_default=False) as one:
+                results.append(dufs.fit(store, method="laplacian", n_features=40, client=one))
+    assert results[0].diagnostics["n_workers"] == 2 and results[1].diagnostics["n_workers"] == 1
+    for r in results[1:]:
+        assert r.indices.tolist() == results[0].indices.tolist()
+        np.testing.assert_array_equal(r.scores, results[0].scores)
+
+
+def test_unknown_method_and_bad_n_features(text):
+    X, y = text
+    with pytest.raises(ParameterError, match="'method' parameter of fit"):
+        dufs.fit(X, y, method="nope", n_features=3)
+    with pytest.raises(ParameterError, match=r"'n_features' parameter of fisher must be an int in \[1, 800\]"):
+        dufs.fit(X, y, method="fisher", n_features=0)
+    with pytest.raises(ParameterError, match="supervised"):
+        dufs.fit(X, method="correlation", n_features=3)
+    with pytest.raises(ParameterError, match="does not take"):
+        dufs.fit(X, y, method="variance", n_features=3, n_neighbors=4)
