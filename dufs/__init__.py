@@ -5,7 +5,7 @@
 >>> X = store.to_dask("csc")                # a Dask array of sparse feature blocks
 """
 
-__version__ = "0.1.0"
+from dufs._version import __version__  # noqa: E402
 
 from dufs import config  # noqa: E402,F401  (registers the dufs namespace in dask.config)
 from dufs.api import fit  # noqa: E402

@@ -452,7 +452,7 @@ def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row
 
 
 def _dufs_version() -> str:
-    from dufs import __version__
+    from dufs._version import __version__
 
     return __version__
 
