@@ -5,9 +5,8 @@
 >>> X = store.to_dask("csc")                # a Dask array of sparse feature blocks
 """
 
-from dufs._version import __version__  # noqa: E402
-
 from dufs import config  # noqa: E402,F401  (registers the dufs namespace in dask.config)
+from dufs._version import __version__  # noqa: E402
 from dufs.api import fit  # noqa: E402
 from dufs.data import SparseStore, open_store, write_store  # noqa: E402
 from dufs.selection import Selection  # noqa: E402
