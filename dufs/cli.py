@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -206,6 +207,105 @@ def _make_synthetic(output, rows, features, nnz_per_row, informative, seed, labe
                   f"{time.perf_counter() - t0:.1f} s", highlight=False)
     out.print(st.path, highlight=False, soft_wrap=True, markup=False)
     return st
+
+
+@app.command()
+def select(
+    store: str = typer.Argument(..., help="A dufs store (path or URL)."),
+    method: str = typer.Option(..., "--method", "-m", help="variance, correlation, fisher or laplacian."),
+    k: int = typer.Option(..., "-k", "--n-features", help="How many features to select."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write the selection as JSON here."),
+    standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale or none (default: "
+                                                                          "the method's)."),
+    n_neighbors: int | None = typer.Option(None, "--n-neighbors", help="kNN graph size (laplacian)."),
+    scheduler: str | None = SchedulerOpt,
+    workers: int | None = WorkersOpt,
+) -> None:
+    """Select features: `dufs select kddb.zarr --method fisher -k 200 -o sel.json`."""
+    import dufs
+
+    params: dict[str, Any] = {}
+    if n_neighbors is not None:
+        params["n_neighbors"] = n_neighbors
+    std: Any = ...
+    if standardize is not None:
+        std = None if standardize.lower() == "none" else standardize
+    try:
+        with cluster(scheduler, workers) as client:
+            sel = dufs.fit(store, method=method, n_features=k, client=client, standardize=std, **params)
+        if output is not None:
+            sel.to_json(output)
+    except DufsError as exc:
+        _fail(exc)
+    t = Table(title=f"{method}: {sel.n_selected} features of {sel.n_features_in:,}", title_justify="left")
+    t.add_column("rank", justify="right")
+    t.add_column("feature", justify="right")
+    t.add_column("score", justify="right")
+    for r, j in enumerate(sel.indices[:20], 1):
+        t.add_row(str(r), str(j), f"{sel.scores[j]:.6g}")
+    out.print(t)
+    d = sel.diagnostics
+    console.print(f"{d['wall_time']:.2f} s on {d['n_workers']} workers, {d['n_blocks']} feature blocks"
+                  + (f"; written to {output}" if output else ""), highlight=False)
+
+
+@app.command()
+def evaluate(
+    store: str = typer.Argument(..., help="The training store."),
+    selection: Path = typer.Argument(..., help="A selection JSON (dufs select -o)."),
+    test: str | None = typer.Option(None, "--test", help="A test store (default: 5-fold CV on the store)."),
+    ks: str = typer.Option("5,10,20,50,100", "--ks", help="Comma-separated K values (top-K features)."),
+    figure: Path = typer.Option(Path("accuracy-vs-k.png"), "--figure", help="PNG of accuracy vs K."),
+) -> None:
+    """Accuracy of LinearSVC(C=1) on the top K selected features, vs K (a table and a PNG)."""
+    import dufs
+    from dufs.evaluate import plot_topk, topk_curve
+
+    try:
+        sel = dufs.Selection.from_json(selection)
+        st = dufs.open(store)
+        if st.y is None:
+            raise DufsError(f"{store} has no labels to evaluate against")
+        kk = sorted({int(x) for x in ks.split(",") if x.strip()})
+        kk = [x for x in kk if x <= sel.n_selected] or [sel.n_selected]
+        ids = sel.indices[:max(kk)]
+        Xtr = _columns(st, ids)
+        tst = None
+        if test is not None:
+            ts = dufs.open(test)
+            tst = (_columns(ts, ids), ts.y)
+        curve = topk_curve(Xtr, st.y, np.arange(len(ids)), kk, test=tst, cv=None if tst else 5)
+        plot_topk({sel.method: curve}, figure, title=f"{sel.method}: LinearSVC(C=1) accuracy vs K")
+    except DufsError as exc:
+        _fail(exc)
+    t = Table(title=f"{sel.method} on {store}" + (f", tested on {test}" if test else ", 5-fold CV"),
+              title_justify="left")
+    t.add_column("K", justify="right")
+    t.add_column("accuracy", justify="right")
+    for kv, acc in zip(curve["k"], curve["accuracy"], strict=True):
+        t.add_row(str(kv), f"{acc:.4f}")
+    out.print(t)
+    console.print(f"figure: {figure}", highlight=False)
+
+
+def _columns(st: Any, ids: np.ndarray) -> Any:
+    """The columns ``ids`` of a store (in that order) as a SciPy CSC array: only their feature blocks are read."""
+    import scipy.sparse as sp
+
+    if ids.size and (ids.max() >= st.shape[1] or ids.min() < 0):
+        raise DufsError(f"the selection names feature {int(ids.max())}; {st.path} has {st.shape[1]} features")
+    bounds = st.bounds("csc")
+    which = np.searchsorted(bounds, ids, side="right") - 1
+    cols = {}
+    for b in np.unique(which):
+        blk = st.block(int(b), "csc").to_scipy()
+        for j in ids[which == b]:
+            cols[int(j)] = blk[:, [int(j) - int(bounds[b])]]
+    M = sp.hstack([cols[int(j)] for j in ids], format="csc") if ids.size else sp.csc_array((st.shape[0], 0))
+    if M.nnz < 2**31:  # scikit-learn's liblinear wants 32-bit indices
+        M.indices = M.indices.astype(np.int32)
+        M.indptr = M.indptr.astype(np.int32)
+    return M
 
 
 @app.command()

@@ -1,0 +1,45 @@
+"""`dufs select` and `dufs evaluate` on a store: the JSON selection, the table and the figure."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from typer.testing import CliRunner
+
+import dufs
+from dufs.cli import app
+from dufs.data.datasets import load
+
+
+def test_select_then_evaluate(tmp_path):
+    X, y = load("relathe")
+    X = sp.csr_array(X)
+    idx = np.arange(X.shape[0])
+    train, test = idx % 4 != 0, idx % 4 == 0
+    dufs.write_store(X[train], tmp_path / "train.zarr", y[train])
+    dufs.write_store(X[test], tmp_path / "test.zarr", y[test])
+    out = tmp_path / "sel.json"
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "train.zarr"), "--method", "fisher", "-k", "50",
+                                 "-o", str(out), "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    sel = dufs.Selection.from_json(out)
+    ref = dufs.fit(X[train], y[train], method="fisher", n_features=50)
+    assert sel.indices.tolist() == ref.indices.tolist()
+    fig = tmp_path / "acc.png"
+    r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "train.zarr"), str(out), "--test",
+                                 str(tmp_path / "test.zarr"), "--ks", "5,50", "--figure", str(fig)])
+    assert r.exit_code == 0, r.output
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the printed accuracy at K=50 is LinearSVC(C=1) on those columns, computed independently
+    from sklearn.svm import LinearSVC
+
+    cols = ref.indices
+    acc = LinearSVC(C=1.0).fit(X[train][:, cols], y[train]).score(X[test][:, cols], y[test])
+    assert f"{acc:.4f}" in r.output
+
+
+def test_select_on_bad_method_exits_2(tmp_path):
+    dufs.write_store(sp.random_array((20, 10), density=0.3, rng=0), tmp_path / "s.zarr", np.arange(20) % 2)
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "s.zarr"), "--method", "nope", "-k", "3",
+                                 "--workers", "0"])
+    assert r.exit_code == 2 and "'method' parameter of fit" in r.output
