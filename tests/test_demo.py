@@ -15,6 +15,9 @@ def test_demo_runs_on_a_local_cluster(tmp_path):
                           "--features", "50000", "--workers", "2"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "20,000 rows x 50,000 features" in res.stdout
+    assert "Fisher score, top 50 of 50,000 features, on 2 workers" in res.stdout
+    sel = dufs.Selection.from_json(tmp_path / "fisher-50.json")
+    assert (tmp_path / "fisher-scores.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     st = dufs.open(tmp_path / "synthetic.zarr")
     assert st.shape == (20000, 50000)
     gt = st.ground_truth
@@ -28,6 +31,9 @@ def test_demo_runs_on_a_local_cluster(tmp_path):
     assert np.array_equal(X.indptr, indptr) and np.array_equal(X.indices, indices)
     assert np.array_equal(X.data, data) and np.array_equal(st.y, y)
     assert st.info()["labels"] == {"-1": int((y < 0).sum()), "1": int((y > 0).sum())}
+    # the printed recovery count is the overlap of the selection with the generator's informative features
+    found = len(set(sel.indices.tolist()) & set(gt["informative"]))
+    assert f"{found} of the 20 informative features recovered" in res.stdout.replace("\n", " ")
 
 
 def test_config_namespace_and_env(monkeypatch):

@@ -168,7 +168,70 @@ class FeatureBlock:
         return int(self.indptr[-1])
 
 
-def _block_stats(indptr, indices, data, n_rows, codes, n_classes):
+@dataclass(frozen=True)
+class StoreBlock:
+    """Feature block ``index`` of the store at ``path``: a reference, loaded where the task runs (on a worker),
+    once per process and store, so the driver never holds the data."""
+
+    start: int
+    stop: int
+    nnz: int
+    path: str
+    index: int
+    created: str | None = None
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+    def load(self) -> FeatureBlock:
+        key = (self.path, self.created, self.index)
+        got = _LOADED.get(key)
+        if got is None:
+            from dufs.data import open_store
+
+            b = open_store(self.path).block(self.index, "csc")
+            got = FeatureBlock(b.start, b.stop, np.asarray(b.indptr, dtype=np.int64), b.indices, b.data)
+            _LOADED.put(key, got)
+        return got
+
+
+class _BlockCache:
+    """Blocks loaded in this process, least recently used dropped beyond ``dufs.engine.cache-bytes``."""
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self._d: OrderedDict = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple) -> FeatureBlock | None:
+        b = self._d.get(key)
+        if b is not None:
+            self._d.move_to_end(key)
+        return b
+
+    def put(self, key: tuple, b: FeatureBlock) -> None:
+        limit = config.parse_bytes(config.get("engine.cache-bytes"))
+        size = b.indptr.nbytes + b.indices.nbytes + b.data.nbytes
+        self._d[key] = b
+        self._bytes += size
+        while self._bytes > limit and len(self._d) > 1:
+            _, old = self._d.popitem(last=False)
+            self._bytes -= old.indptr.nbytes + old.indices.nbytes + old.data.nbytes
+
+
+_LOADED = _BlockCache()
+
+
+def resolve(b: FeatureBlock | StoreBlock) -> FeatureBlock:
+    """The buffers of a block (loading a store block where this runs)."""
+    return b.load() if isinstance(b, StoreBlock) else b
+
+
+def _block_stats(src, n_rows, codes, n_classes):
+    b = resolve(src)
+    indptr, indices, data = b.indptr, b.indices, b.data
     s, ss, m2, nnz, mn, mx = csc_column_stats(indptr, indices, data, n_rows)
     out = ColumnStats(n_rows, s, ss, nnz, mn, mx, m2)
     if codes is not None:
@@ -176,7 +239,9 @@ def _block_stats(indptr, indices, data, n_rows, codes, n_classes):
     return out
 
 
-def _block_rmatvec(indptr, indices, data, V, vsum, mu, inv):
+def _block_rmatvec(src, V, vsum, mu, inv):
+    b = resolve(src)
+    indptr, indices, data = b.indptr, b.indices, b.data
     out = np.empty((indptr.shape[0] - 1, V.shape[1]), dtype=np.float64)
     csc_rmatvec(indptr, indices, data, V, out)
     if mu is not None:
@@ -186,7 +251,9 @@ def _block_rmatvec(indptr, indices, data, V, vsum, mu, inv):
     return out
 
 
-def _block_matvec(indptr, indices, data, W, n_rows):
+def _block_matvec(src, W, n_rows):
+    b = resolve(src)
+    indptr, indices, data = b.indptr, b.indices, b.data
     out = np.zeros((n_rows, W.shape[1]), dtype=np.float64)
     csc_matvec(indptr, indices, data, W, out)
     return out
@@ -283,13 +350,14 @@ class Matrix:
         n, d = self.shape
         if not self.blocks:
             return sp.csc_array((n, d), dtype=self.dtype)
+        blocks = [resolve(b) for b in self.blocks]
         indptr = [np.zeros(1, dtype=np.int64)]
         off = 0
-        for b in self.blocks:
+        for b in blocks:
             indptr.append(b.indptr[1:] + off)
             off += b.nnz
-        return sp.csc_array((np.concatenate([b.data for b in self.blocks]),
-                             np.concatenate([b.indices for b in self.blocks]), np.concatenate(indptr)),
+        return sp.csc_array((np.concatenate([b.data for b in blocks]),
+                             np.concatenate([b.indices for b in blocks]), np.concatenate(indptr)),
                             shape=(n, d))
 
     # ------------------------------------------------------------------ statistics
@@ -306,7 +374,7 @@ class Matrix:
             codes = codes.astype(np.int64).reshape(-1)
             k = classes.shape[0]
         f = _delayed(_block_stats)
-        parts = _compute([f(b.indptr, b.indices, b.data, n, codes, k) for b in self.blocks])
+        parts = _compute([f(b, n, codes, k) for b in self.blocks])
         if parts:
             st = ColumnStats.concat(parts)
         else:
@@ -352,11 +420,17 @@ class Matrix:
         mu, inv = self._transform()
         vsum = V2.sum(axis=0) if mu is not None else None
         f = _delayed(_block_rmatvec)
-        parts = _compute([f(b.indptr, b.indices, b.data, V2, vsum,
+        parts = _compute([f(b, V2, vsum,
                             None if mu is None else mu[b.start:b.stop],
                             None if inv is None else inv[b.start:b.stop]) for b in self.blocks])
         out = np.concatenate(parts, axis=0) if parts else np.zeros((d, V2.shape[1]))
         return out[:, 0] if one else out
+
+    def map_blocks(self, fn: Any, *args: Any, **kwargs: Any) -> list:
+        """``fn(block, *args, **kwargs)`` for every feature block, run where the block is loaded (a task per block,
+        one pass); results (small) come back in block order. ``block`` is a :class:`FeatureBlock`."""
+        f = _delayed(_map_one)
+        return _compute([f(fn, b, args, kwargs) for b in self.blocks])
 
     def matvec(self, U: Any) -> np.ndarray:
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
@@ -368,7 +442,7 @@ class Matrix:
         mu, inv = self._transform()
         W = U2 * inv[:, None] if inv is not None else U2
         f = _delayed(_block_matvec)
-        parts = _compute([f(b.indptr, b.indices, b.data, np.ascontiguousarray(W[b.start:b.stop]), n)
+        parts = _compute([f(b, np.ascontiguousarray(W[b.start:b.stop]), n)
                           for b in self.blocks])
         out = np.zeros((n, U2.shape[1]))
         for p in parts:
@@ -376,6 +450,10 @@ class Matrix:
         if mu is not None:
             out -= (mu @ W)[None, :]
         return out[:, 0] if one else out
+
+
+def _map_one(fn, src, args, kwargs):
+    return fn(resolve(src), *args, **kwargs)
 
 
 def _as_2d(V: Any, n: int, name: str, what: str) -> tuple[np.ndarray, bool]:
@@ -387,12 +465,11 @@ def _as_2d(V: Any, n: int, name: str, what: str) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(V[:, None] if one else V), one
 
 
-def _blocks_from_store(store: Any) -> list[FeatureBlock]:
-    out = []
-    for i in range(store.n_blocks("csc")):
-        b = store.block(i, "csc")
-        out.append(FeatureBlock(b.start, b.stop, np.asarray(b.indptr, dtype=np.int64), b.indices, b.data))
-    return out
+def _blocks_from_store(store: Any) -> list[StoreBlock]:
+    bounds, nnz = store.bounds("csc"), store.block_nnz("csc")
+    created = store.attrs.get("created")
+    return [StoreBlock(int(bounds[i]), int(bounds[i + 1]), int(nnz[i]), store.path, i, created)
+            for i in range(store.n_blocks("csc"))]
 
 
 def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlock], tuple[int, int], np.dtype]:

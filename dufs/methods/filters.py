@@ -91,17 +91,19 @@ def laplacian_scores(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
     if W.shape != (n, n):
         raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
     d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
-    dsum = d.sum()
-    out = np.empty(M.shape[1])
-    for b in M.blocks:
-        B = sp.csc_array((b.data.astype(np.float64), b.indices, b.indptr), shape=(n, b.width))
-        fd = B.T @ d
-        fdf = (B.multiply(B)).T @ d
-        fwf = np.asarray((B.multiply(W @ B)).sum(axis=0), dtype=np.float64).ravel()
-        num = fdf - fwf
-        den = fdf - fd ** 2 / dsum
-        s = np.full(b.width, np.inf)
-        ok = den > 1e-12 * np.maximum(fdf, 1e-300)
-        s[ok] = num[ok] / den[ok]
-        out[b.start:b.stop] = s
-    return out
+    parts = M.map_blocks(_laplacian_block, W, d, n)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _laplacian_block(b: Any, W: sp.csr_array, d: np.ndarray, n: int) -> np.ndarray:
+    """Laplacian scores of one feature block (runs where the block lives)."""
+    B = sp.csc_array((b.data.astype(np.float64), b.indices, b.indptr), shape=(n, b.width))
+    fd = B.T @ d
+    fdf = (B.multiply(B)).T @ d
+    fwf = np.asarray((B.multiply(W @ B)).sum(axis=0), dtype=np.float64).ravel()
+    num = fdf - fwf
+    den = fdf - fd ** 2 / d.sum()
+    s = np.full(b.width, np.inf)
+    ok = den > 1e-12 * np.maximum(fdf, 1e-300)
+    s[ok] = num[ok] / den[ok]
+    return s
