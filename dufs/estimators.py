@@ -1,0 +1,222 @@
+"""scikit-learn estimators over the functional API, one per method.
+
+Each estimator validates its parameters (one ``_parameter_constraints`` table) and its input, calls the plain
+function :func:`dufs.api.fit`, and stores what it found in attributes ending in ``_``. Choosing the columns
+(``transform``, ``get_support``, ``get_feature_names_out``) comes from
+:class:`~sklearn.feature_selection.SelectorMixin`.
+
+>>> from dufs.estimators import FisherScore
+>>> FisherScore(n_features=20).fit(X, y).get_support(indices=True)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator, _fit_context
+from sklearn.feature_selection import SelectorMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from dufs.api import METHODS, fit, rank
+
+__all__ = ["CorrelationSelector", "FisherScore", "LaplacianScore", "VarianceSelector"]
+
+_STANDARDIZE = [StrOptions({"zscore", "scale"}), None]
+
+
+class _DufsSelector(SelectorMixin, BaseEstimator):
+    """Shared base: validate, call :func:`dufs.api.fit`, keep the :class:`~dufs.selection.Selection`.
+
+    Subclasses set ``_method`` (a key of :data:`dufs.api.METHODS`), define ``__init__`` with their own
+    parameters, and list extra method parameters in ``_method_params``.
+
+    Attributes
+    ----------
+    scores_ : ndarray of float64, (n_features_in_,)
+        The method's score of every feature (see ``higher_is_better_``).
+    ranking_ : ndarray of int64, (n_features_in_,)
+        Every feature index, best first (NaN scores last, ties by the lower index).
+    selection_ : dufs.Selection
+        The result of :func:`dufs.fit`, with its diagnostics.
+    higher_is_better_ : bool
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when ``X`` has string column names.
+    """
+
+    _method: ClassVar[str]
+    _method_params: ClassVar[tuple[str, ...]] = ()
+    _parameter_constraints: ClassVar[dict] = {
+        "n_features": [Interval(Integral, 1, None, closed="left")],
+        "standardize": _STANDARDIZE,
+        "client": [None, object],
+    }
+
+    def _labels(self, y: Any) -> Any:
+        return y
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any = None) -> _DufsSelector:
+        """Score every feature of ``X`` and select the best ``n_features``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+            Labels; required by the supervised methods, ignored by the others.
+
+        Returns
+        -------
+        self
+        """
+        spec = METHODS[self._method]
+        if spec.supervised:
+            X, y = validate_data(self, X, y, accept_sparse=["csr", "csc"], dtype=np.float64,
+                                 y_numeric=self._method == "correlation")
+            y = self._labels(y)
+        else:
+            X = validate_data(self, X, accept_sparse=["csr", "csc"], dtype=np.float64)
+            y = None
+        name = type(self).__name__
+        n_in = X.shape[1]
+        if self.n_features > n_in:
+            raise ValueError(f"The 'n_features' parameter of {name} must be an int in [1, {n_in}]; "
+                             f"got {self.n_features!r}.")
+        self._check_samples(X)
+        params = {p: getattr(self, p) for p in self._method_params}
+        self.selection_ = fit(X, y, method=self._method, n_features=int(self.n_features), client=self.client,
+                              standardize=self.standardize, **params)
+        self.scores_ = self.selection_.scores
+        self.higher_is_better_ = spec.higher_is_better
+        self.ranking_ = rank(self.scores_, spec.higher_is_better)
+        return self
+
+    def _check_samples(self, X: Any) -> None:
+        """Method-specific checks of the validated input (raise ValueError)."""
+
+    def _get_support_mask(self) -> np.ndarray:
+        check_is_fitted(self)
+        return self.selection_.support_mask
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.target_tags.required = METHODS[self._method].supervised
+        return tags
+
+
+class VarianceSelector(_DufsSelector):
+    """The ``n_features`` features of largest variance (unsupervised; ``y`` is ignored).
+
+    Parameters
+    ----------
+    n_features : int, default 10
+        How many features to select, in [1, n_features of X].
+    standardize : {"zscore", "scale"} or None, default None
+        The implicit transform of the data (the variance is always of the raw features).
+    client : distributed.Client, optional
+        Default: the active client, else a synchronous run for in-memory input.
+    """
+
+    _method = "variance"
+
+    def __init__(self, n_features: int = 10, *, standardize: str | None = METHODS["variance"].standardize,
+                 client: Any = None):
+        self.n_features = n_features
+        self.standardize = standardize
+        self.client = client
+
+
+class CorrelationSelector(_DufsSelector):
+    """The ``n_features`` features of largest |Pearson correlation| with ``y`` (supervised).
+
+    Parameters
+    ----------
+    n_features : int, default 10
+    standardize : {"zscore", "scale"} or None, default "zscore"
+    client : distributed.Client, optional
+    """
+
+    _method = "correlation"
+
+    def __init__(self, n_features: int = 10, *, standardize: str | None = METHODS["correlation"].standardize,
+                 client: Any = None):
+        self.n_features = n_features
+        self.standardize = standardize
+        self.client = client
+
+
+class FisherScore(_DufsSelector):
+    """The ``n_features`` features of largest Fisher score S_b / S_w with the classes ``y`` (supervised).
+
+    Parameters
+    ----------
+    n_features : int, default 10
+    standardize : {"zscore", "scale"} or None, default None
+    client : distributed.Client, optional
+
+    References
+    ----------
+    Gu, Li, Han, "Generalized Fisher Score for Feature Selection", UAI 2011 (the Fisher score, section 2).
+    """
+
+    _method = "fisher"
+
+    def __init__(self, n_features: int = 10, *, standardize: str | None = METHODS["fisher"].standardize,
+                 client: Any = None):
+        self.n_features = n_features
+        self.standardize = standardize
+        self.client = client
+
+    def _labels(self, y: Any) -> Any:
+        # classes of any kind (strings included) as 0..n_classes-1: the Fisher score only needs class membership
+        self.classes_, codes = np.unique(y, return_inverse=True)
+        return codes.astype(np.float64)
+
+
+class LaplacianScore(_DufsSelector):
+    """The ``n_features`` features of smallest Laplacian score on a kNN graph of the samples (unsupervised).
+
+    Parameters
+    ----------
+    n_features : int, default 10
+    n_neighbors : int, default 5
+        Neighbours of each sample in the graph; needs n_samples > n_neighbors.
+    weights : {"binary", "heat"}, default "binary"
+    t : float > 0 or None, default None
+        Heat-kernel width; default the mean squared distance over the kNN edges.
+    standardize : {"zscore", "scale"} or None, default None
+    client : distributed.Client, optional
+
+    References
+    ----------
+    He, Cai, Niyogi, "Laplacian Score for Feature Selection", NIPS 2005; He et al., TPAMI 2011, eq. (3).
+    """
+
+    _method = "laplacian"
+    _method_params = ("n_neighbors", "weights", "t")
+    _parameter_constraints: ClassVar[dict] = {
+        **_DufsSelector._parameter_constraints,
+        "n_neighbors": [Interval(Integral, 1, None, closed="left")],
+        "weights": [StrOptions({"binary", "heat"})],
+        "t": [None, Interval(Real, 0, None, closed="neither")],
+    }
+
+    def __init__(self, n_features: int = 10, *, n_neighbors: int = 5, weights: str = "binary",
+                 t: float | None = None, standardize: str | None = METHODS["laplacian"].standardize,
+                 client: Any = None):
+        self.n_features = n_features
+        self.n_neighbors = n_neighbors
+        self.weights = weights
+        self.t = t
+        self.standardize = standardize
+        self.client = client
+
+    def _check_samples(self, X: Any) -> None:
+        n = X.shape[0]
+        if n <= self.n_neighbors:
+            raise ValueError(f"LaplacianScore needs more samples than neighbours: got n_samples={n}, "
+                             f"n_neighbors={self.n_neighbors}; lower n_neighbors or give more samples.")

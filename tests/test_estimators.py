@@ -1,0 +1,87 @@
+"""The scikit-learn estimators: sklearn's conformance suite, agreement with dufs.fit, use in a Pipeline, and
+parameter-validation messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.pipeline import Pipeline
+from sklearn.svm import LinearSVC
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import dufs
+from dufs.data.datasets import load
+from dufs.estimators import CorrelationSelector, FisherScore, LaplacianScore, VarianceSelector
+
+ESTIMATORS = {
+    "variance": VarianceSelector,
+    "correlation": CorrelationSelector,
+    "fisher": FisherScore,
+    "laplacian": LaplacianScore,
+}
+
+
+def _expected_failed_checks(est):
+    # Every check passes: a fit on too few samples for LaplacianScore raises a ValueError naming n_samples,
+    # which check_fit2d_1sample accepts. Add {check name: reason} here if one ever cannot pass.
+    return {}
+
+
+@parametrize_with_checks([VarianceSelector(n_features=1), CorrelationSelector(n_features=1),
+                          FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1)],
+                         expected_failed_checks=_expected_failed_checks)
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+@pytest.fixture(scope="module")
+def pcmac():
+    X, y = load("pcmac")
+    return sp.csr_array(X[:, :500]), y
+
+
+@pytest.mark.parametrize("method", sorted(ESTIMATORS))
+def test_support_equals_functional_api(pcmac, method):
+    X, y = pcmac
+    est = ESTIMATORS[method](n_features=25).fit(X, y)
+    sel = dufs.fit(X, y if dufs.api.METHODS[method].supervised else None, method=method, n_features=25)
+    np.testing.assert_array_equal(est.get_support(indices=True), np.sort(sel.indices))
+    np.testing.assert_array_equal(est.selection_.indices, sel.indices)
+    np.testing.assert_array_equal(est.ranking_[:25], sel.indices)
+    assert est.n_features_in_ == 500 and est.transform(X).shape == (X.shape[0], 25)
+
+
+@pytest.mark.parametrize("method", sorted(ESTIMATORS))
+def test_in_a_pipeline_with_linear_svc(pcmac, method):
+    X, y = pcmac
+    pipe = Pipeline([("select", ESTIMATORS[method](n_features=50)), ("svc", LinearSVC())]).fit(X, y)
+    assert pipe[-1].n_features_in_ == 50
+    assert 0.5 < pipe.score(X, y) <= 1.0
+
+
+def test_n_features_larger_than_x_is_a_clear_error():
+    X = np.random.default_rng(0).normal(size=(30, 5))
+    y = np.arange(30) % 2
+    with pytest.raises(ValueError, match=r"The 'n_features' parameter of FisherScore must be an int in \[1, 5\]; "
+                                         r"got 20\."):
+        FisherScore(n_features=20).fit(X, y)
+
+
+@pytest.mark.parametrize(("est", "match"), [
+    (VarianceSelector(n_features=0), r"The 'n_features' parameter of VarianceSelector must be an int in the range "
+                                     r"\[1, inf\)\. Got 0 instead\."),
+    (CorrelationSelector(standardize="l2"), r"The 'standardize' parameter of CorrelationSelector must be"),
+    (LaplacianScore(weights="gauss"), r"The 'weights' parameter of LaplacianScore must be a str among"),
+    (LaplacianScore(t=0.0), r"The 't' parameter of LaplacianScore must be None or a float in the range"),
+])
+def test_parameter_validation_messages(est, match):
+    X = np.random.default_rng(0).normal(size=(30, 5))
+    with pytest.raises(ValueError, match=match):
+        est.fit(X, np.arange(30) % 2)
+
+
+def test_laplacian_needs_more_samples_than_neighbours():
+    X = np.random.default_rng(0).normal(size=(4, 3))
+    with pytest.raises(ValueError, match=r"n_samples=4, n_neighbors=5"):
+        LaplacianScore(n_features=1).fit(X)
