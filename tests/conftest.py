@@ -46,6 +46,7 @@ def cluster_client():
     be on a filesystem the workers share (a local directory, not ``memory://``).
     """
     distributed = pytest.importorskip("distributed")
+    _warm_numba_caches()
     with (
         distributed.LocalCluster(
             n_workers=2,
@@ -58,3 +59,31 @@ def cluster_client():
     ):
         client.wait_for_workers(2)
         yield client
+
+
+def _warm_numba_caches() -> None:
+    """Compile dufs' numba kernels once here, writing their on-disk caches, before worker processes start: on a
+    fresh clone two workers would otherwise compile the same kernels at once and race on the cache files."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    import dufs
+    from dufs.engine.matrix import Matrix
+    from dufs.kernels.libsvm import parse_block
+    from dufs.kernels.sparse import csr_to_spill, merge_spills
+
+    X = sp.random_array((20, 7), density=0.4, rng=0, format="csr")
+    for dt in (np.float32, np.float64):
+        M = Matrix(X.astype(dt), standardize="zscore", block_width=3)
+        M.column_stats(np.arange(20) % 2)
+        M.rmatvec(np.ones(20))
+        M.matvec(np.ones(7))
+        Xc = X.astype(dt)
+        cols, rows, vals, _ = csr_to_spill(Xc.indptr, Xc.indices.astype(np.int32), Xc.data, 4)
+        merge_spills(cols, rows, vals, 7)
+    parse_block(b"1 1:2 3:4\n-1 2:1\n")
+    parse_block(np.frombuffer(b"1 1:2\n", dtype=np.uint8))
+    from dufs.data.synthetic import SyntheticSpec, generate_rows
+
+    generate_rows(SyntheticSpec(n_rows=10, n_features=50, nnz_per_row=3, n_informative=2), 0, 10)
+    del dufs
