@@ -19,8 +19,9 @@ import numpy as np
 import psutil
 
 
-class PeakRSS:
-    """Samples the resident memory of this process and its children; ``peak_max`` is the largest process."""
+class _Sampler:
+    """A thread sampling the resident memory of some processes every ``interval`` seconds: ``peak_max`` is the
+    largest single process seen, ``peak_sum`` the largest total."""
 
     def __init__(self, interval: float = 0.02):
         self.interval = interval
@@ -29,22 +30,21 @@ class PeakRSS:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def processes(self) -> list[psutil.Process]:
+        raise NotImplementedError
+
     def _run(self) -> None:
-        me = psutil.Process()
         while not self._stop.is_set():
-            try:
-                procs = [me, *me.children(recursive=True)]
-                rss = []
-                for p in procs:
+            rss = []
+            with contextlib.suppress(psutil.Error):
+                for p in self.processes():
                     with contextlib.suppress(psutil.Error):
                         rss.append(p.memory_info().rss)
-                self.peak_max = max(self.peak_max, max(rss, default=0))
-                self.peak_sum = max(self.peak_sum, sum(rss))
-            except psutil.Error:
-                pass
+            self.peak_max = max(self.peak_max, max(rss, default=0))
+            self.peak_sum = max(self.peak_sum, sum(rss))
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> PeakRSS:
+    def __enter__(self):
         self._thread.start()
         return self
 
@@ -53,33 +53,28 @@ class PeakRSS:
         self._thread.join()
 
 
-class WorkerPeak:
-    """Peak RSS of the cluster's worker processes, sampled on the workers' side through psutil by pid."""
+class PeakRSS(_Sampler):
+    """This process and its children."""
+
+    def processes(self) -> list[psutil.Process]:
+        me = psutil.Process()
+        return [me, *me.children(recursive=True)]
+
+
+class WorkerPeak(_Sampler):
+    """The cluster's worker processes (found by pid); ``peak`` is the largest one."""
 
     def __init__(self, client: Any, interval: float = 0.02):
-        self.pids = list(client.run(os.getpid).values()) if client is not None else [os.getpid()]
-        self.interval = interval
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(interval)
+        pids = list(client.run(os.getpid).values()) if client is not None else [os.getpid()]
+        self._procs = [psutil.Process(p) for p in pids]
 
-    def _run(self) -> None:
-        procs = [psutil.Process(p) for p in self.pids]
-        base = {p.pid: p.memory_info().rss for p in procs}
-        self.base = max(base.values())
-        while not self._stop.is_set():
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    self.peak = max(self.peak, p.memory_info().rss)
-            self._stop.wait(self.interval)
+    def processes(self) -> list[psutil.Process]:
+        return self._procs
 
-    def __enter__(self) -> WorkerPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+    @property
+    def peak(self) -> int:
+        return self.peak_max
 
 
 def make_libsvm_file(path: Path, size_mb: float, *, copies: int = 1, seed: int = 0) -> int:

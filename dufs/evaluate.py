@@ -101,6 +101,16 @@ def _seed(value, func: str):
 # --------------------------------------------------------------------------------------------------- clustering
 
 
+def _label_pair(y_true, y_pred, owner: str) -> tuple[np.ndarray, np.ndarray]:
+    """Both labelings validated, of one length."""
+    t = _labels(y_true, "y_true", owner)
+    p = _labels(y_pred, "y_pred", owner)
+    if t.shape[0] != p.shape[0]:
+        raise ParameterError(f"The 'y_pred' parameter of {owner} must have the length of 'y_true'; "
+                             f"got {p.shape[0]} and {t.shape[0]}.")
+    return t, p
+
+
 def clustering_accuracy(y_true, y_pred) -> float:
     """Clustering accuracy (ACC): the fraction of points whose cluster maps to their class.
 
@@ -130,11 +140,7 @@ def clustering_accuracy(y_true, y_pred) -> float:
     """
     from scipy.optimize import linear_sum_assignment
 
-    t = _labels(y_true, "y_true", "clustering_accuracy")
-    p = _labels(y_pred, "y_pred", "clustering_accuracy")
-    if t.shape[0] != p.shape[0]:
-        raise ParameterError("The 'y_pred' parameter of clustering_accuracy must have the length of 'y_true'; "
-                             f"got {p.shape[0]} and {t.shape[0]}.")
+    t, p = _label_pair(y_true, y_pred, "clustering_accuracy")
     _, ti = np.unique(t, return_inverse=True)
     _, pi = np.unique(p, return_inverse=True)
     counts = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
@@ -166,11 +172,7 @@ def nmi(y_true, y_pred) -> float:
     """
     from sklearn.metrics import normalized_mutual_info_score
 
-    t = _labels(y_true, "y_true", "nmi")
-    p = _labels(y_pred, "y_pred", "nmi")
-    if t.shape[0] != p.shape[0]:
-        raise ParameterError(f"The 'y_pred' parameter of nmi must have the length of 'y_true'; "
-                             f"got {p.shape[0]} and {t.shape[0]}.")
+    t, p = _label_pair(y_true, y_pred, "nmi")
     return float(normalized_mutual_info_score(t, p, average_method="arithmetic"))
 
 
