@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ import numpy as np
 
 from dufs._logging import get_logger, timer
 from dufs.engine.cluster import active_client, get_client
-from dufs.engine.matrix import Matrix
+from dufs.engine.matrix import as_matrix
 from dufs.errors import ParameterError
 from dufs.methods import filters
 from dufs.selection import Selection
@@ -63,7 +62,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     Parameters
     ----------
     X : NumPy array, SciPy sparse, pydata sparse, Dask array (dense or sparse chunks), a SparseStore or a store path
-        Dask arrays are written out of core to a temporary store first.
+        A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
     y : array-like, optional
         Labels (supervised methods); a store's own labels are used by default.
     method : {"variance", "correlation", "fisher", "laplacian"}
@@ -97,32 +96,31 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     t0 = time.perf_counter()
     in_memory = not (_is_dask(X) or isinstance(X, (str, os.PathLike)) or type(X).__name__ == "SparseStore")
     sync = client is None and active_client() is None and in_memory
-    with get_client(client, synchronous=sync) as c, tempfile.TemporaryDirectory(prefix="dufs-fit-") as tmp:
+    with get_client(client, synchronous=sync) as c:
         import dask
 
         ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync")
         with ctx:
             with timer("load", timings, log):
-                if _is_dask(X):
-                    from dufs.data import write_store
-
-                    X = write_store(X, os.path.join(tmp, "input.zarr"), y if _is_dask(y) else None)
-                if type(X).__module__.startswith("sparse"):
-                    X = X.to_scipy_sparse()
-                M = Matrix(X, standardize=std, y=None if y is None or _is_dask(y) else y)
+                if _is_dask(y):
+                    y = np.asarray(y.compute())
+                M = as_matrix(X, standardize=std, y=y, persist=c is not None)
             n_total = M.shape[1]
             if not isinstance(n_features, (int, np.integer)) or not 1 <= n_features <= n_total:
                 raise ParameterError(f"The 'n_features' parameter of {method} must be an int in [1, {n_total}]; "
                                      f"got {n_features!r}.")
-            if spec.supervised and M.y is None and y is None:
+            if spec.supervised and M.y is None:
                 raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
             with timer("score", timings, log):
-                scores = spec.score(M, None if y is None or _is_dask(y) else y, **params)
-            n_workers = len(c.scheduler_info().get("workers", {})) if c is not None else 0
+                scores = spec.score(M, M.y, **params)
+            n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
+            passes = M.passes
+            M.release()
     order = rank(scores, spec.higher_is_better)
     sel = order[:n_features]
-    diagnostics = {"passes": spec.passes, "timings": timings, "wall_time": time.perf_counter() - t0,
-                   "n_workers": n_workers, "n_blocks": M.n_blocks, "standardize": std}
+    diagnostics = {"passes": passes, "timings": timings, "wall_time": time.perf_counter() - t0,
+                   "n_workers": n_workers, "n_blocks": M.n_blocks, "standardize": std,
+                   "blocks": {k: v for k, v in M.residency.items() if v is not None}}
     return Selection(method=method, indices=sel, scores=scores, n_features_in=n_total,
                      params={"n_features": int(n_features), "standardize": std,
                              **{k: v for k, v in params.items() if k != "W"}},

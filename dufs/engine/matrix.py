@@ -10,25 +10,32 @@ A :class:`Matrix` holds X (n_samples x n_features) as CSC feature blocks, each a
 with S = diag(std) (population standard deviation) and a zero std taken as 1, so constant columns stay zero (or
 constant) instead of dividing by zero.
 
-For now the blocks are held by the driver; every pass is one ``dask.compute`` over one delayed task per block (any
-scheduler, including an active distributed client) and per-block partial results are combined in block order, in
-float64, so results do not depend on the scheduler.
+Blocks live on the workers: persisted in their memory when the cluster holds them (:meth:`Matrix.persist`,
+placed by nnz), else re-read from the store each pass (a per-process cache keeps recently used blocks). Every pass
+is one ``dask.compute`` over one task per block on whatever scheduler is current (a distributed client, threads,
+or synchronous); per-block partial results are combined in float64 in a fixed order (concatenation in block order,
+or a fixed pairwise tree for sums), so results do not depend on the number of workers.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from dask.sizeof import sizeof
 
 from dufs import config
+from dufs._logging import get_logger
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
 
-__all__ = ["STANDARDIZE", "ColumnStats", "FeatureBlock", "Matrix"]
+__all__ = ["STANDARDIZE", "BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "as_matrix"]
+
+log = get_logger(__name__)
 
 #: the accepted values of ``Matrix(standardize=...)``
 STANDARDIZE = ("zscore", "scale", None)
@@ -167,6 +174,21 @@ class FeatureBlock:
     def nnz(self) -> int:
         return int(self.indptr[-1])
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.indptr.nbytes + self.indices.nbytes + self.data.nbytes)
+
+    def to_scipy(self, n_rows: int) -> Any:
+        """The block as a SciPy ``csc_array`` (n_rows x width), sharing the buffers."""
+        import scipy.sparse as sp
+
+        return sp.csc_array((self.data, self.indices, self.indptr), shape=(n_rows, self.width))
+
+
+@sizeof.register(FeatureBlock)
+def _sizeof_block(b: FeatureBlock) -> int:
+    return b.nbytes + 64
+
 
 @dataclass(frozen=True)
 class StoreBlock:
@@ -184,16 +206,34 @@ class StoreBlock:
     def width(self) -> int:
         return self.stop - self.start
 
+    def read(self) -> FeatureBlock:
+        """Read the block from the store (no caching)."""
+        from dufs.data import open_store
+
+        b = open_store(self.path).block(self.index, "csc")
+        return FeatureBlock(b.start, b.stop, np.asarray(b.indptr, dtype=np.int64), b.indices, b.data)
+
     def load(self) -> FeatureBlock:
+        """The block, read once per process and kept in the least-recently-used cache ``_LOADED``."""
         key = (self.path, self.created, self.index)
         got = _LOADED.get(key)
         if got is None:
-            from dufs.data import open_store
-
-            b = open_store(self.path).block(self.index, "csc")
-            got = FeatureBlock(b.start, b.stop, np.asarray(b.indptr, dtype=np.int64), b.indices, b.data)
+            got = self.read()
             _LOADED.put(key, got)
         return got
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Where a block sits in X: features ``start:stop``, ``nnz`` nonzeros (-1 until known)."""
+
+    start: int
+    stop: int
+    nnz: int = -1
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
 
 
 class _BlockCache:
@@ -213,22 +253,59 @@ class _BlockCache:
 
     def put(self, key: tuple, b: FeatureBlock) -> None:
         limit = config.parse_bytes(config.get("engine.cache-bytes"))
-        size = b.indptr.nbytes + b.indices.nbytes + b.data.nbytes
         self._d[key] = b
-        self._bytes += size
+        self._bytes += b.nbytes
         while self._bytes > limit and len(self._d) > 1:
             _, old = self._d.popitem(last=False)
-            self._bytes -= old.indptr.nbytes + old.indices.nbytes + old.data.nbytes
+            self._bytes -= old.nbytes
 
 
 _LOADED = _BlockCache()
 
 
-def resolve(b: FeatureBlock | StoreBlock) -> FeatureBlock:
+def resolve(b: Any) -> FeatureBlock:
     """The buffers of a block (loading a store block where this runs)."""
     return b.load() if isinstance(b, StoreBlock) else b
 
 
+def _materialize(b: Any) -> FeatureBlock:
+    """A block's buffers for persisting: a store block is read afresh (not through the cache, so it is held once)."""
+    return b.read() if isinstance(b, StoreBlock) else b
+
+
+@dataclass(frozen=True)
+class PerBlock:
+    """An argument of :meth:`Matrix.map_blocks` given block by block: an array over features is sliced to each
+    block's ``start:stop`` (along axis 0); a list or tuple with one item per block gives each block its item."""
+
+    value: Any
+
+
+class BlockState:
+    """Per-block state of :meth:`Matrix.map_blocks`, one item per block, kept where the blocks are (futures on
+    the workers under a distributed client, plain values otherwise). ``gather()`` brings it to the driver."""
+
+    def __init__(self, items: list, client: Any = None):
+        self.items = list(items)
+        self._client = client
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def gather(self) -> list:
+        if self._client is not None:
+            return list(self._client.gather(self.items))
+        return list(self.items)
+
+    def release(self) -> None:
+        """Drop the state (frees the workers' memory)."""
+        if self._client is not None:
+            for f in self.items:
+                f.release()
+        self.items = []
+
+
+# ---------------------------------------------------------------------------------------------------- per-block work
 def _block_stats(src, n_rows, codes, n_classes):
     b = resolve(src)
     indptr, indices, data = b.indptr, b.indices, b.data
@@ -241,9 +318,8 @@ def _block_stats(src, n_rows, codes, n_classes):
 
 def _block_rmatvec(src, V, vsum, mu, inv):
     b = resolve(src)
-    indptr, indices, data = b.indptr, b.indices, b.data
-    out = np.empty((indptr.shape[0] - 1, V.shape[1]), dtype=np.float64)
-    csc_rmatvec(indptr, indices, data, V, out)
+    out = np.empty((b.indptr.shape[0] - 1, V.shape[1]), dtype=np.float64)
+    csc_rmatvec(b.indptr, b.indices, b.data, V, out)
     if mu is not None:
         out -= mu[:, None] * vsum[None, :]
     if inv is not None:
@@ -253,16 +329,93 @@ def _block_rmatvec(src, V, vsum, mu, inv):
 
 def _block_matvec(src, W, n_rows):
     b = resolve(src)
-    indptr, indices, data = b.indptr, b.indices, b.data
     out = np.zeros((n_rows, W.shape[1]), dtype=np.float64)
-    csc_matvec(indptr, indices, data, W, out)
+    csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
     return out
 
 
-def _compute(tasks: list) -> list:
+def _block_columns(src, local):
+    """Columns ``local`` (block-local positions) of a block as (indptr, indices, data)."""
+    b = resolve(src)
+    lo, hi = b.indptr[local], b.indptr[local + 1]
+    counts = hi - lo
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    runs = [np.arange(a, c) for a, c in zip(lo, hi, strict=True)]
+    take = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+    return indptr, b.indices[take], b.data[take]
+
+
+def _block_topk(src, fn, k, largest, args, kwargs, start):
+    s = np.asarray(fn(resolve(src), *args, **kwargs), dtype=np.float64).ravel()
+    return _local_topk(s, k, largest, start)
+
+
+def _local_topk(s: np.ndarray, k: int, largest: bool, start: int) -> tuple[np.ndarray, np.ndarray]:
+    key = np.where(np.isnan(s), np.inf, -s if largest else s)
+    ids = np.arange(s.shape[0], dtype=np.int64)
+    kk = min(k, s.shape[0])
+    if kk < s.shape[0]:
+        part = np.argpartition(key, kk - 1)[:kk + 0]
+        # keep every feature tied with the k-th, so the global tie-break (lower index first) is exact
+        kth = key[part].max()
+        part = np.flatnonzero(key <= kth)
+    else:
+        part = ids
+    order = np.lexsort((part, key[part]))[:kk]
+    sel = part[order]
+    return sel + start, s[sel]
+
+
+def _block_slab(start, stop, n_rows, chunks):
+    """A feature block from the row chunks of one column slab of a Dask array (dense or sparse chunks)."""
+    import scipy.sparse as sp
+
+    parts = []
+    for c in chunks:
+        if hasattr(c, "to_scipy_sparse"):
+            c = c.to_scipy_sparse()
+        parts.append(sp.csc_array(c) if sp.issparse(c) else sp.csc_array(np.asarray(c)))
+    A = sp.csc_array(sp.vstack(parts, format="csc")) if len(parts) > 1 else parts[0]
+    if A.shape != (n_rows, stop - start):
+        raise ParameterError(f"a column slab of the Dask array has shape {A.shape}, expected {(n_rows, stop - start)}")
+    if A.dtype.kind != "f":
+        A = A.astype(np.float64)
+    A.sum_duplicates()
+    A.eliminate_zeros()
+    A.sort_indices()
+    return FeatureBlock(start, stop, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
+
+
+def _nnz_of(b: FeatureBlock) -> tuple[int, int]:
+    return b.nnz, b.nbytes
+
+
+def _map_one(fn, src, args, kwargs):
+    return fn(resolve(src), *args, **kwargs)
+
+
+def _map_state(fn, src, state, args, kwargs):
+    out = fn(resolve(src), state, *args, **kwargs)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ParameterError("a map_blocks function given state= must return (new_state, result)")
+    return out
+
+
+def _add(a, b):
+    return a + b
+
+
+def _tree_sum(parts: list) -> Any:
+    """Sum delayed values pairwise in a fixed tree (the order depends only on the number of parts)."""
     import dask
 
-    return list(dask.compute(*tasks)) if tasks else []
+    add = dask.delayed(_add, pure=True)
+    while len(parts) > 1:
+        nxt = [add(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        if len(parts) % 2:
+            nxt.append(parts[-1])
+        parts = nxt
+    return parts[0]
 
 
 def _delayed(fn):
@@ -271,9 +424,37 @@ def _delayed(fn):
     return dask.delayed(fn, pure=False)
 
 
+def _share(x: Any) -> Any:
+    """A large argument as one graph key, so a pass ships it once, not once a task."""
+    import dask
+
+    if isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x):
+        return dask.delayed(x, name=f"dufs-arg-{uuid.uuid4().hex}", pure=False)
+    return x
+
+
+def _is_scipy(x: Any) -> bool:
+    return type(x).__module__.startswith("scipy.sparse")
+
+
+def _compute(tasks: list) -> list:
+    import dask
+
+    return list(dask.compute(*tasks)) if tasks else []
+
+
+def _client() -> Any:
+    from dufs.engine.cluster import active_client
+
+    return active_client()
+
+
 # ---------------------------------------------------------------------------------------------------- the matrix
 class Matrix:
     """X (n_samples x n_features) as CSC feature blocks, with implicit standardization.
+
+    Build it with :func:`as_matrix` (any input kind, persisted on the cluster) or directly from a store or an
+    in-memory matrix.
 
     Parameters
     ----------
@@ -287,13 +468,18 @@ class Matrix:
         per block. Ignored for a store (its own blocks are used).
     y : array-like, optional
         Labels (n_samples); for a store, its labels by default.
+
+    Attributes
+    ----------
+    residency : dict
+        Where the blocks live between passes: ``{"mode": "driver" | "store" | "persisted" | "source", ...}``
+        (in this process; re-read from the store each pass through a per-worker cache; persisted in the
+        workers' memory; recomputed from a Dask graph each pass), with the bytes and the reason.
     """
 
     def __init__(self, X: Any, *, standardize: str | None = None, block_width: int | None = None,
                  y: Any = None):
-        if standardize not in STANDARDIZE:
-            raise ParameterError(f"The 'standardize' parameter must be one of 'zscore', 'scale' or None; got "
-                                 f"{standardize!r}.")
+        _check_standardize(standardize)
         self.standardize = standardize
         if isinstance(X, str | os.PathLike):
             from dufs.data import open_store
@@ -303,22 +489,37 @@ class Matrix:
 
         if isinstance(X, SparseStore):
             self.shape = X.shape
-            self.blocks = _blocks_from_store(X)
+            self._src = _blocks_from_store(X)
             labels = X.y if y is None else y
             self.dtype = X.dtype
-        else:
-            self.blocks, self.shape, self.dtype = _blocks_from_array(X, block_width)
+            self.residency = {"mode": "store", "bytes": _est_bytes(self._src, X.dtype),
+                              "reason": "not persisted: blocks are read on the workers, cached per process"}
+        elif _is_dask_array(X):
+            self._src, infos, self.shape, self.dtype = _blocks_from_dask(X, block_width)
             labels = y
-        self.y = None if labels is None else np.asarray(labels, dtype=np.float64)
+            self.residency = {"mode": "source", "bytes": None,
+                              "reason": "not persisted: blocks are recomputed from the Dask graph each pass"}
+        else:
+            if type(X).__module__.startswith("sparse"):
+                X = X.to_scipy_sparse()
+            self._src, self.shape, self.dtype = _blocks_from_array(X, block_width)
+            labels = y
+            self.residency = {"mode": "driver", "bytes": sum(b.nbytes for b in self._src),
+                              "reason": "in memory in this process"}
+        if not _is_dask_array(X):
+            infos = [BlockInfo(b.start, b.stop, b.nnz) for b in self._src]
+        self.blocks = infos
+        self.y = None if labels is None else np.asarray(labels, dtype=np.float64).ravel()
         if self.y is not None and self.y.shape != (self.shape[0],):
             raise ParameterError(f"X has {self.shape[0]} rows but y has shape {self.y.shape}")
         self._stats: ColumnStats | None = None
+        self.passes = 0
 
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:
         n, d = self.shape
         return (f"<dufs.engine.Matrix {n} x {d}, nnz={self.nnz}, {self.n_blocks} feature blocks, "
-                f"standardize={self.standardize!r}>")
+                f"standardize={self.standardize!r}, {self.residency['mode']}>")
 
     @property
     def n_blocks(self) -> int:
@@ -326,6 +527,8 @@ class Matrix:
 
     @property
     def nnz(self) -> int:
+        if any(b.nnz < 0 for b in self.blocks):
+            self._count()
         return sum(b.nnz for b in self.blocks)
 
     @property
@@ -333,24 +536,89 @@ class Matrix:
         """Block boundaries: block i covers features ``bounds[i]:bounds[i+1]``."""
         return np.array([0] + [b.stop for b in self.blocks], dtype=np.int64)
 
+    def _count(self) -> None:
+        f = _delayed(_nnz_of)
+        got = _compute([f(s) for s in self._src])
+        self.blocks = [BlockInfo(b.start, b.stop, int(c)) for b, (c, _) in zip(self.blocks, got, strict=True)]
+        if self.residency.get("bytes") is None:
+            self.residency["bytes"] = int(sum(nb for _, nb in got))
+
     def with_standardize(self, standardize: str | None) -> Matrix:
         """The same blocks (shared, not copied) and statistics under another standardization."""
-        if standardize not in STANDARDIZE:
-            raise ParameterError(f"The 'standardize' parameter must be one of 'zscore', 'scale' or None; got "
-                                 f"{standardize!r}.")
+        _check_standardize(standardize)
         out = object.__new__(Matrix)
         out.__dict__.update(self.__dict__)
         out.standardize = standardize
         return out
 
+    # ------------------------------------------------------------------ residency
+    def persist(self, client: Any = None, *, fraction: float | None = None) -> Matrix:
+        """Load the blocks into the workers' memory, balanced by nnz, when they fit in ``fraction`` (default
+        ``dufs.engine.persist-fraction``) of the cluster's memory; otherwise leave them to be re-read each pass.
+
+        Without a distributed client (``client`` or the active one) nothing changes. Blocks of a Dask array are
+        always persisted (the alternative is recomputing the source every pass). Returns ``self``.
+        """
+        client = client or _client()
+        if client is None or self.residency["mode"] == "persisted":
+            return self
+        frac = float(config.get("engine.persist-fraction") if fraction is None else fraction)
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"].items())
+        if not workers:
+            raise ParameterError("the Dask cluster has no workers")
+        memory = sum(int(w.get("memory_limit") or 0) for _, w in workers)
+        need = self.residency.get("bytes")
+        mode = self.residency["mode"]
+        if mode != "source" and memory and need is not None and need > frac * memory:
+            self.residency = {"mode": "store" if mode == "store" else mode, "bytes": need, "cluster_memory": memory,
+                              "reason": f"not persisted: {need / 2**20:,.0f} MiB exceeds {frac:.0%} of the "
+                                        f"cluster's {memory / 2**20:,.0f} MiB; blocks are re-read each pass"}
+            log.info("%s", self.residency["reason"])
+            return self
+        # greedy by nnz (largest first) onto the least loaded worker: a fixed, balanced placement
+        load = {addr: 0 for addr, _ in workers}
+        est = [b.nnz if b.nnz >= 0 else b.width for b in self.blocks]
+        place = {}
+        for i in sorted(range(self.n_blocks), key=lambda i: (-est[i], i)):
+            addr = min(load, key=lambda a: (load[a], a))
+            place[i] = addr
+            load[addr] += max(est[i], 1)
+        from dask.delayed import Delayed
+        from distributed import wait
+
+        token = uuid.uuid4().hex[:12]
+        futures = []
+        for i, s in enumerate(self._src):
+            key = f"dufs-block-{token}-{i}"
+            if isinstance(s, Delayed):
+                futures.append(client.compute(s, workers=[place[i]], allow_other_workers=True))
+            else:
+                futures.append(client.submit(_materialize, s, key=key, workers=[place[i]],
+                                             allow_other_workers=True, pure=False))
+        wait(futures)
+        self._src = futures
+        self.residency = {"mode": "persisted", "bytes": need, "cluster_memory": memory, "n_workers": len(workers),
+                          "reason": "persisted in the workers' memory, balanced by nonzeros"}
+        if need is None or any(b.nnz < 0 for b in self.blocks):
+            self._count()
+        log.info("persisted %d feature blocks (%s MiB) on %d workers", self.n_blocks,
+                 f"{self.residency['bytes'] / 2**20:,.1f}", len(workers))
+        return self
+
+    def release(self) -> None:
+        """Drop persisted blocks from the workers."""
+        for s in self._src:
+            if hasattr(s, "release"):
+                s.release()
+
     def to_scipy(self) -> Any:
-        """X (untransformed) as a SciPy ``csc_array``: for small matrices and tests."""
+        """X (untransformed) as a SciPy ``csc_array``: for small matrices and tests (it gathers every block)."""
         import scipy.sparse as sp
 
         n, d = self.shape
         if not self.blocks:
             return sp.csc_array((n, d), dtype=self.dtype)
-        blocks = [resolve(b) for b in self.blocks]
+        blocks = self.map_blocks(lambda b: b)
         indptr = [np.zeros(1, dtype=np.int64)]
         off = 0
         for b in blocks:
@@ -374,7 +642,8 @@ class Matrix:
             codes = codes.astype(np.int64).reshape(-1)
             k = classes.shape[0]
         f = _delayed(_block_stats)
-        parts = _compute([f(b, n, codes, k) for b in self.blocks])
+        c = _share(codes) if codes is not None else None
+        parts = self._pass([f(s, n, c, k) for s in self._src])
         if parts:
             st = ColumnStats.concat(parts)
         else:
@@ -384,7 +653,16 @@ class Matrix:
                 st.class_sum, st.class_sumsq = np.zeros((k, 0)), np.zeros((k, 0))
         if y is not None:
             st.classes, st.class_count = classes, counts.astype(np.int64)
+        if y is None and self._stats is None:
+            self._stats = st
         return st
+
+    def _pairs(self) -> list[tuple[Any, BlockInfo]]:
+        return list(zip(self._src, self.blocks, strict=True))
+
+    def _pass(self, tasks: list) -> list:
+        self.passes += 1
+        return _compute(tasks)
 
     def _transform(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(mu, 1/std)`` of the standardization (None where the transform leaves that part out)."""
@@ -412,48 +690,250 @@ class Matrix:
         _, inv = self._transform()
         return np.ones(self.shape[1]) if inv is None else 1.0 / inv
 
+    def column_sq_norms(self) -> np.ndarray:
+        """||z_j||^2 of every transformed column (from the cached column statistics)."""
+        if self._stats is None:
+            self._stats = self.column_stats()
+        st = self._stats
+        mu, inv = self._transform()
+        base = st.m2 if mu is not None else st.sumsq
+        base = np.maximum(np.asarray(base, dtype=np.float64), 0.0)
+        if mu is not None:
+            base = np.where(st.min == st.max, 0.0, base)
+        return base * inv * inv if inv is not None else base
+
     # ------------------------------------------------------------------ products
     def rmatvec(self, V: Any) -> np.ndarray:
-        """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p)."""
+        """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p).
+
+        One pass; ``V`` travels to the workers once (one graph key), each block returns its rows of the result.
+        """
         n, d = self.shape
         V2, one = _as_2d(V, n, "V", "n_samples")
         mu, inv = self._transform()
         vsum = V2.sum(axis=0) if mu is not None else None
         f = _delayed(_block_rmatvec)
-        parts = _compute([f(b, V2, vsum,
-                            None if mu is None else mu[b.start:b.stop],
-                            None if inv is None else inv[b.start:b.stop]) for b in self.blocks])
+        Vs = _share(V2)
+        parts = self._pass([f(s, Vs, vsum,
+                              None if mu is None else mu[b.start:b.stop],
+                              None if inv is None else inv[b.start:b.stop]) for s, b in self._pairs()])
         out = np.concatenate(parts, axis=0) if parts else np.zeros((d, V2.shape[1]))
         return out[:, 0] if one else out
-
-    def map_blocks(self, fn: Any, *args: Any, **kwargs: Any) -> list:
-        """``fn(block, *args, **kwargs)`` for every feature block, run where the block is loaded (a task per block,
-        one pass); results (small) come back in block order. ``block`` is a :class:`FeatureBlock`."""
-        f = _delayed(_map_one)
-        return _compute([f(fn, b, args, kwargs) for b in self.blocks])
 
     def matvec(self, U: Any) -> np.ndarray:
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
 
-        Per-block partial products are summed in block order.
+        One pass; the per-block partial products are summed on the workers by a tree in block order (fixed, so
+        the result does not depend on the number of workers), and only the sum comes back.
         """
         n, d = self.shape
         U2, one = _as_2d(U, d, "U", "n_features")
         mu, inv = self._transform()
         W = U2 * inv[:, None] if inv is not None else U2
-        f = _delayed(_block_matvec)
-        parts = _compute([f(b, np.ascontiguousarray(W[b.start:b.stop]), n)
-                          for b in self.blocks])
-        out = np.zeros((n, U2.shape[1]))
-        for p in parts:
-            out += p
+        if not self.blocks:
+            out = np.zeros((n, U2.shape[1]))
+        else:
+            f = _delayed(_block_matvec)
+            out = self._pass([_tree_sum([f(s, W[b.start:b.stop], n) for s, b in self._pairs()])])[0]
         if mu is not None:
-            out -= (mu @ W)[None, :]
+            out = out - (mu @ W)[None, :]
         return out[:, 0] if one else out
 
+    def columns(self, ids: Any) -> Any:
+        """Columns ``ids`` of X (untransformed) as a SciPy ``csc_array`` (n_samples x len(ids)), in the order given.
 
-def _map_one(fn, src, args, kwargs):
-    return fn(resolve(src), *args, **kwargs)
+        One pass over the blocks that hold them. The transformed column j is ``(X[:, j] - center[j]) / scale[j]``;
+        :meth:`dense_columns` gives it.
+        """
+        import scipy.sparse as sp
+
+        n, d = self.shape
+        ids = _as_ids(ids, d)
+        bounds = self.bounds
+        owner = np.searchsorted(bounds, ids, side="right") - 1
+        f = _delayed(_block_columns)
+        want = sorted(set(owner.tolist()))
+        locs = {i: np.unique(ids[owner == i] - bounds[i]) for i in want}
+        got = dict(zip(want, self._pass([f(self._src[i], locs[i]) for i in want]), strict=True))
+        indptr, indices, data = [np.zeros(1, np.int64)], [], []
+        off = 0
+        for j, i in zip(ids, owner, strict=True):
+            ip, ix, dt = got[i]
+            p = int(np.searchsorted(locs[i], j - bounds[i]))
+            a, b = ip[p], ip[p + 1]
+            indices.append(ix[a:b])
+            data.append(dt[a:b])
+            off += b - a
+            indptr.append(np.array([off], np.int64))
+        dtype = self.dtype if np.dtype(self.dtype).kind == "f" else np.float64
+        return sp.csc_array((np.concatenate(data) if data else np.zeros(0, dtype),
+                             np.concatenate(indices) if indices else np.zeros(0, np.int32),
+                             np.concatenate(indptr)), shape=(n, ids.shape[0]))
+
+    def dense_columns(self, ids: Any) -> np.ndarray:
+        """Columns ``ids`` of Z (transformed) as a dense float64 (n_samples x len(ids)) array."""
+        ids = _as_ids(ids, self.shape[1])
+        C = self.columns(ids).toarray().astype(np.float64)
+        mu, inv = self._transform()
+        if mu is not None:
+            C -= mu[ids][None, :]
+        if inv is not None:
+            C *= inv[ids][None, :]
+        return C
+
+    def kernel_column(self, i: Any, kind: str = "linear", *, gamma: float | None = None) -> np.ndarray:
+        """k(z_i, z_j) for every feature j: ``kind`` is ``"linear"`` (z_i^T z_j), ``"poly2"`` (the degree-2
+        homogeneous polynomial (z_i^T z_j)^2; the squared correlation times n^2 under ``"zscore"``) or ``"rbf"``
+        (exp(-gamma ||z_i - z_j||^2), ``gamma`` default 1 / n_samples).
+
+        ``i`` an int gives a (n_features,) vector; a sequence gives (n_features, len(i)). Two passes (one to gather
+        the columns, one product), plus the statistics pass when not yet cached.
+        """
+        if kind not in ("linear", "poly2", "rbf"):
+            raise ParameterError(f"The 'kind' parameter of kernel_column must be 'linear', 'poly2' or 'rbf'; "
+                                 f"got {kind!r}.")
+        n, d = self.shape
+        one = np.ndim(i) == 0
+        ids = _as_ids(np.atleast_1d(i), d)
+        if gamma is None:
+            gamma = 1.0 / max(n, 1)
+        elif not (isinstance(gamma, int | float | np.floating) and gamma > 0):
+            raise ParameterError(f"The 'gamma' parameter of kernel_column must be a float > 0; got {gamma!r}.")
+        G = self.rmatvec(self.dense_columns(ids))
+        if kind == "poly2":
+            G = G * G
+        elif kind == "rbf":
+            sq = self.column_sq_norms()
+            D2 = np.maximum(sq[:, None] + sq[ids][None, :] - 2.0 * G, 0.0)
+            D2[ids, np.arange(ids.shape[0])] = 0.0
+            G = np.exp(-float(gamma) * D2)
+        return G[:, 0] if one else G
+
+    # ------------------------------------------------------------------ per-block kernels
+    def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None, **kwargs: Any) -> Any:
+        """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
+
+        ``block`` is a :class:`FeatureBlock`. Arguments wrapped in :class:`PerBlock` are given block by block;
+        large arrays travel once per pass. Results (small) come back in block order, or, with ``reduce="sum"``,
+        summed on the workers by a fixed tree and returned as one value.
+
+        With ``state`` (a :class:`BlockState` or a list, one item per block) the call is
+        ``fn(block, state_i, *args, **kwargs)`` and must return ``(new_state_i, result_i)``; the new state stays
+        beside its block (on the worker) and ``(results, BlockState)`` is returned.
+        """
+        if reduce not in (None, "sum"):
+            raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
+        shared = [_share(a) for a in args]
+        kw = {k: _share(v) for k, v in kwargs.items()}
+
+        def pick(a: Any, i: int) -> Any:
+            if not isinstance(a, PerBlock):
+                return a
+            v, b = a.value, self.blocks[i]
+            if isinstance(v, list | tuple):
+                if len(v) != self.n_blocks:
+                    raise ParameterError(f"a PerBlock list must have one item per block ({self.n_blocks}); "
+                                         f"got {len(v)}")
+                return v[i]
+            return v[b.start:b.stop]
+
+        def task_args(i: int) -> tuple:
+            return tuple(pick(a, i) for a in shared), {k: pick(v, i) for k, v in kw.items()}
+
+        if state is None:
+            f = _delayed(_map_one)
+            tasks = [f(fn, s, *task_args(i)) for i, s in enumerate(self._src)]
+            if reduce == "sum":
+                return self._pass([_tree_sum(tasks)])[0] if tasks else None
+            return self._pass(tasks)
+        items = state.items if isinstance(state, BlockState) else list(state)
+        if len(items) != self.n_blocks:
+            raise ParameterError(f"map_blocks: state has {len(items)} items for {self.n_blocks} blocks")
+        from operator import getitem
+
+        import dask
+
+        f = _delayed(_map_state)
+        g = dask.delayed(getitem, pure=True)
+        pairs = [f(fn, s, items[i], *task_args(i)) for i, s in enumerate(self._src)]
+        new = [g(p, 0) for p in pairs]
+        res = [g(p, 1) for p in pairs]
+        client = _client()
+        self.passes += 1
+        if client is None:
+            got = _compute(new + res)
+            return (_tree_sum_values(got[self.n_blocks:]) if reduce == "sum" else got[self.n_blocks:],
+                    BlockState(got[:self.n_blocks]))
+        futs = client.compute(new + ([_tree_sum(res)] if reduce == "sum" else res))
+        out = client.gather(futs[self.n_blocks:])
+        return (out[0] if reduce == "sum" else out), BlockState(futs[:self.n_blocks], client)
+
+    def topk(self, fn: Any, k: int, *args: Any, largest: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best features by ``fn(block, *args, **kwargs)`` (a score per feature of the block): each block
+        proposes its own best, the driver merges. Returns ``(indices, scores)`` best first; NaN counts as worst,
+        ties go to the lower index."""
+        if not isinstance(k, int | np.integer) or k < 1:
+            raise ParameterError(f"The 'k' parameter of topk must be an int >= 1; got {k!r}.")
+        shared = tuple(_share(a) for a in args)
+        f = _delayed(_block_topk)
+        parts = self._pass([f(s, fn, int(k), largest, shared, kwargs, b.start)
+                            for s, b in self._pairs()])
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0)
+        ids = np.concatenate([p[0] for p in parts])
+        sc = np.concatenate([p[1] for p in parts])
+        sel, _ = _local_topk(sc, int(k), largest, 0)
+        return ids[sel], sc[sel]
+
+    def argmax(self, fn: Any, *args: Any, **kwargs: Any) -> tuple[int, float]:
+        """The feature with the largest ``fn`` score (see :meth:`topk`) and its score."""
+        i, s = self.topk(fn, 1, *args, **kwargs)
+        return int(i[0]), float(s[0])
+
+
+def _tree_sum_values(vals: list) -> Any:
+    while len(vals) > 1:
+        nxt = [vals[i] + vals[i + 1] for i in range(0, len(vals) - 1, 2)]
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0] if vals else None
+
+
+def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_width: int | None = None,
+              persist: bool | str = "auto", client: Any = None) -> Matrix:
+    """A :class:`Matrix` from any input: NumPy, SciPy sparse, pydata sparse, a Dask array (dense or sparse chunks;
+    its column chunks become the feature blocks, rechunked to ``block_width`` when given, never materialised
+    whole), a :class:`~dufs.data.SparseStore`, a store path or URL, or a Matrix (returned with ``standardize``).
+
+    ``persist="auto"`` persists the blocks on the distributed client (given or active) when they fit
+    (:meth:`Matrix.persist`); ``False`` never does.
+    """
+    if isinstance(X, Matrix):
+        return X.with_standardize(standardize)
+    M = Matrix(X, standardize=standardize, y=y, block_width=block_width)
+    if persist not in ("auto", True, False):
+        raise ParameterError(f"The 'persist' parameter must be 'auto', True or False; got {persist!r}.")
+    if persist:
+        M.persist(client)
+    return M
+
+
+def _check_standardize(standardize: Any) -> None:
+    if standardize not in STANDARDIZE:
+        raise ParameterError(f"The 'standardize' parameter must be one of 'zscore', 'scale' or None; got "
+                             f"{standardize!r}.")
+
+
+def _as_ids(ids: Any, d: int) -> np.ndarray:
+    a = np.asarray(ids)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ParameterError(f"feature ids must be a 1-D sequence of ints; got {ids!r}")
+    a = a.astype(np.int64)
+    bad = (a < 0) | (a >= d)
+    if bad.any():
+        raise ParameterError(f"feature id {int(a[bad][0])} is out of range for {d} features")
+    return a
 
 
 def _as_2d(V: Any, n: int, name: str, what: str) -> tuple[np.ndarray, bool]:
@@ -465,11 +945,41 @@ def _as_2d(V: Any, n: int, name: str, what: str) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(V[:, None] if one else V), one
 
 
+def _est_bytes(blocks: list, dtype: Any) -> int:
+    item = np.dtype(dtype).itemsize + 4
+    return int(sum(b.nnz * item + 8 * (b.width + 1) for b in blocks))
+
+
+def _is_dask_array(X: Any) -> bool:
+    return type(X).__module__.startswith("dask.array") or type(X).__name__ == "Array" and hasattr(X, "dask")
+
+
 def _blocks_from_store(store: Any) -> list[StoreBlock]:
     bounds, nnz = store.bounds("csc"), store.block_nnz("csc")
     created = store.attrs.get("created")
     return [StoreBlock(int(bounds[i]), int(bounds[i + 1]), int(nnz[i]), store.path, i, created)
             for i in range(store.n_blocks("csc"))]
+
+
+def _blocks_from_dask(X: Any, block_width: int | None) -> tuple[list, list, tuple[int, int], np.dtype]:
+    import dask
+
+    if X.ndim != 2:
+        raise ParameterError(f"The 'X' parameter must be 2-D; got a {X.ndim}-D Dask array.")
+    if any(math.isnan(c) for cs in X.chunks for c in cs):
+        raise ParameterError("The Dask array has unknown chunk sizes: call X.compute_chunk_sizes() first.")
+    if block_width is not None:
+        if not isinstance(block_width, int | np.integer) or block_width < 1:
+            raise ParameterError(f"The 'block_width' parameter must be an int >= 1; got {block_width!r}.")
+        X = X.rechunk({1: int(block_width)})
+    n, d = (int(s) for s in X.shape)
+    D = X.to_delayed()
+    cb = np.concatenate([[0], np.cumsum(X.chunks[1])]).astype(np.int64)
+    f = dask.delayed(_block_slab, pure=True)
+    src = [f(int(cb[j]), int(cb[j + 1]), n, [D[i, j] for i in range(D.shape[0])]) for j in range(D.shape[1])]
+    dtype = X.dtype if np.dtype(X.dtype).kind == "f" else np.dtype(np.float64)
+    infos = [BlockInfo(int(cb[j]), int(cb[j + 1])) for j in range(D.shape[1])]
+    return src, infos, (n, d), dtype
 
 
 def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlock], tuple[int, int], np.dtype]:
@@ -482,8 +992,8 @@ def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlo
             raise ParameterError(f"The 'X' parameter must be 2-D; got {X.ndim}-D.")
         A = sp.csc_array(X)
     else:
-        raise ParameterError(f"The 'X' parameter must be a SparseStore, a store path, a SciPy sparse matrix or a "
-                             f"NumPy array; got {type(X).__name__}.")
+        raise ParameterError(f"The 'X' parameter must be a SparseStore, a store path, a SciPy or pydata sparse "
+                             f"matrix, a Dask array or a NumPy array; got {type(X).__name__}.")
     if A.dtype.kind != "f":
         A = A.astype(np.float64)
     A.sum_duplicates()
@@ -494,9 +1004,9 @@ def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlo
         target = max(1, int(config.get("store.feature-block-nnz")))
         nb = max(1, math.ceil(A.nnz / target))
         block_width = max(1, math.ceil(d / nb))
+    if not isinstance(block_width, int | np.integer) or block_width < 1:
+        raise ParameterError(f"The 'block_width' parameter must be an int >= 1; got {block_width!r}.")
     block_width = int(block_width)
-    if block_width < 1:
-        raise ParameterError(f"The 'block_width' parameter must be an int >= 1; got {block_width}.")
     indptr = A.indptr.astype(np.int64)
     blocks = []
     for a in range(0, d, block_width):
@@ -505,4 +1015,3 @@ def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlo
         blocks.append(FeatureBlock(a, b, indptr[a:b + 1] - lo, A.indices[lo:hi].astype(np.int32),
                                    A.data[lo:hi].copy()))
     return blocks, (n, d), A.dtype
-
