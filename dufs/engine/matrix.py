@@ -30,6 +30,7 @@ from dask.sizeof import sizeof
 
 from dufs import config
 from dufs._logging import get_logger
+from dufs.engine.progress import run_pass
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
 
@@ -643,7 +644,7 @@ class Matrix:
             k = classes.shape[0]
         f = _delayed(_block_stats)
         c = _share(codes) if codes is not None else None
-        parts = self._pass([f(s, n, c, k) for s in self._src])
+        parts = self._pass([f(s, n, c, k) for s in self._src], "column statistics")
         if parts:
             st = ColumnStats.concat(parts)
         else:
@@ -660,9 +661,9 @@ class Matrix:
     def _pairs(self) -> list[tuple[Any, BlockInfo]]:
         return list(zip(self._src, self.blocks, strict=True))
 
-    def _pass(self, tasks: list) -> list:
+    def _pass(self, tasks: list, name: str = "pass") -> list:
         self.passes += 1
-        return _compute(tasks)
+        return run_pass(name, tasks)
 
     def _transform(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(mu, 1/std)`` of the standardization (None where the transform leaves that part out)."""
@@ -716,7 +717,7 @@ class Matrix:
         Vs = _share(V2)
         parts = self._pass([f(s, Vs, vsum,
                               None if mu is None else mu[b.start:b.stop],
-                              None if inv is None else inv[b.start:b.stop]) for s, b in self._pairs()])
+                              None if inv is None else inv[b.start:b.stop]) for s, b in self._pairs()], "Z^T V")
         out = np.concatenate(parts, axis=0) if parts else np.zeros((d, V2.shape[1]))
         return out[:, 0] if one else out
 
@@ -734,7 +735,7 @@ class Matrix:
             out = np.zeros((n, U2.shape[1]))
         else:
             f = _delayed(_block_matvec)
-            out = self._pass([_tree_sum([f(s, W[b.start:b.stop], n) for s, b in self._pairs()])])[0]
+            out = self._pass([_tree_sum([f(s, W[b.start:b.stop], n) for s, b in self._pairs()])], "Z U")[0]
         if mu is not None:
             out = out - (mu @ W)[None, :]
         return out[:, 0] if one else out
@@ -754,7 +755,7 @@ class Matrix:
         f = _delayed(_block_columns)
         want = sorted(set(owner.tolist()))
         locs = {i: np.unique(ids[owner == i] - bounds[i]) for i in want}
-        got = dict(zip(want, self._pass([f(self._src[i], locs[i]) for i in want]), strict=True))
+        got = dict(zip(want, self._pass([f(self._src[i], locs[i]) for i in want], "columns"), strict=True))
         indptr, indices, data = [np.zeros(1, np.int64)], [], []
         off = 0
         for j, i in zip(ids, owner, strict=True):
@@ -844,8 +845,8 @@ class Matrix:
             f = _delayed(_map_one)
             tasks = [f(fn, s, *task_args(i)) for i, s in enumerate(self._src)]
             if reduce == "sum":
-                return self._pass([_tree_sum(tasks)])[0] if tasks else None
-            return self._pass(tasks)
+                return self._pass([_tree_sum(tasks)], _name(fn))[0] if tasks else None
+            return self._pass(tasks, _name(fn))
         items = state.items if isinstance(state, BlockState) else list(state)
         if len(items) != self.n_blocks:
             raise ParameterError(f"map_blocks: state has {len(items)} items for {self.n_blocks} blocks")
@@ -877,7 +878,7 @@ class Matrix:
         shared = tuple(_share(a) for a in args)
         f = _delayed(_block_topk)
         parts = self._pass([f(s, fn, int(k), largest, shared, kwargs, b.start)
-                            for s, b in self._pairs()])
+                            for s, b in self._pairs()], "top-k")
         if not parts:
             return np.zeros(0, np.int64), np.zeros(0)
         ids = np.concatenate([p[0] for p in parts])
@@ -889,6 +890,10 @@ class Matrix:
         """The feature with the largest ``fn`` score (see :meth:`topk`) and its score."""
         i, s = self.topk(fn, 1, *args, **kwargs)
         return int(i[0]), float(s[0])
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", "map_blocks")).lstrip("_").replace("_", " ")
 
 
 def _tree_sum_values(vals: list) -> Any:
