@@ -1,18 +1,48 @@
-"""Sample graphs: exact k-nearest-neighbour graphs by blocked distance computations.
+"""Sample graphs: exact k-nearest-neighbour graphs by blocked distance computations, and anchor graphs.
 
-He, Cai, Niyogi 2005 (Laplacian score) and He et al. 2011, eq. (2): nodes i and j are joined when either is among
-the other's k nearest neighbours; weights are 1 ("binary") or the heat kernel exp(-||x_i - x_j||^2 / t). No
-self-loops. The graph is a SciPy sparse matrix with at most 2 k n entries: never an n x n dense matrix.
+**Exact kNN** (He, Cai, Niyogi 2005, the Laplacian score; He et al. 2011, eq. (2)): nodes i and j are joined when
+either is among the other's k nearest neighbours; weights are 1 ("binary") or the heat kernel
+exp(-||x_i - x_j||^2 / t). No self-loops. The graph is a SciPy sparse matrix with at most 2 k n entries, never an
+n x n dense matrix. :func:`knn_graph` takes an in-memory array or a :class:`~dufs.engine.Matrix`; for a Matrix the
+distances are computed on the workers without gathering the data: per row block a:b, one
+``map_blocks(..., reduce="sum")`` pass gives the partial Gram ``G[:, a:b] = Z Z[a:b]^T`` (each feature block adds
+its own n x r dense partial, summed on the workers by the fixed tree), with the Matrix's implicit standardization
+applied without centring the sparse data: for a feature block f with Y = X_f S_f^-1 and m = S_f^-1 mu_f,
+
+    Z_f Z_f[a:b]^T = Y Y[a:b]^T - u 1^T - 1 u[a:b]^T + (m^T m) 1 1^T,   u = Y m,
+
+and the squared row norms ``||z_i||^2 = sum_f ||y_i||^2 - 2 u_i + m^T m`` come from one more pass. The driver
+holds one n x block_rows Gram block at a time (about 256 MiB by default).
+
+**Anchor graph** (Liu, He, Chang, "Large Graph Construction for Scalable Semi-Supervised Learning", ICML 2010),
+for large n_samples: samples are embedded by a random projection E = Z R (n x embed_dim; one pass, each feature
+block generating its own rows of R from ``(random_state, feature index)``, so no process ever holds an
+n_features x embed_dim matrix, see :func:`projection_rows`), anchors are k-means centres of E, and each sample is
+linked to its s nearest anchors with kernel weights summing to 1, giving the sparse n x m matrix Zh. Then
+W = Zh Lambda^-1 Zh^T with Lambda = diag(Zh^T 1): the Laplacian is a low-rank-plus-diagonal operator
+(:meth:`AnchorGraph.laplacian`), never an n x n matrix.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.linalg import LinearOperator
 
 from dufs.errors import ParameterError
+
+__all__ = ["AnchorGraph", "anchor_graph", "knn_graph", "laplacian", "laplacian_operator", "projection_rows"]
+
+#: bytes of one n x block_rows float64 Gram block by default
+_GRAM_BYTES = 1 << 28
+#: features per chunk of the random projection (R is generated chunk by chunk, keyed by the chunk's index)
+PROJECTION_CHUNK = 4096
+#: above this many samples the anchors come from MiniBatchKMeans instead of KMeans
+_MINIBATCH_ABOVE = 50_000
 
 
 def _row_sq_norms(X: Any) -> np.ndarray:
@@ -21,58 +51,192 @@ def _row_sq_norms(X: Any) -> np.ndarray:
     return np.einsum("ij,ij->i", X, X, dtype=np.float64)
 
 
-def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"] = "binary",
-              t: float | None = None, block_rows: int = 2048) -> sp.csr_array:
-    """Symmetric kNN graph of the rows of ``X`` (dense or SciPy sparse), exact, computed in row blocks.
+def _default_block_rows(n: int) -> int:
+    return max(1, _GRAM_BYTES // (8 * max(n, 1)))
 
-    Parameters
-    ----------
-    X : (n_samples, n_features) array or sparse matrix
-    n_neighbors : int
-        k: neighbours of each sample, itself excluded.
-    weights : "binary" or "heat"
-        1 on every edge, or exp(-d^2 / t).
-    t : float, optional
-        Heat-kernel width; default the mean squared distance over the kNN edges.
-    block_rows : int
-        Rows per distance block (memory O(block_rows * n_samples)).
 
-    Returns
-    -------
-    W : scipy.sparse.csr_array, symmetric, zero diagonal.
+def _is_matrix(X: Any) -> bool:
+    from dufs.engine.matrix import Matrix
 
-    References
-    ----------
-    He, Cai, Niyogi, "Laplacian Score for Feature Selection", NIPS 2005; He et al., TPAMI 2011, eq. (2).
+    return isinstance(X, Matrix)
+
+
+# ---------------------------------------------------------------------------------------------------- per-block work
+def _block_y(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None) -> tuple[Any, np.ndarray | None]:
+    """Y = X_f S_f^-1 (csc, float64) and m = S_f^-1 mu_f (None without centring) of one feature block."""
+    Y = sp.csc_array((np.asarray(block.data, dtype=np.float64), block.indices, block.indptr), shape=(n, block.width))
+    if inv is not None:
+        Y = sp.csc_array(Y @ sp.diags_array(np.asarray(inv, dtype=np.float64)))
+    m = None
+    if mu is not None:
+        m = np.asarray(mu, dtype=np.float64)
+        if inv is not None:
+            m = m * inv
+    return Y, m
+
+
+def _gram_block(block: Any, n: int, a: int, b: int, mu: np.ndarray | None, inv: np.ndarray | None) -> np.ndarray:
+    """This feature block's n x (b - a) partial of Z Z[a:b]^T (dense float64)."""
+    Y, m = _block_y(block, n, mu, inv)
+    Yr = sp.csr_array(Y)[a:b]
+    G = (Y @ Yr.T).toarray() if Y.nnz else np.zeros((n, b - a))
+    G = np.asarray(G, dtype=np.float64)
+    if m is not None and m.size:
+        u = Y @ m
+        G -= u[:, None]
+        G -= u[None, a:b]
+        G += float(m @ m)
+    return G
+
+
+def _sqnorm_block(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None) -> np.ndarray:
+    """This feature block's part of ||z_i||^2 for every sample i."""
+    Y, m = _block_y(block, n, mu, inv)
+    out = _row_sq_norms(Y)
+    if m is not None and m.size:
+        out = out - 2.0 * (Y @ m) + float(m @ m)
+    return out
+
+
+def projection_rows(start: int, stop: int, embed_dim: int, random_state: int = 0) -> np.ndarray:
+    """Rows ``start:stop`` of the random projection R (n_features x embed_dim), dense float64.
+
+    Achlioptas' sparse sign projection: entries sqrt(3 / embed_dim) * {+1 with probability 1/6, 0 with 2/3,
+    -1 with 1/6} (zero mean, variance 1 / embed_dim, so E[||x R||^2] = ||x||^2). R is generated in chunks of
+    :data:`PROJECTION_CHUNK` features, chunk c from ``numpy.random.default_rng([random_state, c])``: any row
+    range gives the same rows, whatever the feature blocking.
     """
-    n = X.shape[0]
-    if not isinstance(n_neighbors, (int, np.integer)) or not 1 <= n_neighbors < max(n, 2):
+    start, stop, e = int(start), int(stop), int(embed_dim)
+    out = np.empty((max(stop - start, 0), e), dtype=np.float64)
+    scale = math.sqrt(3.0 / e)
+    c0 = start // PROJECTION_CHUNK
+    pos = 0
+    c = c0
+    while start + pos < stop:
+        lo = c * PROJECTION_CHUNK
+        r = np.random.default_rng([int(random_state), c]).integers(0, 6, size=(PROJECTION_CHUNK, e), dtype=np.int8)
+        vals = np.where(r == 0, scale, np.where(r == 1, -scale, 0.0))
+        a = start + pos - lo
+        b = min(stop - lo, PROJECTION_CHUNK)
+        out[pos:pos + b - a] = vals[a:b]
+        pos += b - a
+        c += 1
+    return out
+
+
+def _embed_block(block: Any, n: int, embed_dim: int, random_state: int, mu: np.ndarray | None,
+                 inv: np.ndarray | None) -> np.ndarray:
+    """This feature block's n x embed_dim part of E = Z R (R generated here, one chunk of features at a time)."""
+    Y, m = _block_y(block, n, mu, inv)
+    E = np.zeros((n, embed_dim))
+    off = np.zeros(embed_dim)
+    s = 0
+    while s < block.width:
+        g = block.start + s
+        e = min(block.width, s + PROJECTION_CHUNK - g % PROJECTION_CHUNK)
+        R = projection_rows(g, block.start + e, embed_dim, random_state)
+        E += Y[:, s:e] @ R
+        if m is not None:
+            off += m[s:e] @ R
+        s = e
+    if m is not None:
+        E -= off[None, :]
+    return E
+
+
+# ---------------------------------------------------------------------------------------------------- kNN
+def _k_smallest(D: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column indices and values of the k smallest entries per row, ties broken by the lower column index."""
+    m = D.shape[1]
+    part = np.argpartition(D, k - 1, axis=1)[:, :k] if k < m else np.argsort(D, axis=1, kind="stable")[:, :k]
+    pd = np.take_along_axis(D, part, axis=1)
+    if k < m:
+        # rows whose k-th value is tied with entries left out: redo them with a stable full sort (lowest index wins)
+        kth = pd.max(axis=1)
+        tied = np.flatnonzero((D <= kth[:, None]).sum(axis=1) > k)
+        if tied.size:
+            full = np.argsort(D[tied], axis=1, kind="stable")[:, :k]
+            part[tied] = full
+            pd[tied] = np.take_along_axis(D[tied], full, axis=1)
+    order = np.lexsort((part, pd), axis=1)
+    return np.take_along_axis(part, order, axis=1), np.take_along_axis(pd, order, axis=1)
+
+
+def _check_knn(n: int, n_neighbors: Any, weights: Any, t: Any, block_rows: Any) -> None:
+    if not isinstance(n_neighbors, int | np.integer) or not 1 <= n_neighbors < max(n, 2):
         raise ParameterError(f"The 'n_neighbors' parameter of knn_graph must be an int in [1, {n - 1}]; "
                              f"got {n_neighbors!r}.")
     if weights not in ("binary", "heat"):
         raise ParameterError(f"The 'weights' parameter of knn_graph must be 'binary' or 'heat'; got {weights!r}.")
     if t is not None and not t > 0:
         raise ParameterError(f"The 't' parameter of knn_graph must be a float > 0; got {t!r}.")
-    Xf = sp.csr_array(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
-    sq = _row_sq_norms(Xf)
+    if block_rows is not None and (not isinstance(block_rows, int | np.integer) or block_rows < 1):
+        raise ParameterError(f"The 'block_rows' parameter of knn_graph must be an int >= 1; got {block_rows!r}.")
+
+
+def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"] = "binary",
+              t: float | None = None, block_rows: int | None = None) -> sp.csr_array:
+    """Symmetric kNN graph of the rows of ``X``, exact, computed in row blocks.
+
+    Parameters
+    ----------
+    X : (n_samples, n_features) array, SciPy sparse matrix or :class:`~dufs.engine.Matrix`
+        For a Matrix, the rows of its transformed matrix Z (its ``standardize``), with the Gram blocks computed
+        on the workers (one pass per row block plus one for the row norms; see the module docstring).
+    n_neighbors : int
+        k: neighbours of each sample, itself excluded.
+    weights : "binary" or "heat"
+        1 on every edge, or exp(-d^2 / t).
+    t : float, optional
+        Heat-kernel width; default the mean squared distance over the kNN edges.
+    block_rows : int, optional
+        Rows per distance block (memory O(block_rows * n_samples)); default so that one n_samples x block_rows
+        float64 block is about 256 MiB.
+
+    Returns
+    -------
+    W : scipy.sparse.csr_array, symmetric, zero diagonal. Among equally distant candidates the lower sample
+    index is taken.
+
+    References
+    ----------
+    He, Cai, Niyogi, "Laplacian Score for Feature Selection", NIPS 2005; He et al., TPAMI 2011, eq. (2).
+    """
+    n = X.shape[0]
+    _check_knn(n, n_neighbors, weights, t, block_rows)
     k = int(n_neighbors)
+    br = int(block_rows) if block_rows is not None else _default_block_rows(n)
+    if _is_matrix(X):
+        from dufs.engine.matrix import PerBlock
+
+        mu, inv = X._transform()
+        pm = None if mu is None else PerBlock(mu)
+        pi = None if inv is None else PerBlock(inv)
+        sq = X.map_blocks(_sqnorm_block, n, pm, pi, reduce="sum")
+        sq = np.zeros(n) if sq is None else np.asarray(sq, dtype=np.float64)
+
+        def gram(a: int, b: int) -> np.ndarray:
+            G = X.map_blocks(_gram_block, n, a, b, pm, pi, reduce="sum")
+            return np.zeros((n, b - a)) if G is None else np.asarray(G, dtype=np.float64).T
+    else:
+        Xf = sp.csr_array(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+        sq = _row_sq_norms(Xf)
+        XT = Xf.T
+
+        def gram(a: int, b: int) -> np.ndarray:
+            G = Xf[a:b] @ XT
+            return G.toarray() if sp.issparse(G) else np.asarray(G)
+
     rows = np.empty(n * k, dtype=np.int64)
     cols = np.empty(n * k, dtype=np.int64)
     dist = np.empty(n * k, dtype=np.float64)
-    XT = Xf.T
-    for a in range(0, n, block_rows):
-        b = min(n, a + block_rows)
-        G = Xf[a:b] @ XT
-        G = G.toarray() if sp.issparse(G) else np.asarray(G)
+    for a in range(0, n, br):
+        b = min(n, a + br)
+        G = gram(a, b)  # (b - a) x n
         D = sq[a:b, None] + sq[None, :] - 2.0 * G
         np.maximum(D, 0.0, out=D)
         D[np.arange(b - a), np.arange(a, b)] = np.inf  # no self-loops
-        # k smallest per row; ties broken by the lower sample index (stable sort on (distance, index))
-        part = np.argpartition(D, k - 1, axis=1)[:, :k] if k < n - 1 else np.argsort(D, axis=1)[:, :k]
-        pd = np.take_along_axis(D, part, axis=1)
-        order = np.lexsort((part, pd), axis=1)
-        part = np.take_along_axis(part, order, axis=1)
-        pd = np.take_along_axis(pd, order, axis=1)
+        part, pd = _k_smallest(D, k)
         rows[a * k:b * k] = np.repeat(np.arange(a, b), k)
         cols[a * k:b * k] = part.ravel()
         dist[a * k:b * k] = pd.ravel()
@@ -89,13 +253,193 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     return sp.csr_array(W)
 
 
+# ---------------------------------------------------------------------------------------------------- Laplacians
 def laplacian(W: sp.sparray, *, normed: bool = False) -> tuple[sp.csr_array, np.ndarray]:
     """``L = D - W`` (or the normalised ``I - D^-1/2 W D^-1/2``) and the degree vector ``d``."""
     d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
     if not normed:
         return sp.csr_array(sp.diags_array(d) - W), d
-    inv = np.zeros_like(d)
+    Dm = sp.diags_array(_inv_sqrt(d))
+    return sp.csr_array(sp.eye_array(W.shape[0]) - Dm @ W @ Dm), d
+
+
+def _inv_sqrt(d: np.ndarray) -> np.ndarray:
+    inv = np.zeros_like(d, dtype=np.float64)
     nz = d > 0
     inv[nz] = 1.0 / np.sqrt(d[nz])
-    Dm = sp.diags_array(inv)
-    return sp.csr_array(sp.eye_array(W.shape[0]) - Dm @ W @ Dm), d
+    return inv
+
+
+def _laplacian_op(n: int, matvec_W: Any, d: np.ndarray, normed: bool) -> LinearOperator:
+    """L = D - W, or I - D^-1/2 W D^-1/2 (a zero degree gives a zero row of D^-1/2), from a product with W."""
+    if normed:
+        s = _inv_sqrt(d)
+
+        def mm(V: np.ndarray) -> np.ndarray:
+            V = np.asarray(V, dtype=np.float64)
+            V2 = V.reshape(n, -1)
+            return (V2 - s[:, None] * matvec_W(s[:, None] * V2)).reshape(V.shape)
+    else:
+        def mm(V: np.ndarray) -> np.ndarray:
+            V = np.asarray(V, dtype=np.float64)
+            V2 = V.reshape(n, -1)
+            return (d[:, None] * V2 - matvec_W(V2)).reshape(V.shape)
+
+    return LinearOperator((n, n), matvec=mm, rmatvec=mm, matmat=mm, rmatmat=mm, dtype=np.float64)
+
+
+def laplacian_operator(W: Any, *, normed: bool = False) -> LinearOperator:
+    """The Laplacian of a sparse graph ``W`` (e.g. :func:`knn_graph`) as a SciPy ``LinearOperator``: ``D - W``, or
+    ``I - D^-1/2 W D^-1/2`` when ``normed``; the same interface as :meth:`AnchorGraph.laplacian`."""
+    if isinstance(W, AnchorGraph):
+        return W.laplacian(normed=normed)
+    W = sp.csr_array(W, dtype=np.float64)
+    n = W.shape[0]
+    if W.shape != (n, n):
+        raise ParameterError(f"W must be square; got {W.shape}")
+    d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
+    return _laplacian_op(n, lambda V: np.asarray(W @ V), d, normed)
+
+
+# ---------------------------------------------------------------------------------------------------- anchor graph
+@dataclass
+class AnchorGraph:
+    """An anchor graph W = Zh Lambda^-1 Zh^T (Liu, He, Chang, ICML 2010), kept in factored form.
+
+    Attributes
+    ----------
+    Zh : scipy.sparse.csr_array (n_samples x n_anchors)
+        Each row has exactly s nonzeros (its s nearest anchors), summing to 1.
+    anchors : (n_anchors, embed_dim) array
+        The k-means centres in the random-projection embedding.
+    embedding : (n_samples, embed_dim) array or None
+        E = Z R, kept unless ``anchor_graph(..., keep_embedding=False)`` (it is n_samples x embed_dim floats,
+        far more than Zh; only needed to place new samples).
+    lam : (n_anchors,) array
+        Zh^T 1, the diagonal of Lambda (an anchor no sample links to has 0 and is left out of W).
+    """
+
+    Zh: sp.csr_array
+    anchors: np.ndarray
+    embedding: np.ndarray | None
+    lam: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.Zh.shape[0]
+        return n, n
+
+    @property
+    def n_anchors(self) -> int:
+        return int(self.Zh.shape[1])
+
+    @property
+    def lam_inv(self) -> np.ndarray:
+        """Lambda^-1 (0 for an anchor without samples)."""
+        out = np.zeros_like(self.lam)
+        nz = self.lam > 0
+        out[nz] = 1.0 / self.lam[nz]
+        return out
+
+    def matvec_W(self, V: Any) -> np.ndarray:
+        """W V = Zh Lambda^-1 Zh^T V for V of shape (n,) or (n, p), without forming W."""
+        V = np.asarray(V, dtype=np.float64)
+        P = self.Zh.T @ V
+        P = P * (self.lam_inv if P.ndim == 1 else self.lam_inv[:, None])
+        return np.asarray(self.Zh @ P)
+
+    @property
+    def degrees(self) -> np.ndarray:
+        """W 1 = Zh Lambda^-1 Zh^T 1 (all ones when every row of Zh sums to 1 and every anchor is used)."""
+        return self.matvec_W(np.ones(self.shape[0]))
+
+    def laplacian(self, normed: bool = False) -> LinearOperator:
+        """L = D - W, or I - D^-1/2 W D^-1/2, as a SciPy ``LinearOperator`` (never an n x n matrix)."""
+        return _laplacian_op(self.shape[0], self.matvec_W, self.degrees, normed)
+
+    def toarray(self) -> np.ndarray:
+        """W as a dense n x n array: for small graphs and tests only."""
+        Zd = self.Zh.toarray()
+        return (Zd * self.lam_inv[None, :]) @ Zd.T
+
+
+def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_dim: int = 64, random_state: int = 0,
+                 keep_embedding: bool = True, block_rows: int | None = None) -> AnchorGraph:
+    """Anchor graph of the samples of ``M`` (a :class:`~dufs.engine.Matrix`, its transformed rows Z).
+
+    1. E = Z R (n_samples x ``embed_dim``) in one ``map_blocks(..., reduce="sum")`` pass, R the sparse sign
+       projection of :func:`projection_rows`, generated on the workers block by block.
+    2. Anchors: the ``n_anchors`` k-means centres of E (scikit-learn ``KMeans``, ``MiniBatchKMeans`` above
+       50,000 samples; seeded with ``random_state``).
+    3. Each sample i is linked to its s = ``n_neighbors`` nearest anchors <i> (ties: lower anchor index) with
+       Liu et al.'s kernel weights Zh_ik = K(e_i, u_k) / sum_{k' in <i>} K(e_i, u_k'), K the heat kernel
+       exp(-||e_i - u_k||^2 / sigma_i) whose width sigma_i is sample i's mean squared distance to its s anchors
+       (per sample, so the weights do not depend on the data's scale; all weights 1/s when that mean is 0). Every
+       weight is at least exp(-s) / s > 0: each row has exactly s nonzeros and sums to 1.
+
+    ``block_rows`` bounds the rows of the n x n_anchors distance blocks of step 3.
+
+    References
+    ----------
+    Liu, He, Chang, "Large Graph Construction for Scalable Semi-Supervised Learning", ICML 2010.
+    """
+    if not _is_matrix(M):
+        raise ParameterError(f"anchor_graph needs a dufs.engine.Matrix; got {type(M).__name__}")
+    n = M.shape[0]
+    if not isinstance(n_anchors, int | np.integer) or not 1 <= n_anchors <= n:
+        raise ParameterError(f"The 'n_anchors' parameter of anchor_graph must be an int in [1, {n}]; "
+                             f"got {n_anchors!r}.")
+    if not isinstance(n_neighbors, int | np.integer) or not 1 <= n_neighbors <= n_anchors:
+        raise ParameterError(f"The 'n_neighbors' parameter of anchor_graph must be an int in [1, {n_anchors}]; "
+                             f"got {n_neighbors!r}.")
+    if not isinstance(embed_dim, int | np.integer) or embed_dim < 1:
+        raise ParameterError(f"The 'embed_dim' parameter of anchor_graph must be an int >= 1; got {embed_dim!r}.")
+    from dufs.engine.matrix import PerBlock
+
+    mu, inv = M._transform()
+    E = M.map_blocks(_embed_block, n, int(embed_dim), int(random_state), None if mu is None else PerBlock(mu),
+                     None if inv is None else PerBlock(inv), reduce="sum")
+    E = np.zeros((n, int(embed_dim))) if E is None else np.asarray(E, dtype=np.float64)
+    anchors = _kmeans(E, int(n_anchors), int(random_state))
+    Zh = _anchor_weights(E, anchors, int(n_neighbors), block_rows)
+    lam = np.asarray(Zh.sum(axis=0), dtype=np.float64).ravel()
+    return AnchorGraph(Zh=Zh, anchors=anchors, embedding=E if keep_embedding else None, lam=lam)
+
+
+def _kmeans(E: np.ndarray, m: int, random_state: int) -> np.ndarray:
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+
+    if E.shape[0] > _MINIBATCH_ABOVE:
+        km = MiniBatchKMeans(n_clusters=m, random_state=random_state, batch_size=4096, n_init=3)
+    else:
+        km = KMeans(n_clusters=m, random_state=random_state, n_init=1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fewer distinct points than clusters (duplicate samples)
+        km.fit(E)
+    return np.asarray(km.cluster_centers_, dtype=np.float64)
+
+
+def _anchor_weights(E: np.ndarray, U: np.ndarray, s: int, block_rows: int | None) -> sp.csr_array:
+    n, m = E.shape[0], U.shape[0]
+    br = int(block_rows) if block_rows is not None else _default_block_rows(m)
+    ue = np.einsum("ij,ij->i", U, U)
+    cols = np.empty((n, s), dtype=np.int64)
+    vals = np.empty((n, s), dtype=np.float64)
+    for a in range(0, n, br):
+        b = min(n, a + br)
+        Eb = E[a:b]
+        D = np.einsum("ij,ij->i", Eb, Eb)[:, None] + ue[None, :] - 2.0 * (Eb @ U.T)
+        np.maximum(D, 0.0, out=D)
+        part, pd = _k_smallest(D, s)
+        sigma = pd.mean(axis=1)
+        K = np.ones_like(pd)
+        pos = sigma > 0
+        K[pos] = np.exp(-pd[pos] / sigma[pos, None])
+        cols[a:b] = part
+        vals[a:b] = K / K.sum(axis=1, keepdims=True)
+    indptr = np.arange(0, n * s + 1, s, dtype=np.int64)
+    Zh = sp.csr_array((vals.ravel(), cols.ravel(), indptr), shape=(n, m))
+    Zh.sort_indices()
+    return Zh

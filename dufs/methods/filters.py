@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine.graphs import knn_graph
+from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph
 from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
 
@@ -73,20 +73,38 @@ def fisher_scores(M: Matrix, y: Any = None) -> np.ndarray:
 
 
 def laplacian_scores(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights: str = "binary",
-                     t: float | None = None, X_rows: Any = None) -> np.ndarray:
+                     t: float | None = None, X_rows: Any = None, graph: str = "knn", n_anchors: int = 256,
+                     anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0) -> np.ndarray:
     """Laplacian score L_r = f~^T L f~ / f~^T D f~ of every feature, f~ = f - (f^T D 1 / 1^T D 1) 1.
 
-    Smaller is better; a constant feature scores +inf. ``W`` is the sample graph (default: the binary kNN graph
-    with ``n_neighbors``, no self-loops, built from ``X_rows`` or the matrix itself). Since L 1 = 0, the numerator
-    is f^T L f = f^T D f - f^T W f, and the denominator f^T D f - (f^T d)^2 / 1^T d: one pass over the blocks.
+    Smaller is better; a constant feature scores +inf. ``W`` is the sample graph: a sparse n x n matrix or an
+    :class:`~dufs.engine.graphs.AnchorGraph`. By default (``graph="knn"``) it is the exact kNN graph with
+    ``n_neighbors`` (``weights``, ``t``; He et al. eq. (2), no self-loops) of the rows of ``X_rows`` or, without it,
+    of the matrix's own (transformed) rows, computed on the workers (:func:`~dufs.engine.graphs.knn_graph`).
+    ``graph="anchor"`` uses the anchor graph W = Zh Lambda^-1 Zh^T of :func:`~dufs.engine.graphs.anchor_graph`
+    (``n_anchors``, s = ``anchor_neighbors``, ``embed_dim``, ``random_state``) for large n_samples: f^T W f is
+    then ||Lambda^-1/2 Zh^T f||^2. Since L 1 = 0, the numerator is f^T L f = f^T D f - f^T W f, and the
+    denominator f^T D f - (f^T d)^2 / 1^T d: one pass over the blocks (after the graph's passes).
 
     References
     ----------
-    He, Cai, Niyogi, "Laplacian Score for Feature Selection", NIPS 2005; He et al., TPAMI 2011, eq. (3).
+    He, Cai, Niyogi, "Laplacian Score for Feature Selection", NIPS 2005; He et al., TPAMI 2011, eq. (3);
+    Liu, He, Chang, ICML 2010 (anchor graphs).
     """
     n = M.shape[0]
+    if graph not in ("knn", "anchor"):
+        raise ParameterError(f"The 'graph' parameter of laplacian_scores must be 'knn' or 'anchor'; got {graph!r}.")
     if W is None:
-        W = knn_graph(X_rows if X_rows is not None else M.to_scipy().tocsr(), n_neighbors, weights=weights, t=t)
+        if graph == "anchor":
+            W = anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+        else:
+            W = knn_graph(X_rows if X_rows is not None else M, n_neighbors, weights=weights, t=t)
+    if isinstance(W, AnchorGraph):
+        if W.shape != (n, n):
+            raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
+        d = W.degrees
+        parts = M.map_blocks(_laplacian_block, sp.csc_array(W.Zh), d, n, W.lam_inv)
+        return np.concatenate(parts) if parts else np.zeros(0)
     W = sp.csr_array(W)
     if W.shape != (n, n):
         raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
@@ -95,12 +113,17 @@ def laplacian_scores(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _laplacian_block(b: Any, W: sp.csr_array, d: np.ndarray, n: int) -> np.ndarray:
-    """Laplacian scores of one feature block (runs where the block lives)."""
+def _laplacian_block(b: Any, W: Any, d: np.ndarray, n: int, lam_inv: np.ndarray | None = None) -> np.ndarray:
+    """Laplacian scores of one feature block (runs where the block lives). With ``lam_inv``, ``W`` is an anchor
+    graph's Zh (n x m) and f^T W f = sum_k lam_inv_k (Zh^T f)_k^2."""
     B = sp.csc_array((b.data.astype(np.float64), b.indices, b.indptr), shape=(n, b.width))
     fd = B.T @ d
     fdf = (B.multiply(B)).T @ d
-    fwf = np.asarray((B.multiply(W @ B)).sum(axis=0), dtype=np.float64).ravel()
+    if lam_inv is None:
+        fwf = np.asarray((B.multiply(W @ B)).sum(axis=0), dtype=np.float64).ravel()
+    else:
+        P = sp.csr_array(W.T @ B)  # m x width
+        fwf = np.asarray((P.multiply(P)).T @ lam_inv, dtype=np.float64).ravel()
     num = fdf - fwf
     den = fdf - fd ** 2 / d.sum()
     s = np.full(b.width, np.inf)

@@ -1,4 +1,5 @@
-"""kNN graphs equal scikit-learn's kneighbors_graph, symmetrised as He et al. eq. (2)."""
+"""kNN graphs equal scikit-learn's kneighbors_graph, symmetrised as He et al. eq. (2), for arrays and for a Matrix
+(computed on the workers, each standardization); anchor graphs against dense brute-force references."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import scipy.sparse as sp
 from sklearn.neighbors import kneighbors_graph
 
 from dufs.data.datasets import load
-from dufs.engine.graphs import knn_graph, laplacian
+from dufs.engine.graphs import anchor_graph, knn_graph, laplacian, laplacian_operator, projection_rows
+from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
+from dufs.methods.filters import laplacian_scores
 
 
 def _reference(X, k, heat_t=None):
@@ -60,3 +63,184 @@ def test_bad_parameters():
         knn_graph(X, 5)
     with pytest.raises(ParameterError, match="'weights'"):
         knn_graph(X, 2, weights="cosine")
+
+
+# ---------------------------------------------------------------------------------------------------- Matrix input
+def _dense_z(Xd, standardize):
+    """The explicitly transformed dense matrix (population std, a zero std taken as 1)."""
+    Xd = np.asarray(Xd, dtype=np.float64)
+    sd = Xd.std(axis=0)
+    sd[sd == 0] = 1.0
+    if standardize == "zscore":
+        return (Xd - Xd.mean(axis=0)) / sd
+    if standardize == "scale":
+        return Xd / sd
+    return Xd
+
+
+def _sparse_data(n=150, d=37, seed=0):
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
+    X.data = rng.standard_normal(X.data.shape[0]) * 3 + 1
+    X = X.tolil()
+    X[:, 5] = 2.0  # a constant column (std 0, taken as 1)
+    return sp.csr_array(X)
+
+
+@pytest.mark.parametrize("standardize", ["zscore", "scale", None])
+def test_knn_graph_of_matrix_equals_sklearn_on_transformed_dense(standardize):
+    import dask
+
+    X = _sparse_data()
+    Zd = _dense_z(X.toarray(), standardize)
+    want_bin = _reference(Zd, 4)
+    want_heat = _reference(Zd, 4, heat_t=7.5)
+    with dask.config.set(scheduler="synchronous"):
+        for bw, br in ((6, 40), (37, 150)):
+            M = Matrix(X, standardize=standardize, block_width=bw)
+            W = knn_graph(M, 4, block_rows=br)
+            assert abs(W - want_bin).max() == 0
+            Wh = knn_graph(M, 4, weights="heat", t=7.5, block_rows=br)
+            assert (Wh != 0).sum() == (want_heat != 0).sum()
+            np.testing.assert_allclose(Wh.toarray(), want_heat.toarray(), rtol=1e-9, atol=1e-12)
+            assert (W != W.T).nnz == 0 and W.diagonal().max() == 0
+
+
+def test_knn_graph_of_matrix_on_the_process_cluster(cluster_client):
+    X = _sparse_data(120, 23, seed=3)
+    with cluster_client.as_current():
+        for standardize in ("zscore", "scale"):
+            Zd = _dense_z(X.toarray(), standardize)
+            M = Matrix(X, standardize=standardize, block_width=5)
+            assert abs(knn_graph(M, 3, block_rows=50) - _reference(Zd, 3)).max() == 0
+            Wh = knn_graph(M, 3, weights="heat", t=4.0)
+            np.testing.assert_allclose(Wh.toarray(), _reference(Zd, 3, heat_t=4.0).toarray(), rtol=1e-9,
+                                       atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------- anchor graph
+@pytest.fixture(scope="module")
+def anchor_case():
+    import dask
+
+    X = _sparse_data(200, 45, seed=7)
+    M = Matrix(X, standardize="zscore", block_width=7)
+    with dask.config.set(scheduler="synchronous"):
+        G = anchor_graph(M, n_anchors=20, n_neighbors=3, embed_dim=8, random_state=5)
+    return X, M, G
+
+
+def test_embedding_equals_dense_z_times_r(anchor_case):
+    X, M, G = anchor_case
+    R = projection_rows(0, X.shape[1], 8, 5)
+    np.testing.assert_allclose(G.embedding, _dense_z(X.toarray(), "zscore") @ R, rtol=1e-10, atol=1e-10)
+    # R is the same rows whatever the range asked for, and the blocking does not matter
+    np.testing.assert_array_equal(projection_rows(3, 9000, 8, 5)[:42], R[3:45])
+    assert set(np.unique(R * np.sqrt(8 / 3)).round(12)) <= {-1.0, 0.0, 1.0}
+    R2 = projection_rows(0, 5000, 8, 5)
+    assert abs((R2 != 0).mean() - 1 / 3) < 0.02
+
+
+def test_anchor_weights_are_the_s_nearest_and_sum_to_one(anchor_case):
+    _, _, G = anchor_case
+    E, U = G.embedding, G.anchors
+    D = ((E[:, None, :] - U[None, :, :]) ** 2).sum(-1)  # brute force
+    Zd = G.Zh.toarray()
+    np.testing.assert_allclose(Zd.sum(1), 1.0, rtol=1e-12)
+    assert np.all((Zd != 0).sum(1) == 3)
+    for i in range(E.shape[0]):
+        near = np.argsort(D[i], kind="stable")[:3]
+        assert set(np.flatnonzero(Zd[i])) == set(near)
+        sig = D[i, near].mean()
+        k = np.exp(-D[i, near] / sig)
+        np.testing.assert_allclose(Zd[i, near], k / k.sum(), rtol=1e-9)
+
+
+def test_anchor_laplacian_operator_equals_dense(anchor_case):
+    _, _, G = anchor_case
+    n = G.shape[0]
+    Zd = G.Zh.toarray()
+    lam = Zd.sum(0)
+    Wd = Zd @ np.diag(np.where(lam > 0, 1 / np.where(lam > 0, lam, 1), 0)) @ Zd.T
+    d = Wd.sum(1)
+    Ld = np.diag(d) - Wd
+    Dm = np.diag(1 / np.sqrt(d))
+    Lnd = np.eye(n) - Dm @ Wd @ Dm
+    np.testing.assert_allclose(G.degrees, d, rtol=1e-12)
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((n, 4))
+    L, Ln = G.laplacian(), G.laplacian(normed=True)
+    np.testing.assert_allclose(G.matvec_W(V), Wd @ V, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(L @ V, Ld @ V, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(L.matvec(V[:, 0]), Ld @ V[:, 0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(Ln @ V, Lnd @ V, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(Ln.matvec(V[:, 1]), Lnd @ V[:, 1], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(L @ np.ones(n), 0.0, atol=1e-12)
+    LV = L @ V
+    np.testing.assert_allclose(V.T @ LV, (V.T @ LV).T, rtol=1e-10, atol=1e-12)  # symmetric
+    assert np.all(np.einsum("ij,ij->j", V, LV) >= -1e-12)  # PSD
+    assert np.all(np.einsum("ij,ij->j", V, Ln @ V) >= -1e-12)
+
+
+def test_laplacian_operator_of_sparse_w():
+    rng = np.random.default_rng(1)
+    W = knn_graph(rng.standard_normal((60, 3)), 4, weights="heat")
+    V = rng.standard_normal((60, 3))
+    for normed in (False, True):
+        L, _ = laplacian(W, normed=normed)
+        op = laplacian_operator(W, normed=normed)
+        np.testing.assert_allclose(op @ V, L @ V, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(op.matvec(V[:, 0]), L @ V[:, 0], rtol=1e-12, atol=1e-12)
+
+
+def _eq3_dense(Xd, Wd):
+    """He et al. eq. (3) with dense NumPy: f~ = f - (f^T D 1 / 1^T D 1) 1, L_r = f~^T L f~ / f~^T D f~."""
+    d = Wd.sum(1)
+    D = np.diag(d)
+    L = D - Wd
+    out = np.empty(Xd.shape[1])
+    for r in range(Xd.shape[1]):
+        f = Xd[:, r]
+        ft = f - (f @ d) / d.sum()
+        den = ft @ D @ ft
+        out[r] = np.inf if den <= 1e-12 * max(f @ D @ f, 1e-300) else (ft @ L @ ft) / den
+    return out
+
+
+def test_anchor_laplacian_scores_equal_dense_eq3(anchor_case):
+    import dask
+
+    X, M, G = anchor_case
+    Zd = G.Zh.toarray()
+    Wd = Zd @ np.diag(1 / Zd.sum(0)) @ Zd.T
+    want = _eq3_dense(X.toarray(), Wd)
+    with dask.config.set(scheduler="synchronous"):
+        got = laplacian_scores(M, G)
+        got2 = laplacian_scores(M, graph="anchor", n_anchors=20, anchor_neighbors=3, embed_dim=8, random_state=5)
+    fin = np.isfinite(want)
+    assert not fin[5] and fin.sum() == X.shape[1] - 1
+    assert np.array_equal(fin, np.isfinite(got))
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got2, got, rtol=1e-12)
+
+
+def test_knn_laplacian_scores_from_the_matrix_on_the_cluster(cluster_client):
+    X = _sparse_data(100, 19, seed=11)
+    Xd = X.toarray()
+    want = _eq3_dense(Xd, _reference(Xd, 5).toarray())
+    with cluster_client.as_current():
+        got = laplacian_scores(Matrix(X, block_width=4))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-9, atol=1e-12)
+
+
+def test_anchor_bad_parameters():
+    M = Matrix(_sparse_data(30, 6), block_width=3)
+    with pytest.raises(ParameterError, match="'n_anchors'"):
+        anchor_graph(M, n_anchors=31)
+    with pytest.raises(ParameterError, match="'n_neighbors' parameter of anchor_graph"):
+        anchor_graph(M, n_anchors=4, n_neighbors=5)
+    with pytest.raises(ParameterError, match="needs a dufs.engine.Matrix"):
+        anchor_graph(np.zeros((5, 2)))
+    with pytest.raises(ParameterError, match="'graph'"):
+        laplacian_scores(M, graph="full")
