@@ -218,26 +218,31 @@ def select(
     standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale or none (default: "
                                                                           "the method's)."),
     n_neighbors: int | None = typer.Option(None, "--n-neighbors", help="kNN graph size (laplacian)."),
+    param: list[str] = typer.Option([], "--param", "-p", help="A method parameter, name=value (repeatable)."),
     scheduler: str | None = SchedulerOpt,
     workers: int | None = WorkersOpt,
 ) -> None:
     """Select features: `dufs select kddb.zarr --method fisher -k 200 -o sel.json`."""
     import dufs
+    from dufs.engine.progress import on_pass
 
-    params: dict[str, Any] = {}
-    if n_neighbors is not None:
-        params["n_neighbors"] = n_neighbors
-    std: Any = ...
-    if standardize is not None:
-        std = None if standardize.lower() == "none" else standardize
     try:
-        with cluster(scheduler, workers) as client:
+        params = _parse_params(param)
+        if n_neighbors is not None:
+            params["n_neighbors"] = n_neighbors
+        std: Any = ...
+        if standardize is not None:
+            std = None if standardize.lower() == "none" else standardize
+        with cluster(scheduler, workers) as client, _pass_progress() as report, on_pass(report):
+            if client is not None and getattr(client, "dashboard_link", None):
+                console.print(f"dashboard: {client.dashboard_link}", highlight=False, soft_wrap=True)
             sel = dufs.fit(store, method=method, n_features=k, client=client, standardize=std, **params)
         if output is not None:
             sel.to_json(output)
     except DufsError as exc:
         _fail(exc)
-    t = Table(title=f"{method}: {sel.n_selected} features of {sel.n_features_in:,}", title_justify="left")
+    out.print(f"{method}: {sel.n_selected} features of {sel.n_features_in:,}", highlight=False)
+    t = Table()
     t.add_column("rank", justify="right")
     t.add_column("feature", justify="right")
     t.add_column("score", justify="right")
@@ -245,8 +250,43 @@ def select(
         t.add_row(str(r), str(j), f"{sel.scores[j]:.6g}")
     out.print(t)
     d = sel.diagnostics
-    console.print(f"{d['wall_time']:.2f} s on {d['n_workers']} workers, {d['n_blocks']} feature blocks"
-                  + (f"; written to {output}" if output else ""), highlight=False)
+    console.print(f"{d['wall_time']:.2f} s on {d['n_workers']} workers, {d['n_blocks']} feature blocks "
+                  f"({d.get('blocks', {}).get('mode', '?')}), {d['passes']} passes"
+                  + (f"; written to {output}" if output else ""), highlight=False, soft_wrap=True)
+
+
+def _parse_params(items: list[str]) -> dict[str, Any]:
+    """``name=value`` pairs; values are read as JSON when they parse (numbers, true/false, null), else strings."""
+    params: dict[str, Any] = {}
+    for it in items:
+        name, sep, value = it.partition("=")
+        if not sep or not name.strip():
+            raise DufsError(f"--param wants name=value; got {it!r}")
+        try:
+            params[name.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name.strip().replace("-", "_")] = value
+    return params
+
+
+@contextlib.contextmanager
+def _pass_progress() -> Iterator[Any]:
+    """A rich progress bar per pass over the data: yields the callback for ``dufs.engine.progress.on_pass``."""
+    prog = Progress(TextColumn("[bold]pass {task.fields[n]}: {task.description}"), BarColumn(), TaskProgressColumn(),
+                    TextColumn("{task.completed}/{task.total} blocks"), TimeElapsedColumn(), console=console,
+                    disable=not console.is_terminal and not os.environ.get("DUFS_PROGRESS"))
+    state = {"n": 0, "task": None}
+
+    def report(name: str, done: int, total: int) -> None:
+        if done == 0 or state["task"] is None:
+            state["n"] += 1
+            state["task"] = prog.add_task(name, total=total, n=state["n"])
+        prog.update(state["task"], completed=done)
+        if done >= total:
+            state["task"] = None
+
+    with prog:
+        yield report
 
 
 @app.command()
@@ -341,17 +381,28 @@ def demo(
 
 @app.command()
 def bench(
-    what: str = typer.Argument(..., help="What to measure: ingest."),
-    size_mb: float = typer.Option(64.0, "--size-mb", help="Size of the base libsvm file (MB)."),
+    what: str = typer.Argument(..., help="What to measure: ingest or pass."),
+    size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int = typer.Option(3, "--repeats", help="Runs per figure (the median is printed)."),
-    work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (default: a temp dir)."),
+    work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (ingest: default a temp dir; pass: "
+                                         "where the synthetic store is built and reused, default "
+                                         "<tmp>/dufs-bench)."),
+    rows: int = typer.Option(2_000_000, "--rows", help="pass: rows (samples) of the synthetic store."),
+    features: int = typer.Option(5_000_000, "--features", help="pass: features of the synthetic store."),
+    nnz_per_row: int = typer.Option(30, "--nnz-per-row", help="pass: nonzeros a row."),
+    store: Path | None = typer.Option(None, "--store", help="pass: the store path (reused when it holds the same "
+                                      "synthetic spec, else built there)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench
 
-    if what != "ingest":
-        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest"))
-    _bench.ingest(size_mb=size_mb, repeats=repeats, work_dir=work_dir, console=out)
+    if what == "ingest":
+        _bench.ingest(size_mb=size_mb, repeats=repeats, work_dir=work_dir, console=out)
+    elif what == "pass":
+        _bench.pass_(rows=rows, features=features, nnz_per_row=nnz_per_row, repeats=repeats, work_dir=work_dir,
+                     store=store, console=out)
+    else:
+        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass"))
 
 
 def main() -> None:

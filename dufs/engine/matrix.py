@@ -391,6 +391,10 @@ def _nnz_of(b: FeatureBlock) -> tuple[int, int]:
     return b.nnz, b.nbytes
 
 
+def _gather_block(b: FeatureBlock) -> FeatureBlock:
+    return b
+
+
 def _map_one(fn, src, args, kwargs):
     return fn(resolve(src), *args, **kwargs)
 
@@ -619,7 +623,7 @@ class Matrix:
         n, d = self.shape
         if not self.blocks:
             return sp.csc_array((n, d), dtype=self.dtype)
-        blocks = self.map_blocks(lambda b: b)
+        blocks = self.map_blocks(_gather_block)
         indptr = [np.zeros(1, dtype=np.int64)]
         off = 0
         for b in blocks:

@@ -89,3 +89,32 @@ def test_convert_runs_on_a_command_line_cluster(tmp_path, dask_cluster_processes
         done = c.run_on_scheduler(lambda dask_scheduler: sorted(
             {str(t[0]).split("-")[0] for t in dask_scheduler.transition_log}))
     assert "_parse_and_write" in done, done
+
+
+def test_select_runs_on_a_command_line_cluster(tmp_path, dask_cluster_processes):
+    """`dufs select --scheduler` on a real scheduler + 2 workers: the blocks are persisted there (not on an
+    embedded cluster) and the selection equals a dense NumPy Fisher score."""
+    addr = dask_cluster_processes
+    rng = np.random.default_rng(11)
+    X = sp.random(1500, 300, density=0.05, format="csr", random_state=rng, dtype=np.float64)
+    y = rng.integers(0, 3, 1500).astype(np.float64)
+    X = X + sp.csr_matrix((y[:, None] * (np.arange(300) % 7 == 0)).astype(np.float64) * 0.3)
+    store = tmp_path / "s.zarr"
+    import dask
+
+    with dask.config.set({"dufs.store.feature-block-nnz": 4000, "dufs.store.feature-granule": 50}):
+        dufs.write_store(sp.csr_array(X), store, y, value_dtype=np.float64)
+    out = tmp_path / "sel.json"
+    res = subprocess.run([sys.executable, "-m", "dufs.cli", "select", str(store), "--method", "fisher", "-k", "30",
+                          "--scheduler", addr, "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    sel = dufs.Selection.from_json(out)
+    assert sel.diagnostics["n_workers"] == 2 and sel.diagnostics["blocks"]["mode"] == "persisted"
+    assert sel.diagnostics["n_blocks"] > 2
+    D = X.toarray()
+    classes = np.unique(y)
+    mu = D.mean(0)
+    sb = sum((y == c).sum() * (D[y == c].mean(0) - mu) ** 2 for c in classes)
+    sw = sum((y == c).sum() * D[y == c].var(0) for c in classes)
+    want = np.argsort(-(sb / sw), kind="stable")[:30]
+    assert sel.indices.tolist() == want.tolist()
