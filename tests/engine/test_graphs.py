@@ -244,3 +244,17 @@ def test_anchor_bad_parameters():
         anchor_graph(np.zeros((5, 2)))
     with pytest.raises(ParameterError, match="'graph'"):
         laplacian_scores(M, graph="full")
+
+
+def test_ties_go_to_the_lower_index():
+    import dask
+
+    # sample 0 is at distance 1 from samples 1..4 (all tied); sample 5 is far away
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0], [9.0, 9.0]])
+    with dask.config.set(scheduler="synchronous"):
+        for Xi in (X, Matrix(sp.csr_array(X), block_width=1)):
+            W = knn_graph(Xi, 2, block_rows=2)
+            A = sp.csr_array(W).toarray()
+            # 0's two nearest are 1 and 2 (lower indices among the four tied); 1..4 all have 0 as nearest
+            assert A[0].tolist() == [0, 1, 1, 1, 1, 0]
+            assert A[5, 1] == 1 and A[5, 2] == 1 and A[5].sum() == 2
