@@ -11,6 +11,7 @@ import statistics
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,183 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
         f"(target: about 1.0, it must not grow with the file)")
     tmp.cleanup()
     return res
+
+
+# ---------------------------------------------------------------------------------------------------- one pass
+def _store_spec(spec: Any) -> dict:
+    """What identifies a synthetic store: compared with a store's ground truth before reusing it."""
+    gt = spec.ground_truth()
+    return {k: gt[k] for k in ("generator", "seed", "n_rows", "n_features", "nnz_per_row", "zipf_exponent",
+                               "label_noise")}
+
+
+def ensure_synthetic_store(path: Path, spec: Any, *, say: Any = print, n_workers: int = 2) -> Any:
+    """The synthetic store of ``spec`` at ``path``: reused when one with the same spec is there, else (re)built
+    on a local cluster of ``n_workers``. Returns the opened store."""
+    from dufs.data import open_store
+    from dufs.data.writers import make_synthetic
+    from dufs.errors import DufsError
+
+    want = _store_spec(spec)
+    try:
+        st = open_store(str(path))
+        gt = st.ground_truth or {}
+        if {k: gt.get(k) for k in want} == want:
+            say(f"store: reusing {path}")
+            return st
+        say(f"store: {path} holds another data set; rebuilding it")
+    except DufsError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"store: building {spec.n_rows:,} x {spec.n_features:,}, {spec.nnz_per_row} nonzeros a row into {path} "
+        f"(once; later runs reuse it)")
+    t0 = time.perf_counter()
+    with _local_cluster(n_workers) as client:
+        st = make_synthetic(str(path), spec, overwrite=True, client=client)
+    say(f"store: built in {time.perf_counter() - t0:.1f} s")
+    return st
+
+
+def _load_csc(store: Any) -> Any:
+    """The whole store as a SciPy ``csc_array`` with its own dtype (float32), read block by block."""
+    import scipy.sparse as sp
+
+    n, d = store.shape
+    indptr, indices, data = [np.zeros(1, np.int64)], [], []
+    off = 0
+    for i in range(store.n_blocks("csc")):
+        b = store.block(i, "csc")
+        ip = np.asarray(b.indptr, dtype=np.int64)
+        indptr.append(ip[1:] - ip[0] + off)
+        off += int(ip[-1] - ip[0])
+        indices.append(b.indices)
+        data.append(b.data)
+    ip = np.concatenate(indptr)
+    ix = np.concatenate(indices) if indices else np.zeros(0, np.int32)
+    dt = np.concatenate(data) if data else np.zeros(0, store.dtype)
+    # keep int32 indices when they fit, as SciPy would (its products are fastest so)
+    if off < 2**31:
+        ip = ip.astype(np.int32)
+    return sp.csc_array((dt, ix.astype(np.int32, copy=False), ip), shape=(n, d))
+
+
+def _task_compute_seconds(records: list, prefix: str) -> float:
+    """Seconds of ``compute`` in the task-stream records whose key starts with ``prefix``."""
+    total = 0.0
+    for r in records:
+        key = r.get("key")
+        name = key[0] if isinstance(key, tuple) else key
+        if not str(name).startswith(prefix):
+            continue
+        for ss in r.get("startstops", ()):
+            if ss.get("action") == "compute":
+                total += ss["stop"] - ss["start"]
+    return total
+
+
+def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, repeats: int = 5,
+          work_dir: Path | None = None, store: Path | None = None, console: Any = None,
+          workers: tuple[int, ...] = (1, 2), seed: int = 0) -> dict:
+    """One ``Matrix.rmatvec(v)`` pass (v dense over the samples) with 1 and 2 workers, blocks persisted on them,
+    against SciPy's ``X.T @ v`` in one process on the same data in memory (float32 data and v). Medians of
+    ``repeats`` passes after a warm-up; also where the time of one pass goes (task compute vs wall) and whether
+    the results agree."""
+    from distributed import get_task_stream
+
+    from dufs.data.synthetic import SyntheticSpec
+    from dufs.engine import as_matrix
+
+    say = console.print if console is not None else print
+    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row, seed=seed)
+    if store is None:
+        root = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "dufs-bench"
+        store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}.zarr"
+    st = ensure_synthetic_store(Path(store), spec, say=say)
+    n, d = st.shape
+    nnz = int(st.nnz)
+    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
+        f"median of {repeats} passes after a warm-up; load average {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} cores")
+    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz, "n_blocks": st.n_blocks("csc")}
+
+    # the reference: SciPy in this process, float32 data and vector (no upcast, no copy of the matrix)
+    X = _load_csc(st)
+    v = np.random.default_rng(seed).standard_normal(n).astype(X.dtype)
+    XT = X.T
+    ref = XT @ v  # warm
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ref = XT @ v
+        times.append(time.perf_counter() - t0)
+    res["scipy_s"] = _median(times)
+    ref = np.asarray(ref, dtype=np.float64)
+    ref_norm = float(np.linalg.norm(ref)) or 1.0
+    del X, XT
+
+    res["v_mib"] = n * 8 / 2**20  # Matrix.rmatvec ships V as float64, inside each pass's graph
+    for w in workers:
+        with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+            # "Sending large graph": V travels in the graph; the breakdown below accounts for it
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            M = as_matrix(str(store), persist=True)
+            if M.residency.get("mode") != "persisted":
+                say(f"[yellow]warning: the blocks were not persisted ({M.residency.get('reason')})[/yellow]"
+                    if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
+            out = M.rmatvec(v)  # warm-up: numba compilation in the workers
+            M.rmatvec(v)
+            times, comp = [], []
+            for _ in range(repeats):
+                with get_task_stream(client) as ts:
+                    t0 = time.perf_counter()
+                    out = M.rmatvec(v)
+                    times.append(time.perf_counter() - t0)
+                comp.append(_task_compute_seconds(ts.data, "_block_rmatvec"))
+            M.release()
+        res[f"w{w}_s"] = _median(times)
+        res[f"w{w}_compute_s"] = _median(comp)
+        res[f"w{w}_maxdiff"] = float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / ref_norm
+
+    _pass_table(res, workers, say, console)
+    return res
+
+
+def _pass_table(res: dict, workers: tuple[int, ...], say: Any, console: Any) -> None:
+    nnz = res["nnz"]
+    sc = res["scipy_s"]
+    rows = [("SciPy X.T @ v (1 process)", sc, "1.00x", "")]
+    for w in workers:
+        t = res[f"w{w}_s"]
+        rows.append((f"dufs rmatvec, {w} worker{'s' if w > 1 else ''}", t, f"{t / sc:.2f}x",
+                     f"{res[f'w{w}_maxdiff']:.1e}"))
+    if 1 in workers:
+        res["ratio_1w_scipy"] = res["w1_s"] / sc
+    if 1 in workers and 2 in workers:
+        res["speedup_2w"] = res["w1_s"] / res["w2_s"]
+    try:
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich comes with typer
+        Table = None
+    if console is not None and Table is not None:
+        tab = Table(title="one rmatvec pass (median)")
+        for c in ("", "ms", "vs SciPy", "Mnnz/s", "max |diff| / ||ref||"):
+            tab.add_column(c, justify="left" if not c else "right")
+        for name, t, ratio, diff in rows:
+            tab.add_row(name, f"{t * 1e3:.1f}", ratio, f"{nnz / t / 1e6:.0f}", diff)
+        console.print(tab)
+    else:
+        for name, t, ratio, diff in rows:
+            say(f"{name:30s}: {t * 1e3:9.1f} ms  {ratio:>6s} SciPy  {nnz / t / 1e6:7.0f} Mnnz/s  {diff}")
+    if "ratio_1w_scipy" in res:
+        say(f"1 worker / SciPy               : {res['ratio_1w_scipy']:.2f}x (target <= 1.3)")
+    if "speedup_2w" in res:
+        say(f"speed-up 2 workers vs 1        : {res['speedup_2w']:.2f}x (target >= 1.7)")
+    for w in workers:
+        t, c = res[f"w{w}_s"], res[f"w{w}_compute_s"]
+        say(f"where a pass goes, {w} worker{'s' if w > 1 else ' '}   : {t * 1e3:.1f} ms wall; block tasks compute "
+            f"{c * 1e3:.1f} ms summed ({c / w * 1e3:.1f} ms a worker); dask and transfer overhead "
+            f"{(t - c / w) * 1e3:.1f} ms ({(t - c / w) / t:.0%}; V, {res['v_mib']:.1f} MiB, travels in the graph)")
+    ok = all(res[f"w{w}_maxdiff"] < 1e-4 for w in workers)
+    say(f"results agree with SciPy: {'yes' if ok else 'NO'} (max |dufs - SciPy| / ||SciPy|| = "
+        f"{max(res[f'w{w}_maxdiff'] for w in workers):.1e}; SciPy sums in float32, dufs in float64)")
+    res["agree"] = ok

@@ -88,22 +88,45 @@ def csc_class_stats(indptr, indices, data, codes, n_classes):
     return s, ss
 
 
-@numba.njit(nogil=True, cache=True)
-def csc_rmatvec(indptr, indices, data, V, out):
-    """``out[:] = X_block^T V``: V float64 ``(n_rows, p)``, out float64 ``(n_cols_block, p)`` (overwritten)."""
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _csc_rmatvec_1(indptr, indices, data, V, out):
+    """``csc_rmatvec`` for one vector (p == 1), the common case: a scalar accumulator."""
+    n_cols = indptr.shape[0] - 1
+    for j in range(n_cols):
+        acc = 0.0
+        # unsigned positions: no negative-index wraparound checks in the inner loop (DESIGN.md section 8)
+        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            acc += np.float64(data[k]) * np.float64(V[np.uint64(indices[k]), 0])
+        out[j, 0] = acc
+    return out
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _csc_rmatvec_p(indptr, indices, data, V, out):
     n_cols = indptr.shape[0] - 1
     p = V.shape[1]
     acc = np.zeros(p, dtype=np.float64)
     for j in range(n_cols):
         acc[:] = 0.0
-        for k in range(np.int64(indptr[j]), np.int64(indptr[j + 1])):
-            r = np.int64(indices[k])
+        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            r = np.uint64(indices[k])
             v = np.float64(data[k])
             for q in range(p):
-                acc[q] += v * V[r, q]
+                acc[q] += v * np.float64(V[r, q])
         for q in range(p):
             out[j, q] = acc[q]
     return out
+
+
+@numba.njit(nogil=True, cache=True)
+def csc_rmatvec(indptr, indices, data, V, out):
+    """``out[:] = X_block^T V``: V ``(n_rows, p)`` float64 (or float32, half the memory traffic for the randomly
+    read vector; products and sums are float64 either way), out float64 ``(n_cols_block, p)`` (overwritten).
+
+    Row indices must be in ``[0, n_rows)`` (they are not bounds-checked)."""
+    if V.shape[1] == 1:
+        return _csc_rmatvec_1(indptr, indices, data, V, out)
+    return _csc_rmatvec_p(indptr, indices, data, V, out)
 
 
 @numba.njit(nogil=True, cache=True)
