@@ -420,8 +420,9 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
     full = topk_curve(Xtr, train.y, np.arange(Xtr.shape[1]), [Xtr.shape[1]], test=(Xte, test.y))["accuracy"][0]
     fig = plot_topk(curves, figure, title=f"LinearSVC(C=1) test accuracy vs K (all {Xtr.shape[1]:,} features: "
                                           f"{full:.3f})")
-    t = Table(title=f"test accuracy, LinearSVC(C=1), {Xtr.shape[0]} train / {Xte.shape[0]} test; all "
-                    f"{Xtr.shape[1]:,} features: {full:.4f}", title_justify="left")
+    t = Table(title=f"{train.attrs.get('provenance', {}).get('source', '')}: test accuracy of LinearSVC(C=1), "
+                    f"{Xtr.shape[0]} train / {Xte.shape[0]} test; all {Xtr.shape[1]:,} features: {full:.4f}",
+              title_justify="left", min_width=100)
     t.add_column("K", justify="right")
     for m in curves:
         t.add_column(m, justify="right")

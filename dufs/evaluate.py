@@ -57,6 +57,8 @@ def _labels(y, name: str, func: str) -> np.ndarray:
 def _matrix(X, name: str, func: str):
     if sp.issparse(X):
         X = sp.csr_array(X)
+        if X.nnz < 2**31 and X.indices.dtype != np.int32:  # scikit-learn's liblinear wants 32-bit indices
+            X = sp.csr_array((X.data, X.indices.astype(np.int32), X.indptr.astype(np.int32)), shape=X.shape)
     else:
         X = np.asarray(X)
         if X.ndim != 2:

@@ -15,7 +15,6 @@ def test_demo_runs_on_a_local_cluster(tmp_path):
                           "--features", "50000", "--workers", "2"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "20,000 rows x 50,000 features" in res.stdout
-    assert "Fisher score, top 50 of 50,000 features, on 2 workers" in res.stdout
     sel = dufs.Selection.from_json(tmp_path / "fisher-50.json")
     assert (tmp_path / "fisher-scores.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     st = dufs.open(tmp_path / "synthetic.zarr")
@@ -33,7 +32,34 @@ def test_demo_runs_on_a_local_cluster(tmp_path):
     assert st.info()["labels"] == {"-1": int((y < 0).sum()), "1": int((y > 0).sum())}
     # the printed recovery count is the overlap of the selection with the generator's informative features
     found = len(set(sel.indices.tolist()) & set(gt["informative"]))
-    assert f"{found} of the 20 informative features recovered" in res.stdout.replace("\n", " ")
+    text = " ".join(res.stdout.split())
+    assert "Fisher score, top 50 of 50,000 features, on 2 workers in" in text
+    assert f"{found} of the 20 informative features recovered" in text
+    assert "|correlation|, top 50 of 50,000 features, on 2 workers" in text
+    # the real set: stores of a stratified 75/25 split of PCMAC, and the table's accuracies are LinearSVC(C=1) on
+    # the top K features of a dense NumPy Fisher score, computed here independently
+    from sklearn.model_selection import train_test_split
+    from sklearn.svm import LinearSVC
+
+    from dufs.data.datasets import load
+
+    X, y = load("pcmac")
+    tr, te = train_test_split(np.arange(X.shape[0]), test_size=0.25, stratify=y, random_state=0)
+    tr, te = np.sort(tr), np.sort(te)
+    train = dufs.open(tmp_path / "pcmac-train.zarr")
+    assert np.array_equal(train.to_scipy("csr").toarray(), X[tr].toarray()) and np.array_equal(train.y, y[tr])
+    D = X[tr].toarray()
+    mu = D.mean(0)
+    sb = sum((y[tr] == c).sum() * (D[y[tr] == c].mean(0) - mu) ** 2 for c in (1, 2))
+    sw = sum((y[tr] == c).sum() * D[y[tr] == c].var(0) for c in (1, 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(sw > 0, sb / sw, np.where(sb > 0, np.inf, 0.0))
+    top = np.argsort(-f, kind="stable")
+    for k in (10, 50, 200):
+        acc = LinearSVC(C=1.0).fit(X[tr][:, top[:k]], y[tr]).score(X[te][:, top[:k]], y[te])
+        row = next(line for line in res.stdout.splitlines() if line.strip("│ ").startswith(f"{k} "))
+        assert f"{acc:.4f}" in row.split("│")[2], (k, acc, row)
+    assert (tmp_path / "pcmac-accuracy-vs-k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_config_namespace_and_env(monkeypatch):
