@@ -40,7 +40,8 @@ METHODS: dict[str, MethodSpec] = {
     "fisher": MethodSpec("fisher", lambda M, y, **p: filters.fisher_scores(M, y), True, True, None, 1),
     "laplacian": MethodSpec("laplacian", lambda M, y, **p: filters.laplacian_scores(M, **p), False, False, None, 2),
 }
-_PARAMS = {"laplacian": {"n_neighbors", "weights", "t", "W"}}
+_PARAMS = {"laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
+                          "random_state"}}
 
 
 def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:

@@ -188,35 +188,63 @@ class LaplacianScore(_DufsSelector):
     weights : {"binary", "heat"}, default "binary"
     t : float > 0 or None, default None
         Heat-kernel width; default the mean squared distance over the kNN edges.
+    graph : {"knn", "anchor"}, default "knn"
+        The exact kNN graph, or the scalable anchor graph (Liu et al. 2010) for large n_samples.
+    n_anchors : int, default 256
+        Anchors of the anchor graph (k-means centres in a random-projection embedding).
+    anchor_neighbors : int, default 3
+        Anchors each sample is linked to.
+    embed_dim : int, default 64
+        Dimension of the random projection the anchor graph is built in.
+    random_state : int, default 0
+        Seed of the projection and of k-means (anchor graph).
     standardize : {"zscore", "scale"} or None, default None
     client : distributed.Client, optional
 
     References
     ----------
     He, Cai, Niyogi, "Laplacian Score for Feature Selection", NIPS 2005; He et al., TPAMI 2011, eq. (3).
+    Liu, He, Chang, "Large Graph Construction for Scalable Semi-Supervised Learning", ICML 2010.
     """
 
     _method = "laplacian"
-    _method_params = ("n_neighbors", "weights", "t")
+    _method_params = ("n_neighbors", "weights", "t", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
+                      "random_state")
     _parameter_constraints: ClassVar[dict] = {
         **_DufsSelector._parameter_constraints,
         "n_neighbors": [Interval(Integral, 1, None, closed="left")],
         "weights": [StrOptions({"binary", "heat"})],
         "t": [None, Interval(Real, 0, None, closed="neither")],
+        "graph": [StrOptions({"knn", "anchor"})],
+        "n_anchors": [Interval(Integral, 1, None, closed="left")],
+        "anchor_neighbors": [Interval(Integral, 1, None, closed="left")],
+        "embed_dim": [Interval(Integral, 1, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
     }
 
     def __init__(self, n_features: int = 10, *, n_neighbors: int = 5, weights: str = "binary",
-                 t: float | None = None, standardize: str | None = METHODS["laplacian"].standardize,
-                 client: Any = None):
+                 t: float | None = None, graph: str = "knn", n_anchors: int = 256, anchor_neighbors: int = 3,
+                 embed_dim: int = 64, random_state: int = 0,
+                 standardize: str | None = METHODS["laplacian"].standardize, client: Any = None):
         self.n_features = n_features
         self.n_neighbors = n_neighbors
         self.weights = weights
         self.t = t
+        self.graph = graph
+        self.n_anchors = n_anchors
+        self.anchor_neighbors = anchor_neighbors
+        self.embed_dim = embed_dim
+        self.random_state = random_state
         self.standardize = standardize
         self.client = client
 
     def _check_samples(self, X: Any) -> None:
         n = X.shape[0]
+        if self.graph == "anchor":
+            if n < max(self.n_anchors, self.anchor_neighbors):
+                raise ValueError(f"LaplacianScore(graph='anchor') needs at least n_anchors samples: got "
+                                 f"n_samples={n}, n_anchors={self.n_anchors}; lower n_anchors.")
+            return
         if n <= self.n_neighbors:
             raise ValueError(f"LaplacianScore needs more samples than neighbours: got n_samples={n}, "
                              f"n_neighbors={self.n_neighbors}; lower n_neighbors or give more samples.")
