@@ -362,7 +362,8 @@ def _local_topk(s: np.ndarray, k: int, largest: bool, start: int) -> tuple[np.nd
         part = np.flatnonzero(key <= kth)
     else:
         part = ids
-    order = np.lexsort((part, key[part]))[:kk]
+    # NaN after every number (an infinite score in the worst direction included), then the key, then the index
+    order = np.lexsort((part, key[part], np.isnan(s[part])))[:kk]
     sel = part[order]
     return sel + start, s[sel]
 

@@ -23,6 +23,9 @@ from dufs import write_store
 from dufs.engine import BlockState, Matrix, PerBlock, as_matrix
 from dufs.testing.strategies import sparse_matrices
 
+# the cluster's client threads use the global ``random`` module while Hypothesis draws an example (harmless here)
+pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
+
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 MODES = ["zscore", "scale", None]
 SCHEDULERS = ["sync", "threads", "processes"]
@@ -60,9 +63,12 @@ def _dense_z(D, mode):
 
 
 def _ref_topk(s, k, largest):
-    """Indices of the k best scores: NaN worst, ties to the lower index (a stable sort of the key)."""
-    key = np.where(np.isnan(s), np.inf, -s if largest else s)
-    order = np.argsort(key, kind="stable")[:k]
+    """Indices of the k best scores: NaN worst (after an infinite score in the worst direction too), ties to the
+    lower index (a stable sort)."""
+    nan = np.isnan(s)
+    key = np.where(nan, 0.0, -s if largest else s)
+    order = np.argsort(key, kind="stable")
+    order = order[np.argsort(nan[order], kind="stable")][:k]
     return order, s[order]
 
 
@@ -113,6 +119,15 @@ def _scheduler(request, sched):
             yield None
 
 
+def _write(X, path, y, width):
+    """A store of X with CSC feature blocks of ``width`` features (a granule of 1, so no rounding up)."""
+    with dask.config.set({"dufs.store.feature-granule": 1, "dufs.store.row-block": 7}):
+        store = write_store(X, path, y, feature_block=width, value_dtype=X.dtype)
+    d = X.shape[1]
+    np.testing.assert_array_equal(store.bounds("csc"), np.r_[np.arange(0, d, width), d])
+    return store
+
+
 def _build(X, y, width, mode, source, tmp_path):
     """The Matrix under test (built inside the scheduler context)."""
     if source in ("memory", "persisted"):
@@ -120,7 +135,7 @@ def _build(X, y, width, mode, source, tmp_path):
         assert M.residency["mode"] == ("persisted" if source == "persisted" else "driver")
         return M
     path = tmp_path / f"s-{uuid.uuid4().hex}.zarr"
-    write_store(X, path, y, feature_block=width, value_dtype=X.dtype)
+    _write(X, path, y, width)
     if source == "persisted-store":
         M = as_matrix(str(path), standardize=mode)
         assert M.residency["mode"] == "persisted"
@@ -129,6 +144,8 @@ def _build(X, y, width, mode, source, tmp_path):
         assert M.residency["mode"] == "store"
     np.testing.assert_array_equal(M.y, y)
     assert M.shape == X.shape
+    d = X.shape[1]
+    np.testing.assert_array_equal(M.bounds, np.r_[np.arange(0, d, width), d])
     return M
 
 
@@ -159,7 +176,8 @@ def _check_stats(st_, D, y=None):
 
 
 def _matrices(max_rows=20, max_cols=14):
-    return sparse_matrices(max_rows=max_rows, max_cols=max_cols).map(_tame)
+    """Any sparsity edge case, float32 or float64, canonical or not (explicit zeros, duplicates, unsorted)."""
+    return sparse_matrices(max_rows=max_rows, max_cols=max_cols, canonical=False).map(_tame)
 
 
 # ---------------------------------------------------------------------------------------------------- properties
@@ -257,6 +275,8 @@ def test_topk_and_map_blocks_match_numpy(request, tmp_path, sched):
         D = X.toarray().astype(np.float64)
         s = rng.integers(-2, 3, d).astype(np.float64)  # many ties
         s[rng.random(d) < 0.25] = np.nan
+        s[rng.random(d) < 0.1] = np.inf
+        s[rng.random(d) < 0.1] = -np.inf
         w = rng.standard_normal(d)
         inc = int(rng.integers(0, 5))
         with _scheduler(request, sched):
@@ -319,7 +339,7 @@ def test_results_bitwise_equal_across_schedulers(cluster_client, tmp_path_factor
     y = rng.integers(0, 3, n).astype(np.float64)
     V, U = rng.standard_normal((n, 3)), rng.standard_normal((d, 3))
     path = tmp_path_factory.mktemp("bitwise") / "s.zarr"
-    write_store(X, path, y, feature_block=width, value_dtype=X.dtype)
+    _write(X, path, y, width)
     got = {}
     for sched in ("sync", "threads"):
         with dask.config.set(scheduler=sched):
@@ -345,7 +365,7 @@ def test_work_runs_on_the_workers(cluster_client, tmp_path):
     rng = np.random.default_rng(3)
     X = sp.random_array((60, 40), density=0.1, format="csr", rng=rng)
     y = rng.integers(0, 2, 60).astype(np.float64)
-    write_store(X, tmp_path / "s.zarr", y, feature_block=8, value_dtype=np.float64)
+    _write(X, tmp_path / "s.zarr", y, 8)
     worker_pids = set(cluster_client.run(os.getpid).values())
     assert len(worker_pids) == 2 and os.getpid() not in worker_pids
     with cluster_client.as_current():
