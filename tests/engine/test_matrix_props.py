@@ -319,6 +319,18 @@ def test_topk_and_map_blocks_match_numpy(request, tmp_path, sched):
 
 
 # ---------------------------------------------------------------------------------------------------- determinism
+@pytest.fixture(scope="module")
+def one_worker_client():
+    """A 1-worker cluster (in this process: cheap to start), to compare with the 2-process one."""
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0",
+                                 silence_logs=40) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+
+
 def _results(M, y, V, U):
     st_ = M.column_stats(y)
     out = {name: getattr(st_, name) for name in ("sum", "sumsq", "nnz", "min", "max", "m2", "class_count",
@@ -333,7 +345,8 @@ def _results(M, y, V, U):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(X=_matrices(max_rows=30, max_cols=20), width=st.integers(1, 8), mode=st.sampled_from(MODES),
        seed=st.integers(0, 2**32 - 1))
-def test_results_bitwise_equal_across_schedulers(cluster_client, tmp_path_factory, X, width, mode, seed):
+def test_results_bitwise_equal_across_schedulers(cluster_client, one_worker_client, tmp_path_factory, X, width, mode,
+                                                 seed):
     rng = np.random.default_rng(seed)
     n, d = X.shape
     y = rng.integers(0, 3, n).astype(np.float64)
@@ -354,6 +367,12 @@ def test_results_bitwise_equal_across_schedulers(cluster_client, tmp_path_factor
         M = as_matrix(path, standardize=mode)
         got["cluster", "store-persisted"] = _results(M, y, V, U)
         M.release()
+    with one_worker_client.as_current():
+        M = as_matrix(X, standardize=mode, block_width=width, persist=True)
+        assert M.residency["mode"] == "persisted" and M.residency["n_workers"] == 1
+        got["one-worker", "memory"] = _results(M, y, V, U)
+        M.release()
+        got["one-worker", "store"] = _results(Matrix(path, standardize=mode), y, V, U)
     for (sched, source), res in got.items():
         base = got["sync", "store" if source.startswith("store") else "memory"]
         for name, val in res.items():
