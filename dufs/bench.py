@@ -248,9 +248,10 @@ def _load_csc(store: Any) -> Any:
     return sp.csc_array((dt, ix.astype(np.int32, copy=False), ip), shape=(n, d))
 
 
-def _task_compute_seconds(records: list, prefix: str) -> float:
-    """Seconds of ``compute`` in the task-stream records whose key starts with ``prefix``."""
-    total = 0.0
+def _task_timeline(records: list, prefix: str) -> tuple[float, float, float]:
+    """``(compute seconds summed, first compute start, last compute stop)`` (wall-clock times) of the task-stream
+    records whose key starts with ``prefix``."""
+    total, first, last = 0.0, float("inf"), float("-inf")
     for r in records:
         key = r.get("key")
         name = key[0] if isinstance(key, tuple) else key
@@ -259,7 +260,9 @@ def _task_compute_seconds(records: list, prefix: str) -> float:
         for ss in r.get("startstops", ()):
             if ss.get("action") == "compute":
                 total += ss["stop"] - ss["start"]
-    return total
+                first = min(first, ss["start"])
+                last = max(last, ss["stop"])
+    return total, first, last
 
 
 def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, repeats: int = 5,
@@ -313,16 +316,22 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
                     if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
             out = M.rmatvec(v)  # warm-up: numba compilation in the workers
             M.rmatvec(v)
-            times, comp = [], []
+            times, comp, lead, tail = [], [], [], []
             for _ in range(repeats):
                 with get_task_stream(client) as ts:
-                    t0 = time.perf_counter()
+                    t0, w0 = time.perf_counter(), time.time()
                     out = M.rmatvec(v)
                     times.append(time.perf_counter() - t0)
-                comp.append(_task_compute_seconds(ts.data, "_block_rmatvec"))
+                    w1 = time.time()
+                c, first, last = _task_timeline(ts.data, "_block_rmatvec")
+                comp.append(c)
+                lead.append(first - w0)
+                tail.append(w1 - last)
             M.release()
         res[f"w{w}_s"] = _median(times)
         res[f"w{w}_compute_s"] = _median(comp)
+        res[f"w{w}_lead_s"] = _median(lead)
+        res[f"w{w}_tail_s"] = _median(tail)
         res[f"w{w}_maxdiff"] = float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / ref_norm
 
     _pass_table(res, workers, say, console)
@@ -360,10 +369,13 @@ def _pass_table(res: dict, workers: tuple[int, ...], say: Any, console: Any) -> 
     if "speedup_2w" in res:
         say(f"speed-up 2 workers vs 1        : {res['speedup_2w']:.2f}x (target >= 1.7)")
     for w in workers:
-        t, c = res[f"w{w}_s"], res[f"w{w}_compute_s"]
-        say(f"where a pass goes, {w} worker{'s' if w > 1 else ' '}   : {t * 1e3:.1f} ms wall; block tasks compute "
-            f"{c * 1e3:.1f} ms summed ({c / w * 1e3:.1f} ms a worker); dask and transfer overhead "
-            f"{(t - c / w) * 1e3:.1f} ms ({(t - c / w) / t:.0%}; V, {res['v_mib']:.1f} MiB, travels in the graph)")
+        t, c, a, z = res[f"w{w}_s"], res[f"w{w}_compute_s"], res[f"w{w}_lead_s"], res[f"w{w}_tail_s"]
+        gaps = max(t - a - z - c / w, 0.0)
+        say(f"where a pass goes, {w} worker{'s' if w > 1 else ' '}   : {t * 1e3:.1f} ms wall = block tasks compute "
+            f"{c / w * 1e3:.1f} ms a worker ({c * 1e3:.1f} summed; {c / w / t:.0%}) + dask and transfer overhead "
+            f"{(t - c / w) * 1e3:.1f} ms ({(t - c / w) / t:.0%}): before the first task {a * 1e3:.1f} ms (graph, "
+            f"V = {res['v_mib']:.1f} MiB shipped in it, scheduling), between tasks {gaps * 1e3:.1f} ms, after the "
+            f"last {z * 1e3:.1f} ms (results back, {res['n_features'] * 8 / 2**20:.1f} MiB, concatenated)")
     ok = all(res[f"w{w}_maxdiff"] < 1e-4 for w in workers)
     say(f"results agree with SciPy: {'yes' if ok else 'NO'} (max |dufs - SciPy| / ||SciPy|| = "
         f"{max(res[f'w{w}_maxdiff'] for w in workers):.1e}; SciPy sums in float32, dufs in float64)")
