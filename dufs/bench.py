@@ -265,7 +265,7 @@ def _task_timeline(records: list, prefix: str) -> tuple[float, float, float]:
     return total, first, last
 
 
-def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, repeats: int = 5,
+def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, repeats: int = 7,
           work_dir: Path | None = None, store: Path | None = None, console: Any = None,
           workers: tuple[int, ...] = (1, 2), seed: int = 0) -> dict:
     """One ``Matrix.rmatvec(v)`` pass (v dense over the samples) with 1 and 2 workers, blocks persisted on them,

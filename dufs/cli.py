@@ -435,7 +435,8 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
 def bench(
     what: str = typer.Argument(..., help="What to measure: ingest or pass."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
-    repeats: int = typer.Option(3, "--repeats", help="Runs per figure (the median is printed)."),
+    repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
+                                       "3 for ingest, 7 for pass)."),
     work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (ingest: default a temp dir; pass: "
                                          "where the synthetic store is built and reused, default "
                                          "<tmp>/dufs-bench)."),
@@ -449,9 +450,9 @@ def bench(
     from dufs import bench as _bench
 
     if what == "ingest":
-        _bench.ingest(size_mb=size_mb, repeats=repeats, work_dir=work_dir, console=out)
+        _bench.ingest(size_mb=size_mb, repeats=repeats or 3, work_dir=work_dir, console=out)
     elif what == "pass":
-        _bench.pass_(rows=rows, features=features, nnz_per_row=nnz_per_row, repeats=repeats, work_dir=work_dir,
+        _bench.pass_(rows=rows, features=features, nnz_per_row=nnz_per_row, repeats=repeats or 7, work_dir=work_dir,
                      store=store, console=out)
     else:
         _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass"))
