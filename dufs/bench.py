@@ -305,7 +305,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     ref_norm = float(np.linalg.norm(ref)) or 1.0
     del X, XT
 
-    res["v_mib"] = n * 8 / 2**20  # Matrix.rmatvec ships V as float64, inside each pass's graph
+    res["v_mib"] = n * 8 / 2**20  # V as float64, as Matrix.rmatvec ships it now (a float32 V would be half)
     for w in workers:
         with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             # "Sending large graph": V travels in the graph; the breakdown below accounts for it
@@ -374,8 +374,8 @@ def _pass_table(res: dict, workers: tuple[int, ...], say: Any, console: Any) -> 
         say(f"where a pass goes, {w} worker{'s' if w > 1 else ' '}   : {t * 1e3:.1f} ms wall = block tasks compute "
             f"{c / w * 1e3:.1f} ms a worker ({c * 1e3:.1f} summed; {c / w / t:.0%}) + dask and transfer overhead "
             f"{(t - c / w) * 1e3:.1f} ms ({(t - c / w) / t:.0%}): before the first task {a * 1e3:.1f} ms (graph, "
-            f"V = {res['v_mib']:.1f} MiB shipped in it, scheduling), between tasks {gaps * 1e3:.1f} ms, after the "
-            f"last {z * 1e3:.1f} ms (results back, {res['n_features'] * 8 / 2**20:.1f} MiB, concatenated)")
+            f"V shipped in it: {res['v_mib']:.1f} MiB as float64, scheduling), between tasks {gaps * 1e3:.1f} ms, "
+            f"after the last {z * 1e3:.1f} ms (results back, {res['n_features'] * 8 / 2**20:.1f} MiB, concatenated)")
     ok = all(res[f"w{w}_maxdiff"] < 1e-4 for w in workers)
     say(f"results agree with SciPy: {'yes' if ok else 'NO'} (max |dufs - SciPy| / ||SciPy|| = "
         f"{max(res[f'w{w}_maxdiff'] for w in workers):.1e}; SciPy sums in float32, dufs in float64)")
