@@ -69,5 +69,6 @@ def get_client(client: Any = None, *, scheduler_address: str | None = None, n_wo
         raise ParameterError(f"The 'n_workers' parameter must be an int >= 1; got {n_workers}.")
     log.info("starting an embedded LocalCluster of %d worker processes", n)
     with LocalCluster(n_workers=n, threads_per_worker=int(config.get("cluster.threads-per-worker")),
-                      processes=True, dashboard_address=":0", silence_logs=40) as lc, Client(lc) as c:
+                      processes=True, dashboard_address=":0", silence_logs=40) as lc, \
+            Client(lc, direct_to_workers=True) as c:
         yield c

@@ -709,22 +709,40 @@ class Matrix:
         return base * inv * inv if inv is not None else base
 
     # ------------------------------------------------------------------ products
-    def rmatvec(self, V: Any) -> np.ndarray:
+    def rmatvec(self, V: Any, *, gather: bool = True) -> Any:
         """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p).
 
-        One pass; ``V`` travels to the workers once (one graph key), each block returns its rows of the result.
+        One pass; ``V`` travels to the workers once (one graph key), each block computes its rows of the result.
+        With ``gather=False`` the per-block results (float64 (width, p) arrays) stay where they were computed: a
+        :class:`BlockState` for a following :meth:`map_blocks` (``state=``), gathered only when asked.
         """
         n, d = self.shape
-        V2, one = _as_2d(V, n, "V", "n_samples")
+        # a float32 V over float32 data stays float32: exact (the kernel multiplies and sums in float64), and the
+        # randomly read vector takes half the cache and half the bytes shipped (DESIGN.md section 8)
+        V2, one = _as_2d(V, n, "V", "n_samples", keep_float32=np.dtype(self.dtype) == np.float32)
         mu, inv = self._transform()
-        vsum = V2.sum(axis=0) if mu is not None else None
+        vsum = np.asarray(V2, dtype=np.float64).sum(axis=0) if mu is not None else None
         f = _delayed(_block_rmatvec)
         Vs = _share(V2)
-        parts = self._pass([f(s, Vs, vsum,
-                              None if mu is None else mu[b.start:b.stop],
-                              None if inv is None else inv[b.start:b.stop]) for s, b in self._pairs()], "Z^T V")
+        tasks = [f(s, Vs, vsum, None if mu is None else mu[b.start:b.stop],
+                   None if inv is None else inv[b.start:b.stop]) for s, b in self._pairs()]
+        if not gather:
+            return self._resident(tasks)
+        parts = self._pass(tasks, "Z^T V")
         out = np.concatenate(parts, axis=0) if parts else np.zeros((d, V2.shape[1]))
         return out[:, 0] if one else out
+
+    def _resident(self, tasks: list) -> BlockState:
+        """Run a pass whose per-block results stay on the workers (a BlockState of futures), or in this process."""
+        client = _client()
+        self.passes += 1
+        if client is None:
+            return BlockState(_compute(tasks))
+        from distributed import wait
+
+        futures = client.compute(tasks)
+        wait(futures)
+        return BlockState(futures, client)
 
     def matvec(self, U: Any) -> np.ndarray:
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
@@ -946,8 +964,9 @@ def _as_ids(ids: Any, d: int) -> np.ndarray:
     return a
 
 
-def _as_2d(V: Any, n: int, name: str, what: str) -> tuple[np.ndarray, bool]:
-    V = np.asarray(V, dtype=np.float64)
+def _as_2d(V: Any, n: int, name: str, what: str, keep_float32: bool = False) -> tuple[np.ndarray, bool]:
+    V = np.asarray(V)
+    V = V.astype(np.float32 if keep_float32 and V.dtype == np.float32 else np.float64, copy=False)
     if V.ndim not in (1, 2) or V.shape[0] != n:
         raise ParameterError(f"The '{name}' parameter must have shape ({what},) or ({what}, p) with {what}={n}; "
                              f"got {V.shape}.")
