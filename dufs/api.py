@@ -40,7 +40,19 @@ METHODS: dict[str, MethodSpec] = {
     "fisher": MethodSpec("fisher", lambda M, y, **p: filters.fisher_scores(M, y), True, True, None, 1),
     "laplacian": MethodSpec("laplacian", lambda M, y, **p: filters.laplacian_scores(M, **p), False, False, None, 2),
 }
-_PARAMS = {"laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
+def _mmfs(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
+    from dufs.methods.mmfs import mmfs
+
+    if "relevance" in p:
+        p["relevance_kind"] = p.pop("relevance")
+    res = mmfs(M, y, n_features=n_features, **p)
+    d = dict(res.diagnostics)
+    return res.alpha, res.ranking(), d
+
+
+METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
+_PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state"},
+           "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
                           "random_state"}}
 
 
@@ -66,7 +78,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
     y : array-like, optional
         Labels (supervised methods); a store's own labels are used by default.
-    method : {"variance", "correlation", "fisher", "laplacian"}
+    method : {"variance", "correlation", "fisher", "laplacian", "mmfs"}
     n_features : int
         How many features to select, in [1, n_features of X].
     client : distributed.Client, optional
@@ -113,15 +125,18 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
             if spec.supervised and M.y is None:
                 raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
             with timer("score", timings, log):
-                scores = spec.score(M, M.y, **params)
+                extra = {"n_features": int(n_features)} if method == "mmfs" else {}
+                got = spec.score(M, M.y, **params, **extra)
+                scores, order, method_diag = got if isinstance(got, tuple) else (got, None, {})
             n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
             passes = M.passes
             M.release()
-    order = rank(scores, spec.higher_is_better)
+    if order is None:
+        order = rank(scores, spec.higher_is_better)
     sel = order[:n_features]
     diagnostics = {"passes": passes, "timings": timings, "wall_time": time.perf_counter() - t0,
                    "n_workers": n_workers, "n_blocks": M.n_blocks, "standardize": std,
-                   "blocks": {k: v for k, v in M.residency.items() if v is not None}}
+                   "blocks": {k: v for k, v in M.residency.items() if v is not None}, **method_diag}
     return Selection(method=method, indices=sel, scores=scores, n_features_in=n_total,
                      params={"n_features": int(n_features), "standardize": std,
                              **{k: v for k, v in params.items() if k != "W"}},

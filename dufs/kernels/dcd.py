@@ -1,0 +1,128 @@
+"""Dual coordinate descent kernels for MMFS (DESIGN.md section 7.1), on the raw CSC buffers of one feature block.
+
+Feature j of the block is the implicitly transformed column f_j = coef_j (x_j - shift_j 1) (never formed). The
+primal vector w (over samples) is held as ``ws + t 1`` with ``S = 1^T ws`` so that the rank-one part of a centred
+update costs O(1): w += delta f_j is ``ws[rows] += delta coef_j x_j[rows]``, ``S += delta coef_j colsum_j``,
+``t -= delta coef_j shift_j``. Then
+
+    f_j^T w = coef_j (x_j^T ws + t colsum_j - shift_j (S + m t)).
+
+``wt`` is the float64 array ``[t, S]``. All sums are float64. Shrinking follows LIBLINEAR's
+``solve_l2r_l1l2_svc`` (Hsieh et al. 2008, section 3.2): a coordinate at a bound whose gradient points out of the
+box by more than last epoch's extreme projected gradient is left out until the next reset.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _dot(indptr, indices, data, j, ws):
+    acc = 0.0
+    for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+        acc += np.float64(data[k]) * ws[np.uint64(indices[k])]
+    return acc
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def dcd_gradient(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, out):
+    """``out[j] = f_j^T w + b`` for every feature of the block (one pass over its nonzeros)."""
+    t, S = wt[0], wt[1]
+    for j in range(indptr.shape[0] - 1):
+        out[j] = coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _next(state):
+    # xorshift64*: a small deterministic generator for the in-kernel shuffles
+    x = state[0]
+    x ^= x >> np.uint64(12)
+    x ^= x << np.uint64(25)
+    x ^= x >> np.uint64(27)
+    state[0] = x
+    return x * np.uint64(2685821657736338717)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, gamma, ws, wt, m, bias,
+              update_bias, index, n_active, pg_old, rng):
+    """One DCD epoch over the active coordinates ``index[:n_active]`` in a fresh random order.
+
+    Updates ``alpha``, ``ws``, ``wt`` in place and, when ``update_bias``, ``bias[0]`` (else the bias is held at its
+    value, as in a distributed round). ``pg_old`` = ``[PGmax_old, PGmin_old]`` drives shrinking; ``rng`` is a
+    one-element uint64 array (the generator's state). Returns ``(n_active, PGmax_new, PGmin_new, n_updates)``.
+    """
+    t_inf = np.inf
+    # Fisher-Yates shuffle of the active set
+    for s in range(n_active - 1, 0, -1):
+        r = np.int64(_next(rng) % np.uint64(s + 1))
+        tmp = index[s]
+        index[s] = index[r]
+        index[r] = tmp
+    pgmax_old, pgmin_old = pg_old[0], pg_old[1]
+    pgmax_new, pgmin_new = -t_inf, t_inf
+    n_upd = 0
+    s = 0
+    while s < n_active:
+        j = index[s]
+        t, S = wt[0], wt[1]
+        g = coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + bias[0]
+        G = g - rho[j]
+        a = alpha[j]
+        pg = 0.0
+        if a == 0.0:
+            if G > pgmax_old:
+                n_active -= 1
+                index[s] = index[n_active]
+                index[n_active] = j
+                continue
+            elif G < 0.0:
+                pg = G
+        elif a == C:
+            if G < pgmin_old:
+                n_active -= 1
+                index[s] = index[n_active]
+                index[n_active] = j
+                continue
+            elif G > 0.0:
+                pg = G
+        else:
+            pg = G
+        if pg > pgmax_new:
+            pgmax_new = pg
+        if pg < pgmin_new:
+            pgmin_new = pg
+        if abs(pg) > 1e-12:
+            new = min(max(a - G / (qii[j] + gamma), 0.0), C)
+            d = new - a
+            if d != 0.0:
+                alpha[j] = new
+                dc = d * coef[j]
+                for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+                    ws[np.uint64(indices[k])] += dc * np.float64(data[k])
+                wt[1] = S + dc * colsum[j]
+                wt[0] = t - dc * shift[j]
+                if update_bias:
+                    bias[0] += gamma * d
+                n_upd += 1
+        s += 1
+    return n_active, pgmax_new, pgmin_new, n_upd
+
+
+@numba.njit(nogil=True, cache=True)
+def gap_terms(g, rho, alpha, C):
+    """``(sum_j C max(0, rho_j - g_j) + alpha_j (g_j - rho_j), sum alpha, rho^T alpha)`` for one block."""
+    gap = 0.0
+    sa = 0.0
+    ra = 0.0
+    for j in range(g.shape[0]):
+        v = rho[j] - g[j]
+        if v > 0.0:
+            gap += C * v
+        gap -= alpha[j] * v
+        sa += alpha[j]
+        ra += rho[j] * alpha[j]
+    return gap, sa, ra

@@ -1,0 +1,164 @@
+"""MMFS-DCD against a generic bound-constrained QP solver on the dense dual (DESIGN.md section 7.1)."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.optimize import minimize
+
+import dufs
+from dufs.data.datasets import load
+from dufs.engine.matrix import Matrix, as_matrix
+from dufs.errors import ParameterError
+from dufs.methods.mmfs import mmfs
+
+
+def _features(X, mode):
+    """The MMFS feature columns, explicitly: the standardized dense matrix divided by sqrt(m) (None: raw)."""
+    D = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+    if mode is None:
+        return D
+    sd = D.std(0)
+    sd[(sd == 0) | (D.max(0) == D.min(0))] = 1.0
+    F = (D - D.mean(0)) / sd if mode == "zscore" else D / sd
+    return F / np.sqrt(D.shape[0])
+
+
+def _qp(F, y, C, gamma, theta=0.5):
+    """min 1/2 a^T (F^T F + gamma 1 1^T) a - rho^T a over 0 <= a <= C by L-BFGS-B (a generic box-QP solver)."""
+    yc = y - y.mean()
+    yc = yc / np.linalg.norm(yc)
+    rho = theta / (1 - theta) * np.abs(F.T @ yc)
+    K = F.T @ F + gamma
+    res = minimize(lambda a: 0.5 * a @ K @ a - rho @ a, np.zeros(F.shape[1]), jac=lambda a: K @ a - rho,
+                   method="L-BFGS-B", bounds=[(0.0, C)] * F.shape[1],
+                   options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000, "maxcor": 50})
+    return float(res.fun), res.x, rho
+
+
+def _problem(seed=0, n=90, d=40):
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
+    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
+    return X, y
+
+
+@pytest.mark.parametrize("mode", ["zscore", "scale", None])
+@pytest.mark.parametrize("width", [None, 7])
+@pytest.mark.parametrize("gamma", [1.0, 0.05])
+def test_objective_equals_a_generic_qp_solver(mode, width, gamma):
+    X, y = _problem(1)
+    F = _features(X, mode)
+    fref, _, rho = _qp(F, y, 1.0, gamma)
+    with dask.config.set(scheduler="sync"):
+        res = mmfs(Matrix(X, standardize=mode, block_width=width), y, gamma=gamma, tol=1e-9, max_epochs=5000)
+    d = res.diagnostics
+    assert d["converged"]
+    assert d["objective"] == pytest.approx(fref, rel=1e-6)
+    # the reported gap bounds the distance to the optimum, and D(alpha) recomputed densely is the reported one
+    K = F.T @ F + gamma
+    D = 0.5 * res.alpha @ K @ res.alpha - rho @ res.alpha
+    assert D == pytest.approx(d["objective"], rel=1e-9, abs=1e-12)
+    assert -1e-12 <= D - fref <= d["duality_gap"] + 1e-12  # the QP's optimum is itself only 1e-16 exact
+    # primal from dual: w = sum alpha_j f_j, b = gamma sum alpha_j; g = F^T w + b
+    np.testing.assert_allclose(res.w, F @ res.alpha, atol=1e-12)
+    assert res.b == pytest.approx(gamma * res.alpha.sum(), abs=1e-12)
+    np.testing.assert_allclose(res.g, F.T @ (F @ res.alpha) + res.b, atol=1e-10)
+    np.testing.assert_allclose(res.rho, rho, atol=1e-12)
+    assert ((res.alpha >= 0) & (res.alpha <= 1.0)).all()
+
+
+def test_gap_certificate_is_an_upper_bound_before_convergence():
+    X, y = _problem(2)
+    F = _features(X, "zscore")
+    fref, _, _ = _qp(F, y, 1.0, 0.5)
+    for rounds in (1, 2, 4, 8):
+        with dask.config.set(scheduler="sync"):
+            res = mmfs(Matrix(X, standardize="zscore", block_width=9), y, gamma=0.5, tol=1e-12, max_epochs=rounds)
+        d = res.diagnostics
+        assert d["objective"] - fref <= d["duality_gap"] + 1e-12
+        assert d["duality_gap"] >= 0
+
+
+def test_implicit_zscore_equals_explicit_dense_standardization():
+    X, y = load("relathe")
+    X, y = sp.csr_array(X)[::4, :400], y[::4]
+    F = _features(X, "zscore")
+    with dask.config.set(scheduler="sync"):
+        a = mmfs(Matrix(X, standardize="zscore", block_width=150), y, gamma=0.2, tol=1e-9, max_epochs=3000)
+        b = mmfs(Matrix(F, standardize=None, block_width=150), y, gamma=0.2, tol=1e-9, max_epochs=3000)
+    assert a.diagnostics["objective"] == pytest.approx(b.diagnostics["objective"], rel=1e-7)
+    np.testing.assert_allclose(a.w, b.w, atol=1e-6)
+
+
+def test_real_set_matches_the_qp():
+    X, y = load("allaml")
+    X = X[:, :300]
+    F = _features(X, "zscore")
+    fref, _, _ = _qp(F, y.astype(float), 1.0, 0.5)
+    with dask.config.set(scheduler="sync"):
+        res = mmfs(Matrix(X, standardize="zscore"), y, gamma=0.5, tol=1e-9, max_epochs=20000)
+    assert res.diagnostics["objective"] == pytest.approx(fref, rel=1e-6)
+
+
+@pytest.mark.parametrize("n_partitions", [2, 4, 8])
+def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partitions):
+    X, y = _problem(3, n=200, d=64)
+    F = _features(X, "scale")
+    fref, _, _ = _qp(F, y, 1.0, 0.2)
+    tol = 1e-6
+    with cluster_client.as_current():
+        M = as_matrix(X, standardize="scale", block_width=64 // n_partitions, persist=True)
+        assert M.n_blocks == n_partitions and M.residency["mode"] == "persisted"
+        res = mmfs(M, y, gamma=0.2, tol=tol, max_epochs=3000)
+        M.release()
+    d = res.diagnostics
+    assert d["converged"] and d["n_partitions"] == n_partitions
+    assert -1e-12 <= d["objective"] - fref <= d["duality_gap"] + 1e-12
+    assert d["relative_gap"] <= tol
+    assert d["objective"] == pytest.approx(fref, rel=2 * tol)
+
+
+def test_fit_selects_the_support_ranked_by_alpha_and_follows_the_gamma_path():
+    X, y = _problem(4, n=120, d=50)
+    sel = dufs.fit(X, y, method="mmfs", n_features=12, tol=1e-8)
+    d = sel.diagnostics
+    # gamma = 1, 1/2, 1/4, ...: the first gamma whose support holds 12 features
+    assert d["gamma_path"] and d["support"] >= 12 and d["gamma"] in [2.0 ** -k for k in range(31)]
+    F = _features(X, "zscore")
+    fref, aref, _ = _qp(F, y, 1.0, d["gamma"])
+    assert d["objective"] == pytest.approx(fref, rel=1e-6)
+    # here K is nonsingular (m > d): alpha is unique, so the QP's support and order are ours
+    top = np.flatnonzero(aref > 1e-6)
+    top = top[np.argsort(-aref[top], kind="stable")]
+    assert set(sel.indices[:12]) <= set(top)
+    assert sel.indices[:5].tolist() == top[:5].tolist()
+    if d["gamma"] < 1.0:  # the previous gamma on the path had too small a support
+        with dask.config.set(scheduler="sync"):
+            prev = mmfs(Matrix(X, standardize="zscore"), y, gamma=2 * d["gamma"], tol=1e-8)
+        assert len(prev.support) < 12
+
+
+def test_fixed_gamma_fills_the_rest_by_the_dual_gradient():
+    X, y = _problem(5, n=120, d=50)
+    sel = dufs.fit(X, y, method="mmfs", n_features=30, gamma=1.0, tol=1e-8)
+    d = sel.diagnostics
+    k = d["support"]
+    assert k < 30 and d["filled_by_gradient"] == 30 - k
+    F = _features(X, "zscore")
+    _, aref, rho = _qp(F, y, 1.0, 1.0)
+    G = F.T @ (F @ aref) + 1.0 * aref.sum() - rho
+    rest = [j for j in np.argsort(G, kind="stable") if aref[j] <= 1e-9]
+    assert sel.indices[k:].tolist() == rest[:30 - k]
+
+
+def test_bad_parameters_are_named():
+    X, y = _problem(6)
+    for kw, name in [({"C": 0}, "'C'"), ({"theta": 1.0}, "'theta'"), ({"gamma": "big"}, "'gamma'"),
+                     ({"tol": -1}, "'tol'"), ({"relevance": "nope"}, "'relevance'")]:
+        with pytest.raises(ParameterError, match=name):
+            dufs.fit(X, y, method="mmfs", n_features=3, **kw)
+    with pytest.raises(ParameterError, match="supervised"):
+        dufs.fit(X, method="mmfs", n_features=3)
