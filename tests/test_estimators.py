@@ -12,13 +12,14 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dufs
 from dufs.data.datasets import load
-from dufs.estimators import CorrelationSelector, FisherScore, LaplacianScore, VarianceSelector
+from dufs.estimators import MMFS, CorrelationSelector, FisherScore, LaplacianScore, VarianceSelector
 
 ESTIMATORS = {
     "variance": VarianceSelector,
     "correlation": CorrelationSelector,
     "fisher": FisherScore,
     "laplacian": LaplacianScore,
+    "mmfs": MMFS,
 }
 
 
@@ -29,7 +30,8 @@ def _expected_failed_checks(est):
 
 
 @parametrize_with_checks([VarianceSelector(n_features=1), CorrelationSelector(n_features=1),
-                          FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1)],
+                          FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1),
+                          MMFS(n_features=1)],
                          expected_failed_checks=_expected_failed_checks)
 def test_sklearn_compatible(estimator, check):
     check(estimator)
