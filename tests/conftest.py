@@ -47,7 +47,13 @@ def cluster_client():
     """
     distributed = pytest.importorskip("distributed")
     _warm_numba_caches()
+    import dask
+
+    # if the workers ever vanish, tasks fail after this long instead of waiting forever (one full-suite run hung
+    # so, with every worker and nanny process of this cluster gone)
+    no_workers = dask.config.set({"distributed.scheduler.no-workers-timeout": "120s"})
     with (
+        no_workers,
         distributed.LocalCluster(
             n_workers=2,
             threads_per_worker=1,
