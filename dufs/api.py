@@ -51,7 +51,8 @@ def _mmfs(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.
 
 
 METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
-_PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state"},
+_PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state", "checkpoint",
+                    "checkpoint_every", "resume"},
            "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
                           "random_state"}}
 

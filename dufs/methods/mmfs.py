@@ -20,14 +20,19 @@ With one partition the epoch also moves the bias: plain serial DCD (Hsieh et al.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine.matrix import Matrix, PerBlock
+from dufs.engine.matrix import Matrix, PerBlock, StoreBlock
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import dcd_epoch, dcd_gradient, gap_terms
 
@@ -191,47 +196,260 @@ def _take(block, state):
     return state, (state["alpha"], state["g"])
 
 
+# ---------------------------------------------------------------------------------------------------- resilience
+_MAX_RECOVERIES = 5  # rebuilds of the block state after lost workers, per mmfs call
+_LOST_NAMES = {"FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError", "FutureLostError",
+               "StreamClosedError"}
+
+
+def _is_lost(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) says that per-block state futures or their workers were lost."""
+    seen = 0
+    while e is not None and seen < 8:
+        if type(e).__name__ in _LOST_NAMES or any(c.__name__ in _LOST_NAMES for c in type(e).__mro__):
+            return True
+        msg = str(e)
+        if "lost dependencies" in msg or "Worker holding" in msg or "was lost" in msg:
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def _take_alpha(block, state):
+    return state, (state["alpha"], state["g"])
+
+
+def _init_blocks(M: Matrix, geo: dict, rho: np.ndarray, alpha0: np.ndarray | None, seed: int) -> Any:
+    state = [None] * M.n_blocks
+    _, state = M.map_blocks(_init, PerBlock(geo["coef"]), PerBlock(geo["shift"]), PerBlock(geo["colsum"]),
+                            PerBlock(geo["qii"]), PerBlock(rho), None if alpha0 is None else PerBlock(alpha0),
+                            PerBlock([seed * 1000003 + i for i in range(M.n_blocks)]), state=state)
+    return state
+
+
+def _gather_alpha(M: Matrix, state: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+    """(alpha, g) of every feature on the driver, and the state to go on with."""
+    parts, new = M.map_blocks(_take_alpha, state=state)
+    if hasattr(state, "release"):
+        state.release()
+    if not parts:
+        return np.zeros(0), np.zeros(0), new
+    return (np.concatenate([np.asarray(p[0], dtype=np.float64) for p in parts]),
+            np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts]), new)
+
+
+def _primal(M: Matrix, alpha: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(ws, wt, b) from alpha in one pass: w = F alpha (Z alpha / sqrt(m) under a standardization, X alpha raw)."""
+    m = M.shape[0]
+    ws = np.asarray(M.matvec(alpha), dtype=np.float64)
+    if M.standardize is not None:
+        ws = ws / np.sqrt(m)
+    return ws, np.array([0.0, float(ws.sum())]), float(gamma * alpha.sum())
+
+
+class _Checkpoint:
+    """``<directory>/checkpoint.npz``: alpha and a JSON of the rest (round, gamma, the path position, the trace,
+    the problem it belongs to), written to a temporary name and renamed into place (atomic)."""
+
+    NAME = "checkpoint.npz"
+
+    def __init__(self, directory: str, problem: dict):
+        self.directory = os.fspath(directory)
+        self.path = os.path.join(self.directory, self.NAME)
+        self.problem = problem
+        self.writes = 0
+        self.last_round: int | None = None
+
+    def save(self, alpha: np.ndarray, meta: dict) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        meta = {"format": 1, "problem": self.problem, **meta}
+        tmp = f"{self.path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, alpha=np.asarray(alpha, dtype=np.float64),
+                         meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.writes += 1
+        self.last_round = int(meta.get("round", -1))
+
+    def load(self) -> tuple[np.ndarray, dict] | None:
+        """The checkpoint (alpha, meta), None when there is none; a ParameterError naming the file when it is
+        unreadable or belongs to another problem."""
+        if not os.path.exists(self.path):
+            return None
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                alpha = np.array(z["alpha"], dtype=np.float64)
+                meta = json.loads(bytes(np.asarray(z["meta"], dtype=np.uint8)).decode())
+        except Exception as e:  # noqa: BLE001 - any failure to read means the file is not a usable checkpoint
+            raise ParameterError(f"the MMFS checkpoint {self.path} is unreadable ({type(e).__name__}: {e}); "
+                                 f"delete it or run with resume=False") from None
+        theirs = meta.get("problem", {})
+        for key, ours in self.problem.items():
+            got = theirs.get(key)
+            same = (np.allclose(got, ours, rtol=1e-9, atol=0.0) if key == "rho" and got is not None
+                    and len(got) == len(ours) else got == ours)
+            if not same:
+                raise ParameterError(f"the MMFS checkpoint {self.path} belongs to another problem ({key}: "
+                                     f"{got!r} in the file, {ours!r} here); delete it, give another checkpoint "
+                                     f"directory, or run with resume=False")
+        if alpha.shape != (self.problem["shape"][1],):
+            raise ParameterError(f"the MMFS checkpoint {self.path} holds {alpha.shape[0]} alphas for "
+                                 f"{self.problem['shape'][1]} features")
+        return alpha, meta
+
+
+def _store_path(M: Matrix) -> str | None:
+    p = getattr(M, "store_path", None)
+    if p is None:
+        for s in getattr(M, "_src", []):
+            if isinstance(s, StoreBlock):
+                p = s.path
+                break
+    if p is None:
+        return None
+    p = os.fspath(p)
+    if p.startswith("file://"):
+        p = p[len("file://"):]
+    return None if "://" in p else p.rstrip("/")
+
+
+def _problem(M: Matrix, rho: np.ndarray, C: float, theta: float, gamma: Any, relevance_kind: Any) -> dict:
+    rel = relevance_kind if isinstance(relevance_kind, str) else \
+        f"callable:{getattr(relevance_kind, '__qualname__', type(relevance_kind).__name__)}"
+    return {"shape": [int(M.shape[0]), int(M.shape[1])], "nnz": int(M.nnz), "standardize": M.standardize,
+            "C": float(C), "theta": float(theta), "gamma": gamma if isinstance(gamma, str) else float(gamma),
+            "relevance": rel, "rho": [float(rho.sum()), float(np.sqrt(rho @ rho)), float(rho.max(initial=0.0))]}
+
+
+def default_checkpoint(M: Matrix, problem: dict) -> str | None:
+    """``<store path>.dufs-side/mmfs-<hash of the problem>`` for a Matrix read from a local store, else None.
+
+    The hash covers the shape, nnz, standardization, C, theta, gamma and relevance (not ``tol`` or
+    ``max_epochs``: they only decide when to stop, so a resume may change them)."""
+    p = _store_path(M)
+    if p is None:
+        return None
+    key = {k: v for k, v in problem.items() if k != "rho"}
+    h = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{p}.dufs-side/mmfs-{h}"
+
+
 # ---------------------------------------------------------------------------------------------------- the solver
 def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol: float, max_epochs: int,
-          random_state: int = 0, state: Any = None, w: tuple | None = None, trace: list | None = None) -> dict:
+          random_state: int = 0, state: Any = None, w: tuple | None = None, trace: list | None = None,
+          alpha0: np.ndarray | None = None, checkpoint: Any = None, checkpoint_every: int = 5,
+          checkpoint_meta: dict | None = None, recovery: dict | None = None) -> dict:
     """Rounds of block DCD + line search until gap / |D| <= tol or ``max_epochs`` rounds. Returns a dict with the
-    final ``state`` (per block), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``."""
+    final ``state`` (per block), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``, and
+    ``alpha`` and ``g`` gathered to the driver.
+
+    ``alpha0`` is alpha on the driver: the start when ``state`` is None, else what ``state`` holds. Every
+    ``checkpoint_every`` rounds (under a distributed client or with a ``checkpoint``) alpha is gathered to the
+    driver with the (w, b) it belongs to, and written to ``checkpoint`` (a :class:`_Checkpoint`) with
+    ``checkpoint_meta``; when a round fails because workers (and the block state on them) were lost, the state is
+    rebuilt from that copy and the rounds go on from there. ``recovery`` (a dict) counts ``recoveries`` and the
+    ``rounds_replayed``.
+    """
+    from dufs.engine.matrix import _client
+
     m = M.shape[0]
-    if state is None:
-        state = [None] * M.n_blocks
-        _, state = M.map_blocks(_init, PerBlock(geo["coef"]), PerBlock(geo["shift"]), PerBlock(geo["colsum"]),
-                                PerBlock(geo["qii"]), PerBlock(rho), None,
-                                PerBlock([random_state * 1000003 + i for i in range(M.n_blocks)]), state=state)
+    recovery = {} if recovery is None else recovery
+    recovery.setdefault("recoveries", 0)
+    recovery.setdefault("rounds_replayed", 0)
+    trace = [] if trace is None else trace
+    every = max(1, int(checkpoint_every))
+    client = _client()
+    snap_on = checkpoint is not None or client is not None
+    seen = recovery.setdefault("_workers", set())
+
+    def watch() -> None:  # workers that left the cluster during the solve (dask may recompute their work itself)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                now = set(client.scheduler_info(n_workers=-1).get("workers", {}))
+                recovery["workers_lost"] = len(seen - now)
+                seen.update(now)
+
+    watch()
+    seed = int(random_state)
     if w is None:
         ws, wt, b = np.zeros(m), np.zeros(2), 0.0
     else:
         ws, wt, b = w
+    if state is None:
+        state = _init_blocks(M, geo, rho, alpha0, seed)
+        if alpha0 is None and snap_on:
+            alpha0 = np.zeros(M.shape[1])
+    elif alpha0 is None and snap_on:
+        alpha0, _, state = _gather_alpha(M, state)
+    # the last copy of alpha on the driver with the (w, b) it belongs to, the rounds and trace entries before it
+    snap = (alpha0, ws, wt, b, 0, len(trace))
     update_bias = M.n_blocks == 1
-    trace = [] if trace is None else trace
     step = 0.0
     converged = False
     gap = obj = np.inf
-    for r in range(max_epochs + 1):
-        last = r == max_epochs
-        res, new_state = M.map_blocks(_round, ws, wt, b, step, float(m), C, gamma, update_bias, not last,
-                                      state=state, reduce="sum")
-        if hasattr(state, "release"):
-            state.release()
-        state = new_state
-        dws, tl = res[:m], res[m:]
-        dt, dS, ds, slope, gap, sa, ra = (float(v) for v in tl[:7])
-        wnorm2 = float(ws @ ws)  # ws is w itself: the driver folds the constant part in every round
-        obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
-        rel = gap / max(abs(obj), 1e-300)
+    r = 0
+    alpha = g = None
+    while True:
+        last = r >= max_epochs
+        try:
+            if state is None:
+                state = _init_blocks(M, geo, rho, snap[0], seed + 7919 * recovery["recoveries"])
+            res, new_state = M.map_blocks(_round, ws, wt, b, step, float(m), C, gamma, update_bias, not last,
+                                          state=state, reduce="sum")
+            if hasattr(state, "release"):
+                state.release()
+            state = new_state
+            dws, tl = res[:m], res[m:]
+            dt, dS, ds, slope, gap, sa, ra = (float(v) for v in tl[:7])
+            wnorm2 = float(ws @ ws)  # ws is w itself: the driver folds the constant part in every round
+            obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
+            rel = gap / max(abs(obj), 1e-300)
+            r += 1
+            done = rel <= tol or gap <= 0.0
+            fresh = False
+            if done or last or (snap_on and r % every == 0):
+                # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)
+                alpha, g, state = _gather_alpha(M, state)
+                snap = (alpha, ws, wt, b, r - 1, len(trace))
+                fresh = True
+                watch()
+        except Exception as e:
+            if not snap_on or snap[0] is None or not _is_lost(e) or recovery["recoveries"] >= _MAX_RECOVERIES:
+                raise
+            recovery["recoveries"] += 1
+            recovery["rounds_replayed"] += r - snap[4]
+            recovery.setdefault("errors", []).append(f"{type(e).__name__}: {str(e)[:200]}")
+            log.warning("MMFS: the block state was lost (%s: %s); rebuilding it from alpha at round %d",
+                        type(e).__name__, str(e)[:200], snap[5])
+            with contextlib.suppress(Exception):
+                if hasattr(state, "release"):
+                    state.release()
+            state = None
+            _, ws, wt, b, r, n = snap
+            del trace[n:]
+            step = 0.0
+            continue
         trace.append({"round": len(trace), "objective": obj, "duality_gap": gap, "relative_gap": rel,
                       "updates": int(tl[7]), "active": int(tl[8]), "gamma": gamma})
         log.debug("round %d: D = %.10g, gap = %.3g (relative %.3g), %d updates, %d active", len(trace) - 1, obj,
                   gap, rel, int(tl[7]), int(tl[8]))
-        if rel <= tol or gap <= 0.0:
+        if checkpoint is not None and fresh:
+            checkpoint.save(snap[0], {"round": snap[5], "gamma": gamma, "trace": trace[:snap[5]],
+                                      "converged": bool(done), **(checkpoint_meta or {})})
+        if done:
             converged = True
             break
         if last:
             break
+        alpha = g = None
         # exact line search along the summed direction d: the dual is quadratic along it, with slope
         # d^T grad D = sum_j d_j (g_j - rho_j) (summed by the blocks from the exact gradient) and curvature
         # ||dw||^2 + gamma ds^2 (dw = dws + dt 1 formed explicitly: no cancellation between its two parts)
@@ -242,7 +460,7 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
         wt = np.array([0.0, float(ws.sum())])
         b = b + gamma * step * ds
     return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
-            "trace": trace}
+            "trace": trace, "alpha": alpha, "g": g}
 
 
 def _support_size(M: Matrix, state: Any) -> int:
@@ -256,11 +474,19 @@ def _count_support(block, state):
 
 def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, theta: float = 0.5,
          gamma: Any = "auto", relevance_kind: Any = "correlation", tol: float = 1e-3, max_epochs: int = 500,
-         random_state: int = 0) -> MMFSResult:
+         random_state: int = 0, checkpoint: Any = "auto", checkpoint_every: int = 5,
+         resume: bool = False) -> MMFSResult:
     """Solve MMFS on ``M`` (its ``standardize`` gives the geometry) with labels ``y``; see the module docstring.
 
     ``gamma="auto"`` follows a decreasing path gamma = 1, 1/2, 1/4, ... with warm starts until the support holds
     ``n_features`` features (or gamma reaches 2^-30); a fixed gamma solves once.
+
+    The solver state never lives only on the workers: every ``checkpoint_every`` rounds alpha is gathered to the
+    driver (under a distributed client) and written to ``checkpoint`` (a directory; ``"auto"``: beside a local
+    store, ``<store>.dufs-side/mmfs-<hash of the problem>``, none for in-memory input; None: no file). A round that
+    fails because workers were lost rebuilds the block state from that copy and goes on (``diagnostics
+    ["recoveries"]``). ``resume=True`` continues from the checkpoint (``diagnostics["resumed_from_round"]``); a
+    checkpoint of another problem raises a ParameterError naming the file.
     """
     t0 = time.perf_counter()
     if not (isinstance(C, int | float) and C > 0):
@@ -271,6 +497,12 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         raise ParameterError(f"The 'tol' parameter of mmfs must be a float > 0; got {tol!r}.")
     if not (isinstance(max_epochs, int | np.integer) and max_epochs >= 1):
         raise ParameterError(f"The 'max_epochs' parameter of mmfs must be an int >= 1; got {max_epochs!r}.")
+    if not (isinstance(checkpoint_every, int | np.integer) and checkpoint_every >= 1):
+        raise ParameterError(f"The 'checkpoint_every' parameter of mmfs must be an int >= 1; "
+                             f"got {checkpoint_every!r}.")
+    if not (checkpoint is None or checkpoint == "auto" or isinstance(checkpoint, str | os.PathLike)):
+        raise ParameterError(f"The 'checkpoint' parameter of mmfs must be a directory path, 'auto' or None; "
+                             f"got {checkpoint!r}.")
     auto = isinstance(gamma, str)
     if auto and gamma != "auto":
         raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
@@ -282,27 +514,49 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     geo = geometry(M)
     r = relevance(M, y, geo, relevance_kind)
     rho = theta / (1.0 - theta) * r
+    problem = _problem(M, rho, C, theta, gamma, relevance_kind)
+    directory = default_checkpoint(M, problem) if checkpoint == "auto" else checkpoint
+    ck = None if directory is None else _Checkpoint(directory, problem)
+    if resume and ck is None:
+        raise ParameterError("mmfs(resume=True) needs a checkpoint directory: give checkpoint=<directory> (the "
+                             "default is beside a local store only)")
     trace: list = []
     gammas = [float(gamma)] if not auto else [2.0 ** -k for k in range(31)]
     want = n_features if n_features is not None else 1
     state = None
     w = None
+    alpha0 = None
+    first = 0
+    resumed_from = None
+    if resume:
+        got = ck.load()
+        if got is None:
+            log.info("mmfs(resume=True): no checkpoint at %s; starting from alpha = 0", ck.path)
+        else:
+            alpha0, meta = got
+            first = int(meta.get("gamma_index", 0))
+            trace = list(meta.get("trace", []))
+            resumed_from = int(meta["round"])
+            w = _primal(M, alpha0, gammas[first])
+            log.info("mmfs: resuming from %s at round %d (gamma %.3g)", ck.path, resumed_from, gammas[first])
+    recovery: dict = {}
     support = 0
-    for gk in gammas:
-        if w is not None:  # warm start: w depends on alpha only; b = gamma sum(alpha)
-            w = (w[0], w[1], gk * w[3] / w[4] if w[4] else 0.0)
+    for k in range(first, len(gammas)):
+        gk = gammas[k]
+        if w is not None and alpha0 is not None:  # warm start: w depends on alpha only; b = gamma sum(alpha)
+            w = (w[0], w[1], gk * float(alpha0.sum()))
         out = solve(M, rho, geo, C=float(C), gamma=gk, tol=float(tol), max_epochs=int(max_epochs),
-                    random_state=int(random_state), state=state, w=None if w is None else w[:3], trace=trace)
+                    random_state=int(random_state), state=state, w=w, trace=trace, alpha0=alpha0, checkpoint=ck,
+                    checkpoint_every=int(checkpoint_every), checkpoint_meta={"gamma_index": k}, recovery=recovery)
         state = out["state"]
-        w = (out["ws"], out["wt"], out["b"], out["b"], gk)
-        support = _support_size(M, state)
+        alpha0 = out["alpha"]
+        w = (out["ws"], out["wt"], out["b"])
+        support = int((alpha0 > 0).sum())
         log.info("gamma %.3g: %d features in the support, gap %.3g after %d rounds", gk, support, out["gap"],
                  len(trace))
         if support >= want:
             break
-    parts, _ = M.map_blocks(_take, state=state)
-    alpha = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
-    g = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    alpha, g = out["alpha"], out["g"]
     if hasattr(state, "release"):
         state.release()
     ws, wt, b = out["ws"], out["wt"], out["b"]
@@ -311,7 +565,12 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         "relative_gap": out["gap"] / max(abs(out["objective"]), 1e-300), "converged": out["converged"],
         "rounds": len(trace), "gamma": gk, "gamma_path": auto, "support": support, "n_partitions": M.n_blocks,
         "trace": trace, "solve_time": time.perf_counter() - t0,
+        "recoveries": int(recovery.get("recoveries", 0)), "rounds_replayed": int(recovery.get("rounds_replayed", 0)),
+        "checkpoint": None if ck is None else ck.path, "checkpoint_writes": 0 if ck is None else ck.writes,
+        "resumed_from_round": resumed_from, "workers_lost": int(recovery.get("workers_lost", 0)),
     }
+    if recovery.get("errors"):
+        diagnostics["recovery_errors"] = recovery["errors"]
     if n_features is not None and support < n_features:
         diagnostics["filled_by_gradient"] = int(n_features - support)
         log.info("the support holds %d features; the other %d are the closest to entering it (dual gradient)",

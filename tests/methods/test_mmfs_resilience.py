@@ -1,0 +1,229 @@
+"""MMFS survives lost workers and killed drivers: alpha is gathered to the driver and checkpointed (atomically)
+every few rounds, the block state is rebuilt from it, and ``resume=True`` continues from the checkpoint."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.optimize import minimize
+
+import dufs
+from dufs.engine.matrix import Matrix, as_matrix
+from dufs.errors import ParameterError
+from dufs.methods import mmfs as mmfs_module
+from dufs.methods.mmfs import mmfs
+
+GAMMA = 0.2
+STORE_CFG = {"dufs.store.feature-block-nnz": 200, "dufs.store.feature-granule": 8}
+
+
+def _problem(seed=3, n=200, d=64):
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
+    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
+    return X, y
+
+
+def _qp_objective(X, y, gamma, C=1.0):
+    """The dual optimum by L-BFGS-B on the dense dual, MMFS columns under standardize="scale"."""
+    D = X.toarray()
+    sd = D.std(0)
+    sd[(sd == 0) | (D.max(0) == D.min(0))] = 1.0
+    F = D / sd / np.sqrt(D.shape[0])
+    yc = y - y.mean()
+    rho = np.abs(F.T @ (yc / np.linalg.norm(yc)))
+    K = F.T @ F + gamma
+    res = minimize(lambda a: 0.5 * a @ K @ a - rho @ a, np.zeros(F.shape[1]), jac=lambda a: K @ a - rho,
+                   method="L-BFGS-B", bounds=[(0.0, C)] * F.shape[1],
+                   options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000, "maxcor": 50})
+    return float(res.fun)
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    X, y = _problem()
+    path = str(tmp_path_factory.mktemp("mmfs-res") / "store.zarr")
+    with dask.config.set(STORE_CFG):
+        dufs.write_store(X, path, y)
+    return {"X": X, "y": y, "path": path, "fref": _qp_objective(X, y, GAMMA)}
+
+
+def _ckpt_round(path):
+    with np.load(path) as z:
+        return json.loads(bytes(z["meta"]).decode())["round"]
+
+
+def _matches(d, fref, tol):
+    assert d["converged"]
+    assert -1e-12 <= d["objective"] - fref <= d["duality_gap"] + 1e-12
+    assert d["objective"] == pytest.approx(fref, rel=2 * tol)
+
+
+def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem):
+    distributed = pytest.importorskip("distributed")
+
+    class Killer(logging.Handler):
+        fired = False
+
+        def __init__(self, pid):
+            super().__init__()
+            self.pid = pid
+
+        def emit(self, record):
+            if not self.fired and record.getMessage().startswith("round 3:"):
+                Killer.fired = True
+                os.kill(self.pid, signal.SIGKILL)
+
+    tol = 1e-6
+    lg = logging.getLogger("dufs.methods.mmfs")
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                   silence_logs=50) as cluster,
+          distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+        client.wait_for_workers(2)
+        M = as_matrix(problem["path"], standardize="scale", persist=True)
+        assert M.n_blocks >= 4 and M.residency["mode"] == "persisted"
+        ref = mmfs(M, problem["y"], gamma=GAMMA, tol=tol, max_epochs=3000, checkpoint=None)
+        victim = sorted(client.run(os.getpid).values())[0]
+        handler = Killer(victim)
+        old = lg.level
+        lg.setLevel(logging.DEBUG)
+        lg.addHandler(handler)
+        try:
+            res = mmfs(M, problem["y"], gamma=GAMMA, tol=tol, max_epochs=3000, checkpoint=None, checkpoint_every=2)
+        finally:
+            lg.removeHandler(handler)
+            lg.setLevel(old)
+        M.release()
+    assert Killer.fired
+    d = res.diagnostics
+    _matches(d, problem["fref"], tol)
+    _matches(ref.diagnostics, problem["fref"], tol)
+    # the loss is reported: dask recomputed the lost work from the graph, or the state was rebuilt from alpha
+    assert d["workers_lost"] + d["recoveries"] >= 1
+    assert d["objective"] == pytest.approx(ref.diagnostics["objective"], rel=2 * tol)
+
+
+def test_lost_block_state_is_rebuilt_from_the_last_gathered_alpha(problem, tmp_path, monkeypatch):
+    """A round that fails as a lost future does is replayed from the driver's copy of alpha."""
+    tol = 1e-7
+    M = Matrix(problem["X"], standardize="scale", block_width=8)
+    real = Matrix.map_blocks
+    calls = {"round": 0}
+
+    def flaky(self, fn, *args, **kwargs):
+        if fn is mmfs_module._round:
+            calls["round"] += 1
+            if calls["round"] in (7, 12):
+                raise concurrent.futures.CancelledError("the worker holding the state was lost")
+        return real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(Matrix, "map_blocks", flaky)
+    with dask.config.set(scheduler="sync"):
+        res = mmfs(M, problem["y"], gamma=GAMMA, tol=tol, max_epochs=3000, checkpoint=str(tmp_path / "ck"),
+                   checkpoint_every=3)
+    d = res.diagnostics
+    assert d["recoveries"] == 2 and d["rounds_replayed"] >= 1
+    assert [t["round"] for t in d["trace"]] == list(range(d["rounds"]))
+    _matches(d, problem["fref"], tol)
+
+
+def test_killed_driver_resumes_from_the_checkpoint(problem, tmp_path):
+    ck = tmp_path / "ck"
+    script = textwrap.dedent(f"""
+        import logging, time
+        import dask
+        from dufs.engine.matrix import Matrix
+        from dufs.methods.mmfs import mmfs
+
+        class Slow(logging.Handler):
+            def emit(self, record):
+                time.sleep(0.03)
+
+        lg = logging.getLogger("dufs.methods.mmfs")
+        lg.setLevel(logging.DEBUG)
+        lg.addHandler(Slow())
+        with dask.config.set(scheduler="sync"):
+            M = Matrix({problem["path"]!r}, standardize="scale")
+            mmfs(M, M.y, gamma={GAMMA}, tol=1e-300, max_epochs=10**7, checkpoint={str(ck)!r}, checkpoint_every=2)
+        print("FINISHED")
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    path = ck / "checkpoint.npz"
+    k = 10
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if path.exists() and _ckpt_round(path) >= k:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL and b"FINISHED" not in out
+    saved = _ckpt_round(path)
+    assert saved >= k
+    assert not [p for p in os.listdir(ck) if ".tmp" in p]
+    tol = 1e-8
+    with dask.config.set(scheduler="sync"):
+        M = Matrix(problem["path"], standardize="scale")
+        res = mmfs(M, M.y, gamma=GAMMA, tol=tol, max_epochs=3000, checkpoint=str(ck), resume=True)
+    d = res.diagnostics
+    assert d["resumed_from_round"] == saved
+    assert d["trace"][saved]["round"] == saved and d["rounds"] > saved
+    _matches(d, problem["fref"], tol)
+
+
+def test_a_checkpoint_of_another_problem_is_refused_naming_the_file(problem, tmp_path):
+    ck = str(tmp_path / "ck")
+    with dask.config.set(scheduler="sync"):
+        M = Matrix(problem["path"], standardize="scale")
+        mmfs(M, M.y, gamma=GAMMA, tol=1e-3, max_epochs=4, checkpoint=ck, checkpoint_every=1)
+        target = os.path.join(ck, "checkpoint.npz")
+        for kw in ({"C": 0.5}, {"gamma": 0.1}, {"theta": 0.3}):
+            with pytest.raises(ParameterError, match=target.replace(".", r"\.") + ".*another problem"):
+                mmfs(M, M.y, **{"gamma": GAMMA, **kw}, checkpoint=ck, resume=True)
+        with pytest.raises(ParameterError, match="another problem"):
+            mmfs(M.with_standardize("zscore"), M.y, gamma=GAMMA, checkpoint=ck, resume=True)
+        with pytest.raises(ParameterError, match="needs a checkpoint directory"):
+            mmfs(Matrix(problem["X"]), problem["y"], resume=True)
+        # the default: a side directory next to the store, keyed by the problem
+        a = mmfs(M, M.y, gamma=GAMMA, tol=1e-3, max_epochs=4).diagnostics["checkpoint"]
+        b = mmfs(M, M.y, gamma=GAMMA, C=0.5, tol=1e-3, max_epochs=4).diagnostics["checkpoint"]
+    assert a.startswith(problem["path"] + ".dufs-side" + os.sep + "mmfs-") and os.path.exists(a) and a != b
+
+
+def test_checkpoint_writes_are_atomic(problem, tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    with dask.config.set(scheduler="sync"):
+        M = Matrix(problem["path"], standardize="scale")
+        mmfs(M, M.y, gamma=GAMMA, tol=1e-12, max_epochs=6, checkpoint=str(ck), checkpoint_every=2)
+        path = ck / "checkpoint.npz"
+        before = path.read_bytes()
+        assert os.listdir(ck) == ["checkpoint.npz"]
+        real = np.savez
+
+        def torn(f, **arrays):  # dies halfway through writing the file
+            real(f, **arrays)
+            f.truncate(40)
+            raise OSError("disk full")
+
+        monkeypatch.setattr(mmfs_module.np, "savez", torn)
+        with pytest.raises(OSError, match="disk full"):
+            mmfs(M, M.y, gamma=GAMMA, tol=1e-12, max_epochs=6, checkpoint=str(ck), checkpoint_every=2)
+    assert path.read_bytes() == before  # the old checkpoint is untouched, no temporary file is left
+    assert os.listdir(ck) == ["checkpoint.npz"]
