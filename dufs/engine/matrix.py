@@ -493,7 +493,9 @@ class Matrix:
             X = open_store(X)
         from dufs.data import SparseStore
 
+        self.store_path: str | None = None  # the store the blocks come from (kept when they are persisted)
         if isinstance(X, SparseStore):
+            self.store_path = X.path
             self.shape = X.shape
             self._src = _blocks_from_store(X)
             labels = X.y if y is None else y
