@@ -1,0 +1,145 @@
+"""QPFS (the hard-margin MMFS special case) against a generic solver of the simplex-constrained QP."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.optimize import minimize
+
+from dufs.data.datasets import load
+from dufs.engine.matrix import Matrix, as_matrix
+from dufs.errors import ParameterError
+from dufs.methods.qpfs import qpfs, solve_simplex
+
+
+def _features(X, mode):
+    """The MMFS feature columns, explicitly: the standardized dense matrix divided by sqrt(m) (None: raw)."""
+    D = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+    if mode is None:
+        return D
+    sd = D.std(0)
+    sd[(sd == 0) | (D.max(0) == D.min(0))] = 1.0
+    Z = (D - D.mean(0)) / sd if mode == "zscore" else D / sd
+    return Z / np.sqrt(D.shape[0])
+
+
+def _relevance(F, y):
+    yc = y - y.mean()
+    return np.abs(F.T @ (yc / np.linalg.norm(yc)))
+
+
+def _ref(Q, r, a):
+    """min 1/2 (1 - a) x^T Q x - a r^T x over x >= 0, 1^T x = 1 by SLSQP (a generic constrained solver)."""
+    d = r.shape[0]
+    res = minimize(lambda x: 0.5 * (1 - a) * x @ Q @ x - a * r @ x, np.full(d, 1.0 / d),
+                   jac=lambda x: (1 - a) * Q @ x - a * r, method="SLSQP", bounds=[(0.0, None)] * d,
+                   constraints=[{"type": "eq", "fun": lambda x: x.sum() - 1.0, "jac": lambda x: np.ones(d)}],
+                   options={"ftol": 1e-15, "maxiter": 5000})
+    assert res.success
+    return float(res.fun)
+
+
+def _problem(seed=0, n=90, d=40):
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
+    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
+    return X, y
+
+
+def _check(res, Q, r, a, fref):
+    x = res.x
+    d = res.diagnostics
+    f = 0.5 * (1 - a) * x @ Q @ x - a * r @ x
+    assert d["converged"]
+    assert abs(x.sum() - 1.0) <= 1e-12 and (x >= 0).all()
+    assert d["objective"] == pytest.approx(fref, rel=1e-6)
+    assert f == pytest.approx(d["objective"], rel=1e-9, abs=1e-12)
+    assert f - fref <= d["duality_gap"] + 1e-10  # SLSQP's optimum is itself only ~1e-12 exact
+    np.testing.assert_allclose(res.r, r, atol=1e-12)
+    np.testing.assert_allclose(res.g, (1 - a) * Q @ x - a * r, atol=1e-9)
+    rank = res.ranking()
+    assert sorted(rank.tolist()) == list(range(x.size)) and (x[rank[:d["support"]]] > 0).all()
+
+
+@pytest.mark.parametrize("mode", ["zscore", "scale", None])
+@pytest.mark.parametrize("width", [None, 7])
+@pytest.mark.parametrize("kind", ["linear", "poly2"])
+def test_objective_equals_a_generic_simplex_qp_solver(mode, width, kind):
+    X, y = _problem(1)
+    F = _features(X, mode)
+    Q = F.T @ F if kind == "linear" else (F.T @ F) ** 2
+    r = _relevance(F, y)
+    a = 0.6
+    with dask.config.set(scheduler="sync"):
+        res = qpfs(Matrix(X, standardize=mode, block_width=width), y, alpha_mix=a, kernel=kind, tol=1e-10)
+    _check(res, Q, r, a, _ref(Q, r, a))
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.9])
+def test_working_set_path_with_a_small_cache(a):
+    X, y = _problem(2, n=70, d=60)
+    F = _features(X, "zscore")
+    Q = (F.T @ F) ** 2
+    r = _relevance(F, y)
+    with dask.config.set(scheduler="sync"):
+        out = solve_simplex(Matrix(X, standardize="zscore", block_width=11), r, alpha_mix=a, kernel="poly2",
+                            tol=1e-10, batch_size=6, cache_bytes=8 * 60 * 8)
+    x = out["x"]
+    fref = _ref(Q, r, a)
+    assert out["converged"] and out["rounds"] > (0 if a == 0.9 else 1) and out["columns"].capacity == 8
+    assert out["objective"] == pytest.approx(fref, rel=1e-6)
+    assert abs(x.sum() - 1.0) <= 1e-12 and (x >= 0).all()
+    assert 0.5 * (1 - a) * x @ Q @ x - a * r @ x - fref <= out["gap"] + 1e-10
+
+
+@pytest.mark.parametrize("kind", ["linear", "poly2"])
+def test_real_set_matches_the_reference(kind):
+    X, y = load("allaml")
+    X = X[:, :60]  # fewer features than samples: SLSQP (the reference) stalls on the rank-deficient Q beyond that
+    F = _features(X, "zscore")
+    Q = F.T @ F if kind == "linear" else (F.T @ F) ** 2
+    r = _relevance(F, y.astype(float))
+    a = 0.5
+    with dask.config.set(scheduler="sync"):
+        res = qpfs(Matrix(X, standardize="zscore", block_width=25), y, alpha_mix=a, kernel=kind, tol=1e-10)
+    _check(res, Q, r, a, _ref(Q, r, a))
+
+
+def test_frank_wolfe_gap_bounds_the_suboptimality_before_convergence():
+    X, y = _problem(3, d=50)
+    F = _features(X, "zscore")
+    Q = F.T @ F
+    r = _relevance(F, y)
+    a = 0.2
+    fref = _ref(Q, r, a)
+    with dask.config.set(scheduler="sync"):
+        out = solve_simplex(Matrix(X, standardize="zscore"), r, alpha_mix=a, tol=1e-10, batch_size=2)
+    assert out["converged"] and out["rounds"] > 3
+    assert out["trace"][0]["duality_gap"] > 1e-3
+    for t in out["trace"]:
+        assert 0 <= t["objective"] - fref + 1e-10 <= t["duality_gap"] + 1e-10
+
+
+def test_parameters_are_checked():
+    X, y = _problem(0)
+    M = Matrix(X, standardize="zscore")
+    with pytest.raises(ParameterError, match="alpha_mix"):
+        qpfs(M, y, alpha_mix=1.0)
+    with pytest.raises(ParameterError, match="kernel"):
+        qpfs(M, y, kernel="cubic")
+    with pytest.raises(ParameterError, match="max_features"):
+        qpfs(M, y, kernel="poly2", max_features=20)
+
+
+def test_runs_on_a_process_cluster(cluster_client):
+    X, y = _problem(4, n=120, d=48)
+    F = _features(X, "scale")
+    Q = F.T @ F
+    r = _relevance(F, y)
+    with cluster_client.as_current():
+        M = as_matrix(X, standardize="scale", block_width=12, persist=True)
+        res = qpfs(M, y, alpha_mix=0.4, tol=1e-10)
+        M.release()
+    _check(res, Q, r, 0.4, _ref(Q, r, 0.4))
