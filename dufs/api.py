@@ -40,19 +40,48 @@ METHODS: dict[str, MethodSpec] = {
     "fisher": MethodSpec("fisher", lambda M, y, **p: filters.fisher_scores(M, y), True, True, None, 1),
     "laplacian": MethodSpec("laplacian", lambda M, y, **p: filters.laplacian_scores(M, **p), False, False, None, 2),
 }
-def _mmfs(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
-    from dufs.methods.mmfs import mmfs
-
+def _mmfs(M: Any, y: Any, *, n_features: int, kernel: str = "linear", rbf_gamma: Any = None,
+          max_features: Any = None, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
     if "relevance" in p:
         p["relevance_kind"] = p.pop("relevance")
-    res = mmfs(M, y, n_features=n_features, **p)
+    if kernel == "linear":
+        from dufs.methods.mmfs import mmfs
+
+        if rbf_gamma is not None or max_features is not None:
+            raise ParameterError("the 'rbf_gamma' and 'max_features' parameters of mmfs are for kernel='poly2' or "
+                                 "'rbf'")
+        res = mmfs(M, y, n_features=n_features, **p)
+    elif kernel in ("poly2", "rbf"):
+        from dufs.methods.mmfs_kernel import mmfs_kernel
+
+        extra = set(p) & {"checkpoint", "checkpoint_every", "resume"}
+        if extra:
+            raise ParameterError(f"mmfs with kernel={kernel!r} takes no {sorted(extra)} (checkpoints are for the "
+                                 f"linear kernel)")
+        res = mmfs_kernel(M, y, kernel=kernel, n_features=n_features, rbf_gamma=rbf_gamma, max_features=max_features,
+                          **p)
+    else:
+        raise ParameterError(f"The 'kernel' parameter of mmfs must be 'linear', 'poly2' or 'rbf'; got {kernel!r}.")
     d = dict(res.diagnostics)
+    d.setdefault("kernel", kernel)
     return res.alpha, res.ranking(), d
 
 
+def _qpfs(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
+    from dufs.methods.qpfs import qpfs
+
+    if "relevance" in p:
+        p["relevance_kind"] = p.pop("relevance")
+    res = qpfs(M, y, **p)
+    return res.x, res.ranking(), dict(res.diagnostics)
+
+
 METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
+METHODS["qpfs"] = MethodSpec("qpfs", _qpfs, True, True, "zscore", 0)
+_RANKED = {"mmfs", "qpfs"}  # methods that rank the features themselves and take n_features
 _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state", "checkpoint",
-                    "checkpoint_every", "resume"},
+                    "checkpoint_every", "resume", "kernel", "rbf_gamma", "max_features"},
+           "qpfs": {"alpha_mix", "kernel", "relevance", "tol", "max_epochs", "rbf_gamma", "max_features"},
            "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
                           "random_state"}}
 
@@ -79,7 +108,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
     y : array-like, optional
         Labels (supervised methods); a store's own labels are used by default.
-    method : {"variance", "correlation", "fisher", "laplacian", "mmfs"}
+    method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs"}
     n_features : int
         How many features to select, in [1, n_features of X].
     client : distributed.Client, optional
@@ -126,7 +155,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
             if spec.supervised and M.y is None:
                 raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
             with timer("score", timings, log):
-                extra = {"n_features": int(n_features)} if method == "mmfs" else {}
+                extra = {"n_features": int(n_features)} if method in _RANKED else {}
                 got = spec.score(M, M.y, **params, **extra)
                 scores, order, method_diag = got if isinstance(got, tuple) else (got, None, {})
             n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0

@@ -269,6 +269,9 @@ class MMFS(_DufsSelector):
         are the features closest to entering it (dual gradient).
     relevance : {"correlation", "fisher"}, default "correlation"
         |f_i^T y~| (|Pearson correlation| under "zscore") or normalised Fisher scores.
+    kernel : {"linear", "poly2", "rbf"}, default "linear"
+        Similarity between features: f_i^T f_j (the correlation under "zscore"), its square (the paper's
+        squared-correlation kernel) or a Gaussian; the nonlinear kernels are for up to ~1e5 features.
     tol : float > 0, default 1e-3
         Relative duality gap at which the solver stops.
     max_epochs : int, default 500
@@ -298,26 +301,28 @@ class MMFS(_DufsSelector):
     """
 
     _method = "mmfs"
-    _method_params = ("C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state")
+    _method_params = ("C", "theta", "gamma", "relevance", "kernel", "tol", "max_epochs", "random_state")
     _parameter_constraints: ClassVar[dict] = {
         **_DufsSelector._parameter_constraints,
         "C": [Interval(Real, 0, None, closed="neither")],
         "theta": [Interval(Real, 0, 1, closed="neither")],
         "gamma": [StrOptions({"auto"}), Interval(Real, 0, None, closed="neither")],
         "relevance": [StrOptions({"correlation", "fisher"})],
+        "kernel": [StrOptions({"linear", "poly2", "rbf"})],
         "tol": [Interval(Real, 0, None, closed="neither")],
         "max_epochs": [Interval(Integral, 1, None, closed="left")],
         "random_state": [Interval(Integral, 0, None, closed="left")],
     }
 
     def __init__(self, n_features: int = 10, *, C: float = 1.0, theta: float = 0.5, gamma: Any = "auto",
-                 relevance: str = "correlation", tol: float = 1e-3, max_epochs: int = 500, random_state: int = 0,
-                 standardize: str | None = METHODS["mmfs"].standardize, client: Any = None):
+                 relevance: str = "correlation", kernel: str = "linear", tol: float = 1e-3, max_epochs: int = 500,
+                 random_state: int = 0, standardize: str | None = METHODS["mmfs"].standardize, client: Any = None):
         self.n_features = n_features
         self.C = C
         self.theta = theta
         self.gamma = gamma
         self.relevance = relevance
+        self.kernel = kernel
         self.tol = tol
         self.max_epochs = max_epochs
         self.random_state = random_state

@@ -157,7 +157,8 @@ def test_fixed_gamma_fills_the_rest_by_the_dual_gradient():
 def test_bad_parameters_are_named():
     X, y = _problem(6)
     for kw, name in [({"C": 0}, "'C'"), ({"theta": 1.0}, "'theta'"), ({"gamma": "big"}, "'gamma'"),
-                     ({"tol": -1}, "'tol'"), ({"relevance": "nope"}, "'relevance'")]:
+                     ({"tol": -1}, "'tol'"), ({"relevance": "nope"}, "'relevance'"), ({"kernel": "cubic"}, "'kernel'"),
+                     ({"rbf_gamma": 1.0}, "'rbf_gamma'")]:
         with pytest.raises(ParameterError, match=name):
             dufs.fit(X, y, method="mmfs", n_features=3, **kw)
     with pytest.raises(ParameterError, match="supervised"):
