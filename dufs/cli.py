@@ -433,17 +433,17 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
 
 @app.command()
 def bench(
-    what: str = typer.Argument(..., help="What to measure: ingest or pass."),
+    what: str = typer.Argument(..., help="What to measure: ingest, pass or mmfs."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
                                        "3 for ingest, 7 for pass)."),
     work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (ingest: default a temp dir; pass: "
                                          "where the synthetic store is built and reused, default "
                                          "<tmp>/dufs-bench)."),
-    rows: int = typer.Option(2_000_000, "--rows", help="pass: rows (samples) of the synthetic store."),
-    features: int = typer.Option(5_000_000, "--features", help="pass: features of the synthetic store."),
-    nnz_per_row: int = typer.Option(30, "--nnz-per-row", help="pass: nonzeros a row."),
-    store: Path | None = typer.Option(None, "--store", help="pass: the store path (reused when it holds the same "
+    rows: int = typer.Option(2_000_000, "--rows", help="pass, mmfs: rows (samples) of the synthetic store."),
+    features: int = typer.Option(5_000_000, "--features", help="pass, mmfs: features of the synthetic store."),
+    nnz_per_row: int = typer.Option(30, "--nnz-per-row", help="pass, mmfs: nonzeros a row."),
+    store: Path | None = typer.Option(None, "--store", help="pass, mmfs: the store path (reused when it holds the same "
                                       "synthetic spec, else built there)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
@@ -454,8 +454,11 @@ def bench(
     elif what == "pass":
         _bench.pass_(rows=rows, features=features, nnz_per_row=nnz_per_row, repeats=repeats or 7, work_dir=work_dir,
                      store=store, console=out)
+    elif what == "mmfs":
+        _bench.mmfs(rows=rows, features=features, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store,
+                    console=out)
     else:
-        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass"))
+        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs"))
 
 
 def main() -> None:

@@ -47,21 +47,67 @@ def _next(state):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def _block_order(index, n_active, width, order, rng):
+    """Rewrite ``index[:n_active]`` (the same set) in storage order (``order < 0``) or block-random order (runs of
+    ``order`` consecutive active coordinates, runs in random order, each run shuffled). O(width)."""
+    mark = np.zeros(width, dtype=np.bool_)
+    for s in range(n_active):
+        mark[index[s]] = True
+    k = 0
+    for j in range(width):
+        if mark[j]:
+            index[k] = j
+            k += 1
+    if order < 0 or n_active <= 1:
+        return
+    B = order
+    n_runs = (n_active + B - 1) // B
+    runs = np.arange(n_runs)
+    for s in range(n_runs - 1, 0, -1):
+        r = np.int64(_next(rng) % np.uint64(s + 1))
+        tmp = runs[s]
+        runs[s] = runs[r]
+        runs[r] = tmp
+    src = index[:n_active].copy()
+    k = 0
+    for q in range(n_runs):
+        lo = runs[q] * B
+        hi = min(lo + B, n_active)
+        base = k
+        for s in range(lo, hi):
+            index[k] = src[s]
+            k += 1
+        for s in range(hi - lo - 1, 0, -1):
+            r = np.int64(_next(rng) % np.uint64(s + 1))
+            tmp = index[base + s]
+            index[base + s] = index[base + r]
+            index[base + r] = tmp
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, gamma, ws, wt, m, bias,
-              update_bias, index, n_active, pg_old, rng):
+              update_bias, index, n_active, pg_old, rng, order=0):
     """One DCD epoch over the active coordinates ``index[:n_active]`` in a fresh random order.
+
+    ``order`` picks the visit order: 0 (the default) a uniformly random permutation; ``B > 0`` block-random
+    (cache-aware): the active coordinates in storage order cut into runs of ``B`` consecutive ones, the runs
+    visited in a random order and each run shuffled (the per-feature arrays and the column buffers of a run stay
+    in cache); ``-1`` storage order (no shuffle; for measurements).
 
     Updates ``alpha``, ``ws``, ``wt`` in place and, when ``update_bias``, ``bias[0]`` (else the bias is held at its
     value, as in a distributed round). ``pg_old`` = ``[PGmax_old, PGmin_old]`` drives shrinking; ``rng`` is a
     one-element uint64 array (the generator's state). Returns ``(n_active, PGmax_new, PGmin_new, n_updates)``.
     """
     t_inf = np.inf
-    # Fisher-Yates shuffle of the active set
-    for s in range(n_active - 1, 0, -1):
-        r = np.int64(_next(rng) % np.uint64(s + 1))
-        tmp = index[s]
-        index[s] = index[r]
-        index[r] = tmp
+    if order == 0:
+        # Fisher-Yates shuffle of the active set
+        for s in range(n_active - 1, 0, -1):
+            r = np.int64(_next(rng) % np.uint64(s + 1))
+            tmp = index[s]
+            index[s] = index[r]
+            index[r] = tmp
+    else:
+        _block_order(index, n_active, indptr.shape[0] - 1, order, rng)
     pgmax_old, pgmin_old = pg_old[0], pg_old[1]
     pgmax_new, pgmin_new = -t_inf, t_inf
     n_upd = 0
