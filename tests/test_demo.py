@@ -36,6 +36,11 @@ def test_demo_runs_on_a_local_cluster(tmp_path):
     assert "Fisher score, top 50 of 50,000 features, on 2 workers in" in text
     assert f"{found} of the 20 informative features recovered" in text
     assert "|correlation|, top 50 of 50,000 features, on 2 workers" in text
+    mm = dufs.Selection.from_json(tmp_path / "mmfs-50.json")
+    found_mm = len(set(mm.indices.tolist()) & set(gt["informative"]))
+    assert "MMFS-DCD, top 50 of 50,000 features, on 2 workers in" in text
+    assert mm.method == "mmfs" and mm.diagnostics["converged"] and mm.diagnostics["relative_gap"] <= 1e-3
+    assert f"{found_mm} of the 20 informative features recovered" in text.split("MMFS-DCD, top 50")[1][:200]
     # the real set: stores of a stratified 75/25 split of PCMAC, and the table's accuracies are LinearSVC(C=1) on
     # the top K features of a dense NumPy Fisher score, computed here independently
     from sklearn.model_selection import train_test_split
