@@ -38,6 +38,10 @@ from dufs.kernels.dcd import dcd_epoch, dcd_gradient, gap_terms
 
 log = get_logger(__name__)
 
+# block-random visit order (runs of this many consecutive features, the runs and each run shuffled): measured by
+# `dufs bench mmfs` on the 2M x 5M store, 1 worker: 1.61 s a round against 2.38 s in uniformly random order (the
+# per-feature arrays and column buffers of a run stay in cache), to the same gap in about as many rounds
+_VISIT_ORDER = 1024
 _TAIL = 10  # scalars appended to a block's delta of w in a round's result
 
 
@@ -170,7 +174,7 @@ def _round(block, state, ws, wt, b, step, m, C, gamma, update_bias, epoch):
     rng = st["rng"].copy()
     n_active, pgmax, pgmin, n_upd = dcd_epoch(block.indptr, block.indices, block.data, st["coef"], st["shift"],
                                               st["colsum"], st["qii"], st["rho"], a, C, gamma, wsl, wtl, m, bias,
-                                              update_bias, index, st["n_active"], st["pg"], rng)
+                                              update_bias, index, st["n_active"], st["pg"], rng, _VISIT_ORDER)
     # LIBLINEAR's shrinking bookkeeping, per block; the stopping decision is the driver's (the duality gap)
     pg_eps = st["pg_eps"]
     if pgmax - pgmin <= pg_eps:
