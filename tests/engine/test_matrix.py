@@ -11,29 +11,16 @@ from hypothesis import strategies as st
 from dufs.data import write_store
 from dufs.engine.matrix import ColumnStats, Matrix
 from dufs.errors import ParameterError
+from dufs.testing.references import dense_z as _dense_z
+from dufs.testing.references import tame as _tame
 from dufs.testing.strategies import sparse_matrices
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 MODES = ["zscore", "scale", None]
 
 
-def _tame(X):
-    """Bounded, few-digit values (so float64 references agree to 1e-10 even for nearly constant columns)."""
-    A = sp.csr_array(X, copy=True)
-    A.data = np.round(np.clip(A.data, -10, 10), 1).astype(A.dtype)
-    A.eliminate_zeros()
-    return A
 
 
-def _dense_z(D, mode):
-    """The explicitly transformed dense matrix."""
-    if mode is None:
-        return D
-    sd = D.std(0)
-    sd[(D.max(0) == D.min(0)) | (sd == 0)] = 1.0
-    if mode == "scale":
-        return D / sd
-    return (D - D.mean(0)) / sd
 
 
 def _check_stats(st_, D, y=None):

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from dufs import write_store
 from dufs.engine import BlockState, Matrix, PerBlock, as_matrix
+from dufs.testing.references import dense_z as _dense_z
+from dufs.testing.references import tame as _tame
 from dufs.testing.strategies import sparse_matrices
 
 # the cluster's client threads use the global ``random`` module while Hypothesis draws an example (harmless here)
@@ -43,23 +45,8 @@ def _settings(sched):
 
 
 # ---------------------------------------------------------------------------------------------------- references
-def _tame(X):
-    """Bounded, few-digit values (so float64 references agree to 1e-10 even for nearly constant columns)."""
-    A = sp.csr_array(X, copy=True)
-    A.data = np.round(np.clip(A.data, -10, 10), 1).astype(A.dtype)
-    A.eliminate_zeros()
-    return A
 
 
-def _dense_z(D, mode):
-    """The explicitly transformed dense matrix: population std, a zero std taken as 1."""
-    if mode is None:
-        return D
-    sd = D.std(0)
-    sd[(D.max(0) == D.min(0)) | (sd == 0)] = 1.0
-    if mode == "scale":
-        return D / sd
-    return (D - D.mean(0)) / sd
 
 
 def _ref_topk(s, k, largest):

@@ -13,17 +13,7 @@ from dufs.data.datasets import load
 from dufs.engine.matrix import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs import mmfs
-
-
-def _features(X, mode):
-    """The MMFS feature columns, explicitly: the standardized dense matrix divided by sqrt(m) (None: raw)."""
-    D = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
-    if mode is None:
-        return D
-    sd = D.std(0)
-    sd[(sd == 0) | (D.max(0) == D.min(0))] = 1.0
-    F = (D - D.mean(0)) / sd if mode == "zscore" else D / sd
-    return F / np.sqrt(D.shape[0])
+from dufs.testing.references import mmfs_features as _features
 
 
 def _qp(F, y, C, gamma, theta=0.5):

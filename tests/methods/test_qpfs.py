@@ -12,22 +12,8 @@ from dufs.data.datasets import load
 from dufs.engine.matrix import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.qpfs import qpfs, solve_simplex
-
-
-def _features(X, mode):
-    """The MMFS feature columns, explicitly: the standardized dense matrix divided by sqrt(m) (None: raw)."""
-    D = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
-    if mode is None:
-        return D
-    sd = D.std(0)
-    sd[(sd == 0) | (D.max(0) == D.min(0))] = 1.0
-    Z = (D - D.mean(0)) / sd if mode == "zscore" else D / sd
-    return Z / np.sqrt(D.shape[0])
-
-
-def _relevance(F, y):
-    yc = y - y.mean()
-    return np.abs(F.T @ (yc / np.linalg.norm(yc)))
+from dufs.testing.references import label_relevance as _relevance
+from dufs.testing.references import mmfs_features as _features
 
 
 def _ref(Q, r, a):
