@@ -118,6 +118,25 @@ def relevance(M: Matrix, y: np.ndarray, geo: dict, kind: Any = "correlation") ->
                          f"got {kind!r}.")
 
 
+def margins(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> tuple[bool, dict, np.ndarray,
+                                                                                     np.ndarray]:
+    """Check ``theta``, ``gamma`` and the labels; return (gamma is "auto", the geometry, the relevance r, the
+    margins rho = theta / (1 - theta) r)."""
+    if not (isinstance(theta, int | float) and 0 < theta < 1):
+        raise ParameterError(f"The 'theta' parameter of mmfs must be a float in (0, 1); got {theta!r}.")
+    auto = isinstance(gamma, str)
+    if auto and gamma != "auto":
+        raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
+    if not auto and not (isinstance(gamma, int | float) and gamma > 0):
+        raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
+    y = np.asarray(y, dtype=np.float64).ravel()
+    if y.shape != (M.shape[0],):
+        raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
+    geo = geometry(M)
+    r = relevance(M, y, geo, relevance_kind)
+    return auto, geo, r, theta / (1.0 - theta) * r
+
+
 # ---------------------------------------------------------------------------------------------------- blocks
 def _init_state(block, coef, shift, colsum, qii, rho, alpha0, seed):
     w = block.width
@@ -507,17 +526,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     if not (checkpoint is None or checkpoint == "auto" or isinstance(checkpoint, str | os.PathLike)):
         raise ParameterError(f"The 'checkpoint' parameter of mmfs must be a directory path, 'auto' or None; "
                              f"got {checkpoint!r}.")
-    auto = isinstance(gamma, str)
-    if auto and gamma != "auto":
-        raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
-    if not auto and not (isinstance(gamma, int | float) and gamma > 0):
-        raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
-    y = np.asarray(y, dtype=np.float64).ravel()
-    if y.shape != (M.shape[0],):
-        raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
-    geo = geometry(M)
-    r = relevance(M, y, geo, relevance_kind)
-    rho = theta / (1.0 - theta) * r
+    auto, geo, r, rho = margins(M, y, theta, gamma, relevance_kind)
     problem = _problem(M, rho, C, theta, gamma, relevance_kind)
     directory = default_checkpoint(M, problem) if checkpoint == "auto" else checkpoint
     ck = None if directory is None else _Checkpoint(directory, problem)

@@ -304,23 +304,11 @@ def mmfs_kernel(M: Matrix, y: Any, *, kernel: str = "poly2", n_features: int | N
 
     Returns an :class:`~dufs.methods.mmfs.MMFSResult` whose ``w`` is empty (w lives in the kernel's feature space);
     ``b`` = gamma sum alpha and ``g`` = (K alpha)_i + b as for the linear kernel."""
-    from dufs.methods.mmfs import MMFSResult, geometry, relevance
+    from dufs.methods.mmfs import MMFSResult, margins
 
     t0 = time.perf_counter()
     check_size(M, max_features)
-    if not (isinstance(theta, int | float) and 0 < theta < 1):
-        raise ParameterError(f"The 'theta' parameter of mmfs must be a float in (0, 1); got {theta!r}.")
-    auto = isinstance(gamma, str)
-    if auto and gamma != "auto":
-        raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
-    if not auto and not (isinstance(gamma, int | float) and gamma > 0):
-        raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
-    y = np.asarray(y, dtype=np.float64).ravel()
-    if y.shape != (M.shape[0],):
-        raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
-    geo = geometry(M)
-    r = relevance(M, y, geo, relevance_kind)
-    rho = theta / (1.0 - theta) * r
+    auto, _, r, rho = margins(M, y, theta, gamma, relevance_kind)
     gammas = [float(gamma)] if not auto else [2.0 ** -k for k in range(31)]
     want = n_features if n_features is not None else 1
     trace: list = []
