@@ -111,9 +111,10 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs"}
     n_features : int
         How many features to select, in [1, n_features of X].
-    client : distributed.Client, optional
+    client : distributed.Client or False, optional
         Default: the active client; else, for stores and Dask arrays, an embedded LocalCluster of processes;
-        small in-memory inputs run synchronously without a cluster.
+        small in-memory inputs run synchronously without a cluster. ``False``: no cluster, run in this process
+        (local threads for stores and Dask arrays).
     standardize : {"zscore", "scale", None}
         The implicit transform; the default is the method's (``dufs.api.METHODS[method].standardize``).
     **params
@@ -138,11 +139,12 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     in_memory = not (_is_dask(X) or isinstance(X, (str, os.PathLike)) or type(X).__name__ == "SparseStore")
-    sync = client is None and active_client() is None and in_memory
-    with get_client(client, synchronous=sync) as c:
+    local = client is False  # run in this process, no cluster: synchronous for in-memory input, else threads
+    sync = local or (client is None and active_client() is None and in_memory)
+    with get_client(None if local else client, synchronous=sync) as c:
         import dask
 
-        ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync")
+        ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync" if in_memory else "threads")
         with ctx:
             with timer("load", timings, log):
                 if _is_dask(y):

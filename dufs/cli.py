@@ -236,7 +236,9 @@ def select(
         with cluster(scheduler, workers) as client, _pass_progress() as report, on_pass(report):
             if client is not None and getattr(client, "dashboard_link", None):
                 console.print(f"dashboard: {client.dashboard_link}", highlight=False, soft_wrap=True)
-            sel = dufs.fit(store, method=method, n_features=k, client=client, standardize=std, **params)
+            local = client is None and workers == 0 and not scheduler  # --workers 0: threads in this process
+            sel = dufs.fit(store, method=method, n_features=k, client=False if local else client, standardize=std,
+                           **params)
         if output is not None:
             sel.to_json(output)
     except DufsError as exc:

@@ -521,13 +521,18 @@ class Matrix:
         if self.y is not None and self.y.shape != (self.shape[0],):
             raise ParameterError(f"X has {self.shape[0]} rows but y has shape {self.y.shape}")
         self._stats: ColumnStats | None = None
-        self.passes = 0
+        self._passes = [0]  # shared with the with_standardize() views of the same blocks
 
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:
         n, d = self.shape
         return (f"<dufs.engine.Matrix {n} x {d}, nnz={self.nnz}, {self.n_blocks} feature blocks, "
                 f"standardize={self.standardize!r}, {self.residency['mode']}>")
+
+    @property
+    def passes(self) -> int:
+        """Passes over the data made so far (by this matrix and its ``with_standardize`` views)."""
+        return self._passes[0]
 
     @property
     def n_blocks(self) -> int:
@@ -669,7 +674,7 @@ class Matrix:
         return list(zip(self._src, self.blocks, strict=True))
 
     def _pass(self, tasks: list, name: str = "pass") -> list:
-        self.passes += 1
+        self._passes[0] += 1
         return run_pass(name, tasks)
 
     def _transform(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -737,7 +742,7 @@ class Matrix:
     def _resident(self, tasks: list) -> BlockState:
         """Run a pass whose per-block results stay on the workers (a BlockState of futures), or in this process."""
         client = _client()
-        self.passes += 1
+        self._passes[0] += 1
         if client is None:
             return BlockState(_compute(tasks))
         from distributed import wait
@@ -885,7 +890,7 @@ class Matrix:
         new = [g(p, 0) for p in pairs]
         res = [g(p, 1) for p in pairs]
         client = _client()
-        self.passes += 1
+        self._passes[0] += 1
         if client is None:
             got = _compute(new + res)
             return (_tree_sum_values(got[self.n_blocks:]) if reduce == "sum" else got[self.n_blocks:],
