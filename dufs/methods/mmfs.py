@@ -425,10 +425,16 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
         try:
             if state is None:
                 state = _init_blocks(M, geo, rho, snap[0], seed + 7919 * recovery["recoveries"])
-            res, new_state = M.map_blocks(_round, ws, wt, b, step, float(m), C, gamma, update_bias, not last,
+            # under a cluster w travels scattered, not inside the graph: the scheduler keeps the task specs of the
+            # whole chain of block states, and an embedded w would stay there once per round (m floats each); a
+            # lost chain is rebuilt from the driver's last copy of alpha instead (below)
+            w_arg = client.scatter(ws, hash=False) if client is not None else ws
+            res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, update_bias, not last,
                                           state=state, reduce="sum")
             if hasattr(state, "release"):
                 state.release()
+            if client is not None:
+                w_arg.release()
             state = new_state
             dws, tl = res[:m], res[m:]
             dt, dS, ds, slope, gap, sa, ra = (float(v) for v in tl[:7])
