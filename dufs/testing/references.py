@@ -41,3 +41,36 @@ def label_relevance(F, y):
     y = np.asarray(y, dtype=np.float64)
     yc = y - y.mean()
     return np.abs(F.T @ (yc / np.linalg.norm(yc)))
+
+
+def check_column_stats(st, D, y=None, tol=None):
+    """Assert that column statistics ``st`` are those of the dense matrix ``D`` (per class too when ``y``)."""
+    tol = {"rtol": 1e-10, "atol": 1e-10} if tol is None else tol
+    n = D.shape[0]
+    assert st.n_rows == n
+    np.testing.assert_allclose(st.sum, D.sum(0), **tol)
+    np.testing.assert_allclose(st.sumsq, (D * D).sum(0), **tol)
+    np.testing.assert_array_equal(st.nnz, (D != 0).sum(0))
+    np.testing.assert_array_equal(st.min, D.min(0))
+    np.testing.assert_array_equal(st.max, D.max(0))
+    np.testing.assert_allclose(st.mean(), D.mean(0), **tol)
+    var = D.var(0)
+    var[D.max(0) == D.min(0)] = 0.0
+    np.testing.assert_allclose(st.var(), var, **tol)
+    np.testing.assert_allclose(st.std(), np.sqrt(var), **tol)
+    if y is not None:
+        classes = np.unique(y)
+        np.testing.assert_array_equal(st.classes, classes)
+        for i, c in enumerate(classes):
+            assert st.class_count[i] == (y == c).sum()
+            np.testing.assert_allclose(st.class_sum[i], D[y == c].sum(0), **tol)
+            np.testing.assert_allclose(st.class_sumsq[i], (D[y == c] ** 2).sum(0), **tol)
+            np.testing.assert_allclose(st.class_mean()[i], D[y == c].mean(0), **tol)
+
+
+def labelled_problem(seed=0, n=90, d=40):
+    """A small sparse problem whose labels depend on its first three features (MMFS and QPFS tests)."""
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
+    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
+    return X, y

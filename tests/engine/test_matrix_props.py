@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from dufs import write_store
 from dufs.engine import BlockState, Matrix, PerBlock, as_matrix
+from dufs.testing.references import check_column_stats as _check_stats
 from dufs.testing.references import dense_z as _dense_z
 from dufs.testing.references import tame as _tame
 from dufs.testing.strategies import sparse_matrices
@@ -136,30 +137,6 @@ def _build(X, y, width, mode, source, tmp_path):
     return M
 
 
-def _check_stats(st_, D, y=None):
-    n = D.shape[0]
-    assert st_.n_rows == n
-    np.testing.assert_allclose(st_.sum, D.sum(0), **TOL)
-    np.testing.assert_allclose(st_.sumsq, (D * D).sum(0), **TOL)
-    np.testing.assert_array_equal(st_.nnz, (D != 0).sum(0))
-    np.testing.assert_array_equal(st_.min, D.min(0))
-    np.testing.assert_array_equal(st_.max, D.max(0))
-    np.testing.assert_allclose(st_.mean(), D.mean(0), **TOL)
-    var = D.var(0)
-    var[D.max(0) == D.min(0)] = 0.0
-    np.testing.assert_allclose(st_.var(), var, **TOL)
-    np.testing.assert_allclose(st_.std(), np.sqrt(var), **TOL)
-    if y is not None:
-        classes = np.unique(y)
-        np.testing.assert_array_equal(st_.classes, classes)
-        assert st_.class_sum.shape == (classes.shape[0], D.shape[1])
-        for i, c in enumerate(classes):
-            assert st_.class_count[i] == (y == c).sum()
-            np.testing.assert_allclose(st_.class_sum[i], D[y == c].sum(0), **TOL)
-            np.testing.assert_allclose(st_.class_sumsq[i], (D[y == c] ** 2).sum(0), **TOL)
-            np.testing.assert_allclose(st_.class_mean()[i], D[y == c].mean(0), **TOL)
-    else:
-        assert not st_.has_classes
 
 
 def _matrices(max_rows=20, max_cols=14):

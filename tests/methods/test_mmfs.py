@@ -13,6 +13,7 @@ from dufs.data.datasets import load
 from dufs.engine.matrix import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs import mmfs
+from dufs.testing.references import labelled_problem as _problem
 from dufs.testing.references import mmfs_features as _features
 
 
@@ -27,12 +28,6 @@ def _qp(F, y, C, gamma, theta=0.5):
                    options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000, "maxcor": 50})
     return float(res.fun), res.x, rho
 
-
-def _problem(seed=0, n=90, d=40):
-    rng = np.random.default_rng(seed)
-    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
-    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
-    return X, y
 
 
 @pytest.mark.parametrize("mode", ["zscore", "scale", None])

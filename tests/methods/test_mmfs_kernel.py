@@ -5,13 +5,13 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from scipy.optimize import minimize
 
 from dufs.data.datasets import load
 from dufs.engine.matrix import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs_kernel import MAX_KERNEL_FEATURES, mmfs_kernel, solve_kernel
+from dufs.testing.references import labelled_problem as _problem
 from dufs.testing.references import mmfs_features as _features
 
 
@@ -45,12 +45,6 @@ def _qp(K, rho, C, gamma):
                    options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000, "maxcor": 50})
     return float(res.fun)
 
-
-def _problem(seed=0, n=90, d=40):
-    rng = np.random.default_rng(seed)
-    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
-    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
-    return X, y
 
 
 def _check(out, K, rho, C, gamma, fref):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from scipy.optimize import minimize
 
 from dufs.data.datasets import load
@@ -13,6 +12,7 @@ from dufs.engine.matrix import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.qpfs import qpfs, solve_simplex
 from dufs.testing.references import label_relevance as _relevance
+from dufs.testing.references import labelled_problem as _problem
 from dufs.testing.references import mmfs_features as _features
 
 
@@ -26,12 +26,6 @@ def _ref(Q, r, a):
     assert res.success
     return float(res.fun)
 
-
-def _problem(seed=0, n=90, d=40):
-    rng = np.random.default_rng(seed)
-    X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
-    y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
-    return X, y
 
 
 def _check(res, Q, r, a, fref):
