@@ -265,6 +265,19 @@ def _task_timeline(records: list, prefix: str) -> tuple[float, float, float]:
     return total, first, last
 
 
+def _bench_store(rows: int, features: int, nnz_per_row: int, seed: int, work_dir: Path | None,
+                 store: Path | None, say: Any) -> Any:
+    """The synthetic store the pass and MMFS benchmarks share: ``store``, else one named by its spec under
+    ``work_dir`` (default a temp dir), built once and reused."""
+    from dufs.data.synthetic import SyntheticSpec
+
+    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row, seed=seed)
+    if store is None:
+        root = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "dufs-bench"
+        store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}.zarr"
+    return ensure_synthetic_store(Path(store), spec, say=say)
+
+
 def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, repeats: int = 7,
           work_dir: Path | None = None, store: Path | None = None, console: Any = None,
           workers: tuple[int, ...] = (1, 2), seed: int = 0) -> dict:
@@ -274,15 +287,10 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     the results agree."""
     from distributed import get_task_stream
 
-    from dufs.data.synthetic import SyntheticSpec
     from dufs.engine import as_matrix
 
     say = console.print if console is not None else print
-    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row, seed=seed)
-    if store is None:
-        root = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "dufs-bench"
-        store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}.zarr"
-    st = ensure_synthetic_store(Path(store), spec, say=say)
+    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
     nnz = int(st.nnz)
     say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
@@ -310,7 +318,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
         with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             # "Sending large graph": V travels in the graph; the breakdown below accounts for it
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            M = as_matrix(str(store), persist=True)
+            M = as_matrix(st.path, persist=True)
             if M.residency.get("mode") != "persisted":
                 say(f"[yellow]warning: the blocks were not persisted ({M.residency.get('reason')})[/yellow]"
                     if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
@@ -592,18 +600,13 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
     """MMFS-DCD on the kddb-like store: (a) our DCD epoch in this process against LIBLINEAR ``-s 3`` per iteration
     on the same problem; visit orders on one block; (b) ``mmfs`` wall time to ``tol`` with 1 and 2 workers;
     (c) peak memory per worker against its blocks plus O(n_samples) vectors."""
-    from dufs.data.synthetic import SyntheticSpec
     from dufs.engine import as_matrix
     from dufs.engine.matrix import FeatureBlock
     from dufs.methods.mmfs import geometry, relevance
     from dufs.methods.mmfs import mmfs as run_mmfs
 
     say = console.print if console is not None else print
-    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row, seed=seed)
-    if store is None:
-        root = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "dufs-bench"
-        store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}.zarr"
-    st = ensure_synthetic_store(Path(store), spec, say=say)
+    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
     nnz = int(st.nnz)
     y = np.asarray(st.y, dtype=np.float64)
@@ -614,7 +617,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
 
     # the MMFS geometry (per-feature scaling) and margins, computed once in this process
     t0 = time.perf_counter()
-    M0 = as_matrix(str(store), standardize="scale", persist=False)
+    M0 = as_matrix(st.path, standardize="scale", persist=False)
     geo = geometry(M0)
     rho = relevance(M0, y, geo)  # theta = 0.5: rho = r
     res["geometry_s"] = time.perf_counter() - t0
@@ -655,7 +658,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
     for w in workers:
         with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            M = as_matrix(str(store), standardize="scale", persist=True)
+            M = as_matrix(st.path, standardize="scale", persist=True)
             if M.residency.get("mode") != "persisted":
                 say(f"warning: the blocks were not persisted ({M.residency.get('reason')})")
             bb = max(client.run(_worker_blocks_bytes).values())
