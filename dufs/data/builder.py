@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,7 @@ class StoreBuilder:
                 self.abort(remove=False)
                 raise StoreError(f"cannot resume {self.partial.url}: it was started with {was} (dtype and "
                                  f"dufs.store.feature-granule); now {layout}. Resume with the same settings")
+            _remove_temp_files(self.partial)
             done = self.finished_row_blocks()
             log.info("resuming %s: %d row blocks already written", self.partial.url, len(done))
             return done
@@ -461,3 +463,19 @@ def _jsonable(obj: Any) -> Any:
     import json
 
     return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+# zarr's LocalStore writes each file to "<name>.<32 hex>.partial" and renames it; a process killed in between leaves it
+_ZARR_TEMP = re.compile(r"\.[0-9a-f]{32}\.partial$")
+
+
+def _remove_temp_files(loc: Any) -> None:
+    """Delete the temporary files a killed writer left in a partial store (they are never part of the store)."""
+    try:
+        names = loc.fs.find(loc.fspath)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if _ZARR_TEMP.search(name):
+            log.info("removing %s, left by an interrupted write", name)
+            loc.fs.rm(name)

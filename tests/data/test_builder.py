@@ -62,3 +62,24 @@ def test_garbled_lock_is_a_clear_refusal(tmp_path):
         assert b.begin() == {0}
         b.abort(remove=True)
     assert not (tmp_path / "l.zarr.dufs-partial").exists()
+
+
+def test_resume_removes_temporary_files_of_a_killed_write(tmp_path):
+    """zarr writes "<name>.<32 hex>.partial" then renames it; a SIGKILL in between leaves the temporary file, which
+    must not survive into the finished store (a one-shot build has none)."""
+    X = sp.random_array((40, 100), density=0.2, format="csr", rng=1, dtype=np.float32)
+    path = tmp_path / "t.zarr"
+    _half_built(path, X, 16)
+    partial = tmp_path / "t.zarr.dufs-partial"
+    stray = [partial / "zarr.b79a641276a340d99da4d707de804018.partial",
+             partial / "csr" / "zarr.0123456789abcdef0123456789abcdef.partial"]
+    for f in stray:
+        f.write_text("{")
+    with dask.config.set({"dufs.store.feature-granule": 16}):
+        b = StoreBuilder(path, options={"x": 1}, resume=True)
+        assert b.begin() == {0}
+        b.write_row_block(1, X[20:].indptr, X[20:].indices, X[20:].data)
+        st = b.finalize(n_features=100)
+    left = [p.name for p in path.rglob("*.partial")]
+    assert left == []
+    assert (st.to_scipy("csr") != X).nnz == 0
