@@ -400,8 +400,12 @@ def _map_one(fn, src, args, kwargs):
     return fn(resolve(src), *args, **kwargs)
 
 
+def _map_group(fn, srcs, args, kwargs):
+    return fn([resolve(s) for s in srcs], *args, **kwargs)
+
+
 def _map_state(fn, src, state, args, kwargs):
-    out = fn(resolve(src), state, *args, **kwargs)
+    out = fn([resolve(s) for s in src] if isinstance(src, list) else resolve(src), state, *args, **kwargs)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ParameterError("a map_blocks function given state= must return (new_state, result)")
     return out
@@ -841,23 +845,29 @@ class Matrix:
         return G[:, 0] if one else G
 
     # ------------------------------------------------------------------ per-block kernels
-    def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None, **kwargs: Any) -> Any:
+    def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
+                   groups: list | None = None, **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
 
         ``block`` is a :class:`FeatureBlock`. Arguments wrapped in :class:`PerBlock` are given block by block;
         large arrays travel once per pass. Results (small) come back in block order, or, with ``reduce="sum"``,
         summed on the workers by a fixed tree and returned as one value.
 
-        With ``state`` (a :class:`BlockState` or a list, one item per block) the call is
+        With ``groups`` (lists of block indices, e.g. :meth:`partition`) there is one task a group instead:
+        ``fn(blocks, ...)`` gets the group's blocks as a list, and each :class:`PerBlock` argument as a list with
+        one item per block of the group; results (and state) are one per group, in group order.
+
+        With ``state`` (a :class:`BlockState` or a list, one item per block or group) the call is
         ``fn(block, state_i, *args, **kwargs)`` and must return ``(new_state_i, result_i)``; the new state stays
         beside its block (on the worker) and ``(results, BlockState)`` is returned.
         """
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
+        units = None if groups is None else self._check_groups(groups)
         shared = [_share(a) for a in args]
         kw = {k: _share(v) for k, v in kwargs.items()}
 
-        def pick(a: Any, i: int) -> Any:
+        def pick1(a: Any, i: int) -> Any:
             if not isinstance(a, PerBlock):
                 return a
             v, b = a.value, self.blocks[i]
@@ -868,36 +878,92 @@ class Matrix:
                 return v[i]
             return v[b.start:b.stop]
 
-        def task_args(i: int) -> tuple:
-            return tuple(pick(a, i) for a in shared), {k: pick(v, i) for k, v in kw.items()}
+        def pick(a: Any, u: int) -> Any:
+            if units is None:
+                return pick1(a, u)
+            return [pick1(a, i) for i in units[u]] if isinstance(a, PerBlock) else a
 
+        def task_args(u: int) -> tuple:
+            return tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}
+
+        srcs = list(self._src) if units is None else [[self._src[i] for i in g] for g in units]
+        n = len(srcs)
         if state is None:
-            f = _delayed(_map_one)
-            tasks = [f(fn, s, *task_args(i)) for i, s in enumerate(self._src)]
+            f = _delayed(_map_one if units is None else _map_group)
+            tasks = [f(fn, s, *task_args(u)) for u, s in enumerate(srcs)]
             if reduce == "sum":
                 return self._pass([_tree_sum(tasks)], _name(fn))[0] if tasks else None
             return self._pass(tasks, _name(fn))
         items = state.items if isinstance(state, BlockState) else list(state)
-        if len(items) != self.n_blocks:
-            raise ParameterError(f"map_blocks: state has {len(items)} items for {self.n_blocks} blocks")
+        if len(items) != n:
+            raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
+                                 f"{'blocks' if units is None else 'groups'}")
         from operator import getitem
 
         import dask
 
         f = _delayed(_map_state)
         g = dask.delayed(getitem, pure=True)
-        pairs = [f(fn, s, items[i], *task_args(i)) for i, s in enumerate(self._src)]
+        pairs = [f(fn, s, items[u], *task_args(u)) for u, s in enumerate(srcs)]
         new = [g(p, 0) for p in pairs]
         res = [g(p, 1) for p in pairs]
         client = _client()
         self._passes[0] += 1
         if client is None:
             got = _compute(new + res)
-            return (_tree_sum_values(got[self.n_blocks:]) if reduce == "sum" else got[self.n_blocks:],
-                    BlockState(got[:self.n_blocks]))
+            return (_tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
         futs = client.compute(new + ([_tree_sum(res)] if reduce == "sum" else res))
-        out = client.gather(futs[self.n_blocks:])
-        return (out[0] if reduce == "sum" else out), BlockState(futs[:self.n_blocks], client)
+        out = client.gather(futs[n:])
+        return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
+
+    def _check_groups(self, groups: Any) -> list[list[int]]:
+        try:
+            units = [[int(i) for i in g] for g in groups]
+        except TypeError:
+            raise ParameterError("The 'groups' parameter of map_blocks must be a list of lists of block "
+                                 "indices.") from None
+        flat = [i for g in units for i in g]
+        if any(not g for g in units) or sorted(flat) != list(range(self.n_blocks)):
+            raise ParameterError(f"The 'groups' parameter of map_blocks must split the {self.n_blocks} blocks into "
+                                 f"non-empty groups, each block in exactly one; got {groups!r}.")
+        return units
+
+    def placement(self) -> list[str | None]:
+        """The worker address holding each block (persisted blocks); None for every block otherwise."""
+        client = _client()
+        if client is None or self.residency.get("mode") != "persisted":
+            return [None] * self.n_blocks
+        who = client.who_has(self._src)
+        return [min(who.get(s.key) or [None], key=lambda a: a or "") for s in self._src]
+
+    def partition(self, n: int) -> list[list[int]]:
+        """The blocks cut into ``n`` groups (ascending block indices within each), balanced by nonzeros.
+
+        Persisted blocks are grouped by the worker that holds them, so a group's task reads only local blocks:
+        each worker's blocks make ``n`` / n_workers groups (at least one, in proportion to its nonzeros when
+        ``n`` is not a multiple); with fewer groups than workers, or blocks that are not persisted, the groups
+        are contiguous runs of blocks."""
+        if not isinstance(n, int | np.integer) or n < 1:
+            raise ParameterError(f"The number of partitions must be an int >= 1; got {n!r}.")
+        n = min(int(n), self.n_blocks)
+        nnz = np.array([max(b.nnz, 1) for b in self.blocks], dtype=np.float64)
+        where = self.placement()
+        owners = sorted({a for a in where if a is not None})
+        if len(owners) > 1 and n >= len(owners) and None not in where:
+            per = {a: [i for i in range(self.n_blocks) if where[i] == a] for a in owners}
+            load = np.array([nnz[per[a]].sum() for a in owners])
+            k = np.ones(len(owners), dtype=np.int64)
+            for _ in range(n - len(owners)):  # largest nonzeros per group gets the next group
+                cand = [j for j in range(len(owners)) if k[j] < len(per[owners[j]])]
+                if not cand:
+                    break
+                j = max(cand, key=lambda j: (load[j] / k[j], -j))
+                k[j] += 1
+            out = []
+            for j, a in enumerate(owners):
+                out += _runs(per[a], nnz, int(k[j]))
+            return sorted(out)
+        return _runs(list(range(self.n_blocks)), nnz, n)
 
     def topk(self, fn: Any, k: int, *args: Any, largest: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best features by ``fn(block, *args, **kwargs)`` (a score per feature of the block): each block
@@ -920,6 +986,28 @@ class Matrix:
         """The feature with the largest ``fn`` score (see :meth:`topk`) and its score."""
         i, s = self.topk(fn, 1, *args, **kwargs)
         return int(i[0]), float(s[0])
+
+
+def _runs(ids: list[int], nnz: np.ndarray, k: int) -> list[list[int]]:
+    """``ids`` (in order) cut into ``k`` contiguous non-empty runs, the largest run's nonzeros as small as can be
+    (linear partition by dynamic programming; ties to the earlier cut)."""
+    n = len(ids)
+    k = max(1, min(k, n))
+    cum = np.concatenate([[0.0], np.cumsum(nnz[ids])])
+    # best[j][i]: the smallest largest run when the first i ids make j runs; cut[j][i]: where the last run starts
+    best = np.full((k + 1, n + 1), np.inf)
+    cut = np.zeros((k + 1, n + 1), dtype=np.int64)
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            cand = np.maximum(best[j - 1][j - 1:i], cum[i] - cum[j - 1:i])
+            q = int(np.argmin(cand))
+            best[j][i], cut[j][i] = cand[q], q + j - 1
+    bounds = [n]
+    for j in range(k, 0, -1):
+        bounds.append(int(cut[j][bounds[-1]]))
+    bounds = bounds[::-1]
+    return [ids[bounds[q]:bounds[q + 1]] for q in range(k)]
 
 
 def _name(fn: Any) -> str:

@@ -86,7 +86,7 @@ def _block_order(index, n_active, width, order, rng):
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, gamma, ws, wt, m, bias,
-              update_bias, index, n_active, pg_old, rng, order=0):
+              update_bias, index, n_active, pg_old, rng, order=0, sigma=1.0):
     """One DCD epoch over the active coordinates ``index[:n_active]`` in a fresh random order.
 
     ``order`` picks the visit order: 0 (the default) a uniformly random permutation; ``B > 0`` block-random
@@ -97,6 +97,10 @@ def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, ga
     Updates ``alpha``, ``ws``, ``wt`` in place and, when ``update_bias``, ``bias[0]`` (else the bias is held at its
     value, as in a distributed round). ``pg_old`` = ``[PGmax_old, PGmin_old]`` drives shrinking; ``rng`` is a
     one-element uint64 array (the generator's state). Returns ``(n_active, PGmax_new, PGmin_new, n_updates)``.
+
+    ``sigma`` > 1 solves CoCoA+'s local subproblem instead (Ma et al. 2015, sigma' = the number of partitions):
+    the quadratic part is scaled by ``sigma``, so a coordinate's curvature is sigma (||f_j||^2 + gamma) and
+    (``ws``, ``wt``, ``bias``) move by sigma times the change of w and b; alpha moves by the plain step.
     """
     t_inf = np.inf
     if order == 0:
@@ -142,17 +146,17 @@ def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, ga
         if pg < pgmin_new:
             pgmin_new = pg
         if abs(pg) > 1e-12:
-            new = min(max(a - G / (qii[j] + gamma), 0.0), C)
+            new = min(max(a - G / (sigma * (qii[j] + gamma)), 0.0), C)
             d = new - a
             if d != 0.0:
                 alpha[j] = new
-                dc = d * coef[j]
+                dc = sigma * d * coef[j]
                 for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
                     ws[np.uint64(indices[k])] += dc * np.float64(data[k])
                 wt[1] = S + dc * colsum[j]
                 wt[0] = t - dc * shift[j]
                 if update_bias:
-                    bias[0] += gamma * d
+                    bias[0] += sigma * gamma * d
                 n_upd += 1
         s += 1
     return n_active, pgmax_new, pgmin_new, n_upd

@@ -132,3 +132,42 @@ def test_bad_parameters():
         Matrix([[1.0]])
     assert isinstance(Matrix(X).column_stats(), ColumnStats)
     assert "3 x 3" in repr(Matrix(X))
+
+
+def _group_colsums(blocks, scale, tag):
+    # one group: its blocks' column sums times their PerBlock scale, and the tag passed whole
+    return [(b.start, b.to_scipy(30).sum(axis=0) * s, tag) for b, s in zip(blocks, scale, strict=True)]
+
+
+def _group_state(blocks, state, w):
+    state = (state or 0) + 1
+    return state, sum(float(b.to_scipy(30).T @ w @ np.ones(b.width)) for b in blocks) + 0 * state
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_map_blocks_over_groups_matches_dense(n):
+    from dufs.engine.matrix import PerBlock
+
+    X = sp.random(30, 50, density=0.3, random_state=1, format="csc")
+    M = Matrix(X, block_width=7)
+    groups = M.partition(n)
+    assert len(groups) == n and sorted(i for g in groups for i in g) == list(range(M.n_blocks))
+    nnz = [sum(M.blocks[i].nnz for i in g) for g in groups]
+    # balanced: the largest group holds at most its share plus one block (what a greedy cut guarantees)
+    assert max(nnz) <= M.nnz / n + max(b.nnz for b in M.blocks)
+    scale = np.arange(50, dtype=np.float64)
+    got = M.map_blocks(_group_colsums, PerBlock(scale), "t", groups=groups)
+    sums = np.zeros(50)
+    for part, g in zip(got, groups, strict=True):
+        assert [p[0] for p in part] == [M.blocks[i].start for i in g] and all(p[2] == "t" for p in part)
+        for start, v, _ in part:
+            sums[start:start + v.shape[0]] = v
+    np.testing.assert_allclose(sums, X.toarray().sum(0) * scale)
+    w = np.linspace(-1, 1, 30)
+    total, state = M.map_blocks(_group_state, w, state=[None] * n, groups=groups, reduce="sum")
+    assert total == pytest.approx(float(w @ X.toarray() @ np.ones(50)))
+    assert state.gather() == [1] * n
+    with pytest.raises(ParameterError, match="groups"):
+        M.map_blocks(_group_colsums, PerBlock(scale), "t", groups=[[0, 1]])
+    with pytest.raises(ParameterError, match="2 items for 3 groups"):
+        M.map_blocks(_group_state, w, state=[None] * 2, groups=M.partition(3))

@@ -31,16 +31,17 @@ def _qp(F, y, C, gamma, theta=0.5):
 
 
 @pytest.mark.parametrize("mode", ["zscore", "scale", None])
-@pytest.mark.parametrize("width", [None, 7])
+@pytest.mark.parametrize(("width", "parts"), [(None, "auto"), (7, "auto"), (7, 3)])
 @pytest.mark.parametrize("gamma", [1.0, 0.05])
-def test_objective_equals_a_generic_qp_solver(mode, width, gamma):
+def test_objective_equals_a_generic_qp_solver(mode, width, parts, gamma):
     X, y = _problem(1)
     F = _features(X, mode)
     fref, _, rho = _qp(F, y, 1.0, gamma)
     with dask.config.set(scheduler="sync"):
-        res = mmfs(Matrix(X, standardize=mode, block_width=width), y, gamma=gamma, tol=1e-9, max_epochs=5000)
+        res = mmfs(Matrix(X, standardize=mode, block_width=width), y, gamma=gamma, tol=1e-9, max_epochs=5000,
+                   n_partitions=parts)
     d = res.diagnostics
-    assert d["converged"]
+    assert d["converged"] and d["n_partitions"] == (1 if parts == "auto" else parts)
     assert d["objective"] == pytest.approx(fref, rel=1e-6)
     # the reported gap bounds the distance to the optimum, and D(alpha) recomputed densely is the reported one
     K = F.T @ F + gamma
@@ -59,12 +60,82 @@ def test_gap_certificate_is_an_upper_bound_before_convergence():
     X, y = _problem(2)
     F = _features(X, "zscore")
     fref, _, _ = _qp(F, y, 1.0, 0.5)
-    for rounds in (1, 2, 4, 8):
-        with dask.config.set(scheduler="sync"):
-            res = mmfs(Matrix(X, standardize="zscore", block_width=9), y, gamma=0.5, tol=1e-12, max_epochs=rounds)
-        d = res.diagnostics
-        assert d["objective"] - fref <= d["duality_gap"] + 1e-12
-        assert d["duality_gap"] >= 0
+    for parts in (1, 4):
+        for rounds in (1, 2, 4, 8):
+            with dask.config.set(scheduler="sync"):
+                res = mmfs(Matrix(X, standardize="zscore", block_width=9), y, gamma=0.5, tol=1e-12,
+                           max_epochs=rounds, n_partitions=parts)
+            d = res.diagnostics
+            assert d["objective"] - fref <= d["duality_gap"] + 1e-12
+            assert d["duality_gap"] >= 0
+
+
+def test_cocoa_local_step_minimises_the_sigma_scaled_subproblem():
+    """One sigma-scaled epoch over a block (CoCoA+'s local subproblem) against coordinate descent on its dense
+    form: min over the block's alphas of grad^T d + sigma/2 (||F_k d||^2 + gamma (1^T d)^2), 0 <= alpha + d <= C,
+    with the same visit order (storage order)."""
+    from dufs.engine.matrix import FeatureBlock
+    from dufs.kernels.dcd import dcd_epoch
+
+    X, y = _problem(8, n=60, d=20)
+    F = _features(X, None)
+    A = sp.csc_array(F)
+    C, gamma, sigma = 1.0, 0.3, 3.0
+    rng = np.random.default_rng(0)
+    rho = rng.uniform(0.1, 1.0, 20)
+    alpha = rng.uniform(0.0, C, 20) * (rng.random(20) < 0.5)
+    ws = F @ alpha + rng.normal(size=60)  # any (w, b): the other partitions' share
+    b = 0.7
+    blk = FeatureBlock(0, 20, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
+    a = alpha.copy()
+    wsl, wtl, bias = ws.copy(), np.array([0.0, ws.sum()]), np.array([b])
+    dcd_epoch(blk.indptr, blk.indices, blk.data, np.ones(20), np.zeros(20), np.asarray(F.sum(0)), (F * F).sum(0),
+              rho, a, C, gamma, wsl, wtl, 60.0, bias, True, np.arange(20, dtype=np.int64), 20,
+              np.array([np.inf, -np.inf]), np.array([3], dtype=np.uint64), -1, sigma)
+    # dense reference
+    grad0 = F.T @ ws + b - rho
+    Q = F.T @ F + gamma
+    d = np.zeros(20)
+    for j in range(20):
+        gj = grad0[j] + sigma * (Q[j] @ d)
+        d[j] = np.clip(alpha[j] + d[j] - gj / (sigma * Q[j, j]), 0.0, C) - alpha[j]
+    np.testing.assert_allclose(a - alpha, d, atol=1e-12)
+    np.testing.assert_allclose(wsl - ws, sigma * (F @ d), atol=1e-12)
+    assert bias[0] - b == pytest.approx(sigma * gamma * d.sum(), abs=1e-12)
+
+
+def test_cocoa_rule_reaches_the_qp_and_never_raises_the_objective():
+    from dufs.methods.mmfs import margins, solve
+
+    X, y = _problem(9)
+    F = _features(X, "scale")
+    fref, _, _ = _qp(F, y, 1.0, 0.3)
+    M = Matrix(X, standardize="scale", block_width=6)
+    with dask.config.set(scheduler="sync"):
+        _, geo, _, rho = margins(M, y, 0.5, 0.3, "correlation")
+        out = solve(M, rho, geo, C=1.0, gamma=0.3, tol=1e-8, max_epochs=20000, groups=M.partition(4), rule="cocoa+")
+    assert out["converged"]
+    assert out["objective"] == pytest.approx(fref, rel=1e-6)
+    objs = [t["objective"] for t in out["trace"]]
+    assert all(t["rule"] == "cocoa+" for t in out["trace"][1:])
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:], strict=False))
+
+
+def test_auto_partitions_one_per_worker_or_one_for_small_data(cluster_client, monkeypatch):
+    import dufs.methods.mmfs as mod
+
+    X, y = _problem(3, n=200, d=64)
+    assert mod.auto_partitions(Matrix(X, block_width=8)) == 1  # no cluster: serial DCD in this process
+    with cluster_client.as_current():
+        M = as_matrix(X, standardize="scale", block_width=8, persist=True)
+        small = mod.auto_partitions(M)
+        monkeypatch.setattr(mod, "_SMALL_NNZ", 0)
+        monkeypatch.setattr(mod, "_DENSE", 1.0)
+        big = mod.auto_partitions(M)
+        res = mmfs(M, y, gamma=0.2, tol=1e-6, max_epochs=3000)
+        M.release()
+    assert small == 1 and big == 2
+    assert res.diagnostics["n_partitions"] == 2 and res.diagnostics["n_blocks"] == 8
 
 
 def test_implicit_zscore_equals_explicit_dense_standardization():
@@ -95,10 +166,15 @@ def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partition
     fref, _, _ = _qp(F, y, 1.0, 0.2)
     tol = 1e-6
     with cluster_client.as_current():
-        M = as_matrix(X, standardize="scale", block_width=64 // n_partitions, persist=True)
-        assert M.n_blocks == n_partitions and M.residency["mode"] == "persisted"
-        res = mmfs(M, y, gamma=0.2, tol=tol, max_epochs=3000)
+        M = as_matrix(X, standardize="scale", block_width=8, persist=True)
+        assert M.n_blocks == 8 and M.residency["mode"] == "persisted"
+        where = M.placement()
+        groups = M.partition(n_partitions)
+        res = mmfs(M, y, gamma=0.2, tol=tol, max_epochs=3000, n_partitions=n_partitions)
         M.release()
+    # every partition's blocks sit on one worker, so a round's task reads only local blocks
+    assert len(groups) == n_partitions and sorted(i for g in groups for i in g) == list(range(8))
+    assert all(len({where[i] for i in g}) == 1 for g in groups)
     d = res.diagnostics
     assert d["converged"] and d["n_partitions"] == n_partitions
     assert -1e-12 <= d["objective"] - fref <= d["duality_gap"] + 1e-12
