@@ -54,7 +54,9 @@ def _mmfs(M: Any, y: Any, *, n_features: int, kernel: str = "linear", rbf_gamma:
     elif kernel in ("poly2", "rbf"):
         from dufs.methods.mmfs_kernel import mmfs_kernel
 
-        extra = set(p) & {"checkpoint", "checkpoint_every", "resume"}
+        if p.get("n_partitions", "auto") == "auto":
+            p.pop("n_partitions", None)
+        extra = set(p) & {"checkpoint", "checkpoint_every", "resume", "n_partitions"}
         if extra:
             raise ParameterError(f"mmfs with kernel={kernel!r} takes no {sorted(extra)} (checkpoints are for the "
                                  f"linear kernel)")
@@ -80,7 +82,7 @@ METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
 METHODS["qpfs"] = MethodSpec("qpfs", _qpfs, True, True, "zscore", 0)
 _RANKED = {"mmfs", "qpfs"}  # methods that rank the features themselves and take n_features
 _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state", "checkpoint",
-                    "checkpoint_every", "resume", "kernel", "rbf_gamma", "max_features"},
+                    "checkpoint_every", "resume", "n_partitions", "kernel", "rbf_gamma", "max_features"},
            "qpfs": {"alpha_mix", "kernel", "relevance", "tol", "max_epochs", "rbf_gamma", "max_features"},
            "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
                           "random_state"}}

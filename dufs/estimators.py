@@ -278,6 +278,9 @@ class MMFS(_DufsSelector):
         Rounds (epochs) per gamma.
     random_state : int, default 0
         Seed of the coordinate orders.
+    n_partitions : int or "auto", default "auto"
+        Feature partitions solved side by side each round (linear kernel): "auto" is one per worker holding
+        blocks, and one (serial DCD) in this process or for small or dense data.
     standardize : {"zscore", "scale"} or None, default "zscore"
         "zscore" makes the linear kernel the Pearson correlation (the paper's setting); "scale" is the paper's
         setting for large sparse data (no centring).
@@ -301,7 +304,8 @@ class MMFS(_DufsSelector):
     """
 
     _method = "mmfs"
-    _method_params = ("C", "theta", "gamma", "relevance", "kernel", "tol", "max_epochs", "random_state")
+    _method_params = ("C", "theta", "gamma", "relevance", "kernel", "tol", "max_epochs", "random_state",
+                      "n_partitions")
     _parameter_constraints: ClassVar[dict] = {
         **_DufsSelector._parameter_constraints,
         "C": [Interval(Real, 0, None, closed="neither")],
@@ -312,11 +316,13 @@ class MMFS(_DufsSelector):
         "tol": [Interval(Real, 0, None, closed="neither")],
         "max_epochs": [Interval(Integral, 1, None, closed="left")],
         "random_state": [Interval(Integral, 0, None, closed="left")],
+        "n_partitions": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(self, n_features: int = 10, *, C: float = 1.0, theta: float = 0.5, gamma: Any = "auto",
                  relevance: str = "correlation", kernel: str = "linear", tol: float = 1e-3, max_epochs: int = 500,
-                 random_state: int = 0, standardize: str | None = METHODS["mmfs"].standardize, client: Any = None):
+                 random_state: int = 0, n_partitions: Any = "auto",
+                 standardize: str | None = METHODS["mmfs"].standardize, client: Any = None):
         self.n_features = n_features
         self.C = C
         self.theta = theta
@@ -326,6 +332,7 @@ class MMFS(_DufsSelector):
         self.tol = tol
         self.max_epochs = max_epochs
         self.random_state = random_state
+        self.n_partitions = n_partitions
         self.standardize = standardize
         self.client = client
 
