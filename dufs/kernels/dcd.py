@@ -162,6 +162,25 @@ def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, ga
     return n_active, pgmax_new, pgmin_new, n_upd
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def active_set(g, rho, alpha, C, pgmax_old, pgmin_old, index):
+    """Write to ``index`` the coordinates an epoch visits and return their number: all but those at a bound whose
+    exact gradient ``G = g - rho`` points out of the box by more than last epoch's extreme projected gradient
+    (LIBLINEAR's shrinking test, here on the exact gradient: a coordinate that violates the optimality conditions
+    is never left out)."""
+    k = 0
+    for j in range(g.shape[0]):
+        G = g[j] - rho[j]
+        a = alpha[j]
+        if a <= 0.0 and G > pgmax_old:
+            continue
+        if a >= C and G < pgmin_old:
+            continue
+        index[k] = j
+        k += 1
+    return k
+
+
 @numba.njit(nogil=True, cache=True)
 def gap_terms(g, rho, alpha, C):
     """``(sum_j C max(0, rho_j - g_j) + alpha_j (g_j - rho_j), sum alpha, rho^T alpha)`` for one block."""

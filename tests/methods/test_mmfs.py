@@ -33,7 +33,10 @@ def _qp(F, y, C, gamma, theta=0.5):
 @pytest.mark.parametrize("mode", ["zscore", "scale", None])
 @pytest.mark.parametrize(("width", "parts"), [(None, "auto"), (7, "auto"), (7, 3)])
 @pytest.mark.parametrize("gamma", [1.0, 0.05])
-def test_objective_equals_a_generic_qp_solver(mode, width, parts, gamma):
+def test_objective_equals_a_generic_qp_solver(mode, width, parts, gamma, monkeypatch):
+    import dufs.methods.mmfs as mod
+
+    monkeypatch.setattr(mod, "_SERIAL_NNZ", 0)  # partitions run their own epochs (held bias)
     X, y = _problem(1)
     F = _features(X, mode)
     fref, _, rho = _qp(F, y, 1.0, gamma)
@@ -160,7 +163,15 @@ def test_real_set_matches_the_qp():
 
 
 @pytest.mark.parametrize("n_partitions", [2, 4, 8])
-def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partitions):
+@pytest.mark.parametrize("serial_nnz", [None, 0, 400])
+def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partitions, serial_nnz, monkeypatch):
+    """Every round's epoch where it runs: on the driver over the union of the working sets (the default for small
+    working sets), in the partitions with the bias held (serial_nnz 0), or mixed (400 nonzeros: partitions with
+    larger working sets run their own)."""
+    import dufs.methods.mmfs as mod
+
+    if serial_nnz is not None:
+        monkeypatch.setattr(mod, "_SERIAL_NNZ", serial_nnz * n_partitions)
     X, y = _problem(3, n=200, d=64)
     F = _features(X, "scale")
     fref, _, _ = _qp(F, y, 1.0, 0.2)
@@ -177,6 +188,9 @@ def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partition
     assert all(len({where[i] for i in g}) == 1 for g in groups)
     d = res.diagnostics
     assert d["converged"] and d["n_partitions"] == n_partitions
+    rules = {t["rule"] for t in d["trace"]}
+    assert ("serial working set" in rules) == (serial_nnz != 0)
+    assert ("held-bias" in rules) == (serial_nnz is not None)
     assert -1e-12 <= d["objective"] - fref <= d["duality_gap"] + 1e-12
     assert d["relative_gap"] <= tol
     assert d["objective"] == pytest.approx(fref, rel=2 * tol)
