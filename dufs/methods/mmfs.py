@@ -368,8 +368,12 @@ def _is_lost(e: BaseException) -> bool:
     return False
 
 
-def _take_alpha(blocks, states):
-    return states, [(blk.start, st["alpha"], st["g"]) for blk, st in zip(blocks, states, strict=True)]
+def _take_alpha(blocks, states, with_g=True):
+    out = []
+    for blk, st in zip(blocks, states, strict=True):
+        nz = np.flatnonzero(st["alpha"])  # alpha is sparse (the support): send its nonzeros
+        out.append((blk.start, nz, st["alpha"][nz], st["g"] if with_g else None))
+    return states, out
 
 
 def _init_blocks(M: Matrix, groups: list, geo: dict, rho: np.ndarray, alpha0: np.ndarray | None,
@@ -381,17 +385,19 @@ def _init_blocks(M: Matrix, groups: list, geo: dict, rho: np.ndarray, alpha0: np
     return state
 
 
-def _gather_alpha(M: Matrix, groups: list, state: Any) -> tuple[np.ndarray, np.ndarray, Any]:
-    """(alpha, g) of every feature on the driver, and the state to go on with."""
-    parts, new = M.map_blocks(_take_alpha, state=state, groups=groups)
+def _gather_alpha(M: Matrix, groups: list, state: Any, with_g: bool = True) -> tuple[np.ndarray, Any, Any]:
+    """(alpha, g) of every feature on the driver (g None unless ``with_g``), and the state to go on with."""
+    parts, new = M.map_blocks(_take_alpha, with_g, state=state, groups=groups)
     if hasattr(state, "release"):
         state.release()
     d = M.shape[1]
-    alpha, g = np.zeros(d), np.zeros(d)
+    alpha = np.zeros(d)
+    g = np.zeros(d) if with_g else None
     for part in parts:
-        for start, a, gg in part:
-            alpha[start:start + a.shape[0]] = a
-            g[start:start + a.shape[0]] = gg
+        for start, nz, a, gg in part:
+            alpha[start + nz] = a
+            if with_g:
+                g[start:start + gg.shape[0]] = gg
     return alpha, g, new
 
 
@@ -419,11 +425,12 @@ class _Checkpoint:
 
     def save(self, alpha: np.ndarray, meta: dict) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        meta = {"format": 1, "problem": self.problem, **meta}
+        meta = {"format": 2, "problem": self.problem, **meta}
         tmp = f"{self.path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             with open(tmp, "wb") as f:
-                np.savez(f, alpha=np.asarray(alpha, dtype=np.float64),
+                nz = np.flatnonzero(alpha)  # the support only: alpha is sparse
+                np.savez(f, n=np.int64(alpha.shape[0]), index=nz, value=np.asarray(alpha[nz], dtype=np.float64),
                          meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
                 f.flush()
                 os.fsync(f.fileno())
@@ -442,7 +449,11 @@ class _Checkpoint:
             return None
         try:
             with np.load(self.path, allow_pickle=False) as z:
-                alpha = np.array(z["alpha"], dtype=np.float64)
+                if "alpha" in z:  # format 1: dense
+                    alpha = np.array(z["alpha"], dtype=np.float64)
+                else:
+                    alpha = np.zeros(int(z["n"]))
+                    alpha[np.asarray(z["index"], dtype=np.int64)] = np.asarray(z["value"], dtype=np.float64)
                 meta = json.loads(bytes(np.asarray(z["meta"], dtype=np.uint8)).decode())
         except Exception as e:  # noqa: BLE001 - any failure to read means the file is not a usable checkpoint
             raise ParameterError(f"the MMFS checkpoint {self.path} is unreadable ({type(e).__name__}: {e}); "
@@ -583,6 +594,7 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
             # under a cluster w travels scattered, not inside the graph: the scheduler keeps the task specs of the
             # whole chain of block states, and an embedded w would stay there once per round (m floats each); a
             # lost chain is rebuilt from the driver's last copy of alpha instead (below)
+            t_map = time.perf_counter()
             w_arg = client.scatter(ws, hash=False) if client is not None else ws
             sigma = float(K) if cocoa else 1.0
             res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
@@ -593,6 +605,7 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
             if client is not None:
                 w_arg.release()
             state = new_state
+            t_map = time.perf_counter() - t_map
             dws, tl = res.dense(), res.tail.copy()
             dal = None
             mode = "serial" if K == 1 else "cocoa+" if cocoa else "held-bias"
@@ -623,7 +636,7 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
             fresh = False
             if done or last or (snap_on and r % every == 0):
                 # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)
-                alpha, g, state = _gather_alpha(M, groups, state)
+                alpha, g, state = _gather_alpha(M, groups, state, with_g=done or last)
                 snap = (alpha, ws, wt, b, r - 1, len(trace))
                 fresh = True
                 watch()
@@ -651,7 +664,7 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
                       "rule": mode,
                       # seconds: the round on the driver (its checkpoint included), and summed over the partitions'
                       # tasks: starting (step, gradient, gap terms), the DCD epochs, the whole task
-                      "wall_s": time.perf_counter() - t_round, "start_s": float(tl[10]), "epoch_s": float(tl[11]),
+                      "wall_s": time.perf_counter() - t_round, "map_s": t_map, "start_s": float(tl[10]), "epoch_s": float(tl[11]),
                       "task_s": float(tl[12])})
         log.debug("round %d: D = %.10g, gap = %.3g (relative %.3g), %d updates, %d active", len(trace) - 1, obj,
                   gap, rel, int(tl[7]), int(tl[8]))
