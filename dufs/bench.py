@@ -674,12 +674,18 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
                 wall = time.perf_counter() - t0
             M.release()
         dg = r.diagnostics
-        # mmfs keeps 9 float64/int64 arrays a feature in its per-block state (coef, shift, colsum, qii, rho, alpha,
-        # dalpha, g, index), and a round holds the old and the new state
-        res[f"w{w}"] = {"state_bytes": 9 * 8 * -(-d // w), "wall_s": wall, "stats_s": stats_s,
-                        "rounds": dg["rounds"], "converged": dg["converged"],
+        # mmfs keeps 7 float64 arrays a feature in its per-block state (coef, shift, colsum, qii, rho, alpha, g); a
+        # round makes a new g and alpha and a working-set index (3 arrays of 8 bytes a feature, transient)
+        tr = dg["trace"]
+        K = dg["n_partitions"]
+        res[f"w{w}"] = {"state_bytes": 7 * 8 * -(-d // w), "transient_bytes": 3 * 8 * -(-d // w), "wall_s": wall,
+                        "stats_s": stats_s, "rounds": dg["rounds"], "converged": dg["converged"],
                         "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": wp.peak, "idle": idle,
-                        "blocks_bytes": bb, "objective": dg["objective"]}
+                        "blocks_bytes": bb, "objective": dg["objective"], "n_partitions": K,
+                        "rules": {k: sum(t["rule"] == k for t in tr) for k in sorted({t["rule"] for t in tr})},
+                        "start_med": float(np.median([t["start_s"] / K for t in tr])),
+                        "map_med": float(np.median([t["map_s"] for t in tr])),
+                        "round_med": float(np.median([t["wall_s"] for t in tr]))}
     _mmfs_table(res, workers, say, n, nnz, tol)
     return res
 
@@ -722,29 +728,35 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
     for w in workers:
         v = res[f"w{w}"]
         say(f"  {w} worker{'s' if w > 1 else ' '}: {v['wall_s']:.1f} s to relative gap {v['rel_gap']:.1e} "
-            f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds "
-            f"({v['wall_s'] / v['rounds']:.2f} s a round), about {2 * v['rounds'] + 1} passes over the data (a "
-            f"gradient and an epoch a round, one relevance pass); support {v['support']:,}; column stats "
-            f"{v['stats_s']:.1f} s")
+            f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds in "
+            f"{v['n_partitions']} partition{'s' if v['n_partitions'] > 1 else ''} "
+            f"({', '.join(f'{n} {k}' for k, n in v['rules'].items())}), about {v['rounds'] + 1} passes over the "
+            f"data (a gradient a round, the epochs over working sets, one relevance pass); support "
+            f"{v['support']:,}; column stats {v['stats_s']:.1f} s")
+        say(f"    medians a round: {v['round_med']:.3f} s on the driver, {v['map_med']:.3f} s of it waiting for the "
+            f"partitions' tasks; a partition's step + gradient + gap terms {v['start_med']:.3f} s")
     if 1 in workers and 2 in workers:
         res["speedup_2w"] = res["w1"]["wall_s"] / res["w2"]["wall_s"]
-        say(f"  speed-up 2 workers vs 1: {res['speedup_2w']:.2f}x (target >= 1.6)")
+        res["gradient_scaling"] = res["w1"]["start_med"] / res["w2"]["start_med"]
+        say(f"  speed-up 2 workers vs 1: {res['speedup_2w']:.2f}x (target >= 1.6); the gradient pass alone "
+            f"(half the blocks per worker, both at once) {res['gradient_scaling']:.2f}x")
     for r in res["serial"]:
         say(f"  for comparison, serial DCD over all blocks in this process (one partition, bias moving, "
             f"{_order_name(r['order'])}): {r['epochs']} epochs, {r['total_s']:.1f} s of kernel to relative gap "
             f"{r['rel_gap']:.1e}")
-    say("(c) peak RSS per worker during mmfs against its persisted blocks, the solver's per-feature state (9 arrays "
-        "of 8 bytes a feature, old and new during a round) and O(n_samples) float64 vectors:")
+    say("(c) peak RSS per worker during mmfs against its persisted blocks, the solver's per-feature state (7 arrays "
+        "of 8 bytes a feature, and 3 made during a round) and O(n_samples) float64 vectors:")
     vec = n * 8
     for w in workers:
         v = res[f"w{w}"]
-        say(f"  {w} worker{'s' if w > 1 else ' '}: per-feature state {v['state_bytes'] / 1e6:.0f} MB, x2 = "
-            f"{2 * v['state_bytes'] / 1e6:.0f} MB")
-        extra = v["peak"] - v["idle"] - v["blocks_bytes"] - 2 * v["state_bytes"]
-        k = -(-res["n_blocks"] // w) + 8  # a round's per-block results, held until summed, + a task's copies
-        bound = v["idle"] + v["blocks_bytes"] + 2 * v["state_bytes"] + k * vec
+        st = v["state_bytes"] + v["transient_bytes"]
+        say(f"  {w} worker{'s' if w > 1 else ' '}: per-feature state {v['state_bytes'] / 1e6:.0f} MB + "
+            f"{v['transient_bytes'] / 1e6:.0f} MB during a round")
+        extra = v["peak"] - v["idle"] - v["blocks_bytes"] - st
+        k = -(-v["n_partitions"] // w) + 8  # its partitions' results, held until summed, + a task's copies
+        bound = v["idle"] + v["blocks_bytes"] + st + k * vec
         say(f"  {w} worker{'s' if w > 1 else ' '}: peak {v['peak'] / 1e6:.0f} MB = idle process {v['idle'] / 1e6:.0f} "
-            f"MB (after persist and column stats, less its blocks) + blocks {v['blocks_bytes'] / 1e6:.0f} MB + 2 x "
+            f"MB (after persist and column stats, less its blocks) + blocks {v['blocks_bytes'] / 1e6:.0f} MB + "
             f"state + {extra / 1e6:.0f} MB = {extra / vec:.1f} vectors of n_samples float64 ({vec / 1e6:.0f} MB "
-            f"each); bound idle + blocks + 2 x state + {k} vectors (blocks on it + 8) = {bound / 1e6:.0f} MB: "
+            f"each); bound idle + blocks + state + {k} vectors (partitions on it + 8) = {bound / 1e6:.0f} MB: "
             f"{'within' if v['peak'] <= bound else 'OVER'}")

@@ -662,10 +662,10 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
         trace.append({"round": len(trace), "objective": obj, "duality_gap": gap, "relative_gap": rel,
                       "updates": int(tl[7]), "active": int(tl[8]), "gamma": gamma,
                       "rule": mode,
-                      # seconds: the round on the driver (its checkpoint included), and summed over the partitions'
-                      # tasks: starting (step, gradient, gap terms), the DCD epochs, the whole task
-                      "wall_s": time.perf_counter() - t_round, "map_s": t_map, "start_s": float(tl[10]), "epoch_s": float(tl[11]),
-                      "task_s": float(tl[12])})
+                      # seconds: the round on the driver (its checkpoint included), waiting for the partitions'
+                      # tasks, and summed over those: starting (step, gradient, gap terms), the DCD epochs, the task
+                      "wall_s": time.perf_counter() - t_round, "map_s": t_map, "start_s": float(tl[10]),
+                      "epoch_s": float(tl[11]), "task_s": float(tl[12])})
         log.debug("round %d: D = %.10g, gap = %.3g (relative %.3g), %d updates, %d active", len(trace) - 1, obj,
                   gap, rel, int(tl[7]), int(tl[8]))
         if checkpoint is not None and fresh:
