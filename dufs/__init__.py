@@ -9,10 +9,19 @@ from dufs import config  # noqa: E402,F401  (registers the dufs namespace in das
 from dufs._version import __version__  # noqa: E402
 from dufs.api import fit  # noqa: E402
 from dufs.data import SparseStore, open_store, write_store  # noqa: E402
-from dufs.estimators import MMFS, CorrelationSelector, FisherScore, LaplacianScore, VarianceSelector  # noqa: E402
+from dufs.estimators import (  # noqa: E402
+    JCFS,
+    MMFS,
+    CorrelationSelector,
+    FisherScore,
+    LapAOFS,
+    LapDOFS,
+    LaplacianScore,
+    VarianceSelector,
+)
 from dufs.selection import Selection  # noqa: E402
 
 open = open_store  # noqa: A001  (dufs.open(path), like zarr.open)
 
-__all__ = ["MMFS", "Selection", "SparseStore", "__version__", "fit", "open", "open_store", "write_store",
-           "CorrelationSelector", "FisherScore", "LaplacianScore", "VarianceSelector"]
+__all__ = ["JCFS", "MMFS", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore", "Selection",
+           "SparseStore", "VarianceSelector", "__version__", "fit", "open", "open_store", "write_store"]

@@ -78,12 +78,46 @@ def _qpfs(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.
     return res.x, res.ranking(), dict(res.diagnostics)
 
 
+def _greedy_out(res: Any, d: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    scores = np.full(d, np.nan)
+    scores[res.indices] = res.criterion
+    diag = dict(res.diagnostics)
+    diag.update(criterion=res.criterion.tolist(), objective=res.objective.tolist())
+    return scores, res.indices, diag
+
+
+def _lapofs(criterion: str) -> Callable[..., tuple[np.ndarray, np.ndarray, dict]]:
+    def run(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
+        from dufs.methods.greedy import lapofs
+
+        return _greedy_out(lapofs(M, n_features=n_features, criterion=criterion, **p), M.shape[1])
+
+    return run
+
+
+def _jcfs(M: Any, y: Any, *, n_features: int, n_clusters: Any = None, **p: Any) -> tuple[np.ndarray, np.ndarray,
+                                                                                         dict]:
+    from dufs.methods.greedy import jcfs
+
+    if n_clusters is None:
+        raise ParameterError("jcfs needs the number of clusters: give n_clusters=<int>")
+    return _greedy_out(jcfs(M, n_features=n_features, n_clusters=n_clusters, **p), M.shape[1])
+
+
 METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
 METHODS["qpfs"] = MethodSpec("qpfs", _qpfs, True, True, "zscore", 0)
-_RANKED = {"mmfs", "qpfs"}  # methods that rank the features themselves and take n_features
+METHODS["lapaofs"] = MethodSpec("lapaofs", _lapofs("A"), True, False, None, 0)
+METHODS["lapdofs"] = MethodSpec("lapdofs", _lapofs("D"), True, False, None, 0)
+METHODS["jcfs"] = MethodSpec("jcfs", _jcfs, True, False, None, 0)
+_RANKED = {"mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs"}  # methods that rank the features themselves
+_GREEDY = {"lambda1", "lambda2", "W", "graph", "n_neighbors", "weights", "t", "n_anchors", "anchor_neighbors",
+           "embed_dim", "random_state", "checkpoint", "checkpoint_every", "resume"}
 _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state", "checkpoint",
                     "checkpoint_every", "resume", "n_partitions", "kernel", "rbf_gamma", "max_features"},
            "qpfs": {"alpha_mix", "kernel", "relevance", "tol", "max_epochs", "rbf_gamma", "max_features"},
+           "lapaofs": _GREEDY, "lapdofs": _GREEDY,
+           "jcfs": {"n_clusters", "lambda_", "gamma", "W", "graph", "n_neighbors", "weights", "t", "n_anchors",
+                    "anchor_neighbors", "embed_dim", "max_iter", "random_state", "dense_below"},
            "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
                           "random_state"}}
 
@@ -110,7 +144,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
     y : array-like, optional
         Labels (supervised methods); a store's own labels are used by default.
-    method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs"}
+    method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs"}
     n_features : int
         How many features to select, in [1, n_features of X].
     client : distributed.Client or False, optional

@@ -12,7 +12,16 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dufs
 from dufs.data.datasets import load
-from dufs.estimators import MMFS, CorrelationSelector, FisherScore, LaplacianScore, VarianceSelector
+from dufs.estimators import (
+    JCFS,
+    MMFS,
+    CorrelationSelector,
+    FisherScore,
+    LapAOFS,
+    LapDOFS,
+    LaplacianScore,
+    VarianceSelector,
+)
 
 ESTIMATORS = {
     "variance": VarianceSelector,
@@ -29,7 +38,9 @@ def _expected_failed_checks(est):
     return {}
 
 
-@parametrize_with_checks([VarianceSelector(n_features=1), CorrelationSelector(n_features=1),
+@parametrize_with_checks([LapAOFS(n_features=1, n_neighbors=2), LapDOFS(n_features=1, n_neighbors=2),
+                          JCFS(n_features=1, n_neighbors=2, max_iter=2),
+                          VarianceSelector(n_features=1), CorrelationSelector(n_features=1),
                           FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1),
                           MMFS(n_features=1)],
                          expected_failed_checks=_expected_failed_checks)

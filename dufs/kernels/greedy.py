@@ -1,0 +1,79 @@
+"""Per-block kernels of the greedy selectors (DESIGN.md sections 7.2 and 7.3), on the raw CSC buffers of one block.
+
+Feature j of the block is the implicitly transformed column z_j = coef_j (x_j - shift_j 1) (never formed), so
+z_j^T v = coef_j (x_j^T v - shift_j 1^T v). Every candidate carries O(1) numbers: its Schur complement ``s`` and a
+second number ``v`` (LapAOFS: ||H^-1 G_Sg||^2; JCFS: ||E_g||^2; LapDOFS: unused). A step is one pass: two
+products z_j^T V[:, 0], z_j^T V[:, 1] per feature, the update of (s, v), and the block's best candidate.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+A_OPTIMAL, D_OPTIMAL, JCFS = 0, 1, 2
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _dot2(indptr, indices, data, j, V):
+    a = 0.0
+    b = 0.0
+    for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+        x = np.float64(data[k])
+        i = np.uint64(indices[k])
+        a += x * V[i, 0]
+        b += x * V[i, 1]
+    return a, b
+
+
+@numba.njit(nogil=True, cache=True)
+def score(mode, s, v, tiny):
+    """The criterion a candidate is ranked by (larger is better): -(1 + v) / s (A-optimal), s (D-optimal),
+    v / s (JCFS); -inf when the Schur complement ``s`` is not above ``tiny`` (the candidate is, to rounding, in
+    the span of the selected ones)."""
+    if not s > tiny:
+        return -np.inf
+    if mode == A_OPTIMAL:
+        return -(1.0 + v) / s
+    if mode == D_OPTIMAL:
+        return s
+    return v / s
+
+
+@numba.njit(nogil=True, cache=True)
+def best(mode, s, v, selected, tiny):
+    """(local index, score) of the block's best unselected candidate; ties go to the lower index; (-1, -inf)
+    when there is none."""
+    arg = -1
+    top = -np.inf
+    for j in range(s.shape[0]):
+        if selected[j]:
+            continue
+        sc = score(mode, s[j], v[j], tiny[j])
+        if arg < 0 or sc > top:
+            arg = j
+            top = sc
+    return arg, top
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode, tiny):
+    """One greedy step over a block, after the driver picked feature p with Schur complement ``sp``.
+
+    ``V`` (n x 2, float64): [B r, B X_S d] (LapAOFS/LapDOFS) or [r, q] (JCFS), ``vsum`` their column sums.
+    With a_j = z_j^T V[:, 0] and b_j = z_j^T V[:, 1], for every unselected j:
+    l = a_j / sqrt(sp), e = l / sqrt(sp); s_j -= l^2; and v_j += -2 e b_j + e^2 c2 (A: c2 = ||c||^2 + 1;
+    JCFS: v_j = ||E_j||^2, c2 = ||E_p||^2). Returns the block's best candidate (local index, score)."""
+    rs = 1.0 / np.sqrt(sp)
+    for j in range(s.shape[0]):
+        if selected[j]:
+            continue
+        a, b = _dot2(indptr, indices, data, j, V)
+        a = coef[j] * (a - shift[j] * vsum[0])
+        b = coef[j] * (b - shift[j] * vsum[1])
+        lj = a * rs
+        e = lj * rs
+        s[j] -= lj * lj
+        if mode != D_OPTIMAL:
+            v[j] += -2.0 * e * b + e * e * c2
+    return best(mode, s, v, selected, tiny)

@@ -1,0 +1,690 @@
+"""Greedy sequential selectors in feature space: LapAOFS, LapDOFS (paper 004) and JCFS's greedy Fisher step
+(paper 001), in the forms of DESIGN.md sections 7.2 and 7.3.
+
+With Z the implicitly transformed data (n_samples x n_features, never formed), B = I + lambda1 L (LapAOFS and
+LapDOFS; B = I and lambda2 = gamma for JCFS) and G = Z^T B Z + lambda2 I (never formed), the selected set S has the
+k x k matrix H = G_SS. Every candidate g keeps O(1) numbers where its block lives: its Schur complement
+s_g = G_gg - G_gS H^-1 G_Sg and one more (LapAOFS: v_g = ||H^-1 G_Sg||^2; JCFS: ||E_g||^2 with
+E = Z^T Y - G_.S H^-1 Z_S^T Y). The choices:
+
+- LapAOFS (A-optimal, eq. (20)): argmin (1 + v_g) / s_g, the increase of Tr(H^-1);
+- LapDOFS (D-optimal, eq. (29)): argmax s_g, det H grows by the factor s_g;
+- JCFS (eq. (14)): argmax ||E_g||^2 / s_g.
+
+A step is one pass: the driver, holding only the selected columns and H, builds two n-vectors V = [B r, B Z_S d]
+(JCFS: [r, q]) for the feature p just chosen; every block computes Z_b^T V, updates its candidates' numbers
+(:func:`dufs.kernels.greedy.greedy_update`) and proposes its best; the driver takes the global best (ties: the
+lower feature index). Recorded per step, in the papers' own terms: the chosen feature's criterion (eq. (20),
+(29) or (14) evaluated at it) and the objective after the step (Tr(H^-1), log det H, or tr(Y^T M_S Y)).
+
+Checkpoints: with ``checkpoint`` (a directory; ``"auto"``: beside a local store) the driver writes the selected
+sequence after every step and every block its candidates' numbers every ``checkpoint_every`` steps (atomic
+writes); ``resume=True`` continues from there, re-running only the update passes of the steps after the last
+complete set of block files. A round that fails because workers were lost rebuilds the block state the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+
+from dufs._logging import get_logger
+from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
+from dufs.engine.matrix import Matrix, PerBlock
+from dufs.errors import ParameterError
+from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update
+
+log = get_logger(__name__)
+
+_TINY = 1e-10  # a candidate whose Schur complement fell below this fraction of its start is in the selected span
+
+
+@dataclass
+class GreedyResult:
+    """The selected ``indices`` (in the order chosen), the chosen features' ``criterion`` and the ``objective``
+    after each step (see the module docstring), and ``diagnostics``."""
+
+    indices: np.ndarray
+    criterion: np.ndarray
+    objective: np.ndarray
+    diagnostics: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- blocks
+def _diag_terms(b, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode):
+    """Start values (s, v) of a block's candidates: s = ||z||^2 + lambda1 z^T L z + lambda2 (L 1 = 0, so the shift
+    drops out of z^T L z), v = 0 (A, D) or ||Z_b^T Y||^2 (JCFS)."""
+    B = sp.csc_array((b.data.astype(np.float64), b.indices, b.indptr), shape=(n, b.width))
+    colsum = np.asarray(B.sum(axis=0)).ravel()
+    sq = np.asarray(B.multiply(B).sum(axis=0)).ravel()
+    zz = coef * coef * (sq - 2.0 * shift * colsum + n * shift * shift)
+    s = zz + lam2
+    if lam1 and W is not None:
+        xdx = (B.multiply(B)).T @ d
+        if lam_inv is None:
+            xwx = np.asarray((B.multiply(W @ B)).sum(axis=0), dtype=np.float64).ravel()
+        else:
+            P = sp.csr_array(W.T @ B)
+            xwx = np.asarray((P.multiply(P)).T @ lam_inv, dtype=np.float64).ravel()
+        s = s + lam1 * coef * coef * (xdx - xwx)
+    if mode == JCFS:
+        R = coef[:, None] * (np.asarray(B.T @ Y) - shift[:, None] * Ysum[None, :])
+        v = np.einsum("ij,ij->i", R, R)
+    else:
+        v = np.zeros(b.width)
+    return s, v
+
+
+def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, selected):
+    s, v = _diag_terms(blk, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode)
+    sel = np.zeros(blk.width, dtype=np.bool_)
+    if selected is not None and len(selected):
+        loc = np.asarray(selected, dtype=np.int64) - blk.start
+        sel[loc[(loc >= 0) & (loc < blk.width)]] = True
+    st = {"s": s, "v": v, "sel": sel, "tiny": _TINY * np.maximum(s, 1e-300), "step": 0}
+    return st, _proposal(blk, st, mode)
+
+
+def _proposal(blk, st, mode):
+    j, sc = best(mode, st["s"], st["v"], st["sel"], st["tiny"])
+    if j < 0:
+        return (-1, -np.inf, None)
+    a, c = blk.indptr[j], blk.indptr[j + 1]
+    return (blk.start + int(j), float(sc), (blk.indices[a:c].copy(), blk.data[a:c].astype(np.float64)))
+
+
+def _step(blk, state, p, V, vsum, s_p, c2, coef, shift, mode, save):
+    """Mark p selected (if it is this block's), update every candidate along V, propose the block's best."""
+    st = {"s": state["s"].copy(), "v": state["v"].copy(), "sel": state["sel"].copy(), "tiny": state["tiny"],
+          "step": state["step"] + 1}
+    if blk.start <= p < blk.stop:
+        st["sel"][p - blk.start] = True
+    greedy_update(blk.indptr, blk.indices, blk.data, coef, shift, V, vsum, s_p, c2, st["s"], st["v"], st["sel"],
+                  mode, st["tiny"])
+    if save is not None:
+        _save_block(save, blk.start, st)
+    return st, _proposal(blk, st, mode)
+
+
+def _save_block(directory: str, start: int, st: dict) -> None:
+    path = os.path.join(directory, f"block-{start}-{st['step']}.npz")
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, s=st["s"], v=st["v"], sel=st["sel"], tiny=st["tiny"], step=np.int64(st["step"]))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # keep the two newest steps of this block (a resume needs one step that every block has written)
+    old = os.path.join(directory, f"block-{start}-{st['step'] - 2}.npz")
+    with contextlib.suppress(OSError):
+        os.unlink(old)
+
+
+def _load_blocks(blk, state, directory, step):
+    with np.load(os.path.join(directory, f"block-{blk.start}-{step}.npz")) as z:
+        st = {"s": np.array(z["s"]), "v": np.array(z["v"]), "sel": np.array(z["sel"]), "tiny": np.array(z["tiny"]),
+              "step": int(z["step"])}
+    return st, None
+
+
+# ---------------------------------------------------------------------------------------------------- the driver
+class _Selected:
+    """The selected columns on the driver (raw, sparse) with their transform, and H = G_SS (k x k)."""
+
+    def __init__(self, n: int, lam2: float):
+        self.n = n
+        self.lam2 = lam2
+        self.ids: list[int] = []
+        self.cols: list[tuple[np.ndarray, np.ndarray]] = []
+        self.coef = np.zeros(0)
+        self.shift = np.zeros(0)
+        self.H = np.zeros((0, 0))
+        self._X: sp.csc_array | None = None
+
+    @property
+    def k(self) -> int:
+        return len(self.ids)
+
+    def X(self) -> sp.csc_array:
+        if self._X is None or self._X.shape[1] != self.k:
+            if not self.cols:
+                return sp.csc_array((self.n, 0))
+            counts = [c[0].shape[0] for c in self.cols]
+            indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            self._X = sp.csc_array((np.concatenate([c[1] for c in self.cols]),
+                                    np.concatenate([c[0] for c in self.cols]), indptr), shape=(self.n, self.k))
+        return self._X
+
+    def apply(self, c: np.ndarray) -> np.ndarray:
+        """Z_S c (an n-vector, or n x p for a k x p ``c``)."""
+        if self.k == 0:
+            return np.zeros((self.n,) + c.shape[1:])
+        if c.ndim == 1:
+            w = self.coef * c
+            return np.asarray(self.X() @ w) - float(self.shift @ w)
+        w = self.coef[:, None] * c
+        return np.asarray(self.X() @ w) - (self.shift @ w)[None, :]
+
+    def gram(self) -> np.ndarray:
+        """Z_S^T Z_S (k x k) from the sparse columns: coef_i coef_j (x_i^T x_j - mu_j 1^T x_i - mu_i 1^T x_j +
+        n mu_i mu_j)."""
+        X = self.X()
+        G = np.asarray((X.T @ X).toarray(), dtype=np.float64)
+        cs = np.asarray(X.sum(axis=0)).ravel()
+        mu = self.shift
+        G = G - np.outer(cs, mu) - np.outer(mu, cs) + self.n * np.outer(mu, mu)
+        return self.coef[:, None] * G * self.coef[None, :]
+
+    def tapply(self, V: np.ndarray) -> np.ndarray:
+        """Z_S^T V (k, or k x p)."""
+        if self.k == 0:
+            return np.zeros((0,) + V.shape[1:])
+        XtV = np.asarray(self.X().T @ V)
+        if V.ndim == 1:
+            return self.coef * (XtV - self.shift * V.sum())
+        return self.coef[:, None] * (XtV - self.shift[:, None] * V.sum(axis=0)[None, :])
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        if self.k == 0:
+            return np.zeros_like(b)
+        return sla.cho_solve(sla.cho_factor(self.H, lower=True), b)
+
+    def add(self, p: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float, u: np.ndarray,
+            gpp: float) -> None:
+        k = self.k
+        H = np.empty((k + 1, k + 1))
+        H[:k, :k] = self.H
+        H[:k, k] = u
+        H[k, :k] = u
+        H[k, k] = gpp
+        self.H = H
+        self.ids.append(int(p))
+        self.cols.append(col)
+        self.coef = np.append(self.coef, coef)
+        self.shift = np.append(self.shift, shift)
+
+
+def _dense_z(n: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float) -> np.ndarray:
+    z = np.zeros(n)
+    z[col[0]] = col[1]
+    return coef * (z - shift)
+
+
+def _check(name: str, value: Any, low: float = 0.0, *, strict: bool = False) -> float:
+    if not isinstance(value, int | float | np.floating | np.integer) or isinstance(value, bool) \
+            or not (value > low if strict else value >= low) or not np.isfinite(value):
+        raise ParameterError(f"The '{name}' parameter must be a float {'>' if strict else '>='} {low:g}; "
+                             f"got {value!r}.")
+    return float(value)
+
+
+class _Run:
+    """One greedy selection of ``k`` features on M: the block state on the workers, the selected set here."""
+
+    def __init__(self, M: Matrix, k: int, mode: int, lam1: float, lam2: float, L: Any, W: Any, Y: Any,
+                 checkpoint: str | None, checkpoint_every: int, problem: dict):
+        self.M, self.k, self.mode, self.lam1, self.lam2, self.L, self.W, self.Y = M, k, mode, lam1, lam2, L, W, Y
+        n = M.shape[0]
+        mu, inv = M._transform()
+        self.coef = np.ones(M.shape[1]) if inv is None else np.asarray(inv, dtype=np.float64)
+        self.shift = np.zeros(M.shape[1]) if mu is None else np.asarray(mu, dtype=np.float64)
+        self.n = n
+        self.dir = checkpoint
+        self.every = checkpoint_every
+        self.problem = problem
+        self.sel = _Selected(n, lam2)
+        self.criterion: list[float] = []
+        self.objective: list[float] = []
+        self.trace_obj = 0.0  # Tr(H^-1) (A) or log det H (D)
+        self.RS = np.zeros((0, 0 if Y is None else Y.shape[1]))  # Z_S^T Y (JCFS)
+        self.state: Any = None
+        self.recoveries = 0
+        self.replayed = 0
+
+    # ---------------------------------------------------------------- block state
+    def _graph_args(self) -> tuple:
+        W, d, lam_inv = None, None, None
+        if self.lam1 and self.W is not None:
+            if isinstance(self.W, AnchorGraph):
+                W, d, lam_inv = sp.csc_array(self.W.Zh), self.W.degrees, self.W.lam_inv
+            else:
+                W = sp.csr_array(self.W)
+                d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
+        return W, d, lam_inv
+
+    def init_state(self, selected: list[int]) -> list:
+        M = self.M
+        W, d, lam_inv = self._graph_args()
+        Y = self.Y
+        Ysum = None if Y is None else Y.sum(axis=0)
+        props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
+                                         self.lam1, W, d, lam_inv, Y, Ysum, self.mode, list(selected),
+                                         state=[None] * M.n_blocks)
+        return props
+
+    def load_state(self, step: int) -> None:
+        _, self.state = self.M.map_blocks(_load_blocks, self.dir, step, state=[None] * self.M.n_blocks)
+
+    def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
+        props, new = self.M.map_blocks(_step, p, np.ascontiguousarray(V), V.sum(axis=0), s_p, c2,
+                                       PerBlock(self.coef), PerBlock(self.shift), self.mode,
+                                       self.dir if save else None, state=self.state)
+        if hasattr(self.state, "release"):
+            self.state.release()
+        self.state = new
+        return props
+
+    # ---------------------------------------------------------------- the driver's part of a step
+    def B(self, v: np.ndarray) -> np.ndarray:
+        if not self.lam1:
+            return v
+        return v + self.lam1 * np.asarray(self.L @ v)
+
+    def choose(self, props: list) -> tuple[int, tuple]:
+        got = [p for p in props if p[0] >= 0 and np.isfinite(p[1])]
+        if not got:
+            raise ParameterError(f"only {self.sel.k} features are linearly independent under this criterion; "
+                                 f"ask for at most {self.sel.k}")
+        p = min(got, key=lambda q: (-q[1], q[0]))  # the best score, then the lower index
+        return p[0], p[2]
+
+    def take(self, p: int, col: tuple) -> tuple[np.ndarray, float, float]:
+        """Add p to S: record its criterion and the objective; return (V, s_p, c2) for the update pass."""
+        S, n = self.sel, self.n
+        z = _dense_z(n, col, self.coef[p], self.shift[p])
+        Bz = self.B(z)
+        u = S.tapply(Bz)
+        gpp = float(z @ Bz) + self.lam2
+        c = S.solve(u)
+        s_p = gpp - float(u @ c)
+        if self.mode == JCFS:
+            Rp = z @ self.Y
+            Ep = Rp - c @ self.RS
+            e2 = float(Ep @ Ep)
+            self.criterion.append(e2 / (self.lam2 * s_p))
+            # for the next pass: r = z_p - Z_S c, q = Y E_p - Z_S H^-1 R_S E_p
+            r = z - S.apply(c)
+            q = self.Y @ Ep - S.apply(S.solve(self.RS @ Ep)) if S.k else self.Y @ Ep
+            V = np.column_stack([r, q])
+            c2 = e2
+            S.add(p, col, self.coef[p], self.shift[p], u, gpp)
+            self.RS = np.vstack([self.RS, Rp[None, :]])
+            G = S.solve(self.RS)
+            self.objective.append(float(np.sum(self.Y * self.Y) - np.sum(self.RS * G)) / self.lam2)
+            return V, s_p, c2
+        v_p = float(c @ c)
+        if self.mode == A_OPTIMAL:
+            self.criterion.append(1.0 - self.lam2 * (1.0 + v_p) / s_p)
+            self.trace_obj += (1.0 + v_p) / s_p
+        else:
+            self.criterion.append(s_p / self.lam2 - 1.0)
+            self.trace_obj += float(np.log(s_p))
+        self.objective.append(self.trace_obj)
+        d = S.solve(c)
+        r = z - S.apply(c)
+        V = np.column_stack([self.B(r), self.B(S.apply(d))])
+        S.add(p, col, self.coef[p], self.shift[p], u, gpp)
+        return V, s_p, v_p + 1.0
+
+    def vectors_at(self, t: int) -> tuple[np.ndarray, float, float]:
+        """(V, s_p, c2) of step t, recomputed from the selection (for a replay after a restart or a lost worker)."""
+        full = self.sel
+        part = _Selected(self.n, self.lam2)
+        part.ids, part.cols = full.ids[:t], full.cols[:t]
+        part.coef, part.shift, part.H = full.coef[:t], full.shift[:t], full.H[:t, :t]
+        p = full.ids[t]
+        saved = (self.sel, self.criterion, self.objective, self.trace_obj, self.RS)
+        self.sel, self.criterion, self.objective, self.RS = part, [], [], self.RS[:t]
+        try:
+            out = self.take(p, full.cols[t])
+        finally:
+            self.sel, self.criterion, self.objective, self.trace_obj, self.RS = saved
+        return out
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_driver(self, step_of_blocks: int) -> None:
+        if self.dir is None:
+            return
+        os.makedirs(self.dir, exist_ok=True)
+        path = os.path.join(self.dir, "selection.json")
+        meta = {"format": 1, "problem": self.problem, "indices": self.sel.ids, "criterion": self.criterion,
+                "objective": self.objective}
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(meta, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def load_driver(self) -> list[int] | None:
+        path = os.path.join(self.dir, "selection.json")
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ParameterError(f"the greedy checkpoint {path} is unreadable ({e}); delete it or run with "
+                                 f"resume=False") from None
+        if meta.get("problem") != self.problem:
+            raise ParameterError(f"the greedy checkpoint {path} belongs to another problem; delete it, give "
+                                 f"another checkpoint directory, or run with resume=False")
+        return [int(i) for i in meta["indices"]]
+
+    def block_step_on_disk(self, upto: int) -> int | None:
+        """The newest step <= ``upto`` that every block has on disk (None: none)."""
+        if self.dir is None or not os.path.isdir(self.dir):
+            return None
+        have: dict[int, set] = {}
+        for name in os.listdir(self.dir):
+            if name.startswith("block-") and name.endswith(".npz"):
+                with contextlib.suppress(ValueError):
+                    _, start, step = name[:-4].split("-")
+                    have.setdefault(int(step), set()).add(int(start))
+        starts = {b.start for b in self.M.blocks}
+        ok = [s for s, got in have.items() if s <= upto and starts <= got]
+        return max(ok) if ok else None
+
+    # ---------------------------------------------------------------- rebuild
+    def rebuild(self, done: int) -> list:
+        """Block state after ``done`` update passes: from the newest complete block files, else from the start,
+        then the missing passes replayed. Returns the proposals after the last one."""
+        t0 = self.block_step_on_disk(done)
+        if t0 is not None:
+            self.load_state(t0)
+            props = None
+        else:
+            props = self.init_state([])
+            t0 = 0
+        for t in range(t0, done):
+            V, s_p, c2 = self.vectors_at(t)
+            props = self.pass_(self.sel.ids[t], V, s_p, c2, save=self._save_at(t + 1))
+            self.replayed += 1
+        if props is None:  # loaded exactly at `done`: ask for the proposals without changing anything
+            props, _ = self.M.map_blocks(_propose, self.mode, state=self.state)
+        return props
+
+    def _save_at(self, step: int) -> bool:
+        return self.dir is not None and step % self.every == 0
+
+
+def _propose(blk, state, mode):
+    return state, _proposal(blk, state, mode)
+
+
+_LOST = ("FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError", "FutureLostError",
+         "StreamClosedError")
+
+
+def _is_lost(e: BaseException) -> bool:
+    seen = 0
+    while e is not None and seen < 8:
+        if any(c.__name__ in _LOST for c in type(e).__mro__):
+            return True
+        msg = str(e)
+        if "lost dependencies" in msg or "Worker holding" in msg or "was lost" in msg:
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
+    t0 = time.perf_counter()
+    M, k = run.M, run.k
+    done = 0  # update passes applied to the block state
+    props = None
+    pending: Any = None  # (V, s_p, c2) of the last choice, whose update pass has not run yet
+    if resume:
+        ids = run.load_driver()
+        if ids:
+            # rebuild the driver's selected columns and H from the recorded sequence (columns re-read in one pass)
+            cols = M.columns(ids)
+            for i, p in enumerate(ids):
+                a, b = cols.indptr[i], cols.indptr[i + 1]
+                pending = run.take(p, (cols.indices[a:b].copy(), cols.data[a:b].astype(np.float64)))
+            done = len(ids) - 1
+            props = run.rebuild(done)
+            log.info("%s: resumed after %d selected features", verbose_name, len(ids))
+    if props is None:
+        props = run.init_state([])
+    times = []
+    while run.sel.k < k:
+        ts = time.perf_counter()
+        if run.sel.k > done:  # the previous choice still has its update pass to run
+            t = run.sel.k - 1
+            try:
+                V, s_p, c2 = pending
+                props = run.pass_(run.sel.ids[t], V, s_p, c2, save=run._save_at(t + 1))
+            except Exception as e:
+                if not _is_lost(e) or run.recoveries >= 5:
+                    raise
+                run.recoveries += 1
+                log.warning("%s: the block state was lost (%s); rebuilding it", verbose_name, type(e).__name__)
+                props = run.rebuild(t)
+                continue
+            done = t + 1
+        p, col = run.choose(props)
+        pending = run.take(p, col)
+        run.save_driver(done)
+        times.append(time.perf_counter() - ts)
+        log.debug("%s step %d: feature %d, criterion %.6g, objective %.6g", verbose_name, run.sel.k - 1, p,
+                  run.criterion[-1], run.objective[-1])
+    if hasattr(run.state, "release"):
+        run.state.release()
+    return GreedyResult(indices=np.asarray(run.sel.ids, dtype=np.int64), criterion=np.asarray(run.criterion),
+                        objective=np.asarray(run.objective),
+                        diagnostics={"steps": k, "step_seconds": times, "select_time": time.perf_counter() - t0,
+                                     "recoveries": run.recoveries, "passes_replayed": run.replayed,
+                                     "checkpoint": run.dir})
+
+
+# ---------------------------------------------------------------------------------------------------- graphs
+def sample_graph(M: Matrix, W: Any = None, *, graph: str = "knn", n_neighbors: int = 4, weights: str = "binary",
+                 t: float | None = None, n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
+                 random_state: int = 0) -> Any:
+    """``W`` as given (a sparse n x n affinity or an AnchorGraph), else the exact kNN graph of the rows of M
+    (``graph="knn"``) or its anchor graph (``graph="anchor"``: a low-rank-plus-diagonal Laplacian for large
+    n_samples)."""
+    n = M.shape[0]
+    if W is not None:
+        if not isinstance(W, AnchorGraph):
+            W = sp.csr_array(W, dtype=np.float64)
+        if W.shape != (n, n):
+            raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
+        return W
+    if graph == "anchor":
+        return anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+    if graph != "knn":
+        raise ParameterError(f"The 'graph' parameter must be 'knn' or 'anchor'; got {graph!r}.")
+    return knn_graph(M, n_neighbors, weights=weights, t=t)
+
+
+def _checkpoint_dir(M: Matrix, checkpoint: Any, name: str, problem: dict) -> str | None:
+    if checkpoint is None:
+        return None
+    if checkpoint != "auto":
+        if not isinstance(checkpoint, str | os.PathLike):
+            raise ParameterError(f"The 'checkpoint' parameter must be a directory path, 'auto' or None; "
+                                 f"got {checkpoint!r}.")
+        return os.fspath(checkpoint)
+    from dufs.methods.mmfs import _store_path
+
+    p = _store_path(M)
+    if p is None:
+        return None
+    h = hashlib.sha1(json.dumps(problem, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{p}.dufs-side/{name}-{h}"
+
+
+# ---------------------------------------------------------------------------------------------------- LapAOFS / LapDOFS
+def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float = 0.01, lambda2: float = 0.01,
+           W: Any = None, graph: str = "knn", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
+           n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
+           checkpoint: Any = "auto", checkpoint_every: int = 1, resume: bool = False) -> GreedyResult:
+    """LapAOFS (``criterion="A"``) or LapDOFS (``"D"``) of He, Ji, Zhang, Bao (TPAMI 2011), sequential scheme:
+    ``n_features`` features chosen one at a time in feature space (see the module docstring). The sample graph is
+    ``W`` or built from ``graph``, ``n_neighbors``, ``weights`` ("binary" or "heat"), ``t`` (the paper: kNN with
+    k = 4); L = D - W."""
+    if criterion not in ("A", "D"):
+        raise ParameterError(f"The 'criterion' parameter must be 'A' or 'D'; got {criterion!r}.")
+    lam1 = _check("lambda1", lambda1)
+    lam2 = _check("lambda2", lambda2, strict=True)
+    k = _check_k(M, n_features)
+    if not (isinstance(checkpoint_every, int | np.integer) and checkpoint_every >= 1):
+        raise ParameterError(f"The 'checkpoint_every' parameter must be an int >= 1; got {checkpoint_every!r}.")
+    t0 = time.perf_counter()
+    Wg = sample_graph(M, W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t, n_anchors=n_anchors,
+                      anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+    graph_s = time.perf_counter() - t0
+    L = laplacian_operator(Wg, normed=False)
+    name = "lapaofs" if criterion == "A" else "lapdofs"
+    problem = {"method": name, "shape": list(M.shape), "nnz": int(M.nnz), "standardize": M.standardize,
+               "lambda1": lam1, "lambda2": lam2, "graph": _graph_key(Wg), "n_features": k}
+    directory = _checkpoint_dir(M, checkpoint, name, problem)
+    if resume and directory is None:
+        raise ParameterError(f"{name}(resume=True) needs a checkpoint directory (checkpoint=<directory>)")
+    run = _Run(M, k, A_OPTIMAL if criterion == "A" else D_OPTIMAL, lam1, lam2, L, Wg, None, directory,
+               int(checkpoint_every), problem)
+    res = _select(run, resume, name)
+    res.diagnostics.update(graph_time=graph_s, graph="anchor" if isinstance(Wg, AnchorGraph) else "knn")
+    return res
+
+
+def _graph_key(W: Any) -> list:
+    if isinstance(W, AnchorGraph):
+        return ["anchor", int(W.Zh.nnz), float(W.Zh.data.sum())]
+    return ["sparse", int(W.nnz), float(W.data.sum())]
+
+
+def _check_k(M: Matrix, n_features: Any) -> int:
+    d = M.shape[1]
+    if not isinstance(n_features, int | np.integer) or not 1 <= n_features <= d:
+        raise ParameterError(f"The 'n_features' parameter must be an int in [1, {d}]; got {n_features!r}.")
+    return int(n_features)
+
+
+# ---------------------------------------------------------------------------------------------------- JCFS
+def jcfs_select(M: Matrix, Y: np.ndarray, n_features: int, gamma: float = 1e-4, *, checkpoint: Any = None,
+                checkpoint_every: int = 1, resume: bool = False) -> GreedyResult:
+    """JCFS's greedy step for a fixed embedding ``Y`` (n_samples x c): ``n_features`` features by eq. (14) with
+    M_0 = I / gamma (DESIGN.md 7.3: Algorithm 1's M_0 = 1/2 I is a slip), in feature space."""
+    gamma = _check("gamma", gamma, strict=True)
+    k = _check_k(M, n_features)
+    Y = np.asarray(Y, dtype=np.float64)
+    if Y.ndim != 2 or Y.shape[0] != M.shape[0]:
+        raise ParameterError(f"Y must be n_samples x c = ({M.shape[0]}, c); got {Y.shape}")
+    problem = {"method": "jcfs", "shape": list(M.shape), "gamma": gamma, "Y": [float(Y.sum()), float((Y * Y).sum())],
+               "n_features": k}
+    run = _Run(M, k, JCFS, 0.0, gamma, None, None, Y, _checkpoint_dir(M, checkpoint, "jcfs", problem),
+               int(checkpoint_every), problem)
+    return _select(run, resume, "jcfs")
+
+
+def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, gamma: float, *,
+                   dense_below: int = 3000, tol: float = 1e-10, random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """JCFS's Y-step (eq. (9)): the ``n_clusters`` eigenvectors of smallest eigenvalue of
+    L + lambda_ (Z_S Z_S^T + gamma I)^-1, L the normalised Laplacian of ``W``, and their eigenvalues (ascending).
+
+    The inverse is applied by Woodbury through the k x k system Z_S^T Z_S + gamma I. Below ``dense_below``
+    samples the operator is formed and solved densely; above, matrix-free Lanczos (``eigsh``) on
+    sigma I - A with sigma = 2 + lambda_ / gamma >= the largest eigenvalue (nothing n x n is formed)."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    n = M.shape[0]
+    c = int(n_clusters)
+    if not 1 <= c < n:
+        raise ParameterError(f"The 'n_clusters' parameter must be an int in [1, {n - 1}]; got {n_clusters!r}.")
+    lam = _check("lambda_", lambda_)
+    gamma = _check("gamma", gamma, strict=True)
+    S = [int(i) for i in (S if S is not None else [])]
+    sel = _Selected(n, gamma)
+    if S:
+        cols = M.columns(S)
+        mu, inv = M._transform()
+        for i, p in enumerate(S):
+            a, b = cols.indptr[i], cols.indptr[i + 1]
+            sel.cols.append((cols.indices[a:b].copy(), cols.data[a:b].astype(np.float64)))
+            sel.ids.append(p)
+        sel.coef = np.ones(len(S)) if inv is None else np.asarray(inv, dtype=np.float64)[S]
+        sel.shift = np.zeros(len(S)) if mu is None else np.asarray(mu, dtype=np.float64)[S]
+        sel.H = sel.gram() + gamma * np.eye(len(S))
+    L = laplacian_operator(W, normed=True)
+
+    def A(V: np.ndarray) -> np.ndarray:
+        V = np.asarray(V, dtype=np.float64)
+        one = V.ndim == 1
+        V2 = V[:, None] if one else V
+        out = np.asarray(L @ V2)
+        if S:
+            out = out + lam / gamma * (V2 - sel.apply(sel.solve(sel.tapply(V2))))
+        else:
+            out = out + lam / gamma * V2
+        return out[:, 0] if one else out
+
+    if n < dense_below:
+        Ad = A(np.eye(n))
+        Ad = 0.5 * (Ad + Ad.T)
+        vals, vecs = np.linalg.eigh(Ad)
+        return vecs[:, :c], vals[:c]
+    sigma = 2.0 + lam / gamma
+    op = LinearOperator((n, n), matvec=lambda v: sigma * v - A(v), matmat=lambda V: sigma * V - A(V),
+                        dtype=np.float64)
+    rng = np.random.default_rng(random_state)
+    vals, vecs = eigsh(op, k=c, which="LA", tol=tol, v0=rng.standard_normal(n))
+    order = np.argsort(-vals)
+    return vecs[:, order], sigma - vals[order]
+
+
+def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-4, gamma: float = 1e-4, W: Any = None,
+         graph: str = "knn", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
+         n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,
+         random_state: int = 0, dense_below: int = 3000) -> GreedyResult:
+    """JCFS (Du, Shen): alternate the spectral step (:func:`jcfs_embedding`, normalised Laplacian of the kNN
+    graph with binary weights, k = 5, as the paper) and the greedy Fisher step (:func:`jcfs_select`), starting
+    from the empty selection, until the selected set stops changing or ``max_iter`` alternations.
+
+    Corrections to the paper (DESIGN.md 7.3): M_0 = I / gamma (Algorithm 1 says 1/2 I); eq. (14) misses a
+    transpose; Y in the loop is the continuous spectral embedding (the greedy step works for any Y)."""
+    if not (isinstance(max_iter, int | np.integer) and max_iter >= 1):
+        raise ParameterError(f"The 'max_iter' parameter must be an int >= 1; got {max_iter!r}.")
+    k = _check_k(M, n_features)
+    t0 = time.perf_counter()
+    Wg = sample_graph(M, W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t, n_anchors=n_anchors,
+                      anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+    graph_s = time.perf_counter() - t0
+    S: list[int] = []
+    history = []
+    res = None
+    for it in range(int(max_iter)):
+        Y, vals = jcfs_embedding(M, S, Wg, n_clusters, lambda_, gamma, dense_below=dense_below,
+                                 random_state=random_state)
+        res = jcfs_select(M, Y, k, gamma)
+        new = res.indices.tolist()
+        history.append({"iteration": it, "objective": float(res.objective[-1]), "eigenvalues": vals.tolist(),
+                        "spectral_objective": float(vals.sum())})
+        changed = set(new) != set(S)
+        S = new
+        if not changed:
+            break
+    res.diagnostics.update(iterations=len(history), history=history, graph_time=graph_s,
+                           converged=len(history) < max_iter or not changed)
+    return res
