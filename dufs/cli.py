@@ -445,14 +445,14 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
 
 @app.command()
 def bench(
-    what: str = typer.Argument(..., help="What to measure: ingest, pass or mmfs."),
+    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs or greedy."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
                                        "3 for ingest, 7 for pass)."),
     work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (ingest: default a temp dir; pass: "
                                          "where the synthetic store is built and reused, default "
                                          "<tmp>/dufs-bench)."),
-    rows: int = typer.Option(2_000_000, "--rows", help="pass, mmfs: rows (samples) of the synthetic store."),
+    rows: int = typer.Option(2_000_000, "--rows", help="pass, mmfs, greedy: rows (samples) of the synthetic store."),
     features: int = typer.Option(5_000_000, "--features", help="pass, mmfs: features of the synthetic store."),
     nnz_per_row: int = typer.Option(30, "--nnz-per-row", help="pass, mmfs: nonzeros a row."),
     store: Path | None = typer.Option(None, "--store", help="pass, mmfs: the store path (reused when it holds the same "
@@ -469,8 +469,13 @@ def bench(
     elif what == "mmfs":
         _bench.mmfs(rows=rows, features=features, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store,
                     console=out)
+    elif what == "greedy":
+        from dufs.bench.greedy import greedy
+
+        greedy(rows=rows, features=features, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
+               repeats=repeats or 5)
     else:
-        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs"))
+        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy"))
 
 
 def main() -> None:

@@ -1,0 +1,112 @@
+"""``dufs bench greedy``: LapAOFS steps on the kddb-like store against plain passes over the same blocks."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from dufs.bench import WorkerPeak, _bench_store, _local_cluster, _median, _worker_blocks_bytes
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
+           store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), seed: int = 0,
+           ks: tuple[int, ...] = (50, 200), repeats: int = 5, n_anchors: int = 256, embed_dim: int = 32) -> dict:
+    """LapAOFS (anchor graph, standardize None) on the store, blocks persisted, with 1 and 2 workers: the median
+    time of a greedy step (its pass Z^T [B r, B Z_S d] with the candidates' update and proposals, and the driver's
+    part) against the median of plain ``Matrix.rmatvec(v)`` passes (one vector) in the same cluster; the 2-worker
+    speed-up of a step; peak RSS per worker after k = 50 and k = 200 steps (it must not grow with k beyond the k
+    selected columns, which live on the driver)."""
+    from dufs.engine import as_matrix
+    from dufs.engine.graphs import anchor_graph
+    from dufs.methods.greedy import lapofs
+
+    say = console.print if console is not None else print
+    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    n, d = st.shape
+    nnz = int(st.nnz)
+    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
+        f"LapAOFS (lambda1 = lambda2 = 0.01, anchor graph of {n_anchors} anchors); load average "
+        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz}
+    v = np.random.default_rng(seed).standard_normal(n)
+    Wg = None
+    for w in workers:
+        with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            M = as_matrix(st.path, persist=True)
+            M.column_stats()
+            if Wg is None:
+                t0 = time.perf_counter()
+                Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
+                res["graph_s"] = time.perf_counter() - t0
+            M.rmatvec(v)  # warm-up
+            passes = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                M.rmatvec(v)
+                passes.append(time.perf_counter() - t0)
+            bb = max(client.run(_worker_blocks_bytes).values())
+            idle = max(client.run(_rss).values()) - bb
+            out: dict[str, Any] = {"pass_s": _median(passes), "blocks_bytes": bb, "idle": idle}
+            for k in ks if w == max(workers) else ks[:1]:
+                with WorkerPeak(client) as wp:
+                    t0 = time.perf_counter()
+                    r = lapofs(M, n_features=k, criterion="A", W=Wg, checkpoint=None)
+                    wall = time.perf_counter() - t0
+                steps = r.diagnostics["step_seconds"][1:]  # the first includes the start pass
+                out[f"k{k}"] = {"step_s": _median(steps), "wall_s": wall, "peak": wp.peak,
+                                "first": r.indices[:5].tolist()}
+            # the cost of checkpointing every block's candidates every step (to the store's side directory)
+            k0 = ks[0]
+            side = f"{st.path}.dufs-side/bench-greedy-{w}"
+            t0 = time.perf_counter()
+            rc = lapofs(M, n_features=k0, criterion="A", W=Wg, checkpoint=side, checkpoint_every=1)
+            out["checkpoint_step_s"] = _median(rc.diagnostics["step_seconds"][1:])
+            import shutil
+
+            shutil.rmtree(side, ignore_errors=True)
+            M.release()
+        res[f"w{w}"] = out
+    _table(res, workers, ks, say, n, d)
+    return res
+
+
+def _table(res: dict, workers: tuple[int, ...], ks: tuple[int, ...], say: Any, n: int, d: int) -> None:
+    say(f"anchor graph built once: {res['graph_s']:.1f} s")
+    k0 = ks[0]
+    for w in workers:
+        v = res[f"w{w}"]
+        step = v[f"k{k0}"]["step_s"]
+        say(f"  {w} worker{'s' if w > 1 else ' '}: plain pass Z^T v {v['pass_s']:.3f} s; greedy step (k = {k0}) "
+            f"{step:.3f} s = {step / v['pass_s']:.2f}x a pass (target <= 1.3); with every block's candidates "
+            f"checkpointed each step {v['checkpoint_step_s']:.3f} s")
+    if 1 in workers and 2 in workers:
+        sp = res["w1"][f"k{k0}"]["step_s"] / res["w2"][f"k{k0}"]["step_s"]
+        res["speedup_2w"] = sp
+        say(f"  speed-up of a step, 2 workers vs 1: {sp:.2f}x (target >= 1.6); plain pass "
+            f"{res['w1']['pass_s'] / res['w2']['pass_s']:.2f}x")
+    w = max(workers)
+    v = res[f"w{w}"]
+    vec = n * 8
+    for k in ks:
+        if f"k{k}" not in v:
+            continue
+        pk = v[f"k{k}"]["peak"]
+        extra = pk - v["idle"] - v["blocks_bytes"]
+        say(f"  {w} workers, k = {k}: peak RSS per worker {pk / 1e6:.0f} MB = idle {v['idle'] / 1e6:.0f} MB + blocks "
+            f"{v['blocks_bytes'] / 1e6:.0f} MB + {extra / 1e6:.0f} MB ({extra / vec:.1f} vectors of n_samples "
+            f"float64; the candidates' state is {25 * d / w / 1e6:.0f} MB)")
+    if all(f"k{k}" in v for k in ks) and len(ks) >= 2:
+        a, b = v[f"k{ks[0]}"]["peak"], v[f"k{ks[-1]}"]["peak"]
+        res["peak_growth"] = b / a
+        say(f"  peak at k = {ks[-1]} / peak at k = {ks[0]}: {b / a:.2f}x (target: no growth with k on the workers)")
