@@ -1,0 +1,338 @@
+"""LapAOFS, LapDOFS and JCFS (dufs.methods.greedy) pick exactly what the papers' own sample-space algorithms pick
+(the dense reference in tests/methods/greedy_paper.py), with the same per-step criterion and objective, for any
+feature blocking, on a process cluster, and through the loss of a worker."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.linalg import subspace_angles
+
+import dufs
+from dufs.engine.matrix import Matrix, as_matrix
+from dufs.errors import ParameterError
+from tests.methods.greedy_paper import (
+    jcfs_embedding_dense,
+    jcfs_greedy_paper,
+    jcfs_paper,
+    knn_affinity,
+    lap_objective_direct,
+    lapaofs_paper,
+    lapdofs_paper,
+)
+
+greedy = pytest.importorskip("dufs.methods.greedy", reason="dufs.methods.greedy has not landed yet")
+
+K = 30
+REL = 1e-8
+REF = {"lapaofs": lapaofs_paper, "lapdofs": lapdofs_paper}
+
+
+# ---------------------------------------------------------------------------------------------------- data
+@functools.cache
+def _data(name):
+    if name == "dense":
+        rng = np.random.default_rng(0)
+        Z = rng.standard_normal((80, 6))
+        return Z @ rng.standard_normal((6, 60)) + 0.3 * rng.standard_normal((80, 60))
+    if name == "sparse":
+        return sp.random_array((100, 80), density=0.1, rng=1, format="csr")
+    from dufs.data.datasets import load
+
+    if name == "coil20":
+        X, _ = load("coil20")
+        return np.asarray(X[::8], dtype=np.float64)  # 180 x 1024
+    if name == "orl":
+        X, _ = load("orl")
+        return np.asarray(X[::2], dtype=np.float64)  # 200 x 1024
+    raise KeyError(name)
+
+
+def _dense(X):
+    return X.toarray() if sp.issparse(X) else np.asarray(X)
+
+
+@functools.cache
+def _graph(name, n_neighbors=4, weights="binary"):
+    return knn_affinity(_dense(_data(name)), n_neighbors, weights)
+
+
+@functools.cache
+def _ref(method, name, lambda1=0.01, lambda2=0.01, n_neighbors=4, weights="binary"):
+    return REF[method](_dense(_data(name)), _graph(name, n_neighbors, weights), K, lambda1, lambda2)
+
+
+def _close(a, b, rel):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    np.testing.assert_allclose(a, b, rtol=rel, atol=rel * np.abs(b).max())
+
+
+def _assert_same(sel, ref, rel=REL, X=None, W=None, lambda1=0.01, lambda2=0.01):
+    """Same picks and criterion as the reference; the objective against the reference's, or, given ``X`` and
+    ``W``, against the explicit k x k computation (eq. (14) in the reference loses ~n eps / lambda2 absolute)."""
+    np.testing.assert_array_equal(np.asarray(sel.indices), ref.order)
+    _close(sel.diagnostics["criterion"], ref.criterion, rel)
+    if X is None:
+        _close(sel.diagnostics["objective"], ref.objective, rel)
+        return
+    kind = "A" if sel.method == "lapaofs" else "D"
+    direct = lap_objective_direct(_dense(X), W, ref.order, lambda1, lambda2, kind)
+    _close(sel.diagnostics["objective"], direct, rel)
+    _close(ref.objective, direct, 1e-6)  # the reference's own eq. (14) / (28), loosely
+
+
+def _fit_lap(X, method, W, client=False, **kw):
+    params = {"lambda1": 0.01, "lambda2": 0.01, **kw}
+    if W is not None:
+        params["W"] = W
+    return dufs.fit(X, method=method, n_features=K, standardize=None, client=client, **params)
+
+
+# ---------------------------------------------------------------------------------------------------- LapAOFS/LapDOFS
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+@pytest.mark.parametrize("name", ["dense", "sparse", "coil20", "orl"])
+def test_lap_matches_the_papers_sequential_scheme(method, name):
+    X = _data(name)
+    W = _graph(name)
+    # the graph given dense on dense data, sparse on sparse data
+    Wg = sp.csr_array(W) if sp.issparse(X) or name == "orl" else W
+    _assert_same(_fit_lap(X, method, W=Wg), _ref(method, name), X=X, W=W)
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_lap_other_regularisation(method):
+    X = _data("dense")
+    ref = _ref(method, "dense", 0.5, 0.2, 6, "heat")
+    sel = _fit_lap(X, method, W=sp.csr_array(_graph("dense", 6, "heat")), lambda1=0.5, lambda2=0.2)
+    _assert_same(sel, ref, X=X, W=_graph("dense", 6, "heat"), lambda1=0.5, lambda2=0.2)
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_lap_builds_the_papers_knn_graph(method):
+    X = _data("dense")
+    # the default graph: 4 neighbours, binary weights
+    _assert_same(_fit_lap(X, method, W=None), _ref(method, "dense"))
+    sel = _fit_lap(X, method, W=None, n_neighbors=6, weights="heat")
+    _assert_same(sel, _ref(method, "dense", n_neighbors=6, weights="heat"))
+    Wt = knn_affinity(X, 5, "heat", t=3.0)
+    ref = REF[method](X, Wt, K, 0.01, 0.01)
+    _assert_same(_fit_lap(X, method, W=None, n_neighbors=5, weights="heat", t=3.0), ref)
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+@pytest.mark.parametrize("name,widths", [("sparse", (7, 64)), ("coil20", (128, 300))])
+def test_lap_does_not_depend_on_the_blocking(method, name, widths):
+    X = _data(name)
+    W = sp.csr_array(_graph(name))
+    a = _fit_lap(Matrix(X, block_width=widths[0]), method, W=W)
+    b = _fit_lap(Matrix(X, block_width=widths[1]), method, W=W)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    _close(a.diagnostics["criterion"], b.diagnostics["criterion"], 1e-10)
+    _close(a.diagnostics["objective"], b.diagnostics["objective"], 1e-10)
+    np.testing.assert_array_equal(a.indices, _ref(method, name).order)
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_lap_on_a_process_cluster(cluster_client, method):
+    X = _data("sparse")
+    W = sp.csr_array(_graph("sparse"))
+    local = _fit_lap(X, method, W=W)
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=16, persist=True)
+        assert M.residency["mode"] == "persisted"
+        sel = _fit_lap(M, method, W=W, client=cluster_client)
+    np.testing.assert_array_equal(sel.indices, local.indices)
+    _close(sel.diagnostics["criterion"], local.diagnostics["criterion"], 1e-10)
+    _close(sel.diagnostics["objective"], local.diagnostics["objective"], 1e-10)
+    assert sel.diagnostics["n_workers"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------- JCFS
+def _orthonormal(n, c, seed):
+    Q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, c)))
+    return Q
+
+
+@pytest.mark.parametrize("name,c,gamma", [("dense", 3, 1e-4), ("dense", 3, 0.1), ("sparse", 4, 1e-4),
+                                          ("sparse", 4, 0.1), ("coil20", 20, 1e-4), ("orl", 40, 1e-4)])
+def test_jcfs_select_matches_the_papers_greedy_step(name, c, gamma):
+    X = _data(name)
+    n = X.shape[0]
+    Y = _orthonormal(n, c, 7)
+    ref = jcfs_greedy_paper(_dense(X), Y, K, gamma)
+    widths = (5, 32) if X.shape[1] < 100 else (128, 300)
+    got = [greedy.jcfs_select(Matrix(X, standardize=None, block_width=w), Y, K, gamma) for w in widths]
+    for r in got:
+        np.testing.assert_array_equal(np.asarray(r.indices), ref.order)
+        _close(r.criterion, ref.criterion, REL)
+        _close(r.objective, ref.objective, REL)
+    np.testing.assert_array_equal(got[0].indices, got[1].indices)
+    _close(got[0].criterion, got[1].criterion, 1e-10)
+
+
+def _assert_embedding(X, S, W, c, lam, gamma):
+    Yr, vr = jcfs_embedding_dense(_dense(X), S, W, c + 1, lam, gamma)
+    assert vr[c] - vr[c - 1] > 1e-6 * max(abs(vr[c]), 1.0)  # the subspace is well defined
+    Y, vals = greedy.jcfs_embedding(Matrix(X, standardize=None, block_width=16), S, sp.csr_array(W), c, lam, gamma)
+    Y = np.asarray(Y)
+    assert Y.shape == (X.shape[0], c)
+    _close(vals, vr[:c], 1e-8)
+    assert subspace_angles(Y, Yr[:, :c]).max() < 1e-6
+
+
+@pytest.mark.parametrize("name,c,lam", [("dense", 3, 1e-3), ("sparse", 4, 1e-4), ("orl", 40, 1e-5)])
+def test_jcfs_embedding_matches_dense_eigh(name, c, lam):
+    X = _data(name)
+    W = knn_affinity(_dense(X), 5)
+    gamma = 1e-4
+    _assert_embedding(X, [], W, c, lam, gamma)
+    Y0, _ = jcfs_embedding_dense(_dense(X), [], W, c, lam, gamma)
+    S = jcfs_greedy_paper(_dense(X), Y0, 12, gamma).order
+    _assert_embedding(X, S, W, c, lam, gamma)
+
+
+def _fit_jcfs(X, W, m, c, lam, client=False, max_iter=10, **kw):
+    return dufs.fit(X, method="jcfs", n_features=m, n_clusters=c, lambda_=lam, gamma=1e-4, n_neighbors=5, W=W,
+                    max_iter=max_iter, standardize=None, client=client, **kw)
+
+
+@pytest.mark.parametrize("name,m,c,lam", [("dense", 20, 3, 1e-3), ("sparse", 15, 4, 1e-4), ("coil20", K, 20, 1e-3)])
+def test_jcfs_matches_algorithm_1(name, m, c, lam):
+    X = _data(name)
+    W = knn_affinity(_dense(X), 5)
+    ref = jcfs_paper(_dense(X), W, m, c, lam, 1e-4, max_iter=10)
+    sel = _fit_jcfs(X, sp.csr_array(W), m, c, lam)
+    np.testing.assert_array_equal(np.asarray(sel.indices), ref.order)
+    assert sel.diagnostics["iterations"] == ref.iterations
+
+
+def test_jcfs_builds_the_graph_and_stops_at_max_iter():
+    X = _data("dense")
+    W = knn_affinity(X, 5)
+    ref = jcfs_paper(X, W, 20, 3, 1e-3, 1e-4, max_iter=10)
+    sel = _fit_jcfs(X, None, 20, 3, 1e-3)
+    np.testing.assert_array_equal(np.asarray(sel.indices), ref.order)
+    assert sel.diagnostics["iterations"] == ref.iterations
+    one = _fit_jcfs(X, None, 20, 3, 1e-3, max_iter=1)
+    np.testing.assert_array_equal(np.asarray(one.indices), ref.selections[0])
+    assert one.diagnostics["iterations"] == 1
+
+
+def test_jcfs_on_a_process_cluster(cluster_client):
+    X = _data("dense")
+    W = sp.csr_array(knn_affinity(X, 5))
+    local = _fit_jcfs(X, W, 20, 3, 1e-3)
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=16, persist=True)
+        sel = _fit_jcfs(M, W, 20, 3, 1e-3, client=cluster_client)
+    np.testing.assert_array_equal(sel.indices, local.indices)
+    assert sel.diagnostics["iterations"] == local.diagnostics["iterations"]
+
+
+# ---------------------------------------------------------------------------------------------------- a lost worker
+_ENGINE_CALLS = ("map_blocks", "rmatvec", "matvec", "columns", "dense_columns", "topk", "column_stats",
+                 "kernel_column", "_resident")
+
+
+def _count_engine_calls(monkeypatch, on_call):
+    """Wrap the Matrix operations a method can run; ``on_call(i)`` before the i-th (from 1)."""
+    count = [0]
+    for name in _ENGINE_CALLS:
+        real = getattr(Matrix, name)
+
+        def wrapped(self, *a, _real=real, **k):
+            count[0] += 1
+            on_call(count[0])
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Matrix, name, wrapped)
+    return count
+
+
+def test_a_worker_killed_mid_run_changes_nothing(monkeypatch):
+    """A LapAOFS run counts its engine calls, a second run SIGKILLs a worker halfway (``run`` takes "jcfs" too;
+    left out to keep the file fast)."""
+    distributed = pytest.importorskip("distributed")
+    X = _data("dense")
+    W = sp.csr_array(knn_affinity(X, 5))
+
+    def run(method, client):
+        M = as_matrix(X, block_width=8, persist=True)
+        assert M.residency["mode"] == "persisted"
+        if method == "lapaofs":
+            return _fit_lap(M, method, W=W, client=client)
+        return _fit_jcfs(M, W, 20, 3, 1e-3, client=client, max_iter=2)
+
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                   silence_logs=50) as cluster,
+          distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+        for method in ("lapaofs",):
+            client.wait_for_workers(2)
+            with monkeypatch.context() as mp:
+                calls = _count_engine_calls(mp, lambda i: None)
+                ref = run(method, client)
+            total = calls[0]
+            assert total >= 4, "too few engine calls to kill a worker in the middle"
+            victim = sorted(client.run(os.getpid).values())[0]
+            fired = []
+
+            def kill(i, total=total, victim=victim, fired=fired):
+                if i == total // 2 and not fired:
+                    fired.append(i)
+                    os.kill(victim, signal.SIGKILL)
+
+            with monkeypatch.context() as mp:
+                _count_engine_calls(mp, kill)
+                sel = run(method, client)
+            assert fired, method
+            np.testing.assert_array_equal(sel.indices, ref.indices)
+            if method == "lapaofs":
+                _close(sel.diagnostics["criterion"], ref.diagnostics["criterion"], 1e-10)
+                np.testing.assert_array_equal(ref.indices, _ref("lapaofs", "dense", n_neighbors=5).order)
+            else:
+                assert sel.diagnostics["iterations"] == ref.diagnostics["iterations"]
+
+
+# ---------------------------------------------------------------------------------------------------- parameters
+@pytest.mark.parametrize("method,params,name", [
+    ("lapaofs", {"lambda1": -1.0}, "lambda1"),
+    ("lapaofs", {"lambda2": 0.0}, "lambda2"),
+    ("lapdofs", {"lambda2": -0.5}, "lambda2"),
+    ("lapdofs", {"n_neighbors": 0}, "n_neighbors"),
+    ("lapaofs", {"weights": "gauss"}, "weights"),
+    ("lapaofs", {"weights": "heat", "t": -1.0}, r"\bt\b"),
+    ("lapaofs", {"W": np.eye(7)}, r"\bW\b"),
+    ("lapdofs", {"n_features": 0}, "n_features"),
+    ("lapdofs", {"n_features": 61}, "n_features"),
+    ("jcfs", {"n_clusters": 0}, "n_clusters"),
+    ("jcfs", {"lambda_": -1.0}, "lambda_"),
+    ("jcfs", {"gamma": 0.0}, "gamma"),
+    ("jcfs", {"max_iter": 0}, "max_iter"),
+    ("jcfs", {"n_neighbors": 80}, "n_neighbors"),
+    ("jcfs", {"W": np.ones((5, 5))}, r"\bW\b"),
+])
+def test_bad_parameters_name_the_parameter(method, params, name):
+    X = _data("dense")
+    base = {"n_features": 10}
+    if method == "jcfs":
+        base.update(n_clusters=3, lambda_=1e-3, gamma=1e-4, max_iter=3)
+    kw = {**base, **params}
+    with pytest.raises(ParameterError, match=name):
+        dufs.fit(X, method=method, standardize=None, client=False, **kw)
+
+
+def test_jcfs_select_rejects_bad_parameters():
+    X = _data("dense")
+    M = Matrix(X, block_width=16)
+    Y = _orthonormal(X.shape[0], 3, 1)
+    with pytest.raises(ParameterError, match="gamma"):
+        greedy.jcfs_select(M, Y, 5, 0.0)
+    with pytest.raises(ParameterError, match="n_features"):
+        greedy.jcfs_select(M, Y, 0, 1e-4)
+    with pytest.raises(ParameterError, match=r"\bY\b"):
+        greedy.jcfs_select(M, Y[:-1], 5, 1e-4)
