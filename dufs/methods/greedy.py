@@ -253,6 +253,7 @@ class _Run:
         self.state: Any = None
         self.recoveries = 0
         self.replayed = 0
+        self.resumed = 0
 
     # ---------------------------------------------------------------- block state
     def _graph_args(self) -> tuple:
@@ -462,6 +463,7 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
                 a, b = cols.indptr[i], cols.indptr[i + 1]
                 pending = run.take(p, (cols.indices[a:b].copy(), cols.data[a:b].astype(np.float64)))
             done = len(ids) - 1
+            run.resumed = len(ids)
             props = run.rebuild(done)
             log.info("%s: resumed after %d selected features", verbose_name, len(ids))
     if props is None:
@@ -494,6 +496,7 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
                         objective=np.asarray(run.objective),
                         diagnostics={"steps": k, "step_seconds": times, "select_time": time.perf_counter() - t0,
                                      "recoveries": run.recoveries, "passes_replayed": run.replayed,
+                                     "resumed_steps": run.resumed,
                                      "checkpoint": run.dir})
 
 

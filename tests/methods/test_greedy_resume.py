@@ -1,0 +1,91 @@
+"""A greedy selection killed by SIGKILL resumes from its checkpoint (the selected sequence every step, the blocks'
+candidate numbers every ``checkpoint_every`` steps) and ends exactly where an uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dufs.data import write_store
+from dufs.engine.matrix import Matrix
+from dufs.errors import ParameterError
+from dufs.methods.greedy import lapofs
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    X = sp.random(300, 400, density=0.08, random_state=rng, format="csr") * 10.0
+    path = tmp_path_factory.mktemp("greedy") / "x.zarr"
+    write_store(sp.csr_array(X), path, y=np.zeros(300))
+    return str(path), X
+
+
+def _steps(path) -> int:
+    try:
+        with open(path) as f:
+            return len(json.load(f)["indices"])
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, every):
+    path, X = store
+    ck = tmp_path / "ck"
+    k = 40
+    script = textwrap.dedent(f"""
+        import logging, time
+        import dask
+        from dufs.engine.matrix import Matrix
+        from dufs.methods.greedy import lapofs
+
+        class Slow(logging.Handler):
+            def emit(self, record):
+                time.sleep(0.05)
+
+        lg = logging.getLogger("dufs.methods.greedy")
+        lg.setLevel(logging.DEBUG)
+        lg.addHandler(Slow())
+        with dask.config.set(scheduler="sync"):
+            lapofs(Matrix({path!r}), n_features={k}, criterion="A", n_neighbors=4, checkpoint={str(ck)!r},
+                   checkpoint_every={every})
+        print("FINISHED")
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and proc.poll() is None and _steps(ck / "selection.json") < 15:
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done = _steps(ck / "selection.json")
+    assert 15 <= done < k
+    with dask.config.set(scheduler="sync"):
+        ref = lapofs(Matrix(path), n_features=k, criterion="A", n_neighbors=4, checkpoint=None)
+        res = lapofs(Matrix(path), n_features=k, criterion="A", n_neighbors=4, checkpoint=str(ck),
+                     checkpoint_every=every, resume=True)
+    np.testing.assert_array_equal(res.indices, ref.indices)
+    np.testing.assert_allclose(res.criterion, ref.criterion, rtol=1e-10)
+    np.testing.assert_allclose(res.objective, ref.objective, rtol=1e-10)
+    # the finished steps were not chosen again; at most every - 1 update passes were replayed
+    assert res.diagnostics["resumed_steps"] >= done - 1
+    assert res.diagnostics["passes_replayed"] <= every - 1 + 1
+    # a checkpoint of another problem is refused, naming the file
+    with dask.config.set(scheduler="sync"), pytest.raises(ParameterError, match="selection.json"):
+        lapofs(Matrix(path), n_features=k, criterion="A", lambda2=0.5, n_neighbors=4, checkpoint=str(ck),
+               resume=True)
