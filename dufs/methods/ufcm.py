@@ -1,0 +1,364 @@
+"""UFCM: unsupervised feature analysis with class margin optimisation (paper 003, Wang et al.), DESIGN.md 7.5.
+
+With Zc the implicitly transformed data centred by its column means (n_samples x n_features, never formed), the
+objective (eq. (6), with the l2,p term as ||W||_{2,p}^p, DESIGN.md 7.5) is
+
+    f(W, U, G) = Tr(W^T S_t W) - alpha ||Zc W - U G^T||_F^2 - beta sum_i ||w^i||^p,   W^T W = I,
+
+S_t = Zc^T Zc, U the n x c cluster indicator, G the d' x c centroids. Algorithm 1 alternates, from W by PCA and U
+by k-means on Zc W:
+
+- D_ii = p / (2 ||w^i||^(2-p)) (eq. (7)), the weights of the tangent majoriser of ||W||_{2,p}^p at the current W
+  (eq. (8) is a majorisation, not the equivalence the paper says);
+- U (eq. (14)): candidates are the current U, Lloyd's k-means started from the current centroids G and ``n_init``
+  k-means runs from random (k-means++) starts, all on Y = Zc W; each is judged by the k-means term with its own
+  centroids (G from eq. (10)), the smallest kept. The paper judges random candidates against the *old* G, which
+  makes a random candidate lose to plain reassignment (eq. (9)) almost surely; judged with their own centroids the
+  restarts can win, and keeping the current U among the candidates makes the step never increase the term;
+- W: the algebraically largest d' eigenvectors of A = S_t - alpha S_w - beta D (eq. (13) with centred data:
+  X X^T - X U (U^T U)^-1 U^T X^T = S_w), which can be indefinite. S_w = S_t - S_b and S_b = Q diag(1/n_k) Q^T with
+  Q = Zc^T U (d x c, one pass), so A v = (1 - alpha) Zc^T (Zc v) + alpha Q diag(1/n_k) Q^T v - beta D v;
+- G = W^T Zc^T U (U^T U)^-1 = W^T Q diag(1/n_k) (eq. (10)).
+
+Every step does not decrease f (Proposition 1, for 0 < p <= 2): the U step by construction, the W step because
+Tr(W^T A W) - beta (1 - p/2) ||W_old||_{2,p}^p is a minorant of f( . , U, G*( . )) touching it at W_old. A row of W
+whose norm is below ``_EPS`` (a constant feature, say) has an infinite D_ii in the limit: it is kept at zero, out of
+the eigenproblem, which keeps the guarantee exact (a finite guard D_ii = p / (2 eps^(2-p)) would break it by up to
+beta eps^p per such row).
+
+Below ``dense_below`` features the d x d matrix S_t is built once (2 passes per chunk of columns: Z E then Z^T)
+and each W step is a dense ``numpy.linalg.eigh``; above, the W step is Lanczos (``eigsh(which="LA")``) on a
+``LinearOperator`` whose product with a d x k block costs two passes (Zc V, then Zc^T of it). k-means runs on the
+n x d' projection in this process (scikit-learn), or with dask-ml above ``_DASK_KMEANS_ROWS`` samples.
+
+References
+----------
+Wang, Nie, Chang, Yao, Li, Sheng, "Unsupervised Feature Analysis with Class Margin Optimization", ECML PKDD 2015,
+eqs. (6)-(14), Algorithm 1, Proposition 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dufs._logging import get_logger
+from dufs.engine.matrix import Matrix
+from dufs.errors import ParameterError
+
+__all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
+
+log = get_logger(__name__)
+
+_EPS = 1e-10  # a row of W (norms are <= 1 since W^T W = I) below this is held at zero
+_DASK_KMEANS_ROWS = 200_000  # k-means with dask-ml above this many samples
+_GRAM_BYTES = 256 << 20  # the n x k slab of columns of Z per chunk when S_t is built densely
+
+
+@dataclass
+class UFCMResult:
+    """``W`` (n_features x n_components), the cluster ``labels`` (n_samples), the centroids ``G``
+    (n_components x n_clusters), ``scores`` = the row norms of W (larger is better), the ``objective`` (eq. (6))
+    at the start and after every iteration, and ``diagnostics`` (iterations, timings, converged, ...)."""
+
+    W: np.ndarray
+    labels: np.ndarray
+    G: np.ndarray
+    scores: np.ndarray
+    objective: np.ndarray
+    diagnostics: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- centred data
+class _Centred:
+    """Products with Zc = Z - 1 m^T, m the column means of Z (the matrix's own transform, then centred)."""
+
+    def __init__(self, M: Matrix):
+        self.M = M
+        self.n, self.d = M.shape
+        st = M.column_stats() if M._stats is None else M._stats
+        mu = np.nan_to_num(st.mean(), nan=0.0)
+        m = (mu - M.center) / M.scale
+        if M.standardize == "zscore":
+            m = np.zeros(self.d)  # centred by construction (exactly, not to rounding)
+        self.m = m
+
+    def matvec(self, V: np.ndarray) -> np.ndarray:
+        """Zc V (n x k): one pass."""
+        return self.M.matvec(V) - (self.m @ V)[None, :]
+
+    def rmatvec(self, T: np.ndarray) -> np.ndarray:
+        """Zc^T T (d x k): one pass."""
+        return self.M.rmatvec(T) - self.m[:, None] * T.sum(axis=0)[None, :]
+
+    def scatter(self) -> np.ndarray:
+        """S_t = Zc^T Zc as a dense d x d matrix: two passes per chunk of columns."""
+        d, n = self.d, self.n
+        k = max(1, min(d, _GRAM_BYTES // max(8 * n, 1)))
+        S = np.empty((d, d))
+        for a in range(0, d, k):
+            E = np.zeros((d, min(k, d - a)))
+            E[np.arange(a, a + E.shape[1]), np.arange(E.shape[1])] = 1.0
+            S[:, a:a + E.shape[1]] = self.rmatvec(self.matvec(E))
+        return 0.5 * (S + S.T)
+
+
+# ---------------------------------------------------------------------------------------------------- pieces
+def _onehot(labels: np.ndarray, c: int) -> np.ndarray:
+    U = np.zeros((labels.shape[0], c))
+    U[np.arange(labels.shape[0]), labels] = 1.0
+    return U
+
+
+def _centroids(Y: np.ndarray, labels: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """Centroids (c x d') of the clusters of Y and their sizes (eq. (10) for one U)."""
+    counts = np.bincount(labels, minlength=c).astype(np.float64)
+    sums = np.zeros((c, Y.shape[1]))
+    np.add.at(sums, labels, Y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums / counts[:, None], counts
+
+
+def _km_term(Y: np.ndarray, labels: np.ndarray, C: np.ndarray) -> float:
+    """||Y - U G^T||_F^2 with G^T = C (c x d')."""
+    R = Y - C[labels]
+    return float(np.einsum("ij,ij->", R, R))
+
+
+def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int) -> np.ndarray:
+    """Labels of one k-means run on Y (Lloyd), from ``init`` (centroids, c x d') or "k-means++"."""
+    if Y.shape[0] > _DASK_KMEANS_ROWS:
+        import dask.array as da
+        from dask_ml.cluster import KMeans as DKMeans
+
+        init_ = init if isinstance(init, np.ndarray) else "k-means||"
+        km = DKMeans(n_clusters=c, init=init_, random_state=seed, n_init=1, max_iter=300, tol=1e-4)
+        km.fit(da.from_array(Y, chunks=(max(1, Y.shape[0] // 16), Y.shape[1])))
+        return np.asarray(km.labels_, dtype=np.int64)
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (40x slower on a
+    # loaded 2-core machine)
+    with threadpool_limits(limits=1):
+        km = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd")
+        km.fit(Y)
+    return km.labels_.astype(np.int64)
+
+
+def _best_partition(Y: np.ndarray, c: int, candidates: list[np.ndarray]) -> tuple[np.ndarray, float, int]:
+    """The candidate of smallest k-means term (each with its own centroids); ties keep the earlier one."""
+    best, best_v, best_j = None, np.inf, -1
+    for j, lab in enumerate(candidates):
+        if np.bincount(lab, minlength=c).min() == 0:
+            continue  # an empty cluster makes (U^T U)^-1 undefined
+        C, _ = _centroids(Y, lab, c)
+        v = _km_term(Y, lab, C)
+        if v < best_v:
+            best, best_v, best_j = lab, v, j
+    if best is None:
+        raise ParameterError(f"k-means left a cluster empty in every candidate: n_clusters = {c} is too many for "
+                             f"these data")
+    return best, best_v, best_j
+
+
+def _penalty(W: np.ndarray, p: float) -> float:
+    r = np.sqrt(np.einsum("ij,ij->i", W, W))
+    return float(np.sum(r[r > 0] ** p))
+
+
+def ufcm_objective(Y: np.ndarray, W: np.ndarray, labels: np.ndarray, G: np.ndarray, alpha: float, beta: float,
+                   p: float) -> float:
+    """Eq. (6) from Y = Zc W: ||Y||_F^2 - alpha ||Y - U G^T||_F^2 - beta ||W||_{2,p}^p (Tr(W^T S_t W) = ||Zc W||^2)."""
+    return float(np.einsum("ij,ij->", Y, Y) - alpha * _km_term(Y, labels, G.T) - beta * _penalty(W, p))
+
+
+def _top_dense(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    vals, vecs = np.linalg.eigh(A)
+    return vals[::-1][:k], vecs[:, ::-1][:, :k]
+
+
+def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarray, Dd: np.ndarray,
+            active: np.ndarray, k: int, alpha: float, beta: float, *, tol: float = 0.0, v0: Any = None
+            ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The largest ``k`` eigenpairs of A = (1 - alpha) S_t + alpha Q diag(1/n_k) Q^T - beta D on the ``active``
+    features (the others held at zero): dense when ``St`` is given, else Lanczos with two passes per product.
+    Returns (eigenvalues descending, W (d x k), products made)."""
+    d = Zc.d
+    Qs = Q / np.sqrt(counts)[None, :]
+    idx = np.flatnonzero(active)
+    W = np.zeros((d, k))
+    if St is not None:
+        A = (1.0 - alpha) * St[np.ix_(idx, idx)] + alpha * (Qs[idx] @ Qs[idx].T)
+        A[np.diag_indices_from(A)] -= beta * Dd[idx]
+        vals, V = _top_dense(A, k)
+        W[idx] = V
+        return vals, W, 0
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    nprod = [0]
+    Qa, Da = Qs[idx], Dd[idx]
+
+    def apply(X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        one = X.ndim == 1
+        X2 = X[:, None] if one else X
+        nprod[0] += X2.shape[1]
+        full = np.zeros((d, X2.shape[1]))
+        full[idx] = X2
+        out = (1.0 - alpha) * Zc.rmatvec(Zc.matvec(full))[idx] if alpha != 1.0 else np.zeros_like(X2)
+        out = out + alpha * (Qa @ (Qa.T @ X2)) - beta * Da[:, None] * X2
+        return out[:, 0] if one else out
+
+    op = LinearOperator((idx.size, idx.size), matvec=apply, matmat=apply, dtype=np.float64)
+    vals, V = eigsh(op, k=k, which="LA", tol=tol, v0=v0)
+    order = np.argsort(-vals)
+    W[idx] = V[:, order]
+    return vals[order], W, nprod[0]
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def _int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
+            high is not None and value > high):
+        rng = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ParameterError(f"The '{name}' parameter of ufcm must be an int {rng}; got {value!r}.")
+    return int(value)
+
+
+def _float_param(name: str, value: Any, low: float, high: float | None = None, *, strict_low: bool = False) -> float:
+    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    v = float(value) if ok else float("nan")
+    if not ok or not np.isfinite(v) or (v <= low if strict_low else v < low) or (high is not None and v > high):
+        lo = f"({low:g}" if strict_low else f"[{low:g}"
+        rng = f"in {lo}, {high:g}]" if high is not None else (f"> {low:g}" if strict_low else f">= {low:g}")
+        raise ParameterError(f"The '{name}' parameter of ufcm must be a float {rng}; got {value!r}.")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------- UFCM
+def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, beta: float = 1.0, p: float = 1.0,
+         max_iter: int = 30, n_init: int = 10, tol: float = 1e-6, random_state: int = 0,
+         dense_below: int = 2000) -> UFCMResult:
+    """UFCM (Algorithm 1 of paper 003) on the matrix's transformed data, centred implicitly.
+
+    Parameters
+    ----------
+    M : Matrix
+        The data (its ``standardize`` transform is applied, then the columns are centred inside every product).
+    n_clusters : int
+        c, the number of k-means clusters (pseudo classes), in [2, n_samples - 1].
+    n_components : int
+        d', the columns of W, in [1, n_features - 1].
+    alpha, beta : float >= 0
+        Weights of the k-means term and of the l2,p penalty in eq. (6).
+    p : float in (0, 2]
+        The l2,p exponent (Proposition 1 needs p <= 2).
+    max_iter : int >= 1
+        Outer iterations (steps 6-9 of Algorithm 1).
+    n_init : int >= 0
+        Random k-means restarts among the U step's candidates (eq. (14); the paper's r = 10).
+    tol : float >= 0
+        Stop when the objective rises by less than ``tol * max(1, |f|)`` in an iteration.
+    random_state : int
+        Seeds k-means and the Lanczos start vectors.
+    dense_below : int
+        Below this many features the W step is a dense ``eigh`` of the d x d matrix; above, matrix-free Lanczos.
+
+    Returns
+    -------
+    UFCMResult
+
+    References
+    ----------
+    Wang et al., ECML PKDD 2015, eq. (6), (7), (10), (13), (14), Algorithm 1.
+    """
+    if not isinstance(M, Matrix):
+        raise ParameterError(f"ufcm needs a dufs.engine.Matrix; got {type(M).__name__} (use dufs.engine.as_matrix)")
+    n, d = M.shape
+    c = _int_param("n_clusters", n_clusters, 2, max(2, n - 1))
+    k = _int_param("n_components", n_components, 1, max(1, d - 1))
+    alpha = _float_param("alpha", alpha, 0.0)
+    beta = _float_param("beta", beta, 0.0)
+    p = _float_param("p", p, 0.0, 2.0, strict_low=True)
+    max_iter = _int_param("max_iter", max_iter, 1)
+    n_init = _int_param("n_init", n_init, 0)
+    tol = _float_param("tol", tol, 0.0)
+    seed = _int_param("random_state", random_state, 0, 2**32 - 1)
+    dense_below = _int_param("dense_below", dense_below, 0)
+    if c > n - 1 or k > d - 1:
+        raise ParameterError(f"ufcm needs n_clusters < n_samples and n_components < n_features; the data are {n} x {d}")
+    rng = np.random.default_rng(seed)
+
+    def seeds(m: int) -> list[int]:
+        return [int(s) for s in rng.integers(0, 2**31 - 1, size=m)]
+
+    timings: dict[str, float] = {"setup": 0.0, "u_step": 0.0, "w_step": 0.0, "g_step": 0.0}
+    passes0 = M.passes
+    t0 = time.perf_counter()
+    Zc = _Centred(M)
+    dense = d < dense_below
+    St = Zc.scatter() if dense else None
+    zero_q = np.zeros((d, c))
+    ones = np.ones(c)
+    everyone = np.ones(d, dtype=bool)
+    # step 3: W by PCA (the top d' eigenvectors of S_t)
+    _, W, nprod = _w_step(Zc, St, zero_q, ones, np.zeros(d), everyone, k, 0.0, 0.0, v0=rng.standard_normal(d))
+    Y = Zc.matvec(W)
+    # step 4: U by k-means on W^T x_i (the best of 1 + n_init runs by the k-means term)
+    labels, _, _ = _best_partition(Y, c, [_kmeans(Y, c, "k-means++", s) for s in seeds(max(1, n_init))])
+    C, counts = _centroids(Y, labels, c)
+    f = ufcm_objective(Y, W, labels, C.T, alpha, beta, p)
+    timings["setup"] = time.perf_counter() - t0
+    objective = [f]
+    history: list[dict] = []
+    converged = False
+    products = nprod
+    for it in range(max_iter):
+        t_it = time.perf_counter()
+        # step 6: D (eq. (7)); rows at zero stay there
+        r = np.sqrt(np.einsum("ij,ij->i", W, W))
+        active = r > _EPS
+        if active.sum() <= k:
+            active = everyone
+        Dd = np.zeros(d)
+        Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
+        # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
+        t1 = time.perf_counter()
+        cands = [labels, _kmeans(Y, c, C, seeds(1)[0])] + [_kmeans(Y, c, "k-means++", s) for s in seeds(n_init)]
+        labels, km, chosen = _best_partition(Y, c, cands)
+        timings["u_step"] += time.perf_counter() - t1
+        # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
+        t1 = time.perf_counter()
+        counts = np.bincount(labels, minlength=c).astype(np.float64)
+        Q = Zc.rmatvec(_onehot(labels, c))
+        v0 = W[active].sum(axis=1) + 1e-3 * rng.standard_normal(int(active.sum()))
+        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, v0=v0)
+        products += nprod
+        timings["w_step"] += time.perf_counter() - t1
+        # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
+        t1 = time.perf_counter()
+        G = (W.T @ Q) / counts[None, :]
+        Y = Zc.matvec(W)
+        C = G.T
+        timings["g_step"] += time.perf_counter() - t1
+        f_new = ufcm_objective(Y, W, labels, G, alpha, beta, p)
+        objective.append(f_new)
+        history.append({"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
+                        "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
+                        "seconds": time.perf_counter() - t_it})
+        log.debug("ufcm iteration %d: objective %.10g (U candidate %d)", it + 1, f_new, chosen)
+        rise = f_new - f
+        f = f_new
+        if abs(rise) <= tol * max(1.0, abs(f)):
+            converged = True
+            break
+    G = C.T
+    scores = np.sqrt(np.einsum("ij,ij->i", W, W))
+    diagnostics = {"iterations": len(history), "converged": converged, "timings": timings,
+                   "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": dense,
+                   "operator_products": products, "history": history}
+    return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)

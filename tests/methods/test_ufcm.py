@@ -1,0 +1,175 @@
+"""UFCM (dufs.methods.ufcm, paper 003): the objective (6) never decreases (Proposition 1), the matrix-free W step is
+the dense eigendecomposition, the recorded objective is eq. (6) recomputed independently, bad parameters are
+refused by name."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.linalg import subspace_angles
+from threadpoolctl import threadpool_limits
+
+from dufs.engine.matrix import Matrix
+from dufs.errors import ParameterError
+from dufs.methods import ufcm as U
+from dufs.methods.ufcm import ufcm
+
+RISE_TOL = 1e-10  # relative: rounding only
+
+
+@functools.cache
+def _data(name):
+    rng = np.random.default_rng(0)
+    if name == "dense":
+        # three shifted Gaussian groups, 150 x 40
+        X = rng.standard_normal((150, 40)) + np.repeat(rng.standard_normal((3, 40)) * 2, 50, axis=0)
+        return X
+    if name == "sparse":
+        X = sp.random(200, 120, density=0.08, random_state=1, format="csc") * 5.0
+        X = X.toarray()
+        X[:, 7] = 0.0  # an all-zero feature: its row of W is held at zero
+        return sp.csc_array(X)
+    if name == "coil20":
+        from dufs.data.datasets import load
+
+        X, y = load("coil20")
+        keep = y < 4  # 4 objects, 288 images; every 4th pixel: 256 features
+        return X[keep][:, ::4]
+    raise KeyError(name)
+
+
+def _dense(X):
+    return X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+
+
+def _centred(X, standardize=None):
+    Xd = _dense(X)
+    Xc = Xd - Xd.mean(axis=0)
+    if standardize == "zscore":
+        sd = Xd.std(axis=0)
+        Xc = Xc / np.where(sd > 0, sd, 1.0)
+    return Xc
+
+
+def _objective_direct(Xc, W, labels, G, alpha, beta, p):
+    """Eq. (6) in plain NumPy: Tr(W^T S_t W) - alpha ||W^T X - G U^T||_F^2 - beta ||W||_{2,p}^p (X centred)."""
+    St = Xc.T @ Xc
+    Uo = np.zeros((Xc.shape[0], G.shape[1]))
+    Uo[np.arange(Xc.shape[0]), labels] = 1.0
+    R = W.T @ Xc.T - G @ Uo.T
+    rows = np.linalg.norm(W, axis=1)
+    return np.trace(W.T @ St @ W) - alpha * np.sum(R * R) - beta * np.sum(rows ** p)
+
+
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    with threadpool_limits(limits=1):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------- (a) monotone
+@pytest.mark.parametrize("name, params, dense_below", [
+    ("dense", {"alpha": 1.0, "beta": 1.0, "p": 1.0}, 2000),
+    ("dense", {"alpha": 10.0, "beta": 0.1, "p": 0.5}, 2000),
+    ("dense", {"alpha": 0.1, "beta": 10.0, "p": 1.5}, 0),
+    ("sparse", {"alpha": 1.0, "beta": 1.0, "p": 1.0}, 2000),
+    ("sparse", {"alpha": 2.0, "beta": 1.0, "p": 0.5}, 0),
+    ("coil20", {"alpha": 1.0, "beta": 1.0, "p": 1.0}, 2000),
+    ("coil20", {"alpha": 1e-1, "beta": 10.0, "p": 0.5}, 2000),
+])
+def test_objective_never_decreases(name, params, dense_below):
+    X = _data(name)
+    c = 4 if name == "coil20" else 3
+    # matrix-free: a few hundred two-pass products per W step, so fewer iterations and one block
+    mf = dense_below == 0
+    res = ufcm(Matrix(X, block_width=None if mf else 37), n_clusters=c, n_components=5, max_iter=4 if mf else 12,
+               n_init=3, tol=0.0, dense_below=dense_below, **params)
+    f = res.objective
+    assert f.shape[0] == res.diagnostics["iterations"] + 1 >= 2
+    rises = np.diff(f)
+    assert np.all(rises >= -RISE_TOL * np.maximum(1.0, np.abs(f[1:]))), rises
+    W = res.W
+    np.testing.assert_allclose(W.T @ W, np.eye(5), atol=1e-8)
+    np.testing.assert_allclose(res.scores, np.linalg.norm(W, axis=1))
+    if name == "sparse":
+        assert res.scores[7] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------- (b) W step
+@pytest.mark.parametrize("standardize", [None, "zscore"])
+@pytest.mark.parametrize("alpha, beta", [(0.5, 1.0), (3.0, 0.2)])  # (3, 0.2): (1 - alpha) S_t, indefinite
+def test_matrix_free_w_step_is_dense_eigh(standardize, alpha, beta):
+    X = _data("sparse")
+    M = Matrix(X, standardize=standardize, block_width=25)
+    Xc = _centred(X, standardize)
+    n, d = Xc.shape
+    c, k = 3, 4
+    rng = np.random.default_rng(3)
+    labels = np.arange(n) % c
+    rng.shuffle(labels)
+    Dd = rng.uniform(0.5, 2.0, size=d)
+    active = np.ones(d, dtype=bool)
+    active[7] = False  # the all-zero feature, held out as ufcm does
+    # the explicit dense reference: S_t - alpha S_w - beta D on the explicitly standardised, centred matrix
+    Uo = np.zeros((n, c))
+    Uo[np.arange(n), labels] = 1.0
+    St = Xc.T @ Xc
+    P = Uo @ np.linalg.inv(Uo.T @ Uo) @ Uo.T
+    Sw = Xc.T @ (np.eye(n) - P) @ Xc
+    A = St - alpha * Sw - beta * np.diag(Dd)
+    idx = np.flatnonzero(active)
+    ref_vals, ref_vecs = np.linalg.eigh(A[np.ix_(idx, idx)])
+    ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
+
+    Zc = U._Centred(M)
+    Q = Zc.rmatvec(Uo)
+    counts = Uo.sum(axis=0)
+    vals_mf, W_mf, nprod = U._w_step(Zc, None, Q, counts, Dd, active, k, alpha, beta, v0=np.ones(idx.size))
+    vals_d, W_d, _ = U._w_step(Zc, Zc.scatter(), Q, counts, Dd, active, k, alpha, beta)
+    assert nprod > 0
+    scale = max(1.0, np.abs(ref_vals).max())
+    for vals, W in ((vals_mf, W_mf), (vals_d, W_d)):
+        np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-8 * scale)
+        assert np.all(W[~active] == 0.0)
+        assert np.max(subspace_angles(W[idx], ref_vecs)) < 1e-6
+    if standardize is None:
+        np.testing.assert_allclose(Zc.scatter(), St, atol=1e-9 * np.abs(St).max())
+
+
+# ---------------------------------------------------------------------------------------------------- (c) eq. (6)
+@pytest.mark.parametrize("name, standardize, dense_below", [("dense", None, 2000), ("sparse", "zscore", 0),
+                                                             ("sparse", None, 2000)])
+def test_recorded_objective_is_eq6(name, standardize, dense_below):
+    X = _data(name)
+    alpha, beta, p = 0.7, 2.0, 0.8
+    res = ufcm(Matrix(X, standardize=standardize), n_clusters=3, n_components=4, alpha=alpha, beta=beta, p=p,
+               max_iter=5, n_init=2, dense_below=dense_below)
+    Xc = _centred(X, standardize)
+    direct = _objective_direct(Xc, res.W, res.labels, res.G, alpha, beta, p)
+    np.testing.assert_allclose(res.objective[-1], direct, rtol=1e-9)
+    # G is eq. (10) for the returned W and U: the cluster means of W^T x_i
+    for j in range(3):
+        np.testing.assert_allclose(res.G[:, j], (Xc[res.labels == j] @ res.W).mean(axis=0), atol=1e-9)
+    assert res.labels.shape == (Xc.shape[0],)
+    assert set(res.diagnostics) >= {"iterations", "timings", "converged"}
+
+
+# ---------------------------------------------------------------------------------------------------- (d) parameters
+@pytest.mark.parametrize("param, value", [
+    ("n_clusters", 1), ("n_clusters", 150), ("n_clusters", 2.5), ("n_components", 0), ("n_components", 40),
+    ("alpha", -1.0), ("beta", float("nan")), ("beta", "1"), ("p", 0.0), ("p", 2.5), ("max_iter", 0),
+    ("n_init", -1), ("tol", -1e-3), ("random_state", -1), ("dense_below", 1.5),
+])
+def test_bad_parameters(param, value):
+    kw = {"n_clusters": 3, "n_components": 2}
+    kw[param] = value
+    with pytest.raises(ParameterError, match=f"'{param}' parameter of ufcm"):
+        ufcm(Matrix(_data("dense")), **kw)
+
+
+def test_not_a_matrix():
+    with pytest.raises(ParameterError, match="Matrix"):
+        ufcm(_data("dense"), n_clusters=3, n_components=2)
