@@ -25,9 +25,9 @@ Protocol choices where the paper is silent (see also the end of the printed outp
 
 Run: ``python examples/lapofs_tables.py`` (uses ../shared/data/{COIL20,ORL}.mat when they are there, else the
 bundled copies). The paper's protocol is 20 random class subsets per cluster count (``--subsets 20``); the default
-draws 10: about 13 minutes on a shared, busy 2-core machine (10 of them for COIL20, where each of the 30 tests
-makes four selections and five 10-run k-means), roughly half that on an idle one; ``--quick`` draws 3 (a third of
-that). ``--datasets orl`` runs one set; ``--methods laplacian,variance`` runs the baselines alone.
+draws 10: 17 minutes of wall time on a shared, busy 2-core machine, under 8 minutes of CPU (COIL20 takes most:
+each of its 30 tests makes four selections and five 10-run k-means); ``--quick`` draws 3 (a third of that).
+``--datasets orl`` runs one set; ``--methods laplacian,variance`` runs the baselines alone.
 """
 
 from __future__ import annotations
