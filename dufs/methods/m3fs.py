@@ -53,6 +53,7 @@ Zhao, Kwok, Wang, Zhang (2009), eqs. (7)-(17), Algorithms 1-2, Propositions 3, 4
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,15 +227,19 @@ class _Master:
             cp.SOC(self.s + 1, cp.hstack([2 * Ru, cp.reshape(self.s - 1, (1,), order="C")])),
             *bal,
         ]
+        self.inaccurate = 0
         self.prob = cp.Problem(cp.Minimize(0.5 * cp.sum(self.t) + C * self.xi + lam * self.s), cons)
 
     def solve(self, A: np.ndarray, h: np.ndarray) -> float:
         self.A.value = A
         self.h.value = h
-        try:
-            self.prob.solve(solver="CLARABEL")
-        except self.cp.error.SolverError:
-            self.prob.solve(solver="SCS", eps=1e-9)
+        with warnings.catch_warnings():  # cvxpy warns on "optimal_inaccurate"; we count those instead
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                self.prob.solve(solver="CLARABEL")
+            except self.cp.error.SolverError:
+                self.prob.solve(solver="SCS", eps=1e-9)
+        self.inaccurate += self.prob.status == "optimal_inaccurate"
         if self.prob.status not in ("optimal", "optimal_inaccurate"):
             raise DufsError(f"M3FS: the SOCP step ended with status {self.prob.status!r}.")
         return float(self.prob.value)
@@ -403,6 +408,9 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
         ``diagnostics``: ``cutting_planes``, ``cccp_iterations`` (per master problem), ``objectives`` (per master
         problem), ``violations`` (of each newly found constraint), ``prop4_violation`` (the final most violated
         constraint's excess over xi + epsilon, <= 0 when Proposition 4 holds), ``converged``, ``init_labels``,
+        ``working_set`` (Omega: rows c, 0/1 two-class, r_i or -1 multi-class), ``last_z`` (the CCCP signs/labels of
+        the last SOCP), ``cccp_capped`` / ``cccp_cycles`` (master problems whose CCCP hit ``max_cccp`` / revisited
+        a sign pattern, which the held indicator term of (17) allows), ``inaccurate_socps``, ``socp_sigma``,
         ``l``, ``seconds``.
 
     References
@@ -446,8 +454,10 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
     sigma = np.full(d, m / d)
     obj = np.nan
     diag: dict[str, Any] = {"cutting_planes": 0, "cccp_iterations": [], "objectives": [], "violations": [],
-                            "cccp_capped": 0, "cccp_cycles": 0, "l": l_, "init_labels": init}
+                            "cccp_capped": 0, "cccp_cycles": 0, "inaccurate_socps": 0, "l": l_, "init_labels": init}
     converged = False
+    master = None
+    z_used = None
     for it in range(max_cp + 1):
         F = _scores(X, v, b, M)
         c, loss = most_violated(F, M)
@@ -459,6 +469,8 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
         if it == max_cp:
             break
         omega.append(c)
+        if master is not None:
+            diag["inaccurate_socps"] += master.inaccurate
         master = _Master(len(omega), d, M, R, s_bal, n, C, lam, m, l_)
         z = _z(F, M)
         prev = np.inf
@@ -466,6 +478,7 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
         steps = 0
         for steps in range(1, max_cc + 1):  # noqa: B007 (the count is recorded below)
             A, h = _rows(X, omega, z, M)
+            z_used = z
             obj = master.solve(A, h)
             u = np.asarray(master.u.value)
             v, b = (u[:d].copy(), float(u[d])) if M == 2 else (u.reshape(M, d).copy(), 0.0)
@@ -490,7 +503,11 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
                     max_cp, diag["violations"][-1], eps)
     F = _scores(X, v, b, M)
     _, loss = most_violated(F, M)
+    if master is not None:
+        diag["inaccurate_socps"] += master.inaccurate
     diag["cutting_planes"] = len(omega)
+    diag["working_set"] = np.array(omega, dtype=np.int64).reshape(len(omega), n)
+    diag["last_z"] = z_used if omega else None
     diag["prop4_violation"] = loss - (xi + eps)
     diag["converged"] = converged
     diag["socp_sigma"] = sigma
