@@ -104,11 +104,24 @@ def _jcfs(M: Any, y: Any, *, n_features: int, n_clusters: Any = None, **p: Any) 
     return _greedy_out(jcfs(M, n_features=n_features, n_clusters=n_clusters, **p), M.shape[1])
 
 
+def _ufcm(M: Any, y: Any, *, n_clusters: Any = None, n_components: Any = None, **p: Any) -> tuple[np.ndarray,
+                                                                                                  None, dict]:
+    from dufs.methods.ufcm import ufcm
+
+    if n_clusters is None:
+        raise ParameterError("ufcm needs the number of clusters: give n_clusters=<int>")
+    res = ufcm(M, n_clusters=n_clusters, n_components=n_clusters if n_components is None else n_components, **p)
+    diag = dict(res.diagnostics)
+    diag.update(objective=np.asarray(res.objective).tolist())
+    return res.scores, None, diag
+
+
 METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
 METHODS["qpfs"] = MethodSpec("qpfs", _qpfs, True, True, "zscore", 0)
 METHODS["lapaofs"] = MethodSpec("lapaofs", _lapofs("A"), True, False, None, 0)
 METHODS["lapdofs"] = MethodSpec("lapdofs", _lapofs("D"), True, False, None, 0)
 METHODS["jcfs"] = MethodSpec("jcfs", _jcfs, True, False, None, 0)
+METHODS["ufcm"] = MethodSpec("ufcm", _ufcm, True, False, None, 0)
 _RANKED = {"mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs"}  # methods that rank the features themselves
 _GREEDY = {"lambda1", "lambda2", "W", "graph", "n_neighbors", "weights", "t", "n_anchors", "anchor_neighbors",
            "embed_dim", "random_state", "checkpoint", "checkpoint_every", "resume"}
@@ -118,6 +131,8 @@ _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "ra
            "lapaofs": _GREEDY, "lapdofs": _GREEDY,
            "jcfs": {"n_clusters", "lambda_", "gamma", "W", "graph", "n_neighbors", "weights", "t", "n_anchors",
                     "anchor_neighbors", "embed_dim", "max_iter", "random_state", "dense_below"},
+           "ufcm": {"n_clusters", "n_components", "alpha", "beta", "p", "max_iter", "n_init", "tol", "random_state",
+                    "dense_below"},
            "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
                           "random_state"}}
 
@@ -144,7 +159,8 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
     y : array-like, optional
         Labels (supervised methods); a store's own labels are used by default.
-    method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs"}
+    method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs",
+              "ufcm", "m3fs"}
     n_features : int
         How many features to select, in [1, n_features of X].
     client : distributed.Client or False, optional
