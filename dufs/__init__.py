@@ -12,6 +12,7 @@ from dufs.data import SparseStore, open_store, write_store  # noqa: E402
 from dufs.estimators import (  # noqa: E402
     JCFS,
     MMFS,
+    UFCM,
     CorrelationSelector,
     FisherScore,
     LapAOFS,
@@ -24,4 +25,4 @@ from dufs.selection import Selection  # noqa: E402
 open = open_store  # noqa: A001  (dufs.open(path), like zarr.open)
 
 __all__ = ["JCFS", "MMFS", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore", "Selection",
-           "SparseStore", "VarianceSelector", "__version__", "fit", "open", "open_store", "write_store"]
+           "SparseStore", "UFCM", "VarianceSelector", "__version__", "fit", "open", "open_store", "write_store"]

@@ -110,7 +110,10 @@ def _ufcm(M: Any, y: Any, *, n_clusters: Any = None, n_components: Any = None, *
 
     if n_clusters is None:
         raise ParameterError("ufcm needs the number of clusters: give n_clusters=<int>")
-    res = ufcm(M, n_clusters=n_clusters, n_components=n_clusters if n_components is None else n_components, **p)
+    if n_components is None:  # d' = the number of clusters, at most n_features - 1
+        n_components = min(int(n_clusters), max(1, M.shape[1] - 1)) if isinstance(n_clusters, int | np.integer) \
+            else n_clusters
+    res = ufcm(M, n_clusters=n_clusters, n_components=n_components, **p)
     diag = dict(res.diagnostics)
     diag.update(objective=np.asarray(res.objective).tolist())
     return res.scores, None, diag

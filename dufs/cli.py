@@ -445,15 +445,17 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
 
 @app.command()
 def bench(
-    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs or greedy."),
+    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs or ufcm."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
                                        "3 for ingest, 7 for pass)."),
     work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (ingest: default a temp dir; pass: "
                                          "where the synthetic store is built and reused, default "
                                          "<tmp>/dufs-bench)."),
-    rows: int = typer.Option(2_000_000, "--rows", help="pass, mmfs, greedy: rows (samples) of the synthetic store."),
-    features: int = typer.Option(5_000_000, "--features", help="pass, mmfs: features of the synthetic store."),
+    rows: int = typer.Option(2_000_000, "--rows", help="Rows (samples) of the synthetic store "
+                      "(m3fs, ufcm: default 200,000)."),
+    features: int = typer.Option(5_000_000, "--features", help="Features of the synthetic store "
+                          "(m3fs, ufcm: default 1,000,000)."),
     nnz_per_row: int = typer.Option(30, "--nnz-per-row", help="pass, mmfs: nonzeros a row."),
     store: Path | None = typer.Option(None, "--store", help="pass, mmfs: the store path (reused when it holds the same "
                                       "synthetic spec, else built there)."),
@@ -474,8 +476,17 @@ def bench(
 
         greedy(rows=rows, features=features, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
                repeats=repeats or 5)
+    elif what in ("m3fs", "ufcm"):
+        # kddb-like, at least 200k x 1M by default for these two
+        size = {"rows": rows if rows != 2_000_000 else 200_000,
+                "features": features if features != 5_000_000 else 1_000_000}
+        if what == "m3fs":
+            from dufs.bench.m3fs import m3fs_bench as run
+        else:
+            from dufs.bench.ufcm import ufcm_bench as run
+        run(**size, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out, repeats=repeats or 3)
     else:
-        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy"))
+        _fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm"))
 
 
 def main() -> None:

@@ -543,3 +543,74 @@ class JCFS(_GreedySelector):
         if self.n_clusters >= X.shape[0]:
             raise ValueError(f"JCFS needs more samples than clusters: got n_samples={X.shape[0]}, "
                              f"n_clusters={self.n_clusters}.")
+
+
+class UFCM(_DufsSelector):
+    """Unsupervised feature analysis with class margin optimisation (Wang et al.): alternate k-means pseudo-labels
+    and the top eigenvectors of S_t - alpha S_w - beta D (an l2,p reweighting); features ranked by the row norms of
+    the projection W.
+
+    Parameters
+    ----------
+    n_features : int, default 10
+    n_clusters : int, default 2
+    n_components : int or None, default None
+        d', the columns of W (< n_features); default ``n_clusters`` (at most n_features - 1).
+    alpha, beta : float >= 0, default 1.0
+        Weights of the within-cluster scatter and of the l2,p penalty.
+    p : float in (0, 2], default 1.0
+    max_iter : int, default 30
+    n_init : int, default 10
+        Random restarts of the cluster update.
+    random_state : int, default 0
+    standardize : {"zscore", "scale"} or None, default None
+    client : distributed.Client, optional
+
+    References
+    ----------
+    S. Wang, F. Nie, X. Chang, L. Yao, X. Li, Q. Z. Sheng, "Unsupervised Feature Analysis with Class Margin
+    Optimization", ECML PKDD 2015.
+    """
+
+    _method = "ufcm"
+    _method_params = ("n_clusters", "n_components", "alpha", "beta", "p", "max_iter", "n_init", "random_state")
+    _parameter_constraints: ClassVar[dict] = {
+        **_DufsSelector._parameter_constraints,
+        "n_clusters": [Interval(Integral, 1, None, closed="left")],
+        "n_components": [None, Interval(Integral, 1, None, closed="left")],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "beta": [Interval(Real, 0, None, closed="left")],
+        "p": [Interval(Real, 0, 2, closed="right")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "n_init": [Interval(Integral, 1, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+    }
+
+    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, n_components: int | None = None,
+                 alpha: float = 1.0, beta: float = 1.0, p: float = 1.0, max_iter: int = 30, n_init: int = 10,
+                 random_state: int = 0, standardize: str | None = None, client: Any = None):
+        self.n_features = n_features
+        self.n_clusters = n_clusters
+        self.n_components = n_components
+        self.alpha = alpha
+        self.beta = beta
+        self.p = p
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.random_state = random_state
+        self.standardize = standardize
+        self.client = client
+
+    def fit(self, X: Any, y: Any = None) -> UFCM:
+        super().fit(X, y)
+        self.n_iter_ = int(self.selection_.diagnostics.get("iterations", 1))
+        return self
+
+    def _check_samples(self, X: Any) -> None:
+        n, d = X.shape
+        if self.n_clusters >= n:
+            raise ValueError(f"UFCM needs more samples than clusters: got n_samples={n}, "
+                             f"n_clusters={self.n_clusters}.")
+        if d < 2 or self.n_components is not None and self.n_components >= d:
+            raise ValueError(f"UFCM needs n_components < n_features (and at least 2 features): got "
+                             f"n_components={self.n_components}, n_features={d}.")
