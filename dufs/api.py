@@ -119,13 +119,40 @@ def _ufcm(M: Any, y: Any, *, n_clusters: Any = None, n_components: Any = None, *
     return res.scores, None, diag
 
 
+_M3FS_FAITHFUL_MAX = (5000, 1000)  # solver="auto": the faithful (SOCP) path up to this many samples and features
+
+
+def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto", **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
+    n, d = M.shape
+    if solver not in ("auto", "faithful", "alternating"):
+        raise ParameterError(f"The 'solver' parameter of m3fs must be 'auto', 'faithful' or 'alternating'; "
+                             f"got {solver!r}.")
+    if solver == "auto":
+        solver = "faithful" if n <= _M3FS_FAITHFUL_MAX[0] and d <= _M3FS_FAITHFUL_MAX[1] else "alternating"
+    if solver == "faithful":
+        from dufs.methods.m3fs import m3fs_faithful
+
+        res = m3fs_faithful(M.dense_columns(np.arange(d)), n_features=n_features, **p)
+    else:
+        from dufs.methods.m3fs_scalable import m3fs_alternating
+
+        res = m3fs_alternating(M, n_features=n_features, **p)
+    diag = dict(res.diagnostics)
+    diag.update(solver=solver, labels=np.asarray(res.labels).tolist())
+    sigma = np.asarray(res.sigma, dtype=np.float64)
+    head = np.asarray(res.selected, dtype=np.int64)
+    rest = np.setdiff1d(rank(sigma, True), head, assume_unique=True)
+    return sigma, np.concatenate([head, rest]), diag
+
+
 METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
 METHODS["qpfs"] = MethodSpec("qpfs", _qpfs, True, True, "zscore", 0)
 METHODS["lapaofs"] = MethodSpec("lapaofs", _lapofs("A"), True, False, None, 0)
 METHODS["lapdofs"] = MethodSpec("lapdofs", _lapofs("D"), True, False, None, 0)
 METHODS["jcfs"] = MethodSpec("jcfs", _jcfs, True, False, None, 0)
 METHODS["ufcm"] = MethodSpec("ufcm", _ufcm, True, False, None, 0)
-_RANKED = {"mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs"}  # methods that rank the features themselves
+METHODS["m3fs"] = MethodSpec("m3fs", _m3fs, True, False, "zscore", 0)
+_RANKED = {"mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs", "m3fs"}  # methods that rank the features themselves
 _GREEDY = {"lambda1", "lambda2", "W", "graph", "n_neighbors", "weights", "t", "n_anchors", "anchor_neighbors",
            "embed_dim", "random_state", "checkpoint", "checkpoint_every", "resume"}
 _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state", "checkpoint",
@@ -134,6 +161,9 @@ _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "ra
            "lapaofs": _GREEDY, "lapdofs": _GREEDY,
            "jcfs": {"n_clusters", "lambda_", "gamma", "W", "graph", "n_neighbors", "weights", "t", "n_anchors",
                     "anchor_neighbors", "embed_dim", "max_iter", "random_state", "dense_below"},
+           "m3fs": {"solver", "C", "lambda_", "l", "epsilon", "n_clusters", "graph", "n_neighbors", "sigma_width", "L",
+                    "W", "max_cutting_planes", "max_cccp", "random_state", "weights", "n_anchors", "anchor_neighbors",
+                    "embed_dim", "max_iter", "tol", "alternations", "init", "dense_below"},
            "ufcm": {"n_clusters", "n_components", "alpha", "beta", "p", "max_iter", "n_init", "tol", "random_state",
                     "dense_below"},
            "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
