@@ -1,0 +1,78 @@
+"""``dufs bench m3fs``: the alternating M3FS (anchor graph) on the kddb-like store against plain passes."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dufs.bench import WorkerPeak, _bench_store, _local_cluster, _median, _worker_blocks_bytes
+
+
+def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
+               store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), repeats: int = 3,
+               seed: int = 0, n_features: int = 50, max_iter: int = 3, n_anchors: int = 256,
+               embed_dim: int = 32) -> dict:
+    """:func:`dufs.methods.m3fs_scalable.m3fs_alternating` (two clusters, standardize "scale", anchor graph of
+    ``n_anchors``) on the store, blocks persisted, with 1 and 2 workers: the median time of an outer iteration
+    (labels, the v-step's FISTA iterations, the sigma step) and of one v-solver iteration, against the median of
+    ``repeats`` plain ``Matrix.rmatvec(v)`` passes in the same cluster; peak RSS per worker during the run."""
+    from dufs.engine import as_matrix
+    from dufs.engine.graphs import anchor_graph
+    from dufs.methods.m3fs_scalable import m3fs_alternating
+
+    say = console.print if console is not None else print
+    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    n, d = st.shape
+    nnz = int(st.nnz)
+    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
+        f"M3FS alternating, m = {n_features}, {max_iter} outer iterations, anchor graph of {n_anchors} anchors; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz}
+    v = np.random.default_rng(seed).standard_normal(n)
+    Wg = None
+    for w in workers:
+        with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            M = as_matrix(st.path, standardize="scale", persist=True)
+            M.column_stats()
+            if Wg is None:
+                t0 = time.perf_counter()
+                Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
+                res["graph_s"] = time.perf_counter() - t0
+            M.rmatvec(v)  # warm-up
+            passes = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                M.rmatvec(v)
+                passes.append(time.perf_counter() - t0)
+            bb = max(client.run(_worker_blocks_bytes).values())
+            with WorkerPeak(client) as wp:
+                t0 = time.perf_counter()
+                r = m3fs_alternating(M, n_features=n_features, C=10.0, lambda_=0.01, W=Wg, max_iter=max_iter,
+                                     alternations=1, inner_max_iter=50, init="random", random_state=seed)
+                wall = time.perf_counter() - t0
+            dg = r.diagnostics
+            per_inner = [s / max(k, 1) for s, k in zip(dg["iteration_seconds"], dg["inner_iterations"], strict=True)]
+            res[f"w{w}"] = {"pass_s": _median(passes), "iteration_s": _median(dg["iteration_seconds"]),
+                            "inner_iteration_s": _median(per_inner), "inner_iterations": dg["inner_iterations"],
+                            "passes_per_iteration": dg["passes_per_iteration"], "wall_s": wall, "peak": wp.peak,
+                            "blocks_bytes": bb, "objective": r.objective.tolist(),
+                            "selected": r.selected[:5].tolist()}
+            M.release()
+    say(f"anchor graph built once: {res['graph_s']:.1f} s")
+    for w in workers:
+        o = res[f"w{w}"]
+        say(f"  {w} worker{'s' if w > 1 else ' '}: plain pass Z^T v {o['pass_s']:.3f} s; outer iteration "
+            f"{o['iteration_s']:.2f} s = {o['iteration_s'] / o['pass_s']:.1f} passes' time "
+            f"({o['inner_iterations']} v-solver iterations, {o['passes_per_iteration']} passes); one v-solver "
+            f"iteration {o['inner_iteration_s']:.3f} s = {o['inner_iteration_s'] / o['pass_s']:.2f}x a pass "
+            f"(it makes 2); peak RSS per worker {o['peak'] / 1e6:.0f} MB (blocks {o['blocks_bytes'] / 1e6:.0f} MB)")
+    if 1 in workers and 2 in workers:
+        res["speedup_2w"] = res["w1"]["iteration_s"] / res["w2"]["iteration_s"]
+        say(f"  speed-up of an outer iteration, 2 workers vs 1: {res['speedup_2w']:.2f}x")
+    return res

@@ -1,0 +1,475 @@
+"""M3FS, the scalable alternating variant (paper 000, Zhao, Kwok, Wang, Zhang, CVPR 2010; DESIGN.md 7.5).
+
+The objective is the paper's, problem (6) (two clusters) and (14) (M > 2 clusters), with its sigma relaxation
+0 <= sigma <= 1, sum sigma = m, written for the engine's transformed data Z (n_samples x n_features; the paper's
+X^T is our Z) and with the slacks eliminated:
+
+    J(sigma, v, b) = 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i xi_i + lambda sum_p f_p^T L f_p,
+
+- two clusters: f = Z v + b 1 and xi_i = max(0, 1 - |f_i|) (labels z_i = sgn f_i);
+- M clusters (no bias, as in (14)): f_p = Z v_p and xi_i = max(0, 1 - (f_i(1) - f_i(2))), the gap between the
+  largest and second largest score (labels y_i = argmax_p f_ip, the labels that minimise (14) over y);
+
+L the normalised Laplacian I - D^-1/2 W D^-1/2 of a kNN or anchor graph (the paper writes the manifold term as
+lambda f^T L f; its sum over edges is twice that, DESIGN.md 7.5: we keep lambda f^T L f). ||v_k|| is |v_k| for two
+clusters and the norm of row k of V (d x M) for M.
+
+**Class balance** (the paper's l): constraint (5), -l <= sum_i f_i <= l, and (14)'s -l <= 1^T Z (v_p - v_q) <= l,
+are linear in (v, b): with s = Z^T 1 (column sums of Z, from the column statistics; zero under "zscore") they
+read |s^T v + n b| <= l and max_p s^T v_p - min_p s^T v_p <= l. They are kept exactly, as a Euclidean projection
+(onto a slab, or by clipping the M numbers s^T v_p into a window of width l) inside every step of the v-solver.
+Under "zscore" (centred data) the two-cluster constraint is |b| <= l / n and the multi-cluster one is vacuous.
+
+**Alternating scheme** (block-coordinate descent on J; the label step is the paper's CCCP linearisation):
+
+1. labels: z = sgn(Z v + b) (argmax over clusters), from ``init`` at the first iteration;
+2. v-step, sigma and labels fixed: the Laplacian-regularised hinge problem
+   min_{v,b} 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_i(z; f) + lambda sum_p f_p^T L f_p (balance kept),
+   whose hinge max(0, 1 - z_i f_i) (multi: max(0, max_{r != y_i} 1 - f_iy + f_ir)) majorises xi_i and equals
+   it at the current point, so a v-step that lowers this problem lowers J;
+3. sigma-step, v fixed: the closed form sigma_k = min(1, ||v_k|| / theta), sum sigma = m
+   (:func:`dufs.methods.m3fs.sigma_step`).
+
+The v-step is accelerated projected gradient (FISTA with backtracking and function-value restart) in
+u = S^-1/2 v (S = diag(sigma), so the quadratic is 1/2 ||u||^2 with condition independent of sigma), on the
+hinge smoothed by Nesterov's quadratic prox with parameter ``smoothing`` = mu:
+hinge_mu(a) = max_{alpha >= 0, 1^T alpha <= 1} alpha^T a - mu/2 ||alpha||^2 (the Huber hinge for two
+clusters); 0 <= hinge - hinge_mu <= mu / 2, so the smoothed J_mu is within C mu / 2 of J. The alternation
+decreases J_mu monotonically (the three steps each lower it; the v-solver keeps its best iterate) and the result
+reports both J_mu (``objective``) and the paper's J (``objective_exact``). Each v-solver iteration is two passes
+over the data (Z^T r for the gradient, Z u for the new scores, run on the cluster when one is active), the
+Laplacian applied on the driver to n_samples-vectors (the anchor graph's never forms n x n).
+
+References
+----------
+Zhao, Kwok, Wang, Zhang, "Unsupervised Maximum Margin Feature Selection with Manifold Regularization", CVPR 2009,
+problems (6), (9), (14), (17). Beck, Teboulle, "A Fast Iterative Shrinkage-Thresholding Algorithm", SIAM J.
+Imaging Sci. 2009; O'Donoghue, Candes, "Adaptive restart for accelerated gradient schemes", FoCM 2015;
+Nesterov, "Smooth minimization of non-smooth functions", Math. Program. 2005.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dufs._logging import get_logger
+from dufs.engine.graphs import AnchorGraph, laplacian_operator
+from dufs.engine.matrix import Matrix
+from dufs.errors import ParameterError
+from dufs.methods.m3fs import sigma_step
+
+log = get_logger(__name__)
+
+__all__ = ["M3FSAlternatingResult", "m3fs_alternating", "objective", "v_step"]
+
+
+@dataclass
+class M3FSAlternatingResult:
+    """What :func:`m3fs_alternating` found: ``sigma`` (n_features), ``labels`` (n_samples, in 0..M-1), the
+    ``selected`` features (largest sigma first, ties to the lower index), ``v`` ((n_features,) for two clusters,
+    (n_features, M) otherwise), ``b`` (0 for M > 2), the scores ``f`` = Z v + b, ``objective`` (J_mu after each
+    iteration: the function the alternation decreases), ``objective_exact`` (the paper's J, mu = 0) and
+    ``diagnostics``."""
+
+    sigma: np.ndarray
+    labels: np.ndarray
+    selected: np.ndarray
+    v: np.ndarray
+    b: float
+    f: np.ndarray
+    objective: np.ndarray
+    objective_exact: np.ndarray
+    diagnostics: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- losses
+def _capped_simplex(A: np.ndarray) -> np.ndarray:
+    """Row-wise Euclidean projection onto {alpha >= 0, 1^T alpha <= 1}."""
+    P = np.maximum(A, 0.0)
+    over = P.sum(axis=1) > 1.0
+    if over.any():
+        B = A[over]
+        S = -np.sort(-B, axis=1)
+        cs = np.cumsum(S, axis=1) - 1.0
+        k = np.arange(1, B.shape[1] + 1)
+        cond = S - cs / k > 0
+        rho = B.shape[1] - 1 - np.argmax(cond[:, ::-1], axis=1)
+        tau = cs[np.arange(B.shape[0]), rho] / (rho + 1)
+        P[over] = np.maximum(B - tau[:, None], 0.0)
+    return P
+
+
+def _loss(F: np.ndarray, y: np.ndarray | None, mu: float, c: float) -> tuple[float, np.ndarray]:
+    """c * sum_i hinge_mu (labels ``y``; None: the labels that minimise it, |f| / argmax) and its gradient in F.
+
+    Two clusters: F (n, 1), y in {-1, +1}; M clusters: F (n, M), y in 0..M-1."""
+    n, p = F.shape
+    if p == 1:
+        f = F[:, 0]
+        t = 1.0 - (np.abs(f) if y is None else y * f)
+        if mu > 0:
+            a = np.clip(t / mu, 0.0, 1.0)
+            val = float((a * t - 0.5 * mu * a * a).sum())
+        else:
+            a = (t > 0).astype(np.float64)
+            val = float(np.maximum(t, 0.0).sum())
+        z = np.where(f >= 0, 1.0, -1.0) if y is None else y
+        return c * val, (-c * a * z)[:, None]
+    lab = np.argmax(F, axis=1) if y is None else y
+    rows = np.arange(n)
+    A = 1.0 - F[rows, lab][:, None] + F
+    A[rows, lab] = 0.0
+    if mu > 0:
+        B = A / mu
+        B[rows, lab] = -1e18  # the own class never enters (it sorts last)
+        al = _capped_simplex(B)
+        al[rows, lab] = 0.0
+        Af = A
+        val = float((al * Af).sum() - 0.5 * mu * (al * al).sum())
+    else:
+        A[rows, lab] = -np.inf
+        r = np.argmax(A, axis=1)
+        top = A[rows, r]
+        al = np.zeros_like(F)
+        al[rows, r] = (top > 0).astype(np.float64)
+        val = float(np.maximum(top, 0.0).sum())
+    G = al.copy()
+    G[rows, lab] = -al.sum(axis=1)
+    return c * val, c * G
+
+
+def _manifold(L: Any, F: np.ndarray, lam: float) -> tuple[float, np.ndarray]:
+    if lam == 0:
+        return 0.0, np.zeros_like(F)
+    LF = np.asarray(L @ F).reshape(F.shape)
+    return float(lam * (F * LF).sum()), 2.0 * lam * LF
+
+
+def objective(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: float, lambda_: float,
+              smoothing: float = 0.0, y: np.ndarray | None = None) -> float:
+    """J (``smoothing`` = 0, the paper's (6)/(14)) or J_mu at scores ``F`` (n, p) and weights ``V`` (d, p):
+    1/2 sum ||V_k||^2 / sigma_k + C/n sum_i xi_i + lambda sum_p F_p^T L F_p (0/0 = 0; v_k != 0 at sigma_k = 0 is
+    inf). With ``y`` the loss at those labels (the v-step's majoriser) instead of the best ones."""
+    V2 = V.reshape(V.shape[0], -1)
+    w2 = (V2 * V2).sum(axis=1)
+    on = sigma > 0
+    if np.any(w2[~on] > 0):
+        return float("inf")
+    reg = 0.5 * float((w2[on] / sigma[on]).sum())
+    lv, _ = _loss(F, y, smoothing, C / F.shape[0])
+    mv, _ = _manifold(L, F, lambda_)
+    return reg + lv + mv
+
+
+# ---------------------------------------------------------------------------------------------------- v-step
+class _Balance:
+    """The class-balance constraint on (U, b) in u-space, a = S^1/2 s: two clusters |a^T u + n b| <= l (a slab),
+    M clusters max_p a^T u_p - min_p a^T u_p <= l; Euclidean projection."""
+
+    def __init__(self, a: np.ndarray, n: int, l: float, binary: bool):
+        self.a, self.n, self.l, self.binary = a, float(n), float(l), binary
+        self.aa = float(a @ a)
+
+    def project(self, U: np.ndarray, b: float) -> tuple[np.ndarray, float]:
+        if self.binary:
+            c = float(self.a @ U[:, 0]) + self.n * b
+            if abs(c) <= self.l:
+                return U, b
+            s = (c - np.clip(c, -self.l, self.l)) / (self.aa + self.n * self.n)
+            return U - s * self.a[:, None], b - s * self.n
+        if self.aa == 0:
+            return U, b
+        c = self.a @ U
+        if c.max() - c.min() <= self.l:
+            return U, b
+        lo, hi = c.min() - self.l, c.max()
+        for _ in range(100):  # phi'(t) = sum (t - c)_+ - (c - t - l)_+ is nondecreasing: bisection
+            t = 0.5 * (lo + hi)
+            g = np.maximum(t - c, 0.0).sum() - np.maximum(c - t - self.l, 0.0).sum()
+            lo, hi = (t, hi) if g < 0 else (lo, t)
+        t = 0.5 * (lo + hi)
+        cn = np.clip(c, t, t + self.l)
+        return U + np.outer(self.a, cn - c) / self.aa, b
+
+
+def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lambda_: float, l: float,
+           smoothing: float, n_clusters: int = 2, V0: np.ndarray | None = None, b0: float = 0.0,
+           colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
+           lipschitz: float = 1.0) -> dict:
+    """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
+    lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
+    ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
+
+    FISTA in u = S^-1/2 v with backtracking (the Lipschitz estimate may also fall by 10% a step), function-value
+    restart and the balance projection; stops when the gradient mapping's norm is at most ``tol`` times its first
+    value (or the step changes nothing), after ``max_iter`` iterations at most. Returns a dict with V (d, p), b,
+    F = Z v + b, the majoriser's value ``value``, ``iterations``, ``passes`` and the final ``lipschitz``."""
+    n, d = M.shape
+    y = np.asarray(y)
+    binary = int(n_clusters) == 2
+    p = 1 if binary else int(n_clusters)
+    yy = y.astype(np.float64) if binary else y.astype(np.int64)
+    s_half = np.sqrt(np.maximum(sigma, 0.0))
+    colsum = np.zeros(d) if colsum is None else colsum
+    bal = _Balance(s_half * colsum, n, l, binary)
+    c = C / n
+    U = np.zeros((d, p))
+    if V0 is not None:
+        V0 = np.asarray(V0, dtype=np.float64).reshape(d, p)
+        on = s_half > 0
+        U[on] = V0[on] / s_half[on, None]
+    b = float(b0) if binary else 0.0
+    U, b = bal.project(U, b)
+    passes0 = M.passes
+
+    def scores(U: np.ndarray, b: float) -> np.ndarray:
+        Fv = M.matvec(s_half[:, None] * U).reshape(n, p)
+        return Fv + b if binary else Fv
+
+    def value(U: np.ndarray, F: np.ndarray) -> tuple[float, np.ndarray]:
+        lv, G1 = _loss(F, yy, smoothing, c)
+        mv, G2 = _manifold(L, F, lambda_)
+        return 0.5 * float((U * U).sum()) + lv + mv, G1 + G2
+
+    F = scores(U, b)
+    Fx, Gx = value(U, F)
+    x, xb, xF = U, b, F
+    xp, xpb, xpF = U, b, F
+    t = 1.0
+    Lip = float(lipschitz)
+    g0 = None
+    it = 0
+    best = (Fx, x, xb, xF)
+    for it in range(1, int(max_iter) + 1):  # noqa: B007 (the count is returned)
+        t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+        beta = (t - 1.0) / t_next  # Beck and Teboulle's momentum
+        t = t_next
+        yU = x + beta * (x - xp)
+        yb = xb + beta * (xb - xpb)
+        yF = xF + beta * (xF - xpF)
+        Fy, R = value(yU, yF)
+        gU = yU + s_half[:, None] * M.rmatvec(R).reshape(d, p)
+        gb = float(R.sum()) if binary else 0.0
+        Lip *= 0.9
+        while True:
+            nU, nb = bal.project(yU - gU / Lip, yb - gb / Lip)
+            nF = scores(nU, nb)
+            Fn, _ = value(nU, nF)
+            dU, db = nU - yU, nb - yb
+            quad = float((gU * dU).sum() + gb * db) + 0.5 * Lip * (float((dU * dU).sum()) + db * db)
+            if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
+                break
+            Lip *= 2.0
+        gm = Lip * np.sqrt(float((dU * dU).sum()) + db * db)
+        g0 = gm if g0 is None else g0
+        if Fn > best[0]:  # restart the momentum from the best point
+            t = 1.0
+            xp, xpb, xpF = best[1], best[2], best[3]
+            x, xb, xF = best[1], best[2], best[3]
+        else:
+            xp, xpb, xpF = x, xb, xF
+            x, xb, xF = nU, nb, nF
+            best = (Fn, nU, nb, nF)
+        if gm <= tol * max(g0, 1e-300) or gm == 0.0:
+            break
+    Fbest, U, b, F = best
+    return {"V": s_half[:, None] * U, "b": b, "F": F, "value": Fbest, "iterations": it,
+            "passes": M.passes - passes0, "lipschitz": Lip}
+
+
+# ---------------------------------------------------------------------------------------------------- init
+def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_below: int) -> np.ndarray:
+    """Labels in 0..k-1: given (an array), ``"random"`` (balanced, shuffled) or ``"spectral"`` (the faithful
+    solver's: the k eigenvectors of smallest eigenvalue of L; two clusters split the second at its median, more
+    run k-means on the row-normalised eigenvectors; dense below ``dense_below`` samples, else Lanczos on
+    2 I - L, which never forms n x n)."""
+    n = M.shape[0]
+    if isinstance(init, str):
+        if init == "random":
+            return np.random.default_rng(random_state).permutation(np.arange(n) % k)
+        if init != "spectral":
+            raise ParameterError(f"The 'init' parameter of m3fs_alternating must be 'spectral', 'random' or an "
+                                 f"array of labels; got {init!r}.")
+        from dufs.methods.m3fs import _spectral_init
+
+        if n <= dense_below:
+            Ld = np.asarray(L @ np.eye(n)) if not isinstance(L, np.ndarray) else L
+            return _spectral_init(Ld, k, random_state)
+        from scipy.sparse.linalg import LinearOperator, eigsh
+
+        op = LinearOperator((n, n), matvec=lambda x: 2.0 * x - L @ x, matmat=lambda X: 2.0 * X - L @ X,
+                            dtype=np.float64)
+        vals, U = eigsh(op, k=k, which="LA", v0=np.random.default_rng(random_state).standard_normal(n))
+        U = U[:, np.argsort(-vals)]
+        if k == 2:
+            e = U[:, 1]
+            return (e > np.median(e)).astype(np.int64)
+        from sklearn.cluster import KMeans
+
+        E = U / np.maximum(np.linalg.norm(U, axis=1, keepdims=True), 1e-12)
+        return KMeans(n_clusters=k, n_init=10, random_state=random_state).fit_predict(E).astype(np.int64)
+    y = np.asarray(init).ravel()
+    if y.shape != (n,):
+        raise ParameterError(f"The 'init' parameter of m3fs_alternating must have n_samples = {n} labels; "
+                             f"got shape {y.shape}.")
+    vals = np.unique(y)
+    if vals.shape[0] > k:
+        raise ParameterError(f"The 'init' labels have {vals.shape[0]} values for n_clusters = {k}.")
+    return np.searchsorted(vals, y).astype(np.int64)
+
+
+def _check(name: str, value: Any, low: float = 0.0, *, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer) \
+            or not np.isfinite(value) or not (value > low if strict else value >= low):
+        raise ParameterError(f"The '{name}' parameter of m3fs_alternating must be a float {'>' if strict else '>='} "
+                             f"{low:g}; got {value!r}.")
+    return float(value)
+
+
+def _colsum(M: Matrix) -> np.ndarray:
+    """s = Z^T 1 from the column statistics: 0 under "zscore", sum_i x_ik / std_k under "scale", raw sums."""
+    if M.standardize == "zscore":
+        return np.zeros(M.shape[1])
+    st = M.column_stats() if M._stats is None else M._stats
+    s = np.asarray(st.sum, dtype=np.float64)
+    _, inv = M._transform()
+    return s if inv is None else s * inv
+
+
+# ---------------------------------------------------------------------------------------------------- the method
+def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: float = 1.0, n_clusters: int = 2,
+                     l: float | None = None, graph: str = "knn", W: Any = None, L: Any = None, n_neighbors: int = 5,
+                     weights: str = "heat", n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
+                     max_iter: int = 50, tol: float = 1e-4, smoothing: float = 1e-2, inner_tol: float = 1e-3,
+                     inner_max_iter: int = 500, random_state: int = 0, init: Any = "spectral",
+                     alternations: int = 10, dense_below: int = 3000, callback: Any = None) -> M3FSAlternatingResult:
+    """M3FS by alternation (see the module docstring): labels, the v-step, the closed-form sigma-step, until the
+    relative decrease of J_mu is below ``tol`` with the labels unchanged, or ``max_iter`` iterations.
+
+    Parameters
+    ----------
+    M : Matrix
+        The data; its ``standardize`` is the paper's X (``"zscore"`` as in the faithful path).
+    n_features : int
+        m, the sum of sigma; ``selected`` holds the m features of largest sigma.
+    C, lambda_ : float
+        The hinge weight (C/n per sample) and the manifold weight of (6)/(14).
+    n_clusters : int
+        M; 2 is problem (6) with its bias, more is (14).
+    l : float, optional
+        Class balance (see the module docstring); default 0.1 n (two clusters: |b| <= 0.1 under "zscore").
+    graph, W, L, n_neighbors, weights, n_anchors, anchor_neighbors, embed_dim
+        The sample graph: ``L`` (a normalised Laplacian: an n x n array, sparse matrix or LinearOperator, e.g. the
+        faithful solver's :func:`dufs.methods.m3fs.m3fs_laplacian`), ``W`` (a sparse n x n affinity or an
+        :class:`AnchorGraph`) or built by
+        :func:`dufs.methods.greedy.sample_graph` (``"knn"``: exact kNN with heat weights; ``"anchor"``: the
+        anchor graph, for large n_samples). Its normalised Laplacian is used.
+    smoothing : float
+        mu of the smoothed hinge; J_mu is within C mu / 2 of J.
+    inner_tol, inner_max_iter : the v-solver's stopping rule (:func:`v_step`).
+    alternations : int
+        At most this many (v-step, sigma-step) pairs per iteration at fixed labels (until J_mu falls by less
+        than ``tol``): the paper's CCCP subproblem (9)/(17), jointly convex in (v, b, sigma), by block descent.
+    init : "spectral", "random" or labels (n_samples,)
+        The first labels; ``"spectral"`` is the faithful solver's initialisation (dense below ``dense_below``
+        samples, Lanczos above).
+    callback : callable, optional
+        ``callback(iteration, result_so_far_dict)`` after each iteration.
+
+    References
+    ----------
+    Zhao et al., CVPR 2009, problems (6) and (14), CCCP step (9)/(17); DESIGN.md 7.5.
+    """
+    from dufs.methods.greedy import sample_graph
+
+    n, d = M.shape
+    if not isinstance(n_features, int | np.integer) or isinstance(n_features, bool) or not 1 <= n_features <= d:
+        raise ParameterError(f"The 'n_features' parameter of m3fs_alternating must be an int in [1, {d}]; "
+                             f"got {n_features!r}.")
+    if not isinstance(n_clusters, int | np.integer) or isinstance(n_clusters, bool) or not 2 <= n_clusters < n:
+        raise ParameterError(f"The 'n_clusters' parameter of m3fs_alternating must be an int in [2, {n - 1}]; "
+                             f"got {n_clusters!r}.")
+    for name, val in (("max_iter", max_iter), ("inner_max_iter", inner_max_iter)):
+        if not isinstance(val, int | np.integer) or isinstance(val, bool) or val < 1:
+            raise ParameterError(f"The '{name}' parameter of m3fs_alternating must be an int >= 1; got {val!r}.")
+    C = _check("C", C, strict=True)
+    lam = _check("lambda_", lambda_)
+    tol = _check("tol", tol)
+    mu = _check("smoothing", smoothing)
+    inner_tol = _check("inner_tol", inner_tol)
+    ll = 0.1 * n if l is None else _check("l", l)
+    k = int(n_clusters)
+    binary = k == 2
+    timings: dict[str, float] = {}
+    passes0 = M.passes
+    t0 = time.perf_counter()
+    if L is not None:
+        Wg = None
+        Lop = L
+        if Lop.shape != (n, n):
+            raise ParameterError(f"The 'L' parameter of m3fs_alternating must be {n} x {n}; got {Lop.shape}.")
+    else:
+        Wg = sample_graph(M, W, graph=graph, n_neighbors=n_neighbors, weights=weights, n_anchors=n_anchors,
+                          anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+        Lop = laplacian_operator(Wg, normed=True)
+    timings["graph"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    colsum = _colsum(M)
+    lab = _init_labels(M, Lop, init, k, random_state, int(dense_below))
+    timings["init"] = time.perf_counter() - t0
+    sigma = np.full(d, min(1.0, n_features / d))
+    p = 1 if binary else k
+    V = np.zeros((d, p))
+    b = 0.0
+    Lip = 1.0
+    hist, exact, iters, inner, it_s, it_passes = [], [], [], [], [], []
+    converged = False
+    F = np.zeros((n, p))
+    for it in range(int(max_iter)):
+        t1 = time.perf_counter()
+        p1 = M.passes
+        y = (2.0 * lab - 1.0) if binary else lab
+        n_inner = 0
+        Jprev = np.inf
+        for _ in range(int(alternations)):  # the CCCP step (9)/(17): (v, b) and sigma alternate, labels fixed
+            vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
+                        colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip)
+            V, b, F, Lip = vs["V"], vs["b"], vs["F"], vs["lipschitz"]
+            n_inner += vs["iterations"]
+            sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)
+            J = objective(F, V, sigma, Lop, C=C, lambda_=lam, smoothing=mu)
+            done = Jprev - J <= tol * max(abs(J), 1e-300)
+            Jprev = J
+            if done:
+                break
+        vs["iterations"] = n_inner
+        Je = objective(F, V, sigma, Lop, C=C, lambda_=lam, smoothing=0.0)
+        new = (F[:, 0] >= 0).astype(np.int64) if binary else np.argmax(F, axis=1).astype(np.int64)
+        changed = int((new != lab).sum())
+        lab = new
+        hist.append(J)
+        exact.append(Je)
+        inner.append(vs["iterations"])
+        it_s.append(time.perf_counter() - t1)
+        it_passes.append(M.passes - p1)
+        iters.append({"iteration": it, "objective": J, "objective_exact": Je, "labels_changed": changed,
+                      "inner_iterations": vs["iterations"], "seconds": it_s[-1], "passes": it_passes[-1]})
+        log.info("m3fs_alternating: iteration %d, J_mu = %.6g (J = %.6g), %d labels changed, %d inner iterations",
+                 it, J, Je, changed, vs["iterations"])
+        if callback is not None:
+            callback(it, iters[-1])
+        if changed == 0 and (it == 0 or hist[-2] - J <= tol * max(abs(J), 1e-300)):
+            converged = True
+            break
+    sel = np.lexsort((np.arange(d), -sigma))[:n_features]
+    diag = {"iterations": len(hist), "converged": converged, "passes": M.passes - passes0,
+            "passes_per_iteration": it_passes, "iteration_seconds": it_s, "inner_iterations": inner,
+            "history": iters, "timings": timings, "lipschitz": Lip, "smoothing": mu, "l": ll,
+            "graph": "given L" if Wg is None else "anchor" if isinstance(Wg, AnchorGraph) else "knn",
+            "n_clusters": k}
+    return M3FSAlternatingResult(sigma=sigma, labels=lab, selected=sel, v=V[:, 0] if binary else V, b=float(b), f=F,
+                                 objective=np.array(hist), objective_exact=np.array(exact), diagnostics=diag)
