@@ -91,7 +91,9 @@ def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, 
     if selected is not None and len(selected):
         loc = np.asarray(selected, dtype=np.int64) - blk.start
         sel[loc[(loc >= 0) & (loc < blk.width)]] = True
-    st = {"s": s, "v": v, "sel": sel, "tiny": _TINY * np.maximum(s, 1e-300), "step": 0}
+    # the transform stays beside the block: a step sends only p, V and three numbers
+    st = {"s": s, "v": v, "sel": sel, "tiny": _TINY * np.maximum(s, 1e-300), "step": 0,
+          "coef": np.ascontiguousarray(coef, dtype=np.float64), "shift": np.ascontiguousarray(shift, dtype=np.float64)}
     return st, _proposal(blk, st, mode)
 
 
@@ -103,14 +105,14 @@ def _proposal(blk, st, mode):
     return (blk.start + int(j), float(sc), (blk.indices[a:c].copy(), blk.data[a:c].astype(np.float64)))
 
 
-def _step(blk, state, p, V, vsum, s_p, c2, coef, shift, mode, save):
+def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
     """Mark p selected (if it is this block's), update every candidate along V, propose the block's best."""
     st = {"s": state["s"].copy(), "v": state["v"].copy(), "sel": state["sel"].copy(), "tiny": state["tiny"],
-          "step": state["step"] + 1}
+          "step": state["step"] + 1, "coef": state["coef"], "shift": state["shift"]}
     if blk.start <= p < blk.stop:
         st["sel"][p - blk.start] = True
-    greedy_update(blk.indptr, blk.indices, blk.data, coef, shift, V, vsum, s_p, c2, st["s"], st["v"], st["sel"],
-                  mode, st["tiny"])
+    greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, st["s"], st["v"],
+                  st["sel"], mode, st["tiny"])
     if save is not None:
         _save_block(save, blk.start, st)
     return st, _proposal(blk, st, mode)
@@ -133,10 +135,11 @@ def _save_block(directory: str, start: int, st: dict) -> None:
         os.unlink(old)
 
 
-def _load_blocks(blk, state, directory, step):
+def _load_blocks(blk, state, directory, step, coef, shift):
     with np.load(os.path.join(directory, f"block-{blk.start}-{step}.npz")) as z:
         st = {"s": np.array(z["s"]), "v": np.array(z["v"]), "sel": np.array(z["sel"]), "tiny": np.array(z["tiny"]),
-              "step": int(z["step"])}
+              "step": int(z["step"]), "coef": np.ascontiguousarray(coef, dtype=np.float64),
+              "shift": np.ascontiguousarray(shift, dtype=np.float64)}
     return st, None
 
 
@@ -271,18 +274,21 @@ class _Run:
         W, d, lam_inv = self._graph_args()
         Y = self.Y
         Ysum = None if Y is None else Y.sum(axis=0)
-        props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
-                                         self.lam1, W, d, lam_inv, Y, Ysum, self.mode, list(selected),
-                                         state=[None] * M.n_blocks)
+        with _scattered(W) as Wa, _scattered(Y) as Ya:
+            props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
+                                             self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
+                                             state=[None] * M.n_blocks)
         return props
 
     def load_state(self, step: int) -> None:
-        _, self.state = self.M.map_blocks(_load_blocks, self.dir, step, state=[None] * self.M.n_blocks)
+        _, self.state = self.M.map_blocks(_load_blocks, self.dir, step, PerBlock(self.coef), PerBlock(self.shift),
+                                          state=[None] * self.M.n_blocks)
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
-        props, new = self.M.map_blocks(_step, p, np.ascontiguousarray(V), V.sum(axis=0), s_p, c2,
-                                       PerBlock(self.coef), PerBlock(self.shift), self.mode,
-                                       self.dir if save else None, state=self.state)
+        V = np.ascontiguousarray(V)
+        with _scattered(V) as Va:
+            props, new = self.M.map_blocks(_step, p, Va, V.sum(axis=0), s_p, c2, self.mode,
+                                           self.dir if save else None, state=self.state)
         if hasattr(self.state, "release"):
             self.state.release()
         self.state = new
@@ -425,6 +431,24 @@ class _Run:
 
     def _save_at(self, step: int) -> bool:
         return self.dir is not None and step % self.every == 0
+
+
+@contextlib.contextmanager
+def _scattered(x: Any):
+    """``x`` scattered to the cluster for one pass and released after (in this process: ``x`` itself). A large
+    array embedded in the graph would stay in the scheduler's task specs for as long as the chain of block states
+    that depends on it: one copy a step."""
+    from dufs.engine.matrix import _client
+
+    client = _client()
+    if client is None or x is None:
+        yield x
+        return
+    fut = client.scatter(x, hash=False, broadcast=False)
+    try:
+        yield fut
+    finally:
+        fut.release()
 
 
 def _propose(blk, state, mode):
