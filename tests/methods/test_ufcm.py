@@ -159,7 +159,7 @@ def test_recorded_objective_is_eq6(name, standardize, dense_below):
 
 # ---------------------------------------------------------------------------------------------------- (d) parameters
 @pytest.mark.parametrize("param, value", [
-    ("n_clusters", 1), ("n_clusters", 150), ("n_clusters", 2.5), ("n_components", 0), ("n_components", 40),
+    ("n_clusters", 0), ("n_clusters", 150), ("n_clusters", 2.5), ("n_components", 0), ("n_components", 40),
     ("alpha", -1.0), ("beta", float("nan")), ("beta", "1"), ("p", 0.0), ("p", 2.5), ("max_iter", 0),
     ("n_init", -1), ("tol", -1e-3), ("random_state", -1), ("dense_below", 1.5),
 ])
