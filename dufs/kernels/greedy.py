@@ -77,3 +77,55 @@ def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, sel
         if mode != D_OPTIMAL:
             v[j] += -2.0 * e * b + e * e * c2
     return best(mode, s, v, selected, tiny)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def xwx_graph(indptr, indices, data, w_indptr, w_indices, w_data, scratch):
+    """x_j^T W x_j for every column of a CSC block, W a sparse n x n graph in CSR; O(nnz x neighbours).
+    ``scratch`` is a zeroed float64 n-vector (left zeroed)."""
+    d = indptr.shape[0] - 1
+    out = np.zeros(d)
+    for j in range(d):
+        a, b = np.int64(indptr[j]), np.int64(indptr[j + 1])
+        for k in range(a, b):
+            scratch[indices[k]] = np.float64(data[k])
+        acc = 0.0
+        for k in range(a, b):
+            i = np.int64(indices[k])
+            row = 0.0
+            for t in range(np.int64(w_indptr[i]), np.int64(w_indptr[i + 1])):
+                row += w_data[t] * scratch[w_indices[t]]
+            acc += np.float64(data[k]) * row
+        for k in range(a, b):
+            scratch[indices[k]] = 0.0
+        out[j] = acc
+    return out
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def xwx_anchor(indptr, indices, data, z_indptr, z_indices, z_data, lam_inv):
+    """x_j^T W x_j = sum_a lam_inv_a (Zh^T x_j)_a^2 for every column of a CSC block, W = Zh Lambda^-1 Zh^T an
+    anchor graph with Zh in CSR (n x anchors); O(nnz x anchors per sample)."""
+    d = indptr.shape[0] - 1
+    m = lam_inv.shape[0]
+    acc = np.zeros(m)
+    touched = np.empty(m, dtype=np.int64)
+    out = np.zeros(d)
+    for j in range(d):
+        nt = 0
+        for k in range(np.int64(indptr[j]), np.int64(indptr[j + 1])):
+            i = np.int64(indices[k])
+            x = np.float64(data[k])
+            for t in range(np.int64(z_indptr[i]), np.int64(z_indptr[i + 1])):
+                a = z_indices[t]
+                if acc[a] == 0.0:
+                    touched[nt] = a
+                    nt += 1
+                acc[a] += x * z_data[t]
+        s = 0.0
+        for q in range(nt):
+            a = touched[q]
+            s += lam_inv[a] * acc[a] * acc[a]
+            acc[a] = 0.0
+        out[j] = s
+    return out

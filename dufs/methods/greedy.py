@@ -42,7 +42,7 @@ from dufs._logging import get_logger
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
 from dufs.engine.matrix import Matrix, PerBlock
 from dufs.errors import ParameterError
-from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update
+from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
 
 log = get_logger(__name__)
 
@@ -71,11 +71,13 @@ def _diag_terms(b, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode):
     s = zz + lam2
     if lam1 and W is not None:
         xdx = (B.multiply(B)).T @ d
+        # x^T W x per column by numba kernels, O(nnz x neighbours) (SciPy's W^T @ B over 2M rows took minutes)
         if lam_inv is None:
-            xwx = np.asarray((B.multiply(W @ B)).sum(axis=0), dtype=np.float64).ravel()
+            xwx = xwx_graph(b.indptr, b.indices, b.data, W.indptr, W.indices, W.data.astype(np.float64),
+                            np.zeros(n))
         else:
-            P = sp.csr_array(W.T @ B)
-            xwx = np.asarray((P.multiply(P)).T @ lam_inv, dtype=np.float64).ravel()
+            xwx = xwx_anchor(b.indptr, b.indices, b.data, W.indptr, W.indices, W.data.astype(np.float64),
+                             np.asarray(lam_inv, dtype=np.float64))
         s = s + lam1 * coef * coef * (xdx - xwx)
     if mode == JCFS:
         R = coef[:, None] * (np.asarray(B.T @ Y) - shift[:, None] * Ysum[None, :])
@@ -263,7 +265,7 @@ class _Run:
         W, d, lam_inv = None, None, None
         if self.lam1 and self.W is not None:
             if isinstance(self.W, AnchorGraph):
-                W, d, lam_inv = sp.csc_array(self.W.Zh), self.W.degrees, self.W.lam_inv
+                W, d, lam_inv = sp.csr_array(self.W.Zh), self.W.degrees, self.W.lam_inv
             else:
                 W = sp.csr_array(self.W)
                 d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()

@@ -89,3 +89,23 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
     with dask.config.set(scheduler="sync"), pytest.raises(ParameterError, match="selection.json"):
         lapofs(Matrix(path), n_features=k, criterion="A", lambda2=0.5, n_neighbors=4, checkpoint=str(ck),
                resume=True)
+
+
+def test_anchor_graph_matches_its_dense_form_and_the_paper():
+    """The anchor-graph path (x^T W x through Zh, B r through the factored Laplacian) selects what the same graph
+    given densely does, and what the paper's sample-space algorithm does with it."""
+    from dufs.engine.graphs import anchor_graph
+    from tests.methods.greedy_paper import lapaofs_paper
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((150, 40))
+    with dask.config.set(scheduler="sync"):
+        M = Matrix(X, block_width=9)
+        A = anchor_graph(M, 20, 3, embed_dim=8, random_state=0)
+        a = lapofs(M, n_features=15, criterion="A", W=A, checkpoint=None)
+        b = lapofs(Matrix(X, block_width=13), n_features=15, criterion="A", W=sp.csr_array(A.toarray()),
+                   checkpoint=None)
+    ref = lapaofs_paper(X, A.toarray(), 15)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_array_equal(a.indices, ref[0])
+    np.testing.assert_allclose(a.criterion, ref[1], rtol=1e-8)
