@@ -72,3 +72,22 @@ def get_client(client: Any = None, *, scheduler_address: str | None = None, n_wo
                       processes=True, dashboard_address=":0", silence_logs=40) as lc, \
             Client(lc, direct_to_workers=True) as c:
         yield c
+
+
+_LOST_NAMES = {"FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError", "FutureLostError",
+               "StreamClosedError"}
+
+
+def is_lost(e: BaseException | None) -> bool:
+    """Whether ``e`` (or what caused it) says that futures or the workers holding them were lost: the failures a
+    solver recovers from by rebuilding its per-block state."""
+    seen = 0
+    while e is not None and seen < 8:
+        if any(c.__name__ in _LOST_NAMES for c in type(e).__mro__):
+            return True
+        msg = str(e)
+        if "lost dependencies" in msg or "Worker holding" in msg or "was lost" in msg:
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False

@@ -39,6 +39,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
+from dufs.engine.cluster import is_lost as _is_lost
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
 from dufs.engine.matrix import Matrix, PerBlock
 from dufs.errors import ParameterError
@@ -455,23 +456,6 @@ def _scattered(x: Any):
 
 def _propose(blk, state, mode):
     return state, _proposal(blk, state, mode)
-
-
-_LOST = ("FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError", "FutureLostError",
-         "StreamClosedError")
-
-
-def _is_lost(e: BaseException) -> bool:
-    seen = 0
-    while e is not None and seen < 8:
-        if any(c.__name__ in _LOST for c in type(e).__mro__):
-            return True
-        msg = str(e)
-        if "lost dependencies" in msg or "Worker holding" in msg or "was lost" in msg:
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
 
 
 def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:

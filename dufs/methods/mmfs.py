@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
+from dufs.engine.cluster import is_lost as _is_lost
 from dufs.engine.matrix import Matrix, PerBlock, StoreBlock
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import active_set, dcd_epoch, dcd_gradient, gap_terms
@@ -350,24 +351,6 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
 
 # ---------------------------------------------------------------------------------------------------- resilience
 _MAX_RECOVERIES = 5  # rebuilds of the block state after lost workers, per mmfs call
-_LOST_NAMES = {"FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError", "FutureLostError",
-               "StreamClosedError"}
-
-
-def _is_lost(e: BaseException) -> bool:
-    """Whether ``e`` (or what caused it) says that per-block state futures or their workers were lost."""
-    seen = 0
-    while e is not None and seen < 8:
-        if type(e).__name__ in _LOST_NAMES or any(c.__name__ in _LOST_NAMES for c in type(e).__mro__):
-            return True
-        msg = str(e)
-        if "lost dependencies" in msg or "Worker holding" in msg or "was lost" in msg:
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
-
-
 def _take_alpha(blocks, states, with_g=True):
     out = []
     for blk, st in zip(blocks, states, strict=True):
