@@ -908,8 +908,8 @@ class Matrix:
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
         units = None if groups is None else self._check_groups(groups)
-        shared = [_share(a) for a in args]
-        kw = {k: _share(v) for k, v in kwargs.items()}
+        shared = [self._scatter_per_block(_share(a)) for a in args]
+        kw = {k: self._scatter_per_block(_share(v)) for k, v in kwargs.items()}
 
         def pick1(a: Any, i: int) -> Any:
             if not isinstance(a, PerBlock):
@@ -959,6 +959,17 @@ class Matrix:
         futs = client.compute(new + ([_tree_sum(res)] if reduce == "sum" else res))
         out = client.gather(futs[n:])
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
+
+    def _scatter_per_block(self, a: Any) -> Any:
+        """A large :class:`PerBlock` array under a distributed client, as one scattered key per block (its slice):
+        literal slices would make a large graph, which the scheduler keeps after the pass (see ``_shipped``)."""
+        if not isinstance(a, PerBlock) or not isinstance(a.value, np.ndarray) or a.value.nbytes < 1 << 20:
+            return a
+        client = _client()
+        if client is None:
+            return a
+        v = a.value
+        return PerBlock(client.scatter([np.ascontiguousarray(v[b.start:b.stop]) for b in self.blocks], hash=False))
 
     def _check_groups(self, groups: Any) -> list[list[int]]:
         try:
