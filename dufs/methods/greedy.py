@@ -478,7 +478,8 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
             log.info("%s: resumed after %d selected features", verbose_name, len(ids))
     if props is None:
         props = run.init_state([])
-    times = []
+    times: list[float] = []  # per step: the update pass of the previous choice, then this choice
+    driver: list[float] = []  # of which the driver's part (V for the next pass, the criterion, H)
     while run.sel.k < k:
         ts = time.perf_counter()
         if run.sel.k > done:  # the previous choice still has its update pass to run
@@ -495,7 +496,9 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
                 continue
             done = t + 1
         p, col = run.choose(props)
+        td = time.perf_counter()
         pending = run.take(p, col)
+        driver.append(time.perf_counter() - td)
         run.save_driver(done)
         times.append(time.perf_counter() - ts)
         log.debug("%s step %d: feature %d, criterion %.6g, objective %.6g", verbose_name, run.sel.k - 1, p,
@@ -504,7 +507,8 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
         run.state.release()
     return GreedyResult(indices=np.asarray(run.sel.ids, dtype=np.int64), criterion=np.asarray(run.criterion),
                         objective=np.asarray(run.objective),
-                        diagnostics={"steps": k, "step_seconds": times, "select_time": time.perf_counter() - t0,
+                        diagnostics={"steps": k, "step_seconds": times, "driver_seconds": driver,
+                                     "select_time": time.perf_counter() - t0,
                                      "recoveries": run.recoveries, "passes_replayed": run.replayed,
                                      "resumed_steps": run.resumed,
                                      "checkpoint": run.dir})
