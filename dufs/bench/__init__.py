@@ -265,6 +265,16 @@ def _task_timeline(records: list, prefix: str) -> tuple[float, float, float]:
     return total, first, last
 
 
+def _describe(st: Any, what: str, say: Any) -> dict[str, Any]:
+    """Print the store's one-line summary with ``what`` the benchmark runs and the machine's load; return the
+    result dict the benchmark fills."""
+    n, d = st.shape
+    nnz = int(st.nnz)
+    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; {what}; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    return {"n_rows": n, "n_features": d, "nnz": nnz, "n_blocks": st.n_blocks("csc")}
+
+
 def _bench_store(rows: int, features: int, nnz_per_row: int, seed: int, work_dir: Path | None,
                  store: Path | None, say: Any) -> Any:
     """The synthetic store the pass and MMFS benchmarks share: ``store``, else one named by its spec under
@@ -292,11 +302,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     say = console.print if console is not None else print
     st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    nnz = int(st.nnz)
-    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
-        f"median of {repeats} passes after a warm-up; load average {os.getloadavg()[0]:.2f} on "
-        f"{os.cpu_count()} cores")
-    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz, "n_blocks": st.n_blocks("csc")}
+    res: dict[str, Any] = _describe(st, f"median of {repeats} passes after a warm-up", say)
 
     # the reference: SciPy in this process, float32 data and vector (no upcast, no copy of the matrix)
     X = _load_csc(st)
@@ -610,10 +616,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
     n, d = st.shape
     nnz = int(st.nnz)
     y = np.asarray(st.y, dtype=np.float64)
-    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
-        f"MMFS standardize='scale', C={C:g}, gamma={gamma:g}, tol={tol:g}; load average "
-        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz, "n_blocks": st.n_blocks("csc")}
+    res: dict[str, Any] = _describe(st, f"MMFS standardize='scale', C={C:g}, gamma={gamma:g}, tol={tol:g}", say)
 
     # the MMFS geometry (per-feature scaling) and margins, computed once in this process
     t0 = time.perf_counter()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from dufs.bench import WorkerPeak, _bench_store, _local_cluster, _median, _worker_blocks_bytes
+from dufs.bench import WorkerPeak, _bench_store, _describe, _local_cluster, _median, _worker_blocks_bytes
 
 
 def _rss() -> int:
@@ -33,11 +32,7 @@ def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int
     say = console.print if console is not None else print
     st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    nnz = int(st.nnz)
-    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
-        f"LapAOFS (lambda1 = lambda2 = 0.01, anchor graph of {n_anchors} anchors); load average "
-        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz}
+    res: dict[str, Any] = _describe(st, f"LapAOFS (lambda1 = lambda2 = 0.01, anchor graph of {n_anchors} anchors)", say)
     v = np.random.default_rng(seed).standard_normal(n)
     Wg = None
     for w in workers:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.bench import WorkerPeak, _bench_store, _local_cluster, _median, _worker_blocks_bytes
+from dufs.bench import WorkerPeak, _bench_store, _describe, _local_cluster, _median, _worker_blocks_bytes
 
 
 def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
@@ -28,11 +27,8 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     say = console.print if console is not None else print
     st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    nnz = int(st.nnz)
-    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; "
-        f"M3FS alternating, m = {n_features}, {max_iter} outer iterations, anchor graph of {n_anchors} anchors; "
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz}
+    res: dict[str, Any] = _describe(st, f"M3FS alternating, m = {n_features}, {max_iter} outer iterations, anchor "
+                                        f"graph of {n_anchors} anchors", say)
     v = np.random.default_rng(seed).standard_normal(n)
     Wg = None
     for w in workers:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from dufs.bench import WorkerPeak, _bench_store, _local_cluster, _median, _worker_blocks_bytes
+from dufs.bench import WorkerPeak, _bench_store, _describe, _local_cluster, _median, _worker_blocks_bytes
 
 
 def _rss() -> int:
@@ -32,11 +31,8 @@ def ufcm_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     say = console.print if console is not None else print
     st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    nnz = int(st.nnz)
-    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; UFCM "
-        f"c = {n_clusters}, d' = {n_components}, alpha = beta = p = 1, n_init = 10; load average "
-        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    res: dict[str, Any] = {"n_rows": n, "n_features": d, "nnz": nnz}
+    res: dict[str, Any] = _describe(st, f"UFCM c = {n_clusters}, d' = {n_components}, alpha = beta = p = 1, "
+                                        f"n_init = 10", say)
     v = np.random.default_rng(seed).standard_normal(n)
     for w in workers:
         with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():

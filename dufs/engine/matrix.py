@@ -457,7 +457,7 @@ def _shipped(x: Any) -> Any:
     distributed 2026.8: the received frames of ``rmatvec``'s arguments, about their size a pass, never freed), so
     the data of a pass travels as scattered keys instead."""
     client = _client()
-    if client is None:
+    if client is None or x is None:
         yield x
         return
     futs = client.scatter(x, hash=False)

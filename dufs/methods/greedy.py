@@ -41,7 +41,7 @@ import scipy.sparse as sp
 from dufs._logging import get_logger
 from dufs.engine.cluster import is_lost as _is_lost
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
-from dufs.engine.matrix import Matrix, PerBlock
+from dufs.engine.matrix import Matrix, PerBlock, _shipped
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
 
@@ -277,7 +277,7 @@ class _Run:
         W, d, lam_inv = self._graph_args()
         Y = self.Y
         Ysum = None if Y is None else Y.sum(axis=0)
-        with _scattered(W) as Wa, _scattered(Y) as Ya:
+        with _shipped(W) as Wa, _shipped(Y) as Ya:
             props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
                                              self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
                                              state=[None] * M.n_blocks)
@@ -289,7 +289,7 @@ class _Run:
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V)
-        with _scattered(V) as Va:
+        with _shipped(V) as Va:
             props, new = self.M.map_blocks(_step, p, Va, V.sum(axis=0), s_p, c2, self.mode,
                                            self.dir if save else None, state=self.state)
         if hasattr(self.state, "release"):
@@ -434,24 +434,6 @@ class _Run:
 
     def _save_at(self, step: int) -> bool:
         return self.dir is not None and step % self.every == 0
-
-
-@contextlib.contextmanager
-def _scattered(x: Any):
-    """``x`` scattered to the cluster for one pass and released after (in this process: ``x`` itself). A large
-    array embedded in the graph would stay in the scheduler's task specs for as long as the chain of block states
-    that depends on it: one copy a step."""
-    from dufs.engine.matrix import _client
-
-    client = _client()
-    if client is None or x is None:
-        yield x
-        return
-    fut = client.scatter(x, hash=False, broadcast=False)
-    try:
-        yield fut
-    finally:
-        fut.release()
 
 
 def _propose(blk, state, mode):
