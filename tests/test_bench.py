@@ -126,3 +126,16 @@ def test_dcd_epoch_visit_orders_visit_every_active_coordinate_once():
         _, obj, gap = solve(order)
         assert gap <= 1e-8 * max(abs(obj), 1.0)
         np.testing.assert_allclose(obj, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_bench_greedy_prints_its_figures(tmp_path):
+    """``dufs bench greedy`` at a tiny size: LapAOFS and LapDOFS steps against a plain pass with 1 and 2 workers,
+    the checkpointed step, peak memory at k = 50 and 200 (no timing assertions)."""
+    args = ["bench", "greedy", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path)]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for label in ("anchor graph built once", "1 worker", "2 workers", "plain pass Z^T v", "LapAOFS step (k = 50)",
+                  "of which the driver", "LapDOFS step", "checkpointed each step", "speed-up of a step",
+                  "k = 200: peak RSS per worker", "peak at k = 200 / peak at k = 50"):
+        assert label in out, (label, out)

@@ -33,7 +33,7 @@ from dufs import config
 from dufs._logging import get_logger
 from dufs.engine.progress import run_pass
 from dufs.errors import ParameterError
-from dufs.kernels.blockops import csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
+from dufs.kernels.blockops import col_sums, csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
 
 __all__ = ["STANDARDIZE", "BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "as_matrix"]
 
@@ -775,7 +775,7 @@ class Matrix:
         # randomly read vector takes half the cache and half the bytes shipped (DESIGN.md section 8)
         V2, one = _as_2d(V, n, "V", "n_samples", keep_float32=np.dtype(self.dtype) == np.float32)
         mu, inv = self._transform()
-        vsum = np.asarray(V2, dtype=np.float64).sum(axis=0) if mu is not None else None
+        vsum = col_sums(V2) if mu is not None else None
         f = _delayed(_block_rmatvec)
         tf = self._block_transform()
         with _shipped(V2) as Vs:

@@ -57,13 +57,7 @@ def best(mode, s, v, selected, tiny):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode, tiny):
-    """One greedy step over a block, after the driver picked feature p with Schur complement ``sp``.
-
-    ``V`` (n x 2, float64): [B r, B X_S d] (LapAOFS/LapDOFS) or [r, q] (JCFS), ``vsum`` their column sums.
-    With a_j = z_j^T V[:, 0] and b_j = z_j^T V[:, 1], for every unselected j:
-    l = a_j / sqrt(sp), e = l / sqrt(sp); s_j -= l^2; and v_j += -2 e b_j + e^2 c2 (A: c2 = ||c||^2 + 1;
-    JCFS: v_j = ||E_j||^2, c2 = ||E_p||^2). Returns the block's best candidate (local index, score)."""
+def _update2(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode):
     rs = 1.0 / np.sqrt(sp)
     for j in range(s.shape[0]):
         if selected[j]:
@@ -76,6 +70,34 @@ def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, sel
         s[j] -= lj * lj
         if mode != D_OPTIMAL:
             v[j] += -2.0 * e * b + e * e * c2
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _update1(indptr, indices, data, coef, shift, V, vsum, sp, s, selected):
+    rs = 1.0 / np.sqrt(sp)
+    for j in range(s.shape[0]):
+        if selected[j]:
+            continue
+        a = 0.0
+        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            a += np.float64(data[k]) * V[np.uint64(indices[k]), 0]
+        lj = coef[j] * (a - shift[j] * vsum[0]) * rs
+        s[j] -= lj * lj
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode, tiny):
+    """One greedy step over a block, after the driver picked feature p with Schur complement ``sp``.
+
+    ``V`` (n x 2, float64): [B r, B X_S d] (LapAOFS) or [r, q] (JCFS), ``vsum`` their column sums; LapDOFS, which
+    updates ``s`` only, passes [B r] (n x 1). With a_j = z_j^T V[:, 0] and b_j = z_j^T V[:, 1], for every
+    unselected j: l = a_j / sqrt(sp), e = l / sqrt(sp); s_j -= l^2; and v_j += -2 e b_j + e^2 c2 (A: c2 = ||c||^2
+    + 1; JCFS: v_j = ||E_j||^2, c2 = ||E_p||^2). Returns the block's best candidate after the update (local index,
+    score; ties to the lower index)."""
+    if V.shape[1] == 1:
+        _update1(indptr, indices, data, coef, shift, V, vsum, sp, s, selected)
+    else:
+        _update2(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode)
     return best(mode, s, v, selected, tiny)
 
 

@@ -43,6 +43,7 @@ from dufs.engine.cluster import is_lost as _is_lost
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
 from dufs.engine.matrix import Matrix, PerBlock, _shipped
 from dufs.errors import ParameterError
+from dufs.kernels.blockops import col_sums, csc_matvec, csc_rmatvec
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
 
 log = get_logger(__name__)
@@ -100,12 +101,17 @@ def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, 
     return st, _proposal(blk, st, mode)
 
 
-def _proposal(blk, st, mode):
-    j, sc = best(mode, st["s"], st["v"], st["sel"], st["tiny"])
+_ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
+# fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
+
+
+def _proposal(blk, st, mode, found=None):
+    j, sc = best(mode, st["s"], st["v"], st["sel"], st["tiny"]) if found is None else found
     if j < 0:
         return (-1, -np.inf, None)
     a, c = blk.indptr[j], blk.indptr[j + 1]
-    return (blk.start + int(j), float(sc), (blk.indices[a:c].copy(), blk.data[a:c].astype(np.float64)))
+    col = (blk.indices[a:c].copy(), blk.data[a:c].astype(np.float64)) if c - a <= _ATTACH else None
+    return (blk.start + int(j), float(sc), col)
 
 
 def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
@@ -114,11 +120,11 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
           "step": state["step"] + 1, "coef": state["coef"], "shift": state["shift"]}
     if blk.start <= p < blk.stop:
         st["sel"][p - blk.start] = True
-    greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, st["s"], st["v"],
-                  st["sel"], mode, st["tiny"])
+    found = greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, st["s"],
+                          st["v"], st["sel"], mode, st["tiny"])
     if save is not None:
         _save_block(save, blk.start, st)
-    return st, _proposal(blk, st, mode)
+    return st, _proposal(blk, st, mode, found)
 
 
 def _save_block(directory: str, start: int, st: dict) -> None:
@@ -148,41 +154,48 @@ def _load_blocks(blk, state, directory, step, coef, shift):
 
 # ---------------------------------------------------------------------------------------------------- the driver
 class _Selected:
-    """The selected columns on the driver (raw, sparse) with their transform, and H = G_SS (k x k)."""
+    """The selected columns on the driver (raw, sparse, in growable CSC buffers: appending one costs its own nnz)
+    with their transform, and H = G_SS (k x k). Products with them run through the engine's numba kernels."""
 
     def __init__(self, n: int, lam2: float):
         self.n = n
         self.lam2 = lam2
         self.ids: list[int] = []
-        self.cols: list[tuple[np.ndarray, np.ndarray]] = []
+        self.ptr = np.zeros(1, dtype=np.int64)
+        self.ind = np.empty(1024, dtype=np.int32)
+        self.dat = np.empty(1024, dtype=np.float64)
         self.coef = np.zeros(0)
         self.shift = np.zeros(0)
         self.H = np.zeros((0, 0))
-        self._X: sp.csc_array | None = None
 
     @property
     def k(self) -> int:
         return len(self.ids)
 
+    def col(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = self.ptr[t], self.ptr[t + 1]
+        return self.ind[a:b], self.dat[a:b]
+
+    def head(self, t: int) -> _Selected:
+        """The first ``t`` selected columns (sharing this one's buffers)."""
+        part = _Selected(self.n, self.lam2)
+        part.ids, part.ptr, part.ind, part.dat = self.ids[:t], self.ptr[:t + 1], self.ind, self.dat
+        part.coef, part.shift, part.H = self.coef[:t], self.shift[:t], self.H[:t, :t]
+        return part
+
     def X(self) -> sp.csc_array:
-        if self._X is None or self._X.shape[1] != self.k:
-            if not self.cols:
-                return sp.csc_array((self.n, 0))
-            counts = [c[0].shape[0] for c in self.cols]
-            indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            self._X = sp.csc_array((np.concatenate([c[1] for c in self.cols]),
-                                    np.concatenate([c[0] for c in self.cols]), indptr), shape=(self.n, self.k))
-        return self._X
+        nnz = int(self.ptr[-1])
+        return sp.csc_array((self.dat[:nnz], self.ind[:nnz], self.ptr), shape=(self.n, self.k))
 
     def apply(self, c: np.ndarray) -> np.ndarray:
         """Z_S c (an n-vector, or n x p for a k x p ``c``)."""
-        if self.k == 0:
-            return np.zeros((self.n,) + c.shape[1:])
-        if c.ndim == 1:
-            w = self.coef * c
-            return np.asarray(self.X() @ w) - float(self.shift @ w)
-        w = self.coef[:, None] * c
-        return np.asarray(self.X() @ w) - (self.shift @ w)[None, :]
+        one = c.ndim == 1
+        w = self.coef[:, None] * (c[:, None] if one else c)
+        out = np.zeros((self.n, w.shape[1]))
+        if self.k:
+            csc_matvec(self.ptr, self.ind, self.dat, np.ascontiguousarray(w), out)
+            out -= (self.shift @ w)[None, :]
+        return out[:, 0] if one else out
 
     def gram(self) -> np.ndarray:
         """Z_S^T Z_S (k x k) from the sparse columns: coef_i coef_j (x_i^T x_j - mu_j 1^T x_i - mu_i 1^T x_j +
@@ -196,17 +209,32 @@ class _Selected:
 
     def tapply(self, V: np.ndarray) -> np.ndarray:
         """Z_S^T V (k, or k x p)."""
-        if self.k == 0:
-            return np.zeros((0,) + V.shape[1:])
-        XtV = np.asarray(self.X().T @ V)
-        if V.ndim == 1:
-            return self.coef * (XtV - self.shift * V.sum())
-        return self.coef[:, None] * (XtV - self.shift[:, None] * V.sum(axis=0)[None, :])
+        one = V.ndim == 1
+        V2 = np.ascontiguousarray(V[:, None] if one else V, dtype=np.float64)
+        out = np.zeros((self.k, V2.shape[1]))
+        if self.k:
+            csc_rmatvec(self.ptr, self.ind, self.dat, V2, out)
+            out = self.coef[:, None] * (out - self.shift[:, None] * col_sums(V2)[None, :])
+        return out[:, 0] if one else out
 
     def solve(self, b: np.ndarray) -> np.ndarray:
         if self.k == 0:
             return np.zeros_like(b)
         return sla.cho_solve(sla.cho_factor(self.H, lower=True), b)
+
+    def append(self, p: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float) -> None:
+        """Add column ``p`` (its raw rows and values) with its transform; H is the caller's."""
+        nnz, m = int(self.ptr[-1]), len(col[0])
+        if nnz + m > self.ind.shape[0]:
+            cap = max(nnz + m, 2 * self.ind.shape[0])
+            self.ind = np.concatenate([self.ind[:nnz], np.empty(cap - nnz, dtype=np.int32)])
+            self.dat = np.concatenate([self.dat[:nnz], np.empty(cap - nnz)])
+        self.ind[nnz:nnz + m] = col[0]
+        self.dat[nnz:nnz + m] = col[1]
+        self.ptr = np.append(self.ptr, nnz + m)
+        self.ids.append(int(p))
+        self.coef = np.append(self.coef, coef)
+        self.shift = np.append(self.shift, shift)
 
     def add(self, p: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float, u: np.ndarray,
             gpp: float) -> None:
@@ -217,10 +245,7 @@ class _Selected:
         H[k, :k] = u
         H[k, k] = gpp
         self.H = H
-        self.ids.append(int(p))
-        self.cols.append(col)
-        self.coef = np.append(self.coef, coef)
-        self.shift = np.append(self.shift, shift)
+        self.append(p, col, coef, shift)
 
 
 def _dense_z(n: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float) -> np.ndarray:
@@ -276,7 +301,7 @@ class _Run:
         M = self.M
         W, d, lam_inv = self._graph_args()
         Y = self.Y
-        Ysum = None if Y is None else Y.sum(axis=0)
+        Ysum = None if Y is None else col_sums(Y)
         with _shipped(W) as Wa, _shipped(Y) as Ya:
             props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
                                              self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
@@ -290,7 +315,7 @@ class _Run:
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V)
         with _shipped(V) as Va:
-            props, new = self.M.map_blocks(_step, p, Va, V.sum(axis=0), s_p, c2, self.mode,
+            props, new = self.M.map_blocks(_step, p, Va, col_sums(V), s_p, c2, self.mode,
                                            self.dir if save else None, state=self.state)
         if hasattr(self.state, "release"):
             self.state.release()
@@ -309,10 +334,14 @@ class _Run:
             raise ParameterError(f"only {self.sel.k} features are linearly independent under this criterion; "
                                  f"ask for at most {self.sel.k}")
         p = min(got, key=lambda q: (-q[1], q[0]))  # the best score, then the lower index
-        return p[0], p[2]
+        if p[2] is not None:
+            return p[0], p[2]
+        X = self.M.columns([p[0]])
+        return p[0], (X.indices, X.data.astype(np.float64))
 
     def take(self, p: int, col: tuple) -> tuple[np.ndarray, float, float]:
-        """Add p to S: record its criterion and the objective; return (V, s_p, c2) for the update pass."""
+        """Add p to S: record its criterion and the objective; return (V, s_p, c2) for the update pass (V has one
+        column for LapDOFS, two otherwise)."""
         S, n = self.sel, self.n
         z = _dense_z(n, col, self.coef[p], self.shift[p])
         Bz = self.B(z)
@@ -325,41 +354,36 @@ class _Run:
             Ep = Rp - c @ self.RS
             e2 = float(Ep @ Ep)
             self.criterion.append(e2 / (self.lam2 * s_p))
-            # for the next pass: r = z_p - Z_S c, q = Y E_p - Z_S H^-1 R_S E_p
-            r = z - S.apply(c)
-            q = self.Y @ Ep - S.apply(S.solve(self.RS @ Ep)) if S.k else self.Y @ Ep
-            V = np.column_stack([r, q])
-            c2 = e2
+            # for the next pass: r = z_p - Z_S c, q = Y E_p - Z_S H^-1 R_S E_p (one product with Z_S for both)
+            P = S.apply(np.column_stack([c, S.solve(self.RS @ Ep)]))
+            V = np.column_stack([z - P[:, 0], self.Y @ Ep - P[:, 1]])
             S.add(p, col, self.coef[p], self.shift[p], u, gpp)
             self.RS = np.vstack([self.RS, Rp[None, :]])
             G = S.solve(self.RS)
             self.objective.append(float(np.sum(self.Y * self.Y) - np.sum(self.RS * G)) / self.lam2)
-            return V, s_p, c2
+            return V, s_p, e2
         v_p = float(c @ c)
         if self.mode == A_OPTIMAL:
             self.criterion.append(1.0 - self.lam2 * (1.0 + v_p) / s_p)
             self.trace_obj += (1.0 + v_p) / s_p
+            # V = [B r, B Z_S d] with r = z_p - Z_S c, d = H^-1 c: B r = B z_p - B Z_S c (one B product, 2 columns)
+            BP = self.B(S.apply(np.column_stack([c, S.solve(c)])))
+            V = np.column_stack([Bz - BP[:, 0], BP[:, 1]])
         else:
             self.criterion.append(s_p / self.lam2 - 1.0)
             self.trace_obj += float(np.log(s_p))
+            V = (Bz - self.B(S.apply(c)))[:, None]  # LapDOFS updates s only: one column
         self.objective.append(self.trace_obj)
-        d = S.solve(c)
-        r = z - S.apply(c)
-        V = np.column_stack([self.B(r), self.B(S.apply(d))])
         S.add(p, col, self.coef[p], self.shift[p], u, gpp)
         return V, s_p, v_p + 1.0
 
     def vectors_at(self, t: int) -> tuple[np.ndarray, float, float]:
         """(V, s_p, c2) of step t, recomputed from the selection (for a replay after a restart or a lost worker)."""
         full = self.sel
-        part = _Selected(self.n, self.lam2)
-        part.ids, part.cols = full.ids[:t], full.cols[:t]
-        part.coef, part.shift, part.H = full.coef[:t], full.shift[:t], full.H[:t, :t]
-        p = full.ids[t]
         saved = (self.sel, self.criterion, self.objective, self.trace_obj, self.RS)
-        self.sel, self.criterion, self.objective, self.RS = part, [], [], self.RS[:t]
+        self.sel, self.criterion, self.objective, self.RS = full.head(t), [], [], self.RS[:t]
         try:
-            out = self.take(p, full.cols[t])
+            out = self.take(full.ids[t], full.col(t))
         finally:
             self.sel, self.criterion, self.objective, self.trace_obj, self.RS = saved
         return out
@@ -621,10 +645,8 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
         mu, inv = M._transform()
         for i, p in enumerate(S):
             a, b = cols.indptr[i], cols.indptr[i + 1]
-            sel.cols.append((cols.indices[a:b].copy(), cols.data[a:b].astype(np.float64)))
-            sel.ids.append(p)
-        sel.coef = np.ones(len(S)) if inv is None else np.asarray(inv, dtype=np.float64)[S]
-        sel.shift = np.zeros(len(S)) if mu is None else np.asarray(mu, dtype=np.float64)[S]
+            sel.append(p, (cols.indices[a:b], cols.data[a:b]), 1.0 if inv is None else float(inv[p]),
+                       0.0 if mu is None else float(mu[p]))
         sel.H = sel.gram() + gamma * np.eye(len(S))
     L = laplacian_operator(W, normed=True)
 

@@ -48,6 +48,7 @@ import numpy as np
 from dufs._logging import get_logger
 from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
+from dufs.kernels.blockops import col_sums
 
 __all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
 
@@ -93,7 +94,7 @@ class _Centred:
 
     def rmatvec(self, T: np.ndarray) -> np.ndarray:
         """Zc^T T (d x k): one pass."""
-        return self.M.rmatvec(T) - self.m[:, None] * T.sum(axis=0)[None, :]
+        return self.M.rmatvec(T) - self.m[:, None] * col_sums(T)[None, :]
 
     def scatter(self) -> np.ndarray:
         """S_t = Zc^T Zc as a dense d x d matrix: two passes per chunk of columns."""

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dufs.kernels.blockops import csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
+from dufs.kernels.blockops import col_sums, csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
 from dufs.testing.strategies import sparse_matrices
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
@@ -97,3 +97,12 @@ def test_kernels_on_float32_and_int64_indices():
     out = np.empty((50, 3))
     csc_rmatvec(indptr, indices, data, V, out)
     np.testing.assert_allclose(out, A.astype(np.float64).T @ V, **TOL)
+
+
+def test_col_sums_match_numpy():
+    rng = np.random.default_rng(3)
+    for V in (rng.standard_normal((1001, 3)), rng.standard_normal(777), rng.standard_normal((50, 1)).astype(np.float32),
+              np.asfortranarray(rng.standard_normal((40, 2)))):
+        got = col_sums(V)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, V.astype(np.float64).sum(axis=0), rtol=1e-13, atol=1e-12)

@@ -152,6 +152,22 @@ def test_lap_on_a_process_cluster(cluster_client, method):
     assert sel.diagnostics["n_workers"] == 2
 
 
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs", "jcfs"])
+def test_heavy_columns_are_fetched_alone(monkeypatch, method):
+    """Proposals carry their column only when it is light; a heavier winner is read from its block afterwards.
+    With every column "heavy" the picks still equal the paper's."""
+    monkeypatch.setattr(greedy, "_ATTACH", 0)
+    X = _data("sparse")
+    if method == "jcfs":
+        Y = _orthonormal(X.shape[0], 4, 7)
+        ref = jcfs_greedy_paper(_dense(X), Y, K, 1e-4)
+        r = greedy.jcfs_select(Matrix(X, standardize=None, block_width=16), Y, K, 1e-4)
+        np.testing.assert_array_equal(np.asarray(r.indices), ref.order)
+        _close(r.criterion, ref.criterion, REL)
+        return
+    _assert_same(_fit_lap(Matrix(X, block_width=16), method, W=sp.csr_array(_graph("sparse"))), _ref(method, "sparse"))
+
+
 # ---------------------------------------------------------------------------------------------------- JCFS
 def _orthonormal(n, c, seed):
     Q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, c)))
