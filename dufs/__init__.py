@@ -11,6 +11,7 @@ from dufs.api import fit  # noqa: E402
 from dufs.data import SparseStore, open_store, write_store  # noqa: E402
 from dufs.estimators import (  # noqa: E402
     JCFS,
+    M3FS,
     MMFS,
     UFCM,
     CorrelationSelector,
@@ -24,5 +25,5 @@ from dufs.selection import Selection  # noqa: E402
 
 open = open_store  # noqa: A001  (dufs.open(path), like zarr.open)
 
-__all__ = ["JCFS", "MMFS", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore", "Selection",
-           "SparseStore", "UFCM", "VarianceSelector", "__version__", "fit", "open", "open_store", "write_store"]
+__all__ = ["JCFS", "M3FS", "MMFS", "UFCM", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore",
+           "Selection", "SparseStore", "VarianceSelector", "__version__", "fit", "open", "open_store", "write_store"]

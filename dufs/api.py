@@ -130,13 +130,18 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto", **p: Any) ->
     if solver == "auto":
         solver = "faithful" if n <= _M3FS_FAITHFUL_MAX[0] and d <= _M3FS_FAITHFUL_MAX[1] else "alternating"
     if solver == "faithful":
-        from dufs.methods.m3fs import m3fs_faithful
-
-        res = m3fs_faithful(M.dense_columns(np.arange(d)), n_features=n_features, **p)
+        from dufs.methods.m3fs import m3fs_faithful as run
     else:
-        from dufs.methods.m3fs_scalable import m3fs_alternating
+        from dufs.methods.m3fs_scalable import m3fs_alternating as run
+    import inspect
 
-        res = m3fs_alternating(M, n_features=n_features, **p)
+    accepted = inspect.signature(run).parameters
+    wrong = sorted(k for k in p if k not in accepted)
+    if wrong:
+        raise ParameterError(f"The parameter(s) {', '.join(map(repr, wrong))} do not apply to the {solver} M3FS "
+                             f"solver (solver={solver!r}; 'auto' picks faithful up to {_M3FS_FAITHFUL_MAX[0]} "
+                             f"samples x {_M3FS_FAITHFUL_MAX[1]} features).")
+    res = run(M.dense_columns(np.arange(d)) if solver == "faithful" else M, n_features=n_features, **p)
     diag = dict(res.diagnostics)
     diag.update(solver=solver, labels=np.asarray(res.labels).tolist())
     sigma = np.asarray(res.sigma, dtype=np.float64)

@@ -22,7 +22,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from dufs.api import METHODS, fit, rank
 
-__all__ = ["MMFS", "CorrelationSelector", "FisherScore", "LaplacianScore", "VarianceSelector"]
+__all__ = ["JCFS", "M3FS", "MMFS", "UFCM", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore",
+           "VarianceSelector"]
 
 _STANDARDIZE = [StrOptions({"zscore", "scale"}), None]
 
@@ -86,13 +87,16 @@ class _DufsSelector(SelectorMixin, BaseEstimator):
             raise ValueError(f"The 'n_features' parameter of {name} must be an int in [1, {n_in}]; "
                              f"got {self.n_features!r}.")
         self._check_samples(X)
-        params = {p: getattr(self, p) for p in self._method_params}
+        params = self._fit_params()
         self.selection_ = fit(X, y, method=self._method, n_features=int(self.n_features), client=self.client,
                               standardize=self.standardize, **params)
         self.scores_ = self.selection_.scores
         self.higher_is_better_ = spec.higher_is_better
         self.ranking_ = rank(self.scores_, spec.higher_is_better)
         return self
+
+    def _fit_params(self) -> dict:
+        return {p: getattr(self, p) for p in self._method_params}
 
     def _check_samples(self, X: Any) -> None:
         """Method-specific checks of the validated input (raise ValueError)."""
@@ -614,3 +618,112 @@ class UFCM(_DufsSelector):
         if d < 2 or self.n_components is not None and self.n_components >= d:
             raise ValueError(f"UFCM needs n_components < n_features (and at least 2 features): got "
                              f"n_components={self.n_components}, n_features={d}.")
+
+
+class M3FS(_DufsSelector):
+    """Unsupervised max-margin feature selection with manifold regularisation (Guo et al.): maximum-margin
+    clustering with feature saliencies sigma (0 <= sigma <= 1, sum sigma = m = ``n_features``) and a Laplacian
+    term; the features of largest saliency are selected.
+
+    Parameters
+    ----------
+    n_features : int, default 10
+        m, the saliency budget and the number of features selected.
+    n_clusters : int, default 2
+        2 is the two-class problem (eqs. (7)-(12)), more the multi-class one (eqs. (16)-(17)).
+    solver : {"auto", "faithful", "alternating"}, default "auto"
+        "faithful": the paper's cutting plane over CCCP with SOCP steps (needs cvxpy and Clarabel, ``dufs[m3fs]``;
+        dense, moderate size); "alternating": labels, a Laplacian-regularised hinge v-step through the engine and
+        the closed-form sigma step (any size); "auto": faithful up to 5000 samples x 1000 features.
+    C : float > 0, default 1.0
+    lambda_ : float >= 0, default 1.0
+        The manifold weight.
+    l : float or None, default None
+        The class-balance bound of eq. (5) (default 0.1 n_samples).
+    epsilon : float > 0 or None, default None
+        The cutting-plane tolerance of the faithful solver (None: 1e-2).
+    graph : str or None, default None
+        The sample graph: None for the solver's default (faithful: the paper's fully connected Gaussian graph;
+        alternating: a heat-kernel kNN graph), "gaussian" (faithful), "knn", or "anchor" (alternating, for large
+        n_samples).
+    n_neighbors : int or None, default None
+        kNN graph neighbours (None: the solver's default, 10 faithful / 5 alternating).
+    max_iter : int or None, default None
+        Outer iterations of the alternating solver (None: 50).
+    random_state : int, default 0
+    standardize : {"zscore", "scale"} or None, default "zscore"
+    client : distributed.Client, optional
+
+    Attributes
+    ----------
+    labels_ : ndarray of int, (n_samples,)
+        The cluster of every sample.
+    n_iter_ : int
+        Outer iterations (cutting-plane rounds of the faithful solver, alternations of the scalable one).
+    scores_ : ndarray
+        The saliencies sigma.
+
+    References
+    ----------
+    Y. Guo, D. Schuurmans et al., "Unsupervised Max-Margin Feature Selection via l2,1-Norm Minimization"
+    and paper 000 of ../shared/papers (M3FS).
+    """
+
+    _method = "m3fs"
+    _method_params = ("n_clusters", "solver", "C", "lambda_", "l", "epsilon", "graph", "n_neighbors", "max_iter",
+                      "random_state")
+    _parameter_constraints: ClassVar[dict] = {
+        **_DufsSelector._parameter_constraints,
+        "n_clusters": [Interval(Integral, 2, None, closed="left")],
+        "solver": [StrOptions({"auto", "faithful", "alternating"})],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "lambda_": [Interval(Real, 0, None, closed="left")],
+        "l": [None, Interval(Real, 0, None, closed="neither")],
+        "epsilon": [None, Interval(Real, 0, None, closed="neither")],
+        "graph": [None, StrOptions({"gaussian", "knn", "anchor"})],
+        "n_neighbors": [None, Interval(Integral, 1, None, closed="left")],
+        "max_iter": [None, Interval(Integral, 1, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+    }
+
+    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, solver: str = "auto", C: float = 1.0,
+                 lambda_: float = 1.0, l: float | None = None, epsilon: float | None = None,
+                 graph: str | None = None, n_neighbors: int | None = None, max_iter: int | None = None,
+                 random_state: int = 0,
+                 standardize: str | None = "zscore", client: Any = None):
+        self.n_features = n_features
+        self.n_clusters = n_clusters
+        self.solver = solver
+        self.C = C
+        self.lambda_ = lambda_
+        self.l = l
+        self.epsilon = epsilon
+        self.graph = graph
+        self.n_neighbors = n_neighbors
+        self.max_iter = max_iter
+        self.random_state = random_state
+        self.standardize = standardize
+        self.client = client
+
+    def _fit_params(self) -> dict:
+        params = super()._fit_params()
+        for name in ("graph", "n_neighbors", "l", "epsilon", "max_iter"):  # None: the solver's own default
+            if params[name] is None:
+                del params[name]
+        return params
+
+    def _check_samples(self, X: Any) -> None:
+        if self.n_clusters >= X.shape[0]:
+            raise ValueError(f"M3FS needs more samples than clusters: got n_samples={X.shape[0]}, "
+                             f"n_clusters={self.n_clusters}.")
+
+    def fit(self, X: Any, y: Any = None) -> M3FS:
+        super().fit(X, y)
+        d = self.selection_.diagnostics
+        self.labels_ = np.asarray(d["labels"], dtype=np.int64)
+        self.n_iter_ = int(d.get("iterations", d.get("cutting_planes", 1)))
+        return self
+
+    def __sklearn_is_fitted__(self) -> bool:
+        # the parameter lambda_ (the paper's name) ends in "_", which sklearn takes for a fitted attribute
+        return hasattr(self, "selection_")

@@ -14,6 +14,7 @@ import dufs
 from dufs.data.datasets import load
 from dufs.estimators import (
     JCFS,
+    M3FS,
     MMFS,
     UFCM,
     CorrelationSelector,
@@ -34,13 +35,19 @@ ESTIMATORS = {
 
 
 def _expected_failed_checks(est):
-    # Every check passes: a fit on too few samples for LaplacianScore raises a ValueError naming n_samples,
-    # which check_fit2d_1sample accepts. Add {check name: reason} here if one ever cannot pass.
+    # A fit on too few samples for LaplacianScore raises a ValueError naming n_samples, which check_fit2d_1sample
+    # accepts. Five checks set n_clusters = 1 on any estimator that has it; a max-margin clustering into one
+    # cluster is no clustering, and M3FS rejects it by its parameter table.
+    if isinstance(est, M3FS):
+        why = "the check sets n_clusters = 1; M3FS needs n_clusters >= 2 (a margin between clusters)"
+        return dict.fromkeys(("check_dont_overwrite_parameters", "check_methods_subset_invariance",
+                              "check_fit2d_1sample", "check_fit2d_1feature", "check_fit2d_predict1d"), why)
     return {}
 
 
 @parametrize_with_checks([LapAOFS(n_features=1, n_neighbors=2), LapDOFS(n_features=1, n_neighbors=2),
                           JCFS(n_features=1, n_neighbors=2, max_iter=2), UFCM(n_features=1, max_iter=3, n_init=2),
+                          M3FS(n_features=1, solver="alternating", n_neighbors=2, max_iter=3),
                           VarianceSelector(n_features=1), CorrelationSelector(n_features=1),
                           FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1),
                           MMFS(n_features=1)],
@@ -99,3 +106,22 @@ def test_laplacian_needs_more_samples_than_neighbours():
     X = np.random.default_rng(0).normal(size=(4, 3))
     with pytest.raises(ValueError, match=r"n_samples=4, n_neighbors=5"):
         LaplacianScore(n_features=1).fit(X)
+
+
+def test_m3fs_estimator_equals_the_functional_api_and_finds_iris():
+    """M3FS on iris plus 10 N(0,1) noise features (paper 000, Figure 1): both solvers' supports equal dufs.fit's,
+    the labels are a 2-clustering of the samples, and a parameter of the other solver is a clear error."""
+    pytest.importorskip("cvxpy", reason="the faithful M3FS solver needs dufs[m3fs]")
+    from sklearn.datasets import load_iris
+
+    X, _ = load_iris(return_X_y=True)
+    Xn = np.hstack([X, np.random.default_rng(0).standard_normal((150, 10))])
+    for solver in ("faithful", "alternating"):
+        est = M3FS(n_features=4, solver=solver, C=10.0, lambda_=0.01).fit(Xn)
+        sel = dufs.fit(Xn, method="m3fs", n_features=4, solver=solver, C=10.0, lambda_=0.01)
+        np.testing.assert_array_equal(est.get_support(indices=True), np.sort(sel.indices[:4]))
+        np.testing.assert_allclose(est.scores_, sel.scores)
+        assert est.labels_.shape == (150,) and set(est.labels_) == {0, 1}
+        assert est.transform(Xn).shape == (150, 4)
+    with pytest.raises(ValueError, match="'max_iter' do not apply to the faithful"):
+        M3FS(n_features=4, solver="faithful", max_iter=3).fit(Xn)
