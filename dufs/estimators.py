@@ -650,6 +650,8 @@ class M3FS(_DufsSelector):
         kNN graph neighbours (None: the solver's default, 10 faithful / 5 alternating).
     max_iter : int or None, default None
         Outer iterations of the alternating solver (None: 50).
+    polish : int, "auto" or None, default None
+        Label flips the alternating solver tries after it stops (None: its default "auto", 8 up to 5000 samples).
     random_state : int, default 0
     standardize : {"zscore", "scale"} or None, default "zscore"
     client : distributed.Client, optional
@@ -671,7 +673,7 @@ class M3FS(_DufsSelector):
 
     _method = "m3fs"
     _method_params = ("n_clusters", "solver", "C", "lambda_", "l", "epsilon", "graph", "n_neighbors", "max_iter",
-                      "random_state")
+                      "polish", "random_state")
     _parameter_constraints: ClassVar[dict] = {
         **_DufsSelector._parameter_constraints,
         "n_clusters": [Interval(Integral, 2, None, closed="left")],
@@ -683,13 +685,14 @@ class M3FS(_DufsSelector):
         "graph": [None, StrOptions({"gaussian", "knn", "anchor"})],
         "n_neighbors": [None, Interval(Integral, 1, None, closed="left")],
         "max_iter": [None, Interval(Integral, 1, None, closed="left")],
+        "polish": [None, StrOptions({"auto"}), Interval(Integral, 0, None, closed="left")],
         "random_state": [Interval(Integral, 0, None, closed="left")],
     }
 
     def __init__(self, n_features: int = 10, *, n_clusters: int = 2, solver: str = "auto", C: float = 1.0,
                  lambda_: float = 1.0, l: float | None = None, epsilon: float | None = None,
                  graph: str | None = None, n_neighbors: int | None = None, max_iter: int | None = None,
-                 random_state: int = 0,
+                 polish: int | str | None = None, random_state: int = 0,
                  standardize: str | None = "zscore", client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
@@ -701,13 +704,14 @@ class M3FS(_DufsSelector):
         self.graph = graph
         self.n_neighbors = n_neighbors
         self.max_iter = max_iter
+        self.polish = polish
         self.random_state = random_state
         self.standardize = standardize
         self.client = client
 
     def _fit_params(self) -> dict:
         params = super()._fit_params()
-        for name in ("graph", "n_neighbors", "l", "epsilon", "max_iter"):  # None: the solver's own default
+        for name in ("graph", "n_neighbors", "l", "epsilon", "max_iter", "polish"):  # None: the solver's own default
             if params[name] is None:
                 del params[name]
         return params

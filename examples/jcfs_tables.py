@@ -7,7 +7,9 @@ on ORL, COIL20 and ISOLET.
 - Table 5: leave-one-out 1-nearest-neighbour accuracy on the m selected features, m = 5, 25, 50.
 
 Methods: JCFS with the paper's settings (k = 5 nearest neighbours, binary weights, gamma = 1e-4, c = the number of
-classes) and lambda searched over {1e-6, 1e-5, 1e-4, 1e-3}, the best kept; and, for comparison, our Laplacian score
+classes) and lambda searched over {1e-6, 1e-5, 1e-4, 1e-3}, the best kept, twice: "JCFS" with DESIGN.md 7.3's
+correction M_0 = I / gamma in the greedy step, and "JCFS, M_0 = I/2" with Algorithm 1's M_0 as printed (the two
+differ most at m = 5); and, for comparison, our Laplacian score
 (the same binary 5-NN graph) and Max Variance, the two of the paper's baselines that dufs has (MCFS and JELSR are
 not implemented; their paper rows are left out). The features are selected once on the whole data set, as in the
 paper (there are no class subsets here). The data are used as stored (ORL grey levels 0..255, COIL20 in [0, 1],
@@ -74,8 +76,16 @@ PAPER_1NN = {
     "coil20": {"jcfs": [82.7, 99.3, 99.9], "variance": [55.8, 78.8, 84.5], "laplacian": None},
     "isolet": {"jcfs": [36.1, 75.5, 80.8], "variance": [20.3, 57.6, 70.5], "laplacian": None},
 }
-NAMES = {"jcfs": "JCFS", "laplacian": "Laplacian score", "variance": "Max Variance"}
-ALL_METHODS = ("jcfs", "laplacian", "variance")
+NAMES = {"jcfs": "JCFS", "jcfs_printed": "JCFS, M_0 = I/2", "laplacian": "Laplacian score",
+         "variance": "Max Variance"}
+ALL_METHODS = ("jcfs", "jcfs_printed", "laplacian", "variance")
+# "jcfs" applies DESIGN.md 7.3's correction M_0 = I / gamma; "jcfs_printed" runs Algorithm 1 as printed, M_0 = I/2
+# (dufs.fit(..., select_gamma=2.0)). Both are compared with the paper's JCFS rows.
+SELECT_GAMMA = {"jcfs": None, "jcfs_printed": 2.0}
+
+
+def _paper_key(m: str) -> str:
+    return "jcfs" if m in SELECT_GAMMA else m
 MAT = {"orl": "ORL.mat", "coil20": "COIL20.mat", "isolet": "Isolet.mat"}
 
 
@@ -109,14 +119,14 @@ def _run(X: np.ndarray, y: np.ndarray, methods: list[str], lambdas: tuple[float,
     W = knn_graph(X, N_NEIGHBORS, weights="binary")  # one binary 5-NN graph for JCFS and the Laplacian score
     for m in methods:
         t0 = time.perf_counter()
-        if m == "jcfs":
+        if m in SELECT_GAMMA:
             out[m] = {}
             for lam in lambdas:
                 rows = []
                 for k in MS:
                     t1 = time.perf_counter()
                     cols = dufs.fit(X, method="jcfs", n_features=k, n_clusters=c, lambda_=lam, gamma=GAMMA, W=W,
-                                    client=False).indices
+                                    select_gamma=SELECT_GAMMA[m], client=False).indices
                     secs[m] = secs.get(m, 0.0) + time.perf_counter() - t1
                     rows.append(_evaluate(X, y, cols, k, runs))
                 out[m][lam] = np.array(rows)
@@ -140,9 +150,9 @@ def _print_table(name: str, res: dict) -> dict:
     for j, metric in enumerate(("ACC", "NMI")):
         print(f"  {metric:32s}" + "".join(f"{'m=' + str(k):>7s}" for k in MS) + f"{'avg':>7s}{'ours-paper':>12s}")
         for m, r in res.items():
-            paper = p[m][j]
+            paper = p[_paper_key(m)][j]
             print(f"  {NAMES[m]:23s}{'paper':>9s}" + _fmt(paper) + _fmt([np.mean(paper)]))
-            if m == "jcfs":
+            if m in SELECT_GAMMA:
                 lams = list(r)
                 stack = np.stack([r[lam][:, j] for lam in lams])  # (lambdas, ms)
                 best = stack.max(axis=0)
@@ -166,14 +176,15 @@ def _print_1nn(results: dict) -> dict:
     print(f"  {'':32s}" + "".join(f"{PAPER[n]['title'][:6] + ' ' + str(k):>12s}" for n, k in cols))
     avgs = {}
     for m in next(iter(results.values())):
-        paper = [PAPER_1NN[n][m][MS_1NN.index(k)] if PAPER_1NN[n][m] else None for n, k in cols]
+        paper = [PAPER_1NN[n][_paper_key(m)][MS_1NN.index(k)] if PAPER_1NN[n][_paper_key(m)] else None
+                 for n, k in cols]
         print(f"  {NAMES[m]:23s}{'paper':>9s}" + "".join(f"{v:12.1f}" if v is not None else f"{'-':>12s}"
                                                           for v in paper))
         ours = []
         for n, k in cols:
             r, i = results[n][m], MS.index(k)
-            ours.append(max(v[i, 2] for v in r.values()) if m == "jcfs" else r[i, 2])
-        label = "ours, best lambda" if m == "jcfs" else "ours"
+            ours.append(max(v[i, 2] for v in r.values()) if m in SELECT_GAMMA else r[i, 2])
+        label = "ours, best lambda" if m in SELECT_GAMMA else "ours"
         print(f"  {'':8s}{label:>24s}" + "".join(f"{v:12.1f}" for v in ours))
         for n in results:
             avgs[(n, m)] = float(np.mean([v for (nn, _), v in zip(cols, ours, strict=True) if nn == n]))
@@ -205,10 +216,10 @@ def main() -> None:
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         ap.error(f"unknown methods {unknown}; choose from {list(ALL_METHODS)}")
-    missing = [m for m in methods if m not in dufs.api.METHODS]
+    missing = [m for m in methods if _paper_key(m) not in dufs.api.METHODS]
     if missing:
         print(f"(methods {missing} are not in this dufs build: skipped)")
-        methods = [m for m in methods if m in dufs.api.METHODS]
+        methods = [m for m in methods if _paper_key(m) not in missing and m not in missing]
 
     t_start = time.perf_counter()
     results = {}
@@ -230,12 +241,12 @@ def main() -> None:
         for j, metric in enumerate(("ACC", "NMI")):
             lap = a.get(("laplacian", "ours", j))
             for (m, label, jj), v in a.items():
-                if m == "jcfs" and jj == j:
-                    _verdict(f"{p['title']} {metric}, JCFS {label}", v, float(np.mean(p["jcfs"][j])), lap)
-    if "jcfs" in methods:
+                if m in SELECT_GAMMA and jj == j:
+                    _verdict(f"{p['title']} {metric}, {NAMES[m]} {label}", v, float(np.mean(p["jcfs"][j])), lap)
+    for m in (m for m in methods if m in SELECT_GAMMA):
         for name in results:
             paper = float(np.mean(PAPER_1NN[name]["jcfs"]))
-            _verdict(f"{PAPER[name]['title']} 1-NN, JCFS best lambda", nn[(name, "jcfs")], paper,
+            _verdict(f"{PAPER[name]['title']} 1-NN, {NAMES[m]} best lambda", nn[(name, m)], paper,
                      nn.get((name, "laplacian")))
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s; k-means {runs} runs per test, best objective kept; "
           f"lambda grid {lambdas}, gamma {GAMMA:g}, k = {N_NEIGHBORS}, seed {SEED}")

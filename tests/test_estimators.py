@@ -47,7 +47,7 @@ def _expected_failed_checks(est):
 
 @parametrize_with_checks([LapAOFS(n_features=1, n_neighbors=2), LapDOFS(n_features=1, n_neighbors=2),
                           JCFS(n_features=1, n_neighbors=2, max_iter=2), UFCM(n_features=1, max_iter=3, n_init=2),
-                          M3FS(n_features=1, solver="alternating", n_neighbors=2, max_iter=3),
+                          M3FS(n_features=1, solver="alternating", n_neighbors=2, max_iter=3, polish=0),
                           VarianceSelector(n_features=1), CorrelationSelector(n_features=1),
                           FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1),
                           MMFS(n_features=1)],

@@ -678,13 +678,16 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
 def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-4, gamma: float = 1e-4, W: Any = None,
          graph: str = "knn", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
          n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,
-         random_state: int = 0, dense_below: int = 3000) -> GreedyResult:
+         random_state: int = 0, dense_below: int = 3000, select_gamma: float | None = None) -> GreedyResult:
     """JCFS (Du, Shen): alternate the spectral step (:func:`jcfs_embedding`, normalised Laplacian of the kNN
     graph with binary weights, k = 5, as the paper) and the greedy Fisher step (:func:`jcfs_select`), starting
     from the empty selection, until the selected set stops changing or ``max_iter`` alternations.
 
     Corrections to the paper (DESIGN.md 7.3): M_0 = I / gamma (Algorithm 1 says 1/2 I); eq. (14) misses a
-    transpose; Y in the loop is the continuous spectral embedding (the greedy step works for any Y)."""
+    transpose; Y in the loop is the continuous spectral embedding (the greedy step works for any Y).
+
+    ``select_gamma``: the ridge of the greedy step, M_0 = I / select_gamma (default ``gamma``, the correction
+    above); ``select_gamma=2.0`` runs Algorithm 1 as printed (M_0 = I/2 while the spectral step keeps ``gamma``)."""
     if not (isinstance(max_iter, int | np.integer) and max_iter >= 1):
         raise ParameterError(f"The 'max_iter' parameter must be an int >= 1; got {max_iter!r}.")
     k = _check_k(M, n_features)
@@ -698,7 +701,7 @@ def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-4, 
     for it in range(int(max_iter)):
         Y, vals = jcfs_embedding(M, S, Wg, n_clusters, lambda_, gamma, dense_below=dense_below,
                                  random_state=random_state)
-        res = jcfs_select(M, Y, k, gamma)
+        res = jcfs_select(M, Y, k, gamma if select_gamma is None else select_gamma)
         new = res.indices.tolist()
         history.append({"iteration": it, "objective": float(res.objective[-1]), "eigenvalues": vals.tolist(),
                         "spectral_objective": float(vals.sum())})

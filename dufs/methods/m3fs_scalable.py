@@ -67,6 +67,9 @@ log = get_logger(__name__)
 __all__ = ["M3FSAlternatingResult", "m3fs_alternating", "objective", "v_step"]
 
 
+_POLISH, _POLISH_MAX_N = 8, 5000  # polish="auto": label flips tried, up to this many samples
+
+
 @dataclass
 class M3FSAlternatingResult:
     """What :func:`m3fs_alternating` found: ``sigma`` (n_features), ``labels`` (n_samples, in 0..M-1), the
@@ -346,7 +349,8 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
                      weights: str = "heat", n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
                      max_iter: int = 50, tol: float = 1e-4, smoothing: float = 1e-2, inner_tol: float = 1e-3,
                      inner_max_iter: int = 500, random_state: int = 0, init: Any = "spectral",
-                     alternations: int = 10, dense_below: int = 3000, callback: Any = None) -> M3FSAlternatingResult:
+                     alternations: int = 10, dense_below: int = 3000, callback: Any = None,
+                     polish: Any = "auto") -> M3FSAlternatingResult:
     """M3FS by alternation (see the module docstring): labels, the v-step, the closed-form sigma-step, until the
     relative decrease of J_mu is below ``tol`` with the labels unchanged, or ``max_iter`` iterations.
 
@@ -379,6 +383,11 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
         samples, Lanczos above).
     callback : callable, optional
         ``callback(iteration, result_so_far_dict)`` after each iteration.
+    polish : int or "auto"
+        After the alternation, up to this many label flips are tried, each on the untried sample of smallest
+        margin (|f_i|; multi-class: the gap between its two best scores, flipped to the runner-up), the alternation
+        re-run warm from there and kept when J_mu goes down (``diagnostics["polish"]`` lists them). ``"auto"``: 8
+        up to 5000 samples, else 0 (each trial costs a whole alternation's passes).
 
     References
     ----------
@@ -396,6 +405,10 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     for name, val in (("max_iter", max_iter), ("inner_max_iter", inner_max_iter)):
         if not isinstance(val, int | np.integer) or isinstance(val, bool) or val < 1:
             raise ParameterError(f"The '{name}' parameter of m3fs_alternating must be an int >= 1; got {val!r}.")
+    if not (polish == "auto" or (isinstance(polish, int | np.integer) and not isinstance(polish, bool)
+                                 and polish >= 0)):
+        raise ParameterError(f"The 'polish' parameter of m3fs_alternating must be an int >= 0 or 'auto'; "
+                             f"got {polish!r}.")
     C = _check("C", C, strict=True)
     lam = _check("lambda_", lambda_)
     tol = _check("tol", tol)
@@ -421,55 +434,89 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     colsum = _colsum(M)
     lab = _init_labels(M, Lop, init, k, random_state, int(dense_below))
     timings["init"] = time.perf_counter() - t0
-    sigma = np.full(d, min(1.0, n_features / d))
     p = 1 if binary else k
-    V = np.zeros((d, p))
-    b = 0.0
-    Lip = 1.0
     hist, exact, iters, inner, it_s, it_passes = [], [], [], [], [], []
-    converged = False
-    F = np.zeros((n, p))
-    for it in range(int(max_iter)):
-        t1 = time.perf_counter()
-        p1 = M.passes
-        y = (2.0 * lab - 1.0) if binary else lab
-        n_inner = 0
-        Jprev = np.inf
-        for _ in range(int(alternations)):  # the CCCP step (9)/(17): (v, b) and sigma alternate, labels fixed
-            vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
-                        colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip)
-            V, b, F, Lip = vs["V"], vs["b"], vs["F"], vs["lipschitz"]
-            n_inner += vs["iterations"]
-            sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)
-            J = objective(F, V, sigma, Lop, C=C, lambda_=lam, smoothing=mu)
-            done = Jprev - J <= tol * max(abs(J), 1e-300)
-            Jprev = J
-            if done:
+
+    def alternate(lab, sigma, V, b, Lip, it0):
+        """The alternation from labels ``lab`` and a warm (sigma, V, b); appends to the histories given
+        ``it0`` >= 0, else keeps its own. Returns (lab, sigma, V, b, F, Lip, J, Je, converged, its history)."""
+        own = ([], [], [], [], [], [])
+        H = (hist, exact, iters, inner, it_s, it_passes) if it0 >= 0 else own
+        converged = False
+        F = np.zeros((n, p))
+        J = Je = np.inf
+        for it in range(int(max_iter)):
+            t1 = time.perf_counter()
+            p1 = M.passes
+            y = (2.0 * lab - 1.0) if binary else lab
+            n_inner = 0
+            Jprev = np.inf
+            for _ in range(int(alternations)):  # the CCCP step (9)/(17): (v, b) and sigma alternate, labels fixed
+                vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
+                            colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip)
+                V, b, F, Lip = vs["V"], vs["b"], vs["F"], vs["lipschitz"]
+                n_inner += vs["iterations"]
+                sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)
+                J = objective(F, V, sigma, Lop, C=C, lambda_=lam, smoothing=mu)
+                done = Jprev - J <= tol * max(abs(J), 1e-300)
+                Jprev = J
+                if done:
+                    break
+            Je = objective(F, V, sigma, Lop, C=C, lambda_=lam, smoothing=0.0)
+            new = (F[:, 0] >= 0).astype(np.int64) if binary else np.argmax(F, axis=1).astype(np.int64)
+            changed = int((new != lab).sum())
+            lab = new
+            H[0].append(J)
+            H[1].append(Je)
+            H[3].append(n_inner)
+            H[4].append(time.perf_counter() - t1)
+            H[5].append(M.passes - p1)
+            H[2].append({"iteration": max(it0, 0) + it, "objective": J, "objective_exact": Je,
+                         "labels_changed": changed, "inner_iterations": n_inner, "seconds": H[4][-1],
+                         "passes": H[5][-1]})
+            log.info("m3fs_alternating: iteration %d, J_mu = %.6g (J = %.6g), %d labels changed, %d inner "
+                     "iterations", max(it0, 0) + it, J, Je, changed, n_inner)
+            if callback is not None:
+                callback(max(it0, 0) + it, H[2][-1])
+            if changed == 0 and (it == 0 or H[0][-2] - J <= tol * max(abs(J), 1e-300)):
+                converged = True
                 break
-        vs["iterations"] = n_inner
-        Je = objective(F, V, sigma, Lop, C=C, lambda_=lam, smoothing=0.0)
-        new = (F[:, 0] >= 0).astype(np.int64) if binary else np.argmax(F, axis=1).astype(np.int64)
-        changed = int((new != lab).sum())
-        lab = new
-        hist.append(J)
-        exact.append(Je)
-        inner.append(vs["iterations"])
-        it_s.append(time.perf_counter() - t1)
-        it_passes.append(M.passes - p1)
-        iters.append({"iteration": it, "objective": J, "objective_exact": Je, "labels_changed": changed,
-                      "inner_iterations": vs["iterations"], "seconds": it_s[-1], "passes": it_passes[-1]})
-        log.info("m3fs_alternating: iteration %d, J_mu = %.6g (J = %.6g), %d labels changed, %d inner iterations",
-                 it, J, Je, changed, vs["iterations"])
-        if callback is not None:
-            callback(it, iters[-1])
-        if changed == 0 and (it == 0 or hist[-2] - J <= tol * max(abs(J), 1e-300)):
-            converged = True
+        return lab, sigma, V, b, F, Lip, J, Je, converged, H
+
+    lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
+                                                               np.zeros((d, p)), 0.0, 1.0, 0)
+    # label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin may
+    # belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep the
+    # result when J_mu goes down (so J_mu stays monotone over the whole run).
+    n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
+    polished: list[dict] = []
+    tried: set[int] = set()
+    for _ in range(n_polish):
+        if binary:
+            margin = np.abs(F[:, 0])
+        else:
+            top2 = np.sort(F, axis=1)[:, -2:]
+            margin = top2[:, 1] - top2[:, 0]
+        j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
+        if j is None:
             break
+        tried.add(j)
+        lab2 = lab.copy()
+        lab2[j] = 1 - lab2[j] if binary else int(np.argsort(F[j])[-2])
+        trial = alternate(lab2, sigma, V, b, Lip, -1)
+        ok = trial[6] < J - 1e-12 * max(abs(J), 1.0)
+        polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial[6]),
+                         "objective_exact": float(trial[7]), "accepted": bool(ok)})
+        if ok:
+            lab, sigma, V, b, F, Lip, J, Je, converged, _ = trial
+            hist.append(J)
+            exact.append(Je)
+            log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
     sel = np.lexsort((np.arange(d), -sigma))[:n_features]
-    diag = {"iterations": len(hist), "converged": converged, "passes": M.passes - passes0,
+    diag = {"iterations": len(iters), "converged": converged, "passes": M.passes - passes0,
             "passes_per_iteration": it_passes, "iteration_seconds": it_s, "inner_iterations": inner,
             "history": iters, "timings": timings, "lipschitz": Lip, "smoothing": mu, "l": ll,
             "graph": "given L" if Wg is None else "anchor" if isinstance(Wg, AnchorGraph) else "knn",
-            "n_clusters": k}
+            "n_clusters": k, "polish": polished}
     return M3FSAlternatingResult(sigma=sigma, labels=lab, selected=sel, v=V[:, 0] if binary else V, b=float(b), f=F,
                                  objective=np.array(hist), objective_exact=np.array(exact), diagnostics=diag)

@@ -210,9 +210,10 @@ def jcfs_embedding_dense(X, S, W, n_clusters, lambda_, gamma):
     return vecs[:, :n_clusters], vals[:n_clusters]
 
 
-def jcfs_paper(X, W, n_features, n_clusters, lambda_, gamma=1e-4, max_iter=10) -> JCFSResult:
+def jcfs_paper(X, W, n_features, n_clusters, lambda_, gamma=1e-4, max_iter=10, m0=None) -> JCFSResult:
     """Algorithm 1: a Y-step from the empty selection (``M = I / gamma``), then the greedy feature step, alternated
-    until the selected set is the one of the previous pass, or ``max_iter`` passes.
+    until the selected set is the one of the previous pass, or ``max_iter`` passes. The greedy step starts from
+    ``M_0 = I / gamma``, or ``M_0 = m0 I`` when given (Algorithm 1 as printed: ``m0 = 1/2``).
 
     ``iterations`` counts (Y-step, greedy pass) pairs: a selection that repeats at once gives 2.
 
@@ -228,7 +229,7 @@ def jcfs_paper(X, W, n_features, n_clusters, lambda_, gamma=1e-4, max_iter=10) -
     prev = None
     for _ in range(max_iter):
         Y, vals = jcfs_embedding_dense(X, S, W, n_clusters, lambda_, gamma)
-        res = jcfs_greedy_paper(X, Y, n_features, gamma)
+        res = jcfs_greedy_paper(X, Y, n_features, gamma if m0 is None else 1.0 / m0)
         selections.append(res.order)
         S = res.order
         if prev is not None and set(prev.tolist()) == set(S.tolist()):

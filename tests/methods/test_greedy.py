@@ -227,6 +227,17 @@ def test_jcfs_matches_algorithm_1(name, m, c, lam):
     assert sel.diagnostics["iterations"] == ref.iterations
 
 
+def test_jcfs_as_printed_with_m0_one_half():
+    """select_gamma=2 runs Algorithm 1 with its printed M_0 = I/2 (the spectral step keeps gamma)."""
+    X = _data("coil20")
+    W = knn_affinity(_dense(X), 5)
+    ref = jcfs_paper(_dense(X), W, 15, 20, 1e-3, 1e-4, max_iter=10, m0=0.5)
+    sel = _fit_jcfs(X, sp.csr_array(W), 15, 20, 1e-3, select_gamma=2.0)
+    np.testing.assert_array_equal(np.asarray(sel.indices), ref.order)
+    assert sel.diagnostics["iterations"] == ref.iterations
+    assert not np.array_equal(np.sort(sel.indices), np.sort(jcfs_paper(_dense(X), W, 15, 20, 1e-3).order))
+
+
 def test_jcfs_builds_the_graph_and_stops_at_max_iter():
     X = _data("dense")
     W = knn_affinity(X, 5)

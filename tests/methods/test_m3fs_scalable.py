@@ -127,7 +127,7 @@ def test_objective_never_increases(k):
     X = _data(60, 15, seed=4)
     M = Matrix(X, standardize="zscore", block_width=8)
     r = ms.m3fs_alternating(M, n_features=4, n_clusters=k, C=10.0, lambda_=0.01, n_neighbors=6, max_iter=4,
-                            alternations=3, inner_max_iter=200, init="random")
+                            alternations=3, inner_max_iter=200, init="random", polish=2)
     obj = r.objective
     assert obj.size >= 2
     assert np.all(np.diff(obj) <= 1e-9 * np.abs(obj[:-1]))
@@ -146,31 +146,35 @@ def test_bad_parameters():
         ms.m3fs_alternating(M, n_features=2, C=0.0)
     with pytest.raises(ParameterError, match="'init' parameter"):
         ms.m3fs_alternating(M, n_features=2, init="pca")
+    with pytest.raises(ParameterError, match="'polish' parameter"):
+        ms.m3fs_alternating(M, n_features=2, polish=-1)
 
 
 # ---------------------------------------------------------------------------------------------------- (d) faithful
-def test_agrees_with_faithful_iris_noise():
-    X = _iris_noise()
+def _agree(X, m):
+    """The faithful solver at a tight epsilon (its default 1e-2 stops at a point whose exact J is ~1% high, which
+    moves the flat tail of sigma) against the alternating variant with its default label polishing."""
     L = m3fs_laplacian(X)
-    f = m3fs_faithful(X, n_features=4, n_clusters=2, C=10.0, lambda_=0.01, L=L)
-    r = ms.m3fs_alternating(Matrix(X, standardize="zscore"), n_features=4, n_clusters=2, C=10.0, lambda_=0.01,
+    f = m3fs_faithful(X, n_features=m, n_clusters=2, C=10.0, lambda_=0.01, L=L, epsilon=1e-4)
+    r = ms.m3fs_alternating(Matrix(X, standardize="zscore"), n_features=m, n_clusters=2, C=10.0, lambda_=0.01,
                             L=L)
     assert sorted(r.selected.tolist()) == sorted(f.selected.tolist())
+    assert r.objective_exact[-1] == pytest.approx(f.objective, rel=2e-3)
+    assert np.all(np.diff(r.objective) <= 1e-12 * abs(r.objective[0]))  # polishing keeps J_mu monotone
+    return r, f
+
+
+def test_agrees_with_faithful_iris_noise():
+    r, f = _agree(_iris_noise(), 4)
+    assert sorted(f.selected.tolist()) == [1, 2, 3, 10] or set(f.selected.tolist()) >= {1, 2, 3}
     assert np.array_equal(r.labels, f.labels) or np.array_equal(r.labels, 1 - f.labels)
-    assert r.objective_exact[-1] == pytest.approx(f.objective, rel=0.05)
 
 
 def test_digits1v7_against_faithful():
-    X = _digits1v7()
-    L = m3fs_laplacian(X)
-    f = m3fs_faithful(X, n_features=10, n_clusters=2, C=10.0, lambda_=0.01, L=L)
-    r = ms.m3fs_alternating(Matrix(X, standardize="zscore"), n_features=10, n_clusters=2, C=10.0, lambda_=0.01,
-                            L=L)
-    common = set(r.selected.tolist()) & set(f.selected.tolist())
-    # measured: 7 of 10 in common; the two reach different CCCP fixed points (J 4.21 against 4.16)
-    assert len(common) >= 7, (sorted(r.selected.tolist()), sorted(f.selected.tolist()))
-    assert r.objective_exact[-1] == pytest.approx(f.objective, rel=0.05)
-    assert max(np.mean(r.labels == f.labels), np.mean(r.labels != f.labels)) >= 0.95
+    r, f = _agree(_digits1v7(), 10)
+    # without polishing the alternation stops one label away (sample 311, margin 0.04) with 7 of 10 in common
+    assert any(p["accepted"] for p in r.diagnostics["polish"])
+    assert max(np.mean(r.labels == f.labels), np.mean(r.labels != f.labels)) >= 0.99
 
 
 # ---------------------------------------------------------------------------------------------------- (e) cluster
@@ -181,7 +185,7 @@ def test_cluster_matches_in_process(cluster_client, store_path):
     path = store_path()
     write_store(X, path, y=np.zeros(80), feature_block=7)
     kw = dict(n_features=5, n_clusters=2, C=10.0, lambda_=0.01, n_neighbors=6, max_iter=3, alternations=2,
-              inner_max_iter=60)
+              inner_max_iter=60, polish=1)
     local = ms.m3fs_alternating(Matrix(path, standardize="zscore"), **kw)
     with cluster_client.as_current():
         M = Matrix(path, standardize="zscore").persist()
