@@ -107,6 +107,17 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
+def _plain_pass_seconds(M: Any, v: Any, repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` plain ``M.rmatvec(v)`` passes after one warm-up (the method benches' reference)."""
+    M.rmatvec(v)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        M.rmatvec(v)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 @contextlib.contextmanager
 def _local_cluster(n_workers: int) -> Iterator[Any]:
     from distributed import Client, LocalCluster

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import psutil
 
-from dufs.bench import WorkerPeak, _bench_store, _describe, _local_cluster, _median, _worker_blocks_bytes
+from dufs.bench import (
+    WorkerPeak,
+    _bench_store,
+    _describe,
+    _local_cluster,
+    _median,
+    _plain_pass_seconds,
+    _worker_blocks_bytes,
+)
 
 
 def _rss() -> int:
@@ -44,12 +52,7 @@ def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int
                 t0 = time.perf_counter()
                 Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
                 res["graph_s"] = time.perf_counter() - t0
-            M.rmatvec(v)  # warm-up
-            passes = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                M.rmatvec(v)
-                passes.append(time.perf_counter() - t0)
+            passes = _plain_pass_seconds(M, v, repeats)
             bb = max(client.run(_worker_blocks_bytes).values())
             idle = max(client.run(_rss).values()) - bb
             out: dict[str, Any] = {"pass_s": _median(passes), "blocks_bytes": bb, "idle": idle}

@@ -9,7 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from dufs.bench import WorkerPeak, _bench_store, _describe, _local_cluster, _median, _worker_blocks_bytes
+from dufs.bench import (
+    WorkerPeak,
+    _bench_store,
+    _describe,
+    _local_cluster,
+    _median,
+    _plain_pass_seconds,
+    _worker_blocks_bytes,
+)
 
 
 def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
@@ -40,12 +48,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                 t0 = time.perf_counter()
                 Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
                 res["graph_s"] = time.perf_counter() - t0
-            M.rmatvec(v)  # warm-up
-            passes = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                M.rmatvec(v)
-                passes.append(time.perf_counter() - t0)
+            passes = _plain_pass_seconds(M, v, repeats)
             bb = max(client.run(_worker_blocks_bytes).values())
             with WorkerPeak(client) as wp:
                 t0 = time.perf_counter()

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import psutil
 
-from dufs.bench import WorkerPeak, _bench_store, _describe, _local_cluster, _median, _worker_blocks_bytes
+from dufs.bench import (
+    WorkerPeak,
+    _bench_store,
+    _describe,
+    _local_cluster,
+    _median,
+    _plain_pass_seconds,
+    _worker_blocks_bytes,
+)
 
 
 def _rss() -> int:
@@ -39,12 +47,7 @@ def ufcm_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
             M = as_matrix(st.path, persist=True)
             M.column_stats()
-            M.rmatvec(v)  # warm-up
-            passes = []
-            for _ in range(max(3, repeats)):
-                t0 = time.perf_counter()
-                M.rmatvec(v)
-                passes.append(time.perf_counter() - t0)
+            passes = _plain_pass_seconds(M, v, max(3, repeats))
             bb = max(client.run(_worker_blocks_bytes).values())
             idle = max(client.run(_rss).values()) - bb
             with WorkerPeak(client) as wp:
