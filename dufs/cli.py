@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dufs.errors import DufsError
+from dufs.errors import DufsError, ParameterError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="dufs: distributed, out-of-core feature selection for huge sparse data.")
@@ -459,6 +459,9 @@ def bench(
     nnz_per_row: int = typer.Option(30, "--nnz-per-row", help="pass, mmfs: nonzeros a row."),
     store: Path | None = typer.Option(None, "--store", help="pass, mmfs: the store path (reused when it holds the same "
                                       "synthetic spec, else built there)."),
+    ks: str = typer.Option("50,200", "--ks", help="greedy: the numbers of features selected, comma-separated (the "
+                           "first is timed on every cluster size, the peak memory is compared between the first "
+                           "and the last)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench
@@ -474,8 +477,14 @@ def bench(
     elif what == "greedy":
         from dufs.bench.greedy import greedy
 
+        try:
+            kk = tuple(int(k) for k in ks.split(","))
+            if not kk or min(kk) < 2:
+                raise ValueError
+        except ValueError:
+            _fail(ParameterError(f"--ks must be comma-separated integers >= 2, like 50,200; got {ks!r}"))
         greedy(rows=rows, features=features, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
-               repeats=repeats or 5)
+               repeats=repeats or 5, ks=kk)
     elif what in ("m3fs", "ufcm"):
         # kddb-like, at least 200k x 1M by default for these two
         size = {"rows": rows if rows != 2_000_000 else 200_000,

@@ -36,8 +36,25 @@ def store_path(tmp_path):
             fs.rm(f"/{root}", recursive=True)
 
 
+@pytest.fixture
+def cluster_client(_session_cluster):
+    """A ``distributed.Client`` on a ``LocalCluster`` of 2 worker processes (1 thread each).
+
+    Session-scoped underneath (``_session_cluster``); each test gets it with both workers connected: one that
+    died or was dropped by the scheduler is restarted by its nanny, and the test waits for it (with a warning
+    naming the test, so a CI log shows where it happened) instead of failing on a one-worker or empty cluster.
+    """
+    n = len(_session_cluster.scheduler_info(n_workers=-1)["workers"])
+    if n < 2:
+        import warnings
+
+        warnings.warn(f"the test cluster had {n} of 2 workers before this test; waiting for them", stacklevel=1)
+        _session_cluster.wait_for_workers(2, timeout=120)
+    return _session_cluster
+
+
 @pytest.fixture(scope="session")
-def cluster_client():
+def _session_cluster():
     """A ``distributed.Client`` on a ``LocalCluster`` of 2 worker processes (1 thread each).
 
     Session-scoped and *not* the default client (tests that do not ask for it keep dask's local

@@ -31,7 +31,9 @@ def _fisher_ref(Xd, y):
     return np.argsort(-s, kind="stable")
 
 
-def test_every_input_kind_gives_the_same_selection(text, tmp_path):
+def test_every_input_kind_gives_the_same_selection(text, tmp_path, cluster_client):
+    """In-memory kinds run in this process; Dask arrays and stores on the test cluster, and the store path on the
+    LocalCluster that ``fit`` starts itself when no client is given or active."""
     X, y = text
     want = _fisher_ref(X.toarray(), y)[:25]
     store = dufs.write_store(X, tmp_path / "s.zarr", y)
@@ -44,7 +46,10 @@ def test_every_input_kind_gives_the_same_selection(text, tmp_path):
     with dask.config.set({"dufs.store.feature-block-nnz": 3000}):
         for name, Xi in inputs.items():
             yi = None if name in ("store", "path") else y
-            sel = dufs.fit(Xi, yi, method="fisher", n_features=25)
+            client = cluster_client if name in ("dask-dense", "dask-sparse", "store") else None
+            sel = dufs.fit(Xi, yi, method="fisher", n_features=25, client=client)
+            if name == "path":
+                assert sel.diagnostics["n_workers"] >= 1  # the embedded cluster
             assert sel.indices.tolist() == want.tolist(), name
             assert sel.n_features_in == 800 and sel.support_mask.sum() == 25
 

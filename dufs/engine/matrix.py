@@ -20,6 +20,8 @@ or a fixed pairwise tree for sums), so results do not depend on the number of wo
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import math
 import os
 import uuid
@@ -421,6 +423,8 @@ def _tree_sum(parts: list) -> Any:
     """Sum delayed values pairwise in a fixed tree (the order depends only on the number of parts)."""
     import dask
 
+    if _INLINE.get():
+        return _tree_sum_values(parts)
     add = dask.delayed(_add, pure=True)
     while len(parts) > 1:
         nxt = [add(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
@@ -430,10 +434,31 @@ def _tree_sum(parts: list) -> Any:
     return parts[0]
 
 
-def _delayed(fn):
+# Set while a small matrix in this process runs a pass (see ``Matrix._inline``): the "tasks" are then the block
+# results themselves, computed as the pass is built, with no Dask graph.
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
+
+
+def _delayed(fn, pure: bool = False):
+    if _INLINE.get():
+        return fn
     import dask
 
-    return dask.delayed(fn, pure=False)
+    return dask.delayed(fn, pure=pure)
+
+
+def _inline_when_small(method):
+    """Run ``method``'s passes inline (in this process, block after block, no graph) when ``self._inline()``."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        token = _INLINE.set(self._inline())
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _INLINE.reset(token)
+
+    return wrapper
 
 
 def _share(x: Any) -> Any:
@@ -442,6 +467,8 @@ def _share(x: Any) -> Any:
     scheduler after the pass, see ``_shipped``), else a graph key."""
     import dask
 
+    if _INLINE.get():
+        return x
     if isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x):
         client = _client()
         if client is not None:
@@ -475,6 +502,8 @@ def _is_scipy(x: Any) -> bool:
 def _compute(tasks: list) -> list:
     import dask
 
+    if _INLINE.get():
+        return list(tasks)
     return list(dask.compute(*tasks)) if tasks else []
 
 
@@ -607,7 +636,14 @@ class Matrix:
         frac = float(config.get("engine.persist-fraction") if fraction is None else fraction)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"].items())
         if not workers:
-            raise ParameterError("the Dask cluster has no workers")
+            # a cluster that is starting, scaling up or restarting a worker: wait for one rather than fail
+            wait = config.get("engine.wait-for-workers")
+            try:
+                client.wait_for_workers(1, timeout=wait)
+            except TimeoutError:
+                raise ParameterError(f"the Dask cluster at {client.scheduler.address} has no workers (waited "
+                                     f"{wait}, dufs.engine.wait-for-workers)") from None
+            workers = sorted(client.scheduler_info(n_workers=-1)["workers"].items())
         memory = sum(int(w.get("memory_limit") or 0) for _, w in workers)
         need = self.residency.get("bytes")
         mode = self.residency["mode"]
@@ -674,6 +710,7 @@ class Matrix:
                             shape=(n, d))
 
     # ------------------------------------------------------------------ statistics
+    @_inline_when_small
     def column_stats(self, y: Any = None) -> ColumnStats:
         """Per-feature statistics of X (untransformed) in one pass; per-class sums too when ``y`` is given."""
         n, d = self.shape
@@ -707,7 +744,15 @@ class Matrix:
 
     def _pass(self, tasks: list, name: str = "pass") -> list:
         self._passes[0] += 1
-        return run_pass(name, tasks)
+        return run_pass(name, tasks, inline=_INLINE.get())
+
+    def _inline(self) -> bool:
+        """Whether a pass runs inline: no distributed client, the blocks in this process or in a local store, and
+        at most ``dufs.engine.inline-nnz`` nonzeros (a pass over them takes about what Dask spends building and
+        running its graph, a few milliseconds)."""
+        if self.residency.get("mode") not in ("driver", "store") or any(b.nnz < 0 for b in self.blocks):
+            return False
+        return sum(b.nnz for b in self.blocks) <= int(config.get("engine.inline-nnz")) and _client() is None
 
     def _transform(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(mu, 1/std)`` of the standardization (None where the transform leaves that part out)."""
@@ -763,6 +808,7 @@ class Matrix:
         return base * inv * inv if inv is not None else base
 
     # ------------------------------------------------------------------ products
+    @_inline_when_small
     def rmatvec(self, V: Any, *, gather: bool = True) -> Any:
         """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p).
 
@@ -798,6 +844,7 @@ class Matrix:
         wait(futures)
         return BlockState(futures, client)
 
+    @_inline_when_small
     def matvec(self, U: Any) -> np.ndarray:
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
 
@@ -818,6 +865,7 @@ class Matrix:
             out = out - (mu @ W)[None, :]
         return out[:, 0] if one else out
 
+    @_inline_when_small
     def columns(self, ids: Any) -> Any:
         """Columns ``ids`` of X (untransformed) as a SciPy ``csc_array`` (n_samples x len(ids)), in the order given.
 
@@ -889,6 +937,7 @@ class Matrix:
         return G[:, 0] if one else G
 
     # ------------------------------------------------------------------ per-block kernels
+    @_inline_when_small
     def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
                    groups: list | None = None, **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
@@ -944,10 +993,9 @@ class Matrix:
                                  f"{'blocks' if units is None else 'groups'}")
         from operator import getitem
 
-        import dask
 
         f = _delayed(_map_state)
-        g = dask.delayed(getitem, pure=True)
+        g = _delayed(getitem, pure=True)
         pairs = [f(fn, s, items[u], *task_args(u)) for u, s in enumerate(srcs)]
         new = [g(p, 0) for p in pairs]
         res = [g(p, 1) for p in pairs]
@@ -1020,6 +1068,7 @@ class Matrix:
             return sorted(out)
         return _runs(list(range(self.n_blocks)), nnz, n)
 
+    @_inline_when_small
     def topk(self, fn: Any, k: int, *args: Any, largest: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best features by ``fn(block, *args, **kwargs)`` (a score per feature of the block): each block
         proposes its own best, the driver merges. Returns ``(indices, scores)`` best first; NaN counts as worst,

@@ -26,14 +26,20 @@ def on_pass(callback: Callable[[str, int, int], None] | None) -> Iterator[None]:
         _CALLBACK.reset(token)
 
 
-def run_pass(name: str, tasks: list) -> list:
+def run_pass(name: str, tasks: list, *, inline: bool = False) -> list:
     """Compute ``tasks`` (Dask delayed objects), reporting progress task by task when a callback is installed and
-    a distributed client is current."""
+    a distributed client is current. ``inline``: the tasks are already their results (a pass run in this process
+    without a graph); only the progress is reported."""
     import dask
 
     if not tasks:
         return []
     cb = _CALLBACK.get()
+    if inline:
+        if cb is not None:
+            cb(name, 0, len(tasks))
+            cb(name, len(tasks), len(tasks))
+        return list(tasks)
     if cb is None:
         return list(dask.compute(*tasks))
     client = _current_client()

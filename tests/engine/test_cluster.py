@@ -51,3 +51,22 @@ def test_bad_client_is_refused():
 
 def test_local_cluster_fixture_is_a_real_cluster(cluster_client):
     assert isinstance(cluster_client, Client) and isinstance(cluster_client.cluster, LocalCluster)
+
+
+def test_persist_waits_for_a_worker_and_names_an_empty_cluster():
+    """A cluster still starting (no workers yet) is waited for; one that stays empty is a clear error."""
+    import dask
+    import numpy as np
+
+    from dufs.engine.matrix import Matrix
+
+    X = np.arange(12.0).reshape(4, 3)
+    with (LocalCluster(n_workers=0, processes=True, dashboard_address=":0", silence_logs=50) as cluster,
+          Client(cluster, set_as_default=False) as client, client.as_current()):
+        with dask.config.set({"dufs.engine.wait-for-workers": "0.5s"}), \
+                pytest.raises(ParameterError, match=f"{cluster.scheduler_address} has no workers"):
+            Matrix(X).persist()
+        cluster.scale(1)  # starts in the background; persist waits for it
+        M = Matrix(X, block_width=2).persist()
+        assert M.residency["mode"] == "persisted" and M.residency["n_workers"] == 1
+        np.testing.assert_allclose(M.matvec(np.ones(3)), X.sum(1))

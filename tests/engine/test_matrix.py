@@ -139,6 +139,53 @@ def _group_colsums(blocks, scale, tag):
     return [(b.start, b.to_scipy(30).sum(axis=0) * s, tag) for b, s in zip(blocks, scale, strict=True)]
 
 
+def _block_sq(b, w):
+    return (b.to_scipy(30).T @ w) ** 2
+
+
+def _block_state(b, state, w):
+    state = (state or 0) + b.width
+    return state, float((b.to_scipy(30).T @ w).sum()) * state
+
+
+@pytest.mark.parametrize("source", ["scipy", "store"])
+def test_inline_passes_equal_the_dask_graph_bit_for_bit(source, tmp_path):
+    """Small matrices without a distributed client run their passes inline (no graph); every product must equal,
+    to the bit, what the threaded Dask graph computes when ``engine.inline-nnz`` sends them there."""
+    import dask
+    from dask.callbacks import Callback
+
+    X = sp.random(30, 50, density=0.3, random_state=2, format="csc")
+    src = X if source == "scipy" else write_store(X, tmp_path / "s.zarr", np.zeros(30), feature_block=7)
+    rng = np.random.default_rng(0)
+    V, U, w = rng.standard_normal((30, 3)), rng.standard_normal((50, 2)), rng.standard_normal(30)
+
+    def run():
+        M = Matrix(src, standardize="zscore", block_width=7)
+        st = M.column_stats(rng.integers(0, 2, 30) * 1.0)
+        total, state = M.map_blocks(_block_state, w, state=[None] * M.n_blocks, reduce="sum")
+        return [st.sum, st.m2, st.class_sum, M.rmatvec(V), M.matvec(U), M.columns([3, 41, 7]).toarray(),
+                np.concatenate(M.map_blocks(_block_sq, w)), M.map_blocks(_block_sq, w, reduce="sum"),
+                M.topk(_block_sq, 5, w)[0], np.array(state.gather()), total]
+
+    graphs = []
+
+    class Count(Callback):
+        def _start(self, dsk):
+            graphs.append(len(dsk))
+
+    with Count(), dask.config.set(scheduler="threads"):
+        rng = np.random.default_rng(1)
+        inline = run()
+        assert graphs == [], "a small matrix built a Dask graph"
+        with dask.config.set({"dufs.engine.inline-nnz": 0}):
+            rng = np.random.default_rng(1)
+            graph = run()
+        assert len(graphs) >= 8
+    for a, b in zip(inline, graph, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def _group_state(blocks, state, w):
     state = (state or 0) + 1
     return state, sum(float(b.to_scipy(30).T @ w @ np.ones(b.width)) for b in blocks) + 0 * state

@@ -184,13 +184,14 @@ def test_cluster_matches_in_process(cluster_client, store_path):
     X = _data(80, 30, seed=5, sparse=True)
     path = store_path()
     write_store(X, path, y=np.zeros(80), feature_block=7)
-    kw = dict(n_features=5, n_clusters=2, C=10.0, lambda_=0.01, n_neighbors=6, max_iter=3, alternations=2,
-              inner_max_iter=60, polish=1)
+    kw = dict(n_features=5, n_clusters=2, C=10.0, lambda_=0.01, n_neighbors=6, max_iter=2, alternations=2,
+              inner_max_iter=20, polish=1)
     local = ms.m3fs_alternating(Matrix(path, standardize="zscore"), **kw)
     with cluster_client.as_current():
         M = Matrix(path, standardize="zscore").persist()
         dist = ms.m3fs_alternating(M, **kw)
         assert M.residency["mode"] == "persisted"  # the blocks (and so every pass) are on the workers
+    assert dist.diagnostics["passes"] >= 20 and len(dist.diagnostics["polish"]) == 1
     np.testing.assert_array_equal(dist.selected, local.selected)
     np.testing.assert_array_equal(dist.labels, local.labels)
     np.testing.assert_allclose(dist.sigma, local.sigma, rtol=1e-9, atol=1e-12)
