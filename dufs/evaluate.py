@@ -27,6 +27,7 @@ from dufs.errors import ParameterError
 
 __all__ = [
     "clustering_accuracy",
+    "majority_accuracy",
     "nmi",
     "kmeans_scores",
     "one_nn_accuracy",
@@ -151,11 +152,13 @@ def clustering_accuracy(y_true, y_pred) -> float:
     return float(counts[rows, cols].sum()) / t.shape[0]
 
 
-def nmi(y_true, y_pred) -> float:
-    """Normalised mutual information of two labelings, ``I(T; P) / ((H(T) + H(P)) / 2)``.
+def majority_accuracy(y_true, y_pred) -> float:
+    """Clustering accuracy by majority labelling (purity): each cluster is labelled with its most frequent class
+    and the fraction of points labelled correctly is returned.
 
-    The arithmetic-mean normalisation of :func:`sklearn.metrics.normalized_mutual_info_score`, the one used in the
-    clustering evaluations of papers 001, 003 and 004.
+    The protocol of M3FS (paper 000, section 4.1: "we label each of the resulting clusters with the majority class
+    according to the original labels"). Several clusters may take the same class, so it is never below
+    :func:`clustering_accuracy` (the one-to-one matching) and equals it when the majority classes are distinct.
 
     Parameters
     ----------
@@ -165,21 +168,59 @@ def nmi(y_true, y_pred) -> float:
     Returns
     -------
     float
-        NMI in [0, 1].
+        In [0, 1].
 
     Raises
     ------
     ParameterError
         When the label arrays are not 1-D, are empty or differ in length.
     """
+    t, p = _label_pair(y_true, y_pred, "majority_accuracy")
+    _, ti = np.unique(t, return_inverse=True)
+    _, pi = np.unique(p, return_inverse=True)
+    counts = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
+    np.add.at(counts, (pi.ravel(), ti.ravel()), 1)
+    return float(counts.max(axis=1).sum()) / t.shape[0]
+
+
+_NMI_AVERAGES = ("arithmetic", "geometric", "max", "min")
+
+
+def nmi(y_true, y_pred, average_method: str = "arithmetic") -> float:
+    """Normalised mutual information of two labelings, ``I(T; P) / mean(H(T), H(P))``.
+
+    :func:`sklearn.metrics.normalized_mutual_info_score`. The papers normalise differently: UFCM (003, eq. (18))
+    by the geometric mean of the two entropies, LapAOFS/LapDOFS (004) by their maximum, JCFS (001) does not say;
+    the default, the arithmetic mean, lies between the two. All coincide when the two entropies are equal.
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like, (n_samples,)
+        Class and cluster labels.
+    average_method : {"arithmetic", "geometric", "max", "min"}, default "arithmetic"
+        The mean of H(T) and H(P) that divides I(T; P).
+
+    Returns
+    -------
+    float
+        NMI in [0, 1].
+
+    Raises
+    ------
+    ParameterError
+        When the label arrays are not 1-D, are empty or differ in length, or on an unknown ``average_method``.
+    """
     from sklearn.metrics import normalized_mutual_info_score
 
+    if average_method not in _NMI_AVERAGES:
+        raise ParameterError(f"The 'average_method' parameter of nmi must be one of {list(_NMI_AVERAGES)}; "
+                             f"got {average_method!r}.")
     t, p = _label_pair(y_true, y_pred, "nmi")
-    return float(normalized_mutual_info_score(t, p, average_method="arithmetic"))
+    return float(normalized_mutual_info_score(t, p, average_method=average_method))
 
 
 def kmeans_scores(X_selected, y, n_clusters: int | None = None, n_runs: int = 10,
-                  random_state=0) -> dict[str, float]:
+                  random_state=0, nmi_average: str = "arithmetic") -> dict[str, float]:
     """k-means ACC and NMI on the selected features.
 
     The protocol of papers 001, 003 and 004: k-means with as many clusters as classes is run ``n_runs`` times from
@@ -198,6 +239,8 @@ def kmeans_scores(X_selected, y, n_clusters: int | None = None, n_runs: int = 10
         Number of k-means runs (each :class:`sklearn.cluster.KMeans` with ``n_init=1``).
     random_state : int, RandomState or None, default 0
         Seeds the runs' initialisations.
+    nmi_average : str, default "arithmetic"
+        The ``average_method`` of :func:`nmi` (UFCM's paper uses "geometric").
 
     Returns
     -------
@@ -219,6 +262,9 @@ def kmeans_scores(X_selected, y, n_clusters: int | None = None, n_runs: int = 10
         n_clusters = int(np.unique(y).size)
     n_clusters = _int(n_clusters, "n_clusters", func, 1, X.shape[0])
     n_runs = _int(n_runs, "n_runs", func, 1)
+    if nmi_average not in _NMI_AVERAGES:
+        raise ParameterError(f"The 'nmi_average' parameter of kmeans_scores must be one of {list(_NMI_AVERAGES)}; "
+                             f"got {nmi_average!r}.")
     seed = _seed(random_state, func)
     rng = seed if isinstance(seed, np.random.RandomState) else np.random.RandomState(seed)
     X = X.astype(np.float64)
@@ -229,7 +275,7 @@ def kmeans_scores(X_selected, y, n_clusters: int | None = None, n_runs: int = 10
         log.debug("kmeans run %d: inertia %.6g", run, km.inertia_)
         if km.inertia_ < best_inertia:
             best_inertia, best_labels = km.inertia_, km.labels_
-    return {"acc": clustering_accuracy(y, best_labels), "nmi": nmi(y, best_labels)}
+    return {"acc": clustering_accuracy(y, best_labels), "nmi": nmi(y, best_labels, nmi_average)}
 
 
 # --------------------------------------------------------------------------------------------------- 1-NN

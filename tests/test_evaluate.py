@@ -59,6 +59,58 @@ def test_nmi_matches_sklearn_arithmetic():
     assert ev.nmi(a, b) == pytest.approx(normalized_mutual_info_score(a, b, average_method="arithmetic"))
 
 
+def _entropy_terms(a, b):
+    """I(T; P), H(T), H(P) by naive loops over the contingency counts (natural logs)."""
+    n = len(a)
+    I = 0.0
+    for u in set(a):
+        for v in set(b):
+            t = sum(1 for x, y in zip(a, b, strict=True) if x == u and y == v)
+            if t:
+                I += t / n * np.log(n * t / (list(a).count(u) * list(b).count(v)))
+    H = [-sum(list(z).count(u) / n * np.log(list(z).count(u) / n) for u in set(z)) for z in (a, b)]
+    return I, H[0], H[1]
+
+
+def test_nmi_normalisations_follow_the_papers_formulas():
+    """UFCM's eq. (18) (geometric mean of the entropies), LapAOFS's max, the min and the default arithmetic mean,
+    each against the formula evaluated by loops."""
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 3, 60), rng.integers(0, 5, 60)
+    I, Ha, Hb = _entropy_terms(a.tolist(), b.tolist())
+    want = {"geometric": I / np.sqrt(Ha * Hb), "arithmetic": 2 * I / (Ha + Hb), "max": I / max(Ha, Hb),
+            "min": I / min(Ha, Hb)}
+    for method, w in want.items():
+        assert ev.nmi(a, b, method) == pytest.approx(w, rel=1e-12), method
+    assert ev.nmi(a, b, "geometric") > ev.nmi(a, b) > ev.nmi(a, b, "max")  # unequal entropies: they differ
+    with pytest.raises(ParameterError, match="'average_method' parameter of nmi"):
+        ev.nmi(a, b, "harmonic")
+    with pytest.raises(ParameterError, match="'nmi_average' parameter of kmeans_scores"):
+        ev.kmeans_scores(rng.standard_normal((10, 2)), a[:10], nmi_average="sqrt")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 30).flatmap(lambda n: st.tuples(
+    st.lists(st.integers(0, 3), min_size=n, max_size=n),
+    st.lists(st.sampled_from([-1, 4, 9]), min_size=n, max_size=n))))
+def test_majority_accuracy_labels_each_cluster_with_its_majority_class(pair):
+    y_true, y_pred = pair
+    correct = 0
+    for c in set(y_pred):
+        members = [t for t, p in zip(y_true, y_pred, strict=True) if p == c]
+        correct += max(members.count(k) for k in set(members))
+    got = ev.majority_accuracy(y_true, y_pred)
+    assert got == pytest.approx(correct / len(y_true))
+    assert got >= ev.clustering_accuracy(y_true, y_pred) - 1e-12
+
+
+def test_majority_accuracy_exceeds_matching_when_clusters_share_a_class():
+    y_true = [0, 0, 0, 0, 1, 1]
+    y_pred = [0, 0, 1, 1, 2, 2]  # two clusters of class 0: both labelled 0
+    assert ev.majority_accuracy(y_true, y_pred) == 1.0
+    assert ev.clustering_accuracy(y_true, y_pred) == pytest.approx(4 / 6)
+
+
 # ------------------------------------------------------------------------------------------ 1-NN
 
 
