@@ -68,6 +68,9 @@ __all__ = ["M3FSAlternatingResult", "m3fs_alternating", "objective", "v_step"]
 
 
 _POLISH, _POLISH_MAX_N = 8, 5000  # polish="auto": label flips tried, up to this many samples
+# a dense L (n x n) with n * n_features at most this: L Z is formed once (one pass), so that the manifold term's
+# L f = (L Z) S^1/2 u + b L 1 costs n * n_features * p instead of n^2 * p per evaluation
+_LZ_MAX = 1 << 22
 
 
 @dataclass
@@ -202,7 +205,7 @@ class _Balance:
 def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lambda_: float, l: float,
            smoothing: float, n_clusters: int = 2, V0: np.ndarray | None = None, b0: float = 0.0,
            colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
-           lipschitz: float = 1.0) -> dict:
+           lipschitz: float = 1.0, LZ: np.ndarray | None = None, L1: np.ndarray | None = None) -> dict:
     """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
     lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
     ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
@@ -210,7 +213,10 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     FISTA in u = S^-1/2 v with backtracking (the Lipschitz estimate may also fall by 10% a step), function-value
     restart and the balance projection; stops when the gradient mapping's norm is at most ``tol`` times its first
     value (or the step changes nothing), after ``max_iter`` iterations at most. Returns a dict with V (d, p), b,
-    F = Z v + b, the majoriser's value ``value``, ``iterations``, ``passes`` and the final ``lipschitz``."""
+    F = Z v + b, the majoriser's value ``value``, ``iterations``, ``passes`` and the final ``lipschitz``.
+
+    ``LZ`` = L Z (n, d) and ``L1`` = L 1, when given, replace the products L F of the manifold term by
+    L F = LZ S^1/2 U + b L1 (for a dense L of small n: see ``_LZ_MAX``)."""
     n, d = M.shape
     y = np.asarray(y)
     binary = int(n_clusters) == 2
@@ -233,13 +239,21 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         Fv = M.matvec(s_half[:, None] * U).reshape(n, p)
         return Fv + b if binary else Fv
 
-    def value(U: np.ndarray, F: np.ndarray) -> tuple[float, np.ndarray]:
+    LZs = None if LZ is None or lambda_ == 0 else LZ * s_half[None, :]
+
+    def value(U: np.ndarray, b: float, F: np.ndarray) -> tuple[float, np.ndarray]:
         lv, G1 = _loss(F, yy, smoothing, c)
-        mv, G2 = _manifold(L, F, lambda_)
+        if LZs is None:
+            mv, G2 = _manifold(L, F, lambda_)
+        else:
+            LF = LZs @ U
+            if binary and b != 0.0:
+                LF += b * L1[:, None]
+            mv, G2 = float(lambda_ * (F * LF).sum()), 2.0 * lambda_ * LF
         return 0.5 * float((U * U).sum()) + lv + mv, G1 + G2
 
     F = scores(U, b)
-    Fx, Gx = value(U, F)
+    Fx, Gx = value(U, b, F)
     x, xb, xF = U, b, F
     xp, xpb, xpF = U, b, F
     t = 1.0
@@ -254,14 +268,14 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         yU = x + beta * (x - xp)
         yb = xb + beta * (xb - xpb)
         yF = xF + beta * (xF - xpF)
-        Fy, R = value(yU, yF)
+        Fy, R = value(yU, yb, yF)
         gU = yU + s_half[:, None] * M.rmatvec(R).reshape(d, p)
         gb = float(R.sum()) if binary else 0.0
         Lip *= 0.9
         while True:
             nU, nb = bal.project(yU - gU / Lip, yb - gb / Lip)
             nF = scores(nU, nb)
-            Fn, _ = value(nU, nF)
+            Fn, _ = value(nU, nb, nF)
             dU, db = nU - yU, nb - yb
             quad = float((gU * dU).sum() + gb * db) + 0.5 * Lip * (float((dU * dU).sum()) + db * db)
             if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
@@ -432,6 +446,10 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     timings["graph"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     colsum = _colsum(M)
+    LZ = L1 = None
+    if isinstance(Lop, np.ndarray) and n * d <= _LZ_MAX and lam != 0:
+        LZ = np.ascontiguousarray(M.rmatvec(np.ascontiguousarray(Lop.T)).T)  # (Z^T L^T)^T = L Z, one pass
+        L1 = Lop @ np.ones(n)
     lab = _init_labels(M, Lop, init, k, random_state, int(dense_below))
     timings["init"] = time.perf_counter() - t0
     p = 1 if binary else k
@@ -453,7 +471,8 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
             Jprev = np.inf
             for _ in range(int(alternations)):  # the CCCP step (9)/(17): (v, b) and sigma alternate, labels fixed
                 vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
-                            colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip)
+                            colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip, LZ=LZ,
+                            L1=L1)
                 V, b, F, Lip = vs["V"], vs["b"], vs["F"], vs["lipschitz"]
                 n_inner += vs["iterations"]
                 sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)

@@ -101,8 +101,10 @@ def _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, k):
     return np.asarray(V.value), (float(b.value) if k == 2 else 0.0), prob.value
 
 
+@pytest.mark.parametrize("pre", [False, True], ids=["L-F", "LZ"])
 @pytest.mark.parametrize("k", [2, 3])
-def test_v_step_matches_cvxpy(k):
+def test_v_step_matches_cvxpy(k, pre):
+    """Both forms of the manifold term: L F each evaluation, and L F = (L Z) S^1/2 U + b L 1 from L Z formed once."""
     X = _data(40, 12, seed=2)
     M = Matrix(X, standardize="zscore")
     Z = (X - X.mean(0)) / X.std(0)
@@ -111,7 +113,9 @@ def test_v_step_matches_cvxpy(k):
     sigma = sigma_step(rng.standard_normal(12) * np.arange(12), 4.0)
     y = np.where(np.arange(40) < 20, 1.0, -1.0) if k == 2 else np.arange(40) % 3
     C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
-    out = ms.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, n_clusters=k, tol=1e-7, max_iter=4000)
+    kw = {"LZ": L @ Z, "L1": L @ np.ones(40)} if pre else {}
+    out = ms.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, n_clusters=k, tol=1e-7, max_iter=4000,
+                    **kw)
     Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, k)
     assert out["value"] == pytest.approx(val, rel=1e-5)
     np.testing.assert_allclose(out["V"], Vc, atol=2e-3)
