@@ -479,7 +479,7 @@ def bench(
 
         try:
             kk = tuple(int(k) for k in ks.split(","))
-            if not kk or min(kk) < 2:
+            if min(kk) < 2:
                 raise ValueError
         except ValueError:
             _fail(ParameterError(f"--ks must be comma-separated integers >= 2, like 50,200; got {ks!r}"))

@@ -114,6 +114,15 @@ def _label_pair(y_true, y_pred, owner: str) -> tuple[np.ndarray, np.ndarray]:
     return t, p
 
 
+def _contingency(t: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Counts of points per (cluster, class): rows the distinct values of ``p``, columns those of ``t``."""
+    _, ti = np.unique(t, return_inverse=True)
+    _, pi = np.unique(p, return_inverse=True)
+    counts = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
+    np.add.at(counts, (pi.ravel(), ti.ravel()), 1)
+    return counts
+
+
 def clustering_accuracy(y_true, y_pred) -> float:
     """Clustering accuracy (ACC): the fraction of points whose cluster maps to their class.
 
@@ -144,10 +153,7 @@ def clustering_accuracy(y_true, y_pred) -> float:
     from scipy.optimize import linear_sum_assignment
 
     t, p = _label_pair(y_true, y_pred, "clustering_accuracy")
-    _, ti = np.unique(t, return_inverse=True)
-    _, pi = np.unique(p, return_inverse=True)
-    counts = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
-    np.add.at(counts, (pi.ravel(), ti.ravel()), 1)
+    counts = _contingency(t, p)
     rows, cols = linear_sum_assignment(counts, maximize=True)
     return float(counts[rows, cols].sum()) / t.shape[0]
 
@@ -176,14 +182,16 @@ def majority_accuracy(y_true, y_pred) -> float:
         When the label arrays are not 1-D, are empty or differ in length.
     """
     t, p = _label_pair(y_true, y_pred, "majority_accuracy")
-    _, ti = np.unique(t, return_inverse=True)
-    _, pi = np.unique(p, return_inverse=True)
-    counts = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
-    np.add.at(counts, (pi.ravel(), ti.ravel()), 1)
-    return float(counts.max(axis=1).sum()) / t.shape[0]
+    return float(_contingency(t, p).max(axis=1).sum()) / t.shape[0]
 
 
 _NMI_AVERAGES = ("arithmetic", "geometric", "max", "min")
+
+
+def _check_nmi_average(value: str, name: str, func: str) -> None:
+    if value not in _NMI_AVERAGES:
+        raise ParameterError(f"The '{name}' parameter of {func} must be one of {list(_NMI_AVERAGES)}; "
+                             f"got {value!r}.")
 
 
 def nmi(y_true, y_pred, average_method: str = "arithmetic") -> float:
@@ -212,9 +220,7 @@ def nmi(y_true, y_pred, average_method: str = "arithmetic") -> float:
     """
     from sklearn.metrics import normalized_mutual_info_score
 
-    if average_method not in _NMI_AVERAGES:
-        raise ParameterError(f"The 'average_method' parameter of nmi must be one of {list(_NMI_AVERAGES)}; "
-                             f"got {average_method!r}.")
+    _check_nmi_average(average_method, "average_method", "nmi")
     t, p = _label_pair(y_true, y_pred, "nmi")
     return float(normalized_mutual_info_score(t, p, average_method=average_method))
 
@@ -262,9 +268,7 @@ def kmeans_scores(X_selected, y, n_clusters: int | None = None, n_runs: int = 10
         n_clusters = int(np.unique(y).size)
     n_clusters = _int(n_clusters, "n_clusters", func, 1, X.shape[0])
     n_runs = _int(n_runs, "n_runs", func, 1)
-    if nmi_average not in _NMI_AVERAGES:
-        raise ParameterError(f"The 'nmi_average' parameter of kmeans_scores must be one of {list(_NMI_AVERAGES)}; "
-                             f"got {nmi_average!r}.")
+    _check_nmi_average(nmi_average, "nmi_average", func)
     seed = _seed(random_state, func)
     rng = seed if isinstance(seed, np.random.RandomState) else np.random.RandomState(seed)
     X = X.astype(np.float64)

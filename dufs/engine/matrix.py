@@ -993,7 +993,6 @@ class Matrix:
                                  f"{'blocks' if units is None else 'groups'}")
         from operator import getitem
 
-
         f = _delayed(_map_state)
         g = _delayed(getitem, pure=True)
         pairs = [f(fn, s, items[u], *task_args(u)) for u, s in enumerate(srcs)]

@@ -148,10 +148,12 @@ def _loss(F: np.ndarray, y: np.ndarray | None, mu: float, c: float) -> tuple[flo
     return c * val, c * G
 
 
-def _manifold(L: Any, F: np.ndarray, lam: float) -> tuple[float, np.ndarray]:
+def _manifold(L: Any, F: np.ndarray, lam: float, LF: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """lambda sum_p F_p^T L F_p and its gradient in F; ``LF`` = L F when the caller has it."""
     if lam == 0:
         return 0.0, np.zeros_like(F)
-    LF = np.asarray(L @ F).reshape(F.shape)
+    if LF is None:
+        LF = np.asarray(L @ F).reshape(F.shape)
     return float(lam * (F * LF).sum()), 2.0 * lam * LF
 
 
@@ -243,13 +245,12 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
 
     def value(U: np.ndarray, b: float, F: np.ndarray) -> tuple[float, np.ndarray]:
         lv, G1 = _loss(F, yy, smoothing, c)
-        if LZs is None:
-            mv, G2 = _manifold(L, F, lambda_)
-        else:
+        LF = None
+        if LZs is not None:
             LF = LZs @ U
             if binary and b != 0.0:
                 LF += b * L1[:, None]
-            mv, G2 = float(lambda_ * (F * LF).sum()), 2.0 * lambda_ * LF
+        mv, G2 = _manifold(L, F, lambda_, LF)
         return 0.5 * float((U * U).sum()) + lv + mv, G1 + G2
 
     F = scores(U, b)
