@@ -175,6 +175,18 @@ _PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "ra
                           "random_state"}}
 
 
+def check_method(method: Any, params: dict | None = None) -> MethodSpec:
+    """The :class:`MethodSpec` of ``method``, after checking that it exists and takes every name in ``params``;
+    a :class:`ParameterError` otherwise. Cheap (no data read): the CLI calls it before starting a cluster."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise ParameterError(f"The 'method' parameter of fit must be one of {sorted(METHODS)}; got {method!r}.")
+    extra = set(params or ()) - _PARAMS.get(method, set())
+    if extra:
+        raise ParameterError(f"fit got parameters {sorted(extra)} that method {method!r} does not take "
+                             f"(it takes {sorted(_PARAMS.get(method, set())) or 'none'})")
+    return METHODS[method]
+
+
 def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
     """Feature indices best first; NaN scores last; ties broken by the lower index."""
     s = np.asarray(scores, dtype=np.float64)
@@ -218,13 +230,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
 
     if verbose:
         set_verbosity(verbose)
-    if method not in METHODS:
-        raise ParameterError(f"The 'method' parameter of fit must be one of {sorted(METHODS)}; got {method!r}.")
-    spec = METHODS[method]
-    extra = set(params) - _PARAMS.get(method, set())
-    if extra:
-        raise ParameterError(f"fit got parameters {sorted(extra)} that method {method!r} does not take "
-                             f"(it takes {sorted(_PARAMS.get(method, set())) or 'none'})")
+    spec = check_method(method, params)
     std = spec.standardize if standardize is ... else standardize
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
