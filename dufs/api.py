@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ import numpy as np
 from dufs._logging import get_logger, timer
 from dufs.engine.cluster import active_client, get_client
 from dufs.engine.matrix import as_matrix
-from dufs.errors import ParameterError
+from dufs.errors import DufsWarning, ParameterError
 from dufs.methods import filters
 from dufs.selection import Selection
 
@@ -95,40 +96,48 @@ def _lapofs(criterion: str) -> Callable[..., tuple[np.ndarray, np.ndarray, dict]
     return run
 
 
-def _jcfs(M: Any, y: Any, *, n_features: int, n_clusters: Any = None, **p: Any) -> tuple[np.ndarray, np.ndarray,
-                                                                                         dict]:
+N_CLUSTERS = 2  # the default number of clusters of jcfs, ufcm and m3fs, in fit as in the estimators
+
+
+def _jcfs(M: Any, y: Any, *, n_features: int, n_clusters: Any = N_CLUSTERS, **p: Any) -> tuple[np.ndarray,
+                                                                                                np.ndarray, dict]:
     from dufs.methods.greedy import jcfs
 
-    if n_clusters is None:
-        raise ParameterError("jcfs needs the number of clusters: give n_clusters=<int>")
     return _greedy_out(jcfs(M, n_features=n_features, n_clusters=n_clusters, **p), M.shape[1])
 
 
-def _ufcm(M: Any, y: Any, *, n_clusters: Any = None, n_components: Any = None, **p: Any) -> tuple[np.ndarray,
-                                                                                                  None, dict]:
+def _ufcm(M: Any, y: Any, *, n_clusters: Any = N_CLUSTERS, n_components: Any = None, **p: Any) -> tuple[
+        np.ndarray, None, dict]:
     from dufs.methods.ufcm import ufcm
 
-    if n_clusters is None:
-        raise ParameterError("ufcm needs the number of clusters: give n_clusters=<int>")
     if n_components is None:  # d' = the number of clusters, at most n_features - 1
         n_components = min(int(n_clusters), max(1, M.shape[1] - 1)) if isinstance(n_clusters, int | np.integer) \
             else n_clusters
     res = ufcm(M, n_clusters=n_clusters, n_components=n_components, **p)
     diag = dict(res.diagnostics)
-    diag.update(objective=np.asarray(res.objective).tolist())
+    diag.update(objective=np.asarray(res.objective).tolist(), labels=np.asarray(res.labels).tolist())
     return res.scores, None, diag
 
 
 _M3FS_FAITHFUL_MAX = (5000, 1000)  # solver="auto": the faithful (SOCP) path up to this many samples and features
 
 
-def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto", **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
+def _has_cvxpy() -> bool:
+    """Whether the faithful M3FS solver's conic solvers (``dufs[m3fs]``: cvxpy, Clarabel) are installed."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("cvxpy", "clarabel"))
+
+
+def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto", n_clusters: Any = N_CLUSTERS,
+          **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
     n, d = M.shape
     if solver not in ("auto", "faithful", "alternating"):
         raise ParameterError(f"The 'solver' parameter of m3fs must be 'auto', 'faithful' or 'alternating'; "
                              f"got {solver!r}.")
     if solver == "auto":
-        solver = "faithful" if n <= _M3FS_FAITHFUL_MAX[0] and d <= _M3FS_FAITHFUL_MAX[1] else "alternating"
+        small = n <= _M3FS_FAITHFUL_MAX[0] and d <= _M3FS_FAITHFUL_MAX[1]
+        solver = "faithful" if small and _has_cvxpy() else "alternating"
     if solver == "faithful":
         from dufs.methods.m3fs import m3fs_faithful as run
     else:
@@ -141,7 +150,8 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto", **p: Any) ->
         raise ParameterError(f"The parameter(s) {', '.join(map(repr, wrong))} do not apply to the {solver} M3FS "
                              f"solver (solver={solver!r}; 'auto' picks faithful up to {_M3FS_FAITHFUL_MAX[0]} "
                              f"samples x {_M3FS_FAITHFUL_MAX[1]} features).")
-    res = run(M.dense_columns(np.arange(d)) if solver == "faithful" else M, n_features=n_features, **p)
+    res = run(M.dense_columns(np.arange(d)) if solver == "faithful" else M, n_features=n_features,
+              n_clusters=n_clusters, **p)
     diag = dict(res.diagnostics)
     diag.update(solver=solver, labels=np.asarray(res.labels).tolist())
     sigma = np.asarray(res.sigma, dtype=np.float64)
@@ -195,6 +205,55 @@ def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+def check_n_features(n_features: Any, n_total: int, method: str) -> int:
+    """``n_features`` as an int in [1, n_total]: ``"all"`` is every feature; more than ``n_total`` warns and keeps
+    them all, as scikit-learn's ``SelectKBest`` does; anything but a positive int (a bool included) is an error."""
+    if isinstance(n_features, str) and n_features == "all":
+        return n_total
+    if isinstance(n_features, bool) or not isinstance(n_features, int | np.integer) or n_features < 1:
+        raise ParameterError(f"The 'n_features' parameter of {method} must be an int >= 1 or 'all'; "
+                             f"got {n_features!r}.")
+    if n_features > n_total:
+        warnings.warn(f"n_features={int(n_features)} is greater than the {n_total} features of the input: all "
+                      f"{n_total} are selected.", DufsWarning, stacklevel=3)
+        return n_total
+    return int(n_features)
+
+
+# what to change when a method's result is degenerate (see _degenerate)
+_FIX = {"mmfs": "raise C, or give a smaller fixed gamma (the bias weight)",
+        "qpfs": "change alpha_mix or the relevance",
+        "m3fs": "lower lambda_ (the manifold weight), raise C, or try solver='alternating'",
+        "ufcm": "lower alpha (the within-cluster weight), or check n_clusters",
+        "jcfs": "lower lambda_ or raise gamma",
+        "lapaofs": "lower lambda1 (the graph weight) or check the graph (n_neighbors)",
+        "lapdofs": "lower lambda1 (the graph weight) or check the graph (n_neighbors)",
+        "laplacian": "check the graph (n_neighbors, weights) or the standardize setting",
+        "variance": "the input looks standardised already: give the raw (unscaled) data",
+        "correlation": "check the labels", "fisher": "check the labels"}
+
+
+def _degenerate(method: str, scores: Any, order: Any, diag: dict, params: dict) -> str | None:
+    """What makes a result meaningless, or None: every score NaN, every score equal (the ranking is then by index
+    alone), no feature in MMFS's support, every sample in one cluster (unless one was asked for)."""
+    fix = _FIX.get(method, "change its parameters")
+    labels = diag.get("labels")
+    if labels is not None and len(labels) > 1 and np.unique(np.asarray(labels)).size < 2 \
+            and params.get("n_clusters", N_CLUSTERS) != 1:
+        return f"{method}: every sample fell in one cluster, so the selection says nothing about clusters; {fix}"
+    if method == "mmfs" and diag.get("support", 1) == 0:
+        return f"mmfs: no feature entered the support (every alpha is 0); the ranking is the dual gradient's; {fix}"
+    if order is None and scores is not None:
+        s = np.asarray(scores, dtype=np.float64)
+        fin = s[np.isfinite(s)]
+        if s.size > 1 and fin.size == 0:
+            return f"{method}: no feature has a finite score, so the ranking is by feature index alone; {fix}"
+        if fin.size > 1 and fin.size == s.size and np.ptp(fin) <= 1e-12 * max(1.0, float(np.abs(fin).max())):
+            return (f"{method}: every feature has the same score ({fin[0]:.6g}), so the ranking is by feature "
+                    f"index alone; {fix}")
+    return None
+
+
 def _is_dask(X: Any) -> bool:
     return type(X).__module__.startswith("dask")
 
@@ -211,8 +270,9 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         Labels (supervised methods); a store's own labels are used by default.
     method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs",
               "ufcm", "m3fs"}
-    n_features : int
-        How many features to select, in [1, n_features of X].
+    n_features : int or "all"
+        How many features to select, at least 1; more than X has (or ``"all"``) selects all of them, with a
+        :class:`~dufs.errors.DufsWarning` when more were asked for (as scikit-learn's ``SelectKBest``).
     client : distributed.Client or False, optional
         Default: the active client; else, for stores and Dask arrays, an embedded LocalCluster of processes;
         small in-memory inputs run synchronously without a cluster. ``False``: no cluster, run in this process
@@ -220,11 +280,15 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     standardize : {"zscore", "scale", None}
         The implicit transform; the default is the method's (``dufs.api.METHODS[method].standardize``).
     **params
-        Method parameters (e.g. ``n_neighbors`` for the Laplacian score).
+        Method parameters (e.g. ``n_neighbors`` for the Laplacian score). ``n_clusters`` defaults to 2 for the
+        clustering methods (``jcfs``, ``ufcm``, ``m3fs``), as in their estimators.
 
     Returns
     -------
     Selection
+        A result the method itself marks as degenerate (every sample in one cluster, every score equal or NaN,
+        an empty MMFS support) comes with a :class:`~dufs.errors.DufsWarning` naming the parameter to change,
+        and ``diagnostics["degenerate"]`` says what happened.
     """
     from dufs._logging import set_verbosity
 
@@ -247,9 +311,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                     y = np.asarray(y.compute())
                 M = as_matrix(X, standardize=std, y=y, persist=c is not None)
             n_total = M.shape[1]
-            if not isinstance(n_features, (int, np.integer)) or not 1 <= n_features <= n_total:
-                raise ParameterError(f"The 'n_features' parameter of {method} must be an int in [1, {n_total}]; "
-                                     f"got {n_features!r}.")
+            n_features = check_n_features(n_features, n_total, method)
             if spec.supervised and M.y is None:
                 raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
             with timer("score", timings, log):
@@ -259,6 +321,10 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
             n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
             passes = M.passes
             M.release()
+    problem = _degenerate(method, scores, order, method_diag, params)
+    if problem is not None:
+        method_diag["degenerate"] = problem
+        warnings.warn(problem, DufsWarning, stacklevel=2)
     if order is None:
         order = rank(scores, spec.higher_is_better)
     sel = order[:n_features]

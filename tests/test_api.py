@@ -13,7 +13,7 @@ from distributed import Client, LocalCluster
 
 import dufs
 from dufs.data.datasets import load
-from dufs.errors import ParameterError
+from dufs.errors import DufsWarning, ParameterError
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,9 @@ def test_unknown_method_and_bad_n_features(text):
     X, y = text
     with pytest.raises(ParameterError, match="'method' parameter of fit"):
         dufs.fit(X, y, method="nope", n_features=3)
-    with pytest.raises(ParameterError, match=r"'n_features' parameter of fisher must be an int in \[1, 800\]"):
-        dufs.fit(X, y, method="fisher", n_features=0)
+    for bad in (0, -3, True, 2.0, "ten"):
+        with pytest.raises(ParameterError, match=r"'n_features' parameter of fisher must be an int >= 1 or 'all'"):
+            dufs.fit(X, y, method="fisher", n_features=bad)
     with pytest.raises(ParameterError, match="supervised"):
         dufs.fit(X, method="correlation", n_features=3)
     with pytest.raises(ParameterError, match="does not take"):
@@ -94,3 +95,21 @@ def test_client_false_runs_in_this_process_and_counts_passes(tmp_path):
         sel = dufs.fit(store, method=method, n_features=5, client=False)
         d = sel.diagnostics
         assert d["n_workers"] == 0 and d["blocks"]["mode"] == "store" and d["passes"] == passes, (method, d)
+
+
+@pytest.mark.parametrize("method", ["variance", "fisher", "mmfs", "lapaofs"])
+def test_n_features_beyond_the_input_keeps_all_with_a_warning(method):
+    """As scikit-learn's SelectKBest: more features asked for than there are warns and selects all of them, best
+    first in the same order as asking for exactly all; "all" does the same without a warning."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 5))
+    y = (X[:, 2] + 0.5 * rng.normal(size=60) > 0).astype(float)
+    yy = y if dufs.api.METHODS[method].supervised else None
+    exact = dufs.fit(X, yy, method=method, n_features=5)
+    with pytest.warns(DufsWarning, match=r"n_features=12 is greater than the 5 features of the input: all 5 are "
+                                         r"selected"):
+        more = dufs.fit(X, yy, method=method, n_features=12)
+    every = dufs.fit(X, yy, method=method, n_features="all")
+    assert sorted(exact.indices.tolist()) == [0, 1, 2, 3, 4]
+    assert more.indices.tolist() == exact.indices.tolist() == every.indices.tolist()
+    assert more.params["n_features"] == 5

@@ -12,6 +12,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dufs
 from dufs.data.datasets import load
+from dufs.errors import DufsWarning
 from dufs.estimators import (
     JCFS,
     M3FS,
@@ -52,6 +53,9 @@ def _expected_failed_checks(est):
                           FisherScore(n_features=1), LaplacianScore(n_features=1, n_neighbors=1),
                           MMFS(n_features=1)],
                          expected_failed_checks=_expected_failed_checks)
+# sklearn's checks feed standardised data to every transformer (equal variances: the VarianceSelector's ranking
+# is then arbitrary, and says so with a DufsWarning); the warning is tested in tests/test_defaults.py
+@pytest.mark.filterwarnings("ignore:variance. every feature has the same score:dufs.errors.DufsWarning")
 def test_sklearn_compatible(estimator, check):
     check(estimator)
 
@@ -81,17 +85,26 @@ def test_in_a_pipeline_with_linear_svc(pcmac, method):
     assert 0.5 < pipe.score(X, y) <= 1.0
 
 
-def test_n_features_larger_than_x_is_a_clear_error():
-    X = np.random.default_rng(0).normal(size=(30, 5))
+def test_n_features_larger_than_x_warns_and_keeps_all():
+    """SelectKBest(k=10) on 5 features warns and keeps all of them; a grid search over k across data sets relies on
+    it. FisherScore does the same, and n_features="all" keeps all without a warning."""
+    from sklearn.feature_selection import SelectKBest, f_classif
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 5))
     y = np.arange(30) % 2
-    with pytest.raises(ValueError, match=r"The 'n_features' parameter of FisherScore must be an int in \[1, 5\]; "
-                                         r"got 20\."):
-        FisherScore(n_features=20).fit(X, y)
+    with pytest.warns(UserWarning, match="k=10 is greater than n_features=5"):
+        ref = SelectKBest(f_classif, k=10).fit(X, y)
+    with pytest.warns(DufsWarning, match="n_features=10 is greater than the 5 features of the input"):
+        est = FisherScore(n_features=10).fit(X, y)
+    assert est.transform(X).shape == ref.transform(X).shape == (30, 5)
+    np.testing.assert_array_equal(est.transform(X), X)
+    assert FisherScore(n_features="all").fit(X, y).transform(X).shape == (30, 5)
 
 
 @pytest.mark.parametrize(("est", "match"), [
     (VarianceSelector(n_features=0), r"The 'n_features' parameter of VarianceSelector must be an int in the range "
-                                     r"\[1, inf\)\. Got 0 instead\."),
+                                     r"\[1, inf\) or a str among \{'all'\}\. Got 0 instead\."),
     (CorrelationSelector(standardize="l2"), r"The 'standardize' parameter of CorrelationSelector must be"),
     (LaplacianScore(weights="gauss"), r"The 'weights' parameter of LaplacianScore must be a str among"),
     (LaplacianScore(t=0.0), r"The 't' parameter of LaplacianScore must be None or a float in the range"),

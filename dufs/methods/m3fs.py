@@ -369,8 +369,9 @@ def _check(name: str, value: Any, low: float, *, strict: bool, integer: bool = F
 
 
 # ------------------------------------------------------------------------------------------------ the solver
-def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1.0, l: float | None = None,
-                  epsilon: float = 1e-2, n_clusters: int = 2, graph: str = "gaussian", n_neighbors: int = 10,
+def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1e-3,
+                  l: float | None = None, epsilon: float = 1e-2, n_clusters: int = 2, graph: str = "gaussian",
+                  n_neighbors: int = 10,
                   sigma_width: float | None = None, L: np.ndarray | None = None, max_cutting_planes: int = 200,
                   max_cccp: int = 50, random_state: int = 0) -> M3FSResult:
     """M3FS by the cutting plane (Algorithm 1) over CCCP (Algorithm 2) with SOCP steps (10)/(17).
@@ -383,7 +384,11 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
     n_features : int
         m: the budget sum_k sigma_k = m of eq. (4), and the number of features returned in ``selected``.
     C, lambda_ : float
-        Loss weight and manifold weight of (7)/(16) (lambda multiplies f^T L f, see the module docstring).
+        Loss weight and manifold weight of (7)/(16) (lambda multiplies f^T L f, see the module docstring). The
+        paper gives neither. With z-scored data and the Gaussian graph, f^T L f grows with n while C xi <= C, so a
+        large lambda makes the constant labelling (every sample in one cluster) the optimum: lambda_ = 1 and 0.1 did
+        that on digits 1v7, 2v7, 3v8 and breast cancer; 1e-3 (our default, as in the table scripts) reached k-means
+        accuracies of 1.00, 1.00, 0.95 and 0.90 on the 10 (5) selected features.
     l : float, optional
         Class-balance bound of (5); default 0.1 n_samples.
     epsilon : float

