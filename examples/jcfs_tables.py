@@ -1,4 +1,4 @@
-"""Reproduce Tables 1, 2, 3 and 5 of the JCFS paper (Joint Clustering and Feature Selection, paper 001, section 6)
+"""Reproduce Tables 1, 2, 3 and 5 of the JCFS paper (Du, Shen, "Joint Clustering and Feature Selection", section 6)
 on ORL, COIL20 and ISOLET.
 
 - Tables 1-3: k-means clustering (as many clusters as classes: 40, 20, 26) on the m selected features,
@@ -7,13 +7,13 @@ on ORL, COIL20 and ISOLET.
 - Table 5: leave-one-out 1-nearest-neighbour accuracy on the m selected features, m = 5, 25, 50.
 
 Methods: JCFS with the paper's settings (k = 5 nearest neighbours, binary weights, gamma = 1e-4, c = the number of
-classes) and lambda searched over {1e-6, 1e-5, 1e-4, 1e-3}, the best kept, twice: "JCFS" with DESIGN.md 7.3's
-correction M_0 = I / gamma in the greedy step, and "JCFS, M_0 = I/2" with Algorithm 1's M_0 as printed (the two
-differ most at m = 5); and, for comparison, our Laplacian score
-(the same binary 5-NN graph) and Max Variance, the two of the paper's baselines that dufs has (MCFS and JELSR are
-not implemented; their paper rows are left out). The features are selected once on the whole data set, as in the
-paper (there are no class subsets here). The data are used as stored (ORL grey levels 0..255, COIL20 in [0, 1],
-ISOLET in [-1, 1]; our ISOLET is 1,560 x 617, the paper's isolet5 1,559 x 617).
+classes) and lambda searched over {1e-6, 1e-5, 1e-4, 1e-3}, the best kept, twice: "JCFS" with our correction
+M_0 = I / gamma in the greedy step (docs/methods.md, JCFS), and "JCFS, M_0 = I/2" with Algorithm 1's M_0 as printed
+(the two differ most at m = 5); and, for comparison, our Laplacian score (the same binary 5-NN graph) and Max
+Variance, the two of the paper's baselines that dufs has (MCFS and JELSR are not implemented; their paper rows are
+left out). The features are selected once on the whole data set, as in the paper (there are no class subsets here).
+The data are used as stored (ORL grey levels 0..255, COIL20 in [0, 1], ISOLET in [-1, 1]; our ISOLET is 1,560 x 617,
+the paper's isolet5 1,559 x 617).
 
 Protocol choices where the paper is ambiguous (also stated at the end of the printed output):
 
@@ -27,23 +27,23 @@ Protocol choices where the paper is ambiguous (also stated at the end of the pri
 - NMI: ``dufs.evaluate.nmi`` (normalised by the arithmetic mean of the entropies; the paper does not say which);
 - the Laplacian-score and variance rankings are computed once (50 features) and their prefixes used for smaller m.
 
-Run: ``python examples/jcfs_tables.py`` (uses ../shared/data/{ORL,COIL20,Isolet}.mat when they are there, else the
-bundled copies). The default runs the paper's full lambda grid with 20 k-means runs per test: about 4 minutes per
-data set on a shared 2-core machine, most of it JCFS's dense eigendecompositions (60 JCFS fits in all). ``--quick``
-(lambda = 1e-4 only, 10 k-means runs) takes about a third of that; ``--datasets orl`` runs one set;
-``--methods laplacian,variance`` runs the baselines alone (under a minute).
+Run: ``python examples/jcfs_tables.py [--data DIR]`` (reads ORL.mat, COIL20.mat and Isolet.mat from DIR, by default
+the shared/data folder beside the repository, and uses the bundled copies of those it does not find there). The
+default runs the paper's full lambda grid with 20 k-means runs per test: about 4 minutes per data set on a shared
+2-core machine, most of it JCFS's dense eigendecompositions (60 JCFS fits in all). ``--quick`` (lambda = 1e-4 only,
+10 k-means runs) takes about a third of that; ``--datasets orl`` runs one set; ``--methods laplacian,variance`` runs
+the baselines alone (under a minute).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
+from _data import add_data_argument, load_mat
 
 import dufs
-from dufs.data.datasets import load
 from dufs.engine.graphs import knn_graph
 from dufs.evaluate import kmeans_scores, one_nn_accuracy
 
@@ -54,7 +54,7 @@ GAMMA = 1e-4
 N_NEIGHBORS = 5
 SEED = 0
 
-# Paper 001, Tables 1-3: ACC and NMI (percent) per m = 5, 15, 25, 35, 50.
+# The JCFS paper, Tables 1-3: ACC and NMI (percent) per m = 5, 15, 25, 35, 50.
 PAPER = {
     "orl": {"table": 1, "title": "ORL",
             "jcfs": ([43.1, 51.1, 52.6, 53.7, 53.7], [65.9, 72.8, 74.1, 74.9, 75.0]),
@@ -69,7 +69,7 @@ PAPER = {
                "laplacian": ([18.9, 32.8, 35.6, 41.9, 43.4], [39.5, 50.6, 54.2, 61.8, 63.4]),
                "variance": ([20.3, 26.4, 37.2, 38.0, 39.7], [29.3, 38.9, 51.9, 54.9, 59.2])},
 }
-# Paper 001, Table 5: 1-NN accuracy (percent) per m = 5, 25, 50. The Laplacian-score row is empty in our copy of
+# The JCFS paper, Table 5: 1-NN accuracy (percent) per m = 5, 25, 50. The Laplacian-score row is empty in our copy of
 # the paper.
 PAPER_1NN = {
     "orl": {"jcfs": [63.2, 91.3, 94.0], "variance": [40.3, 62.5, 71.3], "laplacian": None},
@@ -79,28 +79,13 @@ PAPER_1NN = {
 NAMES = {"jcfs": "JCFS", "jcfs_printed": "JCFS, M_0 = I/2", "laplacian": "Laplacian score",
          "variance": "Max Variance"}
 ALL_METHODS = ("jcfs", "jcfs_printed", "laplacian", "variance")
-# "jcfs" applies DESIGN.md 7.3's correction M_0 = I / gamma; "jcfs_printed" runs Algorithm 1 as printed, M_0 = I/2
-# (dufs.fit(..., select_gamma=2.0)). Both are compared with the paper's JCFS rows.
+# "jcfs" applies our correction M_0 = I / gamma (docs/methods.md, JCFS); "jcfs_printed" runs Algorithm 1 as
+# printed, M_0 = I/2 (dufs.fit(..., select_gamma=2.0)). Both are compared with the paper's JCFS rows.
 SELECT_GAMMA = {"jcfs": None, "jcfs_printed": 2.0}
 
 
 def _paper_key(m: str) -> str:
     return "jcfs" if m in SELECT_GAMMA else m
-MAT = {"orl": "ORL.mat", "coil20": "COIL20.mat", "isolet": "Isolet.mat"}
-
-
-def _data(name: str) -> tuple[np.ndarray, np.ndarray, str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    mat = os.path.join(here, "..", "..", "shared", "data", MAT[name])
-    if os.path.exists(mat):
-        import scipy.io
-
-        d = scipy.io.loadmat(mat)
-        X, y, src = np.asarray(d["X"], dtype=np.float64), np.asarray(d["Y"]).ravel(), mat
-    else:
-        X, y = load(name)
-        X, src = np.asarray(X, dtype=np.float64), f"dufs.data.datasets.load({name!r})"
-    return X, y, src
 
 
 def _evaluate(X: np.ndarray, y: np.ndarray, cols: np.ndarray, m: int, runs: int) -> tuple[float, float, float]:
@@ -200,7 +185,7 @@ def _verdict(label: str, ours: float, paper: float, lap: float | None) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kmeans-runs", type=int, default=20, help="k-means runs per test, best objective kept "
                                                                 "(paper: 100)")
     ap.add_argument("--lambdas", default=",".join(f"{lam:g}" for lam in LAMBDAS),
@@ -209,6 +194,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(ALL_METHODS),
                     help=f"comma-separated subset of {','.join(ALL_METHODS)}")
     ap.add_argument("--datasets", default="orl,coil20,isolet", help="comma-separated subset of orl,coil20,isolet")
+    add_data_argument(ap, "ORL.mat, COIL20.mat and Isolet.mat (those missing: the bundled copies)")
     args = ap.parse_args()
     runs = 10 if args.quick else args.kmeans_runs
     lambdas = (1e-4,) if args.quick else tuple(float(v) for v in args.lambdas.split(",") if v.strip())
@@ -224,7 +210,7 @@ def main() -> None:
     t_start = time.perf_counter()
     results = {}
     for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        X, y, src = _data(name)
+        X, y, src = load_mat(name, args.data)
         print(f"{PAPER[name]['title']}: {X.shape[0]} samples x {X.shape[1]} features, {np.unique(y).size} classes, "
               f"from {src}")
         t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""Reproduce Tables 2, 3 and 4 of the LapAOFS/LapDOFS paper (He, Ji, Zhang, Bao, Laplacian regularized D-optimal
-design / A-optimal design for feature selection, paper 004, section 7) on COIL20 and AT&T (= ORL).
+"""Reproduce Tables 2, 3 and 4 of the LapAOFS/LapDOFS paper (He, Ji, Zhang, Bao, "A Variance Minimization Criterion
+to Feature Selection Using Laplacian Regularization", TPAMI 2011, section 7) on COIL20 and AT&T (= ORL).
 
 - Table 2 (COIL20) and Table 3 (AT&T): k-means clustering on 100 selected features, AC (clusters matched to
   classes by the Hungarian algorithm) and NMI, for 5/10/15 clusters (COIL20) and 10/20/30 clusters (AT&T). For
@@ -23,23 +23,23 @@ Protocol choices where the paper is silent (see also the end of the printed outp
   maximum, which gives values no larger (they coincide when both entropies are equal);
 - 1-NN ties: broken by the lower sample index.
 
-Run: ``python examples/lapofs_tables.py`` (uses ../shared/data/{COIL20,ORL}.mat when they are there, else the
-bundled copies). The paper's protocol is 20 random class subsets per cluster count (``--subsets 20``); the default
-draws 10: 17 minutes of wall time on a shared, busy 2-core machine, under 8 minutes of CPU (COIL20 takes most:
-each of its 30 tests makes four selections and five 10-run k-means); ``--quick`` draws 3 (a third of that).
-``--datasets orl`` runs one set; ``--methods laplacian,variance`` runs the baselines alone.
+Run: ``python examples/lapofs_tables.py [--data DIR]`` (reads COIL20.mat and ORL.mat from DIR, by default the
+shared/data folder beside the repository, and uses the bundled copies of those it does not find there). The paper's
+protocol is 20 random class subsets per cluster count (``--subsets 20``); the default draws 10: 17 minutes of wall
+time on a shared, busy 2-core machine, under 8 minutes of CPU (COIL20 takes most: each of its 30 tests makes four
+selections and five 10-run k-means); ``--quick`` draws 3 (a third of that). ``--datasets orl`` runs one set;
+``--methods laplacian,variance`` runs the baselines alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
+from _data import add_data_argument, load_mat
 
 import dufs
-from dufs.data.datasets import load
 from dufs.evaluate import kmeans_scores, one_nn_accuracy
 
 N_FEATURES = 100
@@ -47,7 +47,7 @@ N_NEIGHBORS = 4
 KMEANS_RUNS = 10
 SEED = 0
 
-# Paper 004, Tables 2 and 3: (AC, NMI) in percent per cluster count, then the average over cluster counts.
+# The paper, Tables 2 and 3: (AC, NMI) in percent per cluster count, then the average over cluster counts.
 PAPER = {
     "coil20": {
         "table": 2, "title": "COIL20", "clusters": (5, 10, 15),
@@ -66,7 +66,7 @@ PAPER = {
         "all": [(72.4, 77.3), (62.1, 74.9), (59.4, 75.8), (64.6, 76.0)],
     },
 }
-# Paper 004, Table 4: leave-one-out 1-NN accuracy (percent) with 100 features.
+# The paper, Table 4: leave-one-out 1-NN accuracy (percent) with 100 features.
 PAPER_1NN = {
     "coil20": {"lapdofs": 100.0, "lapaofs": 100.0, "laplacian": 87.7, "variance": 88.4, "all": 100.0},
     "orl": {"lapdofs": 90.3, "lapaofs": 89.3, "laplacian": 86.3, "variance": 77.3, "all": 94.8},
@@ -74,21 +74,6 @@ PAPER_1NN = {
 NAMES = {"lapaofs": "LapAOFS", "lapdofs": "LapDOFS", "laplacian": "Laplacian score", "variance": "Variance",
          "all": "All features"}
 ALL_METHODS = ("lapaofs", "lapdofs", "laplacian", "variance")
-MAT = {"coil20": "COIL20.mat", "orl": "ORL.mat"}
-
-
-def _data(name: str) -> tuple[np.ndarray, np.ndarray, str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    mat = os.path.join(here, "..", "..", "shared", "data", MAT[name])
-    if os.path.exists(mat):
-        import scipy.io
-
-        d = scipy.io.loadmat(mat)
-        X, y, src = np.asarray(d["X"], dtype=np.float64), np.asarray(d["Y"]).ravel(), mat
-    else:
-        X, y = load(name)
-        X, src = np.asarray(X, dtype=np.float64), f"dufs.data.datasets.load({name!r})"
-    return X, y, src
 
 
 def _select(X: np.ndarray, method: str, n_features: int) -> np.ndarray:
@@ -162,12 +147,13 @@ def _verdicts(label: str, ours: dict, paper: dict, idx=None) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--subsets", type=int, default=10, help="random class subsets per cluster count (paper: 20)")
     ap.add_argument("--quick", action="store_true", help="3 subsets per cluster count")
     ap.add_argument("--methods", default=",".join(ALL_METHODS),
                     help=f"comma-separated subset of {','.join(ALL_METHODS)}")
     ap.add_argument("--datasets", default="coil20,orl", help="comma-separated subset of coil20,orl")
+    add_data_argument(ap, "COIL20.mat and ORL.mat (those missing: the bundled copies)")
     args = ap.parse_args()
     n_subsets = 3 if args.quick else args.subsets
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -182,7 +168,7 @@ def main() -> None:
     t_start = time.perf_counter()
     results, nn = {}, {}
     for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        X, y, src = _data(name)
+        X, y, src = load_mat(name, args.data)
         print(f"{PAPER[name]['title']}: {X.shape[0]} samples x {X.shape[1]} features, {np.unique(y).size} classes, "
               f"from {src}")
         t0 = time.perf_counter()

@@ -11,20 +11,21 @@ inside each leave-one-out fold:
 - "nested": for that gamma, MMFS re-run on the 71 training samples of every fold (no information from the held-out
   sample reaches the selection).
 
-Run: ``python examples/mmfs_leukemia.py`` (uses ../shared/data/ALLAML.mat when it is there, else the bundled copy;
-several minutes on 2 cores: 7 gammas and 72 folds, each with 99 SVM fits).
+Run: ``python examples/mmfs_leukemia.py [--data DIR]`` (reads ALLAML.mat from DIR, by default the shared/data folder
+beside the repository, else uses the bundled copy; several minutes on 2 cores: 7 gammas and 72 folds, each with 99
+SVM fits).
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import time
 
 import dask
 import numpy as np
+from _data import add_data_argument, load_mat
 from sklearn.svm import LinearSVC
 
-from dufs.data.datasets import load
 from dufs.engine.matrix import Matrix
 from dufs.evaluate import topk_curve
 from dufs.methods.mmfs import mmfs
@@ -34,17 +35,8 @@ KS = list(range(2, 101))
 GAMMAS = [4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]
 
 
-def _data() -> tuple[np.ndarray, np.ndarray, str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    mat = os.path.join(here, "..", "..", "shared", "data", "ALLAML.mat")
-    if os.path.exists(mat):
-        import scipy.io
-
-        d = scipy.io.loadmat(mat)
-        X, y, src = np.asarray(d["X"], dtype=np.float64), np.asarray(d["Y"]).ravel(), mat
-    else:
-        X, y = load("allaml")
-        src = "dufs.data.datasets.load('allaml')"
+def _data(data) -> tuple[np.ndarray, np.ndarray, str]:
+    X, y, src = load_mat("allaml", data)
     return X, np.where(y == y.max(), 1.0, -1.0), src
 
 
@@ -61,7 +53,10 @@ def _ranking(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[np.ndarray, di
 
 
 def main() -> None:
-    X, y, src = _data()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_data_argument(ap, "ALLAML.mat (when missing: the bundled copy)")
+    args = ap.parse_args()
+    X, y, src = _data(args.data)
     print(f"ALLAML (Leukemia): {X.shape[0]} samples x {X.shape[1]} features, from {src}")
     Z = _zscore(X)
     t0 = time.perf_counter()

@@ -7,20 +7,23 @@ K = 5, 10, 20, 50, 100, 200 (the paper's grid for webspam/kddb, truncated). The 
 its nearest is REAL-SIM (90.19% at K = 100), printed for orientation only.
 
 Sets: the bundled 20 Newsgroups pairs (BASEHOCK, PCMAC, RELATHE; 75/25 stratified split) and, when
-../shared/data/libsvm is there, Reuters money-fx (its own train/test files) converted with ``dufs.convert`` into
-stores and selected on a local 2-process Dask cluster.
+``DIR/libsvm/reuters.trn.bz2`` and ``reuters.tst.bz2`` are there, Reuters money-fx (its own train/test files)
+converted with ``dufs.convert`` into stores and selected on a local 2-process Dask cluster.
 
-Run: ``python examples/mmfs_text.py`` (a few minutes on 2 cores).
+Run: ``python examples/mmfs_text.py [--data DIR]`` (DIR defaults to the shared/data folder beside the repository;
+without the Reuters files the script runs the bundled sets alone; a few minutes on 2 cores).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import time
 
 import numpy as np
 import scipy.sparse as sp
+from _data import add_data_argument, find
 from sklearn.model_selection import train_test_split
 
 import dufs
@@ -51,6 +54,9 @@ def _report(name: str, Xtr, ytr, Xte, yte, client=None) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_data_argument(ap, "libsvm/reuters.trn.bz2 and libsvm/reuters.tst.bz2 (when missing: Reuters is skipped)")
+    args = ap.parse_args()
     for name in ("basehock", "pcmac", "relathe"):
         X, y = load(name)
         X = sp.csr_array(X)
@@ -58,11 +64,12 @@ def main() -> None:
         tr, te = np.sort(tr), np.sort(te)
         _report(name.upper(), X[tr], y[tr], X[te], y[te])
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    lib = os.path.join(here, "..", "..", "shared", "data", "libsvm")
-    if not os.path.exists(os.path.join(lib, "reuters.trn.bz2")):
-        print("\n(../shared/data/libsvm is not there: Reuters skipped)")
-        return
+    print()
+    files = []
+    for part in ("trn", "tst"):
+        files.append(find(args.data, f"libsvm/reuters.{part}.bz2", "Reuters skipped"))
+        if files[-1] is None:
+            return
     from distributed import Client, LocalCluster
 
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
@@ -71,8 +78,7 @@ def main() -> None:
         outs = [os.path.join(tmp, "reuters-train.zarr"), os.path.join(tmp, "reuters-test.zarr")]
         from dufs.data.convert import convert_libsvm
 
-        convert_libsvm([os.path.join(lib, "reuters.trn.bz2"), os.path.join(lib, "reuters.tst.bz2")], outs,
-                       client=client, value_dtype=np.float64)
+        convert_libsvm([str(f) for f in files], outs, client=client, value_dtype=np.float64)
         a, b = dufs.open(outs[0]), dufs.open(outs[1])
         _report("REUTERS money-fx (libsvm, converted to stores)", a.to_scipy("csr"), a.y, b.to_scipy("csr"), b.y,
                 client=client)
