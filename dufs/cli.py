@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dufs.api import METHODS, check_method  # already imported by ``import dufs``: no start-up cost
 from dufs.errors import DufsError, ParameterError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -38,11 +39,52 @@ WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded Local
 
 @contextlib.contextmanager
 def cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
-    """A distributed Client on ``scheduler``, or on an embedded LocalCluster of processes; None for threads."""
+    """A distributed Client on ``scheduler``, or on an embedded LocalCluster of processes; None for threads.
+
+    A ``scheduler`` that cannot be reached (or is no address) is a :class:`DufsError` naming it, after at most
+    ``dufs.cluster.connect-timeout`` (default 10 s), instead of distributed's traceback after 30 s.
+    """
     from dufs.engine.cluster import get_client
 
-    with get_client(scheduler_address=scheduler, n_workers=workers, synchronous=workers == 0 and not scheduler) as c:
+    if scheduler:
+        _probe_scheduler(scheduler)
+    with contextlib.ExitStack() as stack:
+        try:
+            c = stack.enter_context(get_client(scheduler_address=scheduler, n_workers=workers,
+                                               synchronous=workers == 0 and not scheduler))
+        except (OSError, ValueError) as exc:
+            if not scheduler or isinstance(exc, DufsError):
+                raise
+            raise _scheduler_error(scheduler, exc) from None
         yield c
+
+
+def _scheduler_error(address: str, exc: BaseException) -> DufsError:
+    why = " ".join(str(exc).split()) or type(exc).__name__  # one line
+    return DufsError(f"cannot connect to the Dask scheduler at {address}: {why}")
+
+
+def _probe_scheduler(address: str) -> None:
+    """Open and close one connection to ``address`` within the connect timeout (the Client itself then connects
+    with distributed's own timeouts, which its later calls also use)."""
+    import asyncio
+
+    import dask.utils
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    from dufs import config
+
+    timeout = dask.utils.parse_timedelta(config.get("cluster.connect-timeout", "10s"), "s")
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout, **Security().get_connection_args("client"))
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, ValueError, TypeError) as exc:
+        raise _scheduler_error(address, exc) from None
 
 
 def _fail(exc: BaseException) -> None:
@@ -82,6 +124,9 @@ def convert(
     zb: Any = {"auto": "auto", "true": True, "false": False}.get(zero_based.lower())
     if zb is None:
         _fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
+    for p in ins:  # before any cluster starts (URLs are checked by the converter)
+        if "://" not in str(p) and not p.exists():
+            _fail(ParameterError(f"{p}: no such file"))
     outs: Any = [dest / (p.name.split(".")[0] + ".zarr") for p in ins] if each else dest
     made_dest = each and not dest.exists()
     if each:
@@ -108,10 +153,11 @@ def convert(
             dest.rmdir()  # leave no output behind
         _fail(exc)
     dt = time.perf_counter() - t0
+    # one line (never wrapped: a wrapped tail read "lines 0, comment lines 1"); the data lines are the rows written
     console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
                   f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s "
-                  f"({rep.bytes / dt / 1e6:,.1f} MB/s); blank lines {rep.blank_lines}, comment lines "
-                  f"{rep.comment_lines}", highlight=False)
+                  f"({rep.bytes / dt / 1e6:,.1f} MB/s); data lines {rep.rows:,}, blank lines {rep.blank_lines:,}, "
+                  f"comment lines {rep.comment_lines:,}", highlight=False, soft_wrap=True)
     if rep.skipped_lines:
         console.print(f"[yellow]skipped {rep.skipped_lines} bad lines[/]; first ones:", highlight=False)
         for f, line, off, why in rep.skipped:
@@ -212,7 +258,7 @@ def _make_synthetic(output, rows, features, nnz_per_row, informative, seed, labe
 @app.command()
 def select(
     store: str = typer.Argument(..., help="A dufs store (path or URL)."),
-    method: str = typer.Option(..., "--method", "-m", help="variance, correlation, fisher or laplacian."),
+    method: str = typer.Option(..., "--method", "-m", help="One of: " + ", ".join(sorted(METHODS)) + "."),
     k: int = typer.Option(..., "-k", "--n-features", help="How many features to select."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the selection as JSON here."),
     standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale or none (default: "
@@ -232,7 +278,8 @@ def select(
             params["n_neighbors"] = n_neighbors
         std: Any = ...
         if standardize is not None:
-            std = None if standardize.lower() == "none" else standardize
+            std = None if standardize.lower() == "none" else standardize.lower()
+        _check_select(store, method, k, standardize, params)  # before any cluster starts
         with cluster(scheduler, workers) as client, _pass_progress() as report, on_pass(report):
             if client is not None and getattr(client, "dashboard_link", None):
                 console.print(f"dashboard: {client.dashboard_link}", highlight=False, soft_wrap=True)
@@ -255,6 +302,26 @@ def select(
     console.print(f"{d['wall_time']:.2f} s on {d['n_workers']} workers, {d['n_blocks']} feature blocks "
                   f"({d.get('blocks', {}).get('mode', '?')}), {d['passes']} passes"
                   + (f"; written to {output}" if output else ""), highlight=False, soft_wrap=True)
+
+
+def _check_select(store: str, method: str, k: int, standardize: str | None, params: dict) -> None:
+    """What ``dufs select`` can check without a cluster: the method and its parameter names, ``-k``,
+    ``--standardize``, and (local paths) that the store is a finished dufs store with enough features and, for a
+    supervised method, labels. URLs are opened by ``fit``."""
+    import dufs
+
+    spec = check_method(method, params)
+    if k < 1:
+        raise ParameterError(f"-k (--n-features) must be >= 1; got {k}")
+    if standardize is not None and standardize.lower() not in ("zscore", "scale", "none"):
+        raise ParameterError(f"--standardize must be zscore, scale or none; got {standardize!r}")
+    if "://" in store:
+        return
+    st = dufs.open(store)
+    if k > st.shape[1]:
+        raise ParameterError(f"-k (--n-features) must be at most the {st.shape[1]:,} features of {store}; got {k}")
+    if spec.supervised and not st.has_labels:
+        raise ParameterError(f"method {method!r} is supervised but {store} has no labels")
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:

@@ -648,7 +648,7 @@ class M3FS(_DufsSelector):
         the closed-form sigma step (any size); "auto": faithful up to 5000 samples x 1000 features.
     C : float > 0, default 1.0
     lambda_ : float >= 0 or None, default None
-        The manifold weight; None for the solver's default (faithful 1e-3, alternating 1e-2: chosen on digits
+        The manifold weight; None for the solver's default (faithful 1e-4, alternating 1e-2: chosen on digits
         pairs, iris with noise and breast cancer, where 1.0 put every sample in one cluster).
     l : float or None, default None
         The class-balance bound of eq. (5) (default 0.1 n_samples).

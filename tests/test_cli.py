@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import bz2
+import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dask
@@ -18,6 +21,8 @@ from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 from typer.testing import CliRunner
 
 import dufs
+import dufs.cli
+from dufs.api import METHODS
 from dufs.cli import app
 
 ENV = {**os.environ, "DASK_DUFS__STORE__FEATURE_GRANULE": "16", "DASK_DUFS__STORE__FEATURE_BLOCK_NNZ": "1000"}
@@ -149,6 +154,153 @@ def test_convert_skip(tmp_path, text):
     assert "blank lines 1" in res.stderr
     kept = b"".join(ln for k, ln in enumerate(lines) if k not in (4, 150, 160))
     assert_loads_as_sklearn(out, kept, zero_based=False)
+
+
+def one_error_line(res) -> str:
+    """The whole of stderr: one line ``error: ...`` (no traceback), and nothing on stdout."""
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_convert_summary_counts_the_data_lines(tmp_path):
+    src = write(tmp_path / "in.svm", b"# comment\n1 1:2 3:4\n0 2:1\n")
+    res = run("convert", src, tmp_path / "out.zarr", "--workers", "0")
+    assert dufs.open(tmp_path / "out.zarr").shape == (2, 3)
+    summary = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(summary) == 1, res.stderr  # one line, not wrapped into a misleading "lines 0, comment lines 1"
+    assert summary[0].startswith("converted 2 rows, 3 nonzeros, 3 features (one-based) in ")
+    assert summary[0].endswith("; data lines 2, blank lines 0, comment lines 1")
+
+
+@pytest.mark.parametrize("name, text", [("empty.svm", b""), ("comments.svm", b"# a comment\n\n# another\n"),
+                                        ("empty.svm.bz2", b"")])
+@pytest.mark.parametrize("opts", [[], ["--zero-based", "true"], ["--zero-based", "false"], ["--n-features", "4"]])
+def test_convert_no_data_lines(tmp_path, name, text, opts):
+    src = write(tmp_path / name, text)
+    res = run("convert", src, tmp_path / "out.zarr", "--workers", "0", *opts, code=2)
+    assert one_error_line(res) == f"error: no data lines in {src}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no out.zarr, no out.zarr.dufs-partial
+    # --each: the empty input is named, and neither store nor the directory made for them is left
+    other = write(tmp_path / "other.svm", b"1 1:1\n")
+    res = run("convert", other, src, tmp_path / "each", "--each", "--workers", "0", *opts, code=2)
+    assert one_error_line(res) == f"error: no data lines in {src}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "other.svm"])
+
+
+@contextlib.contextmanager
+def _no_cluster(scheduler, workers):
+    raise AssertionError(f"a cluster was started (scheduler={scheduler}, workers={workers})")
+    yield  # pragma: no cover
+
+
+@pytest.fixture
+def stores(tmp_path):
+    """A labelled store of 10 features, an unlabelled one, a directory that is no store, an unfinished one."""
+    X = sp.random_array((30, 10), density=0.3, rng=0, format="csr")
+    dufs.write_store(X, tmp_path / "s.zarr", np.arange(30) % 2)
+    dufs.write_store(X, tmp_path / "nolabels.zarr")
+    (tmp_path / "plain").mkdir()
+    from dufs.data.builder import StoreBuilder
+
+    b = StoreBuilder(tmp_path / "half.zarr")
+    b.begin()
+    b.abort(remove=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, says", [
+    (["missing.zarr", "-m", "fisher", "-k", "3"], "no dufs store at {tmp}/missing.zarr"),
+    (["plain", "-m", "fisher", "-k", "3"], "{tmp}/plain"),
+    (["half.zarr", "-m", "fisher", "-k", "3"], "--resume"),
+    (["s.zarr", "-m", "nosuch", "-k", "3"], "got 'nosuch'"),
+    (["s.zarr", "-m", "fisher", "-k", "3", "-p", "foo=1"], "['foo'] that method 'fisher' does not take"),
+    (["s.zarr", "-m", "laplacian", "-k", "3", "-p", "n_neighbours=5"], "['n_neighbours']"),
+    (["s.zarr", "-m", "fisher", "-k", "3", "--n-neighbors", "5"], "['n_neighbors'] that method 'fisher'"),
+    (["s.zarr", "-m", "fisher", "-k", "3", "-p", "foo"], "--param wants name=value; got 'foo'"),
+    (["s.zarr", "-m", "fisher", "-k", "0"], "-k (--n-features) must be >= 1; got 0"),
+    (["s.zarr", "-m", "fisher", "-k", "11"], "at most the 10 features of {tmp}/s.zarr; got 11"),
+    (["s.zarr", "-m", "fisher", "-k", "3", "--standardize", "bogus"], "zscore, scale or none; got 'bogus'"),
+    (["nolabels.zarr", "-m", "fisher", "-k", "3"], "'fisher' is supervised but {tmp}/nolabels.zarr has no labels"),
+])
+def test_select_checks_before_starting_a_cluster(stores, monkeypatch, args, says):
+    """Without --workers these would start a LocalCluster: each is refused first, in one line."""
+    monkeypatch.setattr(dufs.cli, "cluster", _no_cluster)
+    args = [str(stores / args[0]) if not args[0].startswith("-") else args[0], *args[1:]]
+    res = run("select", *args, code=2)
+    assert says.format(tmp=stores) in one_error_line(res)
+
+
+def test_select_valid_arguments_reach_the_cluster(stores, monkeypatch):
+    """The other side of the test above: valid arguments (a method's own parameters, an unlabelled store for an
+    unsupervised method, any case of --standardize) do get to ``cluster``."""
+    calls = []
+    real = dufs.cli.cluster
+
+    @contextlib.contextmanager
+    def recording(scheduler, workers):
+        calls.append((scheduler, workers))
+        with real(scheduler, workers) as c:
+            yield c
+
+    monkeypatch.setattr(dufs.cli, "cluster", recording)
+    res = run("select", stores / "nolabels.zarr", "-m", "laplacian", "-k", "4", "-p", "n_neighbors=3",
+              "--standardize", "ZScore", "--workers", "0")
+    assert calls == [(None, 0)]
+    assert res.stdout.startswith("laplacian: 4 features of 10")
+    ref = dufs.fit(dufs.open(stores / "nolabels.zarr"), method="laplacian", n_features=4, n_neighbors=3,
+                   standardize="zscore")
+    assert [int(j) for j in re.findall(r"│\s+\d+\s+│\s+(\d+)\s+│", res.stdout)] == ref.indices.tolist()
+
+
+def test_select_help_lists_every_method():
+    res = run("select", "--help")
+    words = set(re.findall(r"[a-z0-9_]+", res.stdout))
+    assert len(METHODS) == 11 and set(METHODS) <= words, set(METHODS) - words
+
+
+@pytest.mark.parametrize("command", ["select", "convert", "make-synthetic"])
+@pytest.mark.parametrize("address, why", [
+    ("tcp://127.0.0.1:1", "Timed out trying to connect to tcp://127.0.0.1:1 after 1 s"),
+    ("localhost", "missing port number in address 'localhost'"),
+    ("nonsense://x", "unknown address scheme 'nonsense'"),
+])
+def test_unreachable_scheduler_is_one_line(stores, command, address, why):
+    """Within dufs.cluster.connect-timeout (here 1 s, not distributed's 30 s), and nothing is written."""
+    args = {"select": [stores / "s.zarr", "-m", "fisher", "-k", "3"],
+            "convert": [write(stores / "in.svm", b"1 1:1\n"), stores / "out.zarr"],
+            "make-synthetic": [stores / "syn.zarr", "--rows", "100", "--features", "50"]}[command]
+    t0 = time.perf_counter()
+    with dask.config.set({"dufs.cluster.connect-timeout": "1s"}):
+        res = run(command, *args, "--scheduler", address, code=2)
+    assert time.perf_counter() - t0 < 15
+    assert one_error_line(res).startswith(f"error: cannot connect to the Dask scheduler at {address}: {why}")
+    assert not any(p.name.startswith(("out.zarr", "syn.zarr")) for p in stores.iterdir())
+
+
+def test_unreachable_scheduler_in_a_process(tmp_path):
+    """The real command: exit 2, one line on stderr, no traceback, the timeout from the environment."""
+    X = sp.random_array((30, 10), density=0.3, rng=0, format="csr")
+    dufs.write_store(X, tmp_path / "s.zarr", np.arange(30) % 2)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "dufs.cli", "select", str(tmp_path / "s.zarr"), "-m", "fisher",
+                          "-k", "3", "--scheduler", "tcp://127.0.0.1:1"], capture_output=True, timeout=120,
+                         env={**ENV, "DASK_DUFS__CLUSTER__CONNECT_TIMEOUT": "2s"})
+    elapsed = time.perf_counter() - t0
+    assert res.returncode == 2 and res.stdout == b""
+    assert res.stderr.decode() == ("error: cannot connect to the Dask scheduler at tcp://127.0.0.1:1: Timed out "
+                                   "trying to connect to tcp://127.0.0.1:1 after 2 s\n")
+    assert elapsed < 30 + 2  # not distributed's 30 s (start-up included)
+
+
+@pytest.mark.slow
+def test_select_on_a_running_scheduler(stores, cluster_client):
+    """A reachable --scheduler: the connection check lets it through and the work runs there."""
+    address = cluster_client.scheduler.address
+    res = run("select", stores / "s.zarr", "-m", "fisher", "-k", "3", "--scheduler", address)
+    assert res.stdout.startswith("fisher: 3 features of 10")
+    assert "on 2 workers" in res.stderr
 
 
 def test_info(tmp_path, text):

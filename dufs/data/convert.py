@@ -309,6 +309,12 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total)
         # the index base and n_features, over every input together (as load_svmlight_files)
         infos = [b.row_block_infos() for b in builders]
+        for s, inf in enumerate(infos):  # a store of no rows: empty input, or only comments and blank lines
+            if not sum(blk["n_rows"] for blk in inf):
+                mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
+                n_skipped = sum(blk["n_skipped"] for blk in inf)
+                why = f" ({n_skipped:,} bad line{'' if n_skipped == 1 else 's'} skipped)" if n_skipped else ""
+                raise InputFormatError(f"no data lines in {', '.join(mine)}{why}", path=mine[0])
         all_blocks = [blk for inf in infos for blk in inf if blk["nnz"]]
         min_idx = min((blk["min_index"] for blk in all_blocks), default=1)
         zb = zero_based if zero_based != "auto" else (min_idx == 0)
@@ -327,8 +333,8 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         stores = []
         for s, b in enumerate(builders):
             mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
-            stores.append(b.finalize(
-                n_features=nf, index_shift=shift, executor=ex,
+            stores.append(b.finalize(  # rows of labels only (no index at all) need no shift
+                n_features=nf, index_shift=shift if any(blk["nnz"] for blk in infos[s]) else 0, executor=ex,
                 provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],
                             "zero_based": bool(zb), "lines": report.lines,
                             "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},

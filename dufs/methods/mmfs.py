@@ -98,15 +98,69 @@ def geometry(M: Matrix) -> dict[str, np.ndarray]:
     return {"coef": coef, "shift": shift, "colsum": colsum, "qii": coef * coef * base}
 
 
-def relevance(M: Matrix, y: np.ndarray, geo: dict, kind: Any = "correlation") -> np.ndarray:
-    """r_i = |f_i^T y~| with y~ the labels centred and scaled to unit norm (|Pearson correlation| under "zscore"),
-    ``"fisher"`` (Fisher scores divided by their largest finite value), or a callable ``kind(M, y) -> r``."""
+def encode_labels(y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes, codes)``: the sorted distinct labels and each sample's class index (``np.unique``'s inverse),
+    whatever the labels' type (numbers, strings, booleans)."""
+    classes, codes = np.unique(np.asarray(y).ravel(), return_inverse=True)
+    return classes, codes.astype(np.int64).reshape(-1)
+
+
+def class_relevance(M: Matrix, codes: np.ndarray, n_classes: int, geo: dict, rule: str = "ratio") -> np.ndarray:
+    """Multi-class relevance from one pass of per-class column sums (``column_stats`` with the class codes),
+    invariant to how the classes are numbered. With B_i = sum_c n_c (mu_ci - mu_i)^2 the between-class and
+    T_i = sum_s (x_si - mu_i)^2 the total sum of squares of the raw feature i:
+
+    - ``"ratio"``: r_i = coef_i sqrt(B_i), the length of f_i's projection on the span of the centred class
+      indicators; under "zscore" and "scale" coef_i = 1 / sqrt(T_i), so r_i is the correlation ratio
+      eta_i = sqrt(B_i / T_i). For two classes B_i = (x_i^T y~)^2, so r_i is the binary relevance |f_i^T y~|.
+    - ``"ovr-max"`` / ``"ovr-mean"``: the largest / mean over the classes c of |f_i^T e~_c|, e~_c the indicator
+      of class c centred and scaled to unit norm (|Pearson correlation| with "class c or not" under "zscore").
+
+    A constant feature scores 0."""
+    st = M.with_standardize(None).column_stats(codes.astype(np.float64))
+    if st.class_count.shape[0] != n_classes:
+        raise ParameterError("MMFS: the class codes do not match the number of classes")
+    cnt = st.class_count.astype(np.float64)[:, None]
+    n = float(M.shape[0])
+    mu = st.mean()
+    dev = st.class_sum / cnt - mu[None, :]  # mu_c - mu, (n_classes, d)
+    const = st.min == st.max
+    # the per-class terms are summed in sorted order: renumbering the classes permutes them, and the sum stays
+    # bit-for-bit the same
+    if rule == "ratio":
+        between = np.where(const, 0.0, np.sort(cnt * dev * dev, axis=0).sum(axis=0))
+        return geo["coef"] * np.sqrt(np.maximum(between, 0.0))
+    if rule in ("ovr-max", "ovr-mean"):
+        # x_i^T (e_c - n_c / n 1) = n_c (mu_c - mu), and the centred indicator has norm^2 n_c (n - n_c) / n
+        per = np.abs(np.sqrt(cnt * n / (n - cnt)) * dev) * geo["coef"][None, :]
+        per[:, const] = 0.0
+        return per.max(axis=0) if rule == "ovr-max" else np.sort(per, axis=0).sum(axis=0) / n_classes
+    raise ParameterError(f"The multi-class relevance rule must be 'ratio', 'ovr-max' or 'ovr-mean'; got {rule!r}.")
+
+
+def relevance(M: Matrix, y: Any, geo: dict, kind: Any = "correlation") -> np.ndarray:
+    """The relevance r of every feature for MMFS:
+
+    - ``"correlation"``: with two classes, r_i = |f_i^T y~| with y~ the labels centred and scaled to unit norm
+      (|Pearson correlation| under "zscore"); with more, the correlation ratio eta_i (:func:`class_relevance`,
+      ``"ratio"``), which does not depend on how the classes are numbered and equals the binary rule for two;
+    - ``"fisher"``: Fisher scores divided by their largest finite value;
+    - a callable ``kind(M, y) -> r``.
+
+    Labels of any type are encoded as classes (``np.unique``); numeric binary labels are used as they are."""
     if callable(kind):
         r = np.asarray(kind(M, y), dtype=np.float64).ravel()
         if r.shape != (M.shape[1],):
             raise ParameterError(f"the relevance callable returned shape {r.shape}; expected ({M.shape[1]},)")
         return r
     if kind == "correlation":
+        y = np.asarray(y).ravel()
+        classes, codes = encode_labels(y)
+        if classes.shape[0] < 2:
+            raise ParameterError("MMFS: the labels are constant, so every feature's relevance is 0")
+        if classes.shape[0] > 2:
+            return class_relevance(M, codes, classes.shape[0], geo, "ratio")
+        y = np.asarray(y, dtype=np.float64) if y.dtype.kind in "biuf" else codes.astype(np.float64)
         yc = y - y.mean()
         nrm = np.linalg.norm(yc)
         if nrm == 0:
@@ -116,7 +170,8 @@ def relevance(M: Matrix, y: np.ndarray, geo: dict, kind: Any = "correlation") ->
     if kind == "fisher":
         from dufs.methods.filters import fisher_scores
 
-        f = fisher_scores(M, y)
+        y = np.asarray(y).ravel()
+        f = fisher_scores(M, y if y.dtype.kind in "biuf" else encode_labels(y)[1])
         fin = f[np.isfinite(f)]
         top = fin.max() if fin.size and fin.max() > 0 else 1.0
         return np.where(np.isfinite(f), f / top, 1.0)
@@ -135,7 +190,9 @@ def margins(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> t
         raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
     if not auto and not (isinstance(gamma, int | float) and gamma > 0):
         raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
-    y = np.asarray(y, dtype=np.float64).ravel()
+    y = np.asarray(y).ravel()
+    if y.dtype.kind in "biuf":
+        y = y.astype(np.float64)
     if y.shape != (M.shape[0],):
         raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
     geo = geometry(M)

@@ -307,6 +307,72 @@ def test_several_outputs_one_exists_leaves_nothing_new(tmp_path):
     convert_libsvm([a, b], [tmp_path / "oa.zarr", tmp_path / "ob.zarr"], overwrite=True)
 
 
+@pytest.mark.parametrize("suffix", ["", ".bz2"])
+@pytest.mark.parametrize("text", [b"", b"# only a comment\n\n", b"\n\r\n  \n", b"# no newline at the end"])
+@pytest.mark.parametrize("zero_based", ["auto", True, False])
+def test_no_data_lines_is_an_error_naming_the_file(tmp_path, suffix, text, zero_based):
+    """An empty file, or one of only comments and blank lines, is an InputFormatError naming the file (whatever
+    the index base: no 0 x 0 store), and nothing is left behind."""
+    src = write(tmp_path / f"empty.svm{suffix}", text)
+    with pytest.raises(InputFormatError, match=f"^no data lines in {re.escape(str(src))}$") as e:
+        convert(src, tmp_path / "out.zarr", zero_based=zero_based)
+    assert e.value.path == str(src)
+    assert_no_output(tmp_path / "out.zarr")
+    with pytest.raises(InputFormatError, match="^no data lines in "):
+        convert(src, tmp_path / "out.zarr", n_features=5)
+    assert_no_output(tmp_path / "out.zarr")
+
+
+def test_no_data_lines_when_every_line_is_skipped(tmp_path):
+    src = write(tmp_path / "bad.svm", b"# c\nabc 1:1\n1 2:x\n")
+    with pytest.raises(InputFormatError, match=f"^no data lines in {re.escape(str(src))} \\(2 bad lines skipped\\)$"):
+        convert(src, tmp_path / "out.zarr", on_error="skip")
+    assert_no_output(tmp_path / "out.zarr")
+
+
+def test_no_data_lines_with_several_inputs(tmp_path):
+    """Appended into one store, an empty input among others is fine; a store of its own would have no rows: an
+    error naming it, and none of the stores is left."""
+    text = b"1 1:2 3:4\n0 2:1\n"
+    a, e = write(tmp_path / "a.svm", text), write(tmp_path / "e.svm.gz", b"# nothing here\n")
+    st, rep = convert([e, a], tmp_path / "one.zarr")
+    assert_equals_sklearn(st, *sk_load(text))
+    assert rep.rows == 2 and rep.comment_lines == 1
+    with pytest.raises(InputFormatError, match=f"^no data lines in {re.escape(str(e))}$"):
+        convert([a, e], [tmp_path / "oa.zarr", tmp_path / "oe.zarr"])
+    assert_no_output(tmp_path / "oa.zarr")
+    assert_no_output(tmp_path / "oe.zarr")
+    with pytest.raises(InputFormatError, match=f"^no data lines in {re.escape(str(e))}, {re.escape(str(e))}$"):
+        convert([e, e], tmp_path / "ee.zarr")
+    assert_no_output(tmp_path / "ee.zarr")
+
+
+def test_no_data_lines_keeps_the_store_it_would_overwrite(tmp_path):
+    src = write(tmp_path / "a.svm", b"1 1:2\n")
+    convert(src, tmp_path / "out.zarr")
+    write(src, b"")
+    with pytest.raises(InputFormatError, match="no data lines"):
+        convert(src, tmp_path / "out.zarr", overwrite=True)
+    assert dufs.open(tmp_path / "out.zarr").shape == (1, 1)
+
+
+def test_comment_line_and_two_data_lines_are_counted(tmp_path):
+    src = write(tmp_path / "c.svm", b"# comment\n1 1:2 3:4\n0 2:1\n")
+    st, rep = convert(src, tmp_path / "out.zarr")
+    assert st.shape == (2, 3)
+    assert (rep.rows, rep.lines, rep.comment_lines, rep.blank_lines, rep.skipped_lines) == (2, 3, 1, 0, 0)
+
+
+@pytest.mark.parametrize("zero_based", ["auto", True, False])
+def test_lines_of_labels_only(tmp_path, zero_based):
+    """Data lines with a label and no feature are rows with no nonzeros (the index base does not matter)."""
+    src = write(tmp_path / "labels.svm", b"1\n# c\n0\n")
+    st, rep = convert(src, tmp_path / "out.zarr", zero_based=zero_based)
+    assert st.shape == (2, 0) and st.nnz == 0
+    np.testing.assert_array_equal(st.y, [1.0, 0.0])
+    assert rep.rows == 2 and rep.comment_lines == 1
+
+
 # ---------------------------------------------------------------------------------------------------- errors
 N_LINES, BAD_LINE, D = 300, 137, 40
 
