@@ -1,6 +1,6 @@
 """Logging helpers: one logger per module and a phase timer.
 
-dufs logs and never prints; the CLI adds progress bars on top (STYLE.md habit 14).
+dufs logs and never prints; the CLI adds progress bars on top.
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ class MMFS(_DufsSelector):
     """Max-margin feature selection by dual coordinate descent (Prasad, Khandelwal, Biswas; supervised).
 
     Features are the points of a soft-margin problem with one margin per feature (its relevance); the features
-    with a positive dual variable alpha are selected, ranked by alpha (DESIGN.md section 7.1).
+    with a positive dual variable alpha are selected, ranked by alpha (docs/methods.md, "MMFS").
 
     Parameters
     ----------
@@ -487,13 +487,17 @@ class JCFS(_GreedySelector):
         How many features to select; more than X has, or "all", keeps every feature (the former with a warning,
         as scikit-learn's ``SelectKBest``).
     n_clusters : int, default 2
-    lambda_ : float >= 0, default 1e-4
-        Trade-off between the spectral and the Fisher terms (the paper searches 1e-6 .. 1e-3).
+    lambda_ : float >= 0, default 1e-6
+        Trade-off between the spectral and the Fisher terms (the paper searches 1e-6 .. 1e-3); lambda_ / gamma is
+        the weight that pulls the embedding into the span of the selected features (0.01 by default, chosen on
+        data: at 1 the first selection locks the embedding in).
     gamma : float > 0, default 1e-4
     W, graph, n_neighbors (default 5), weights, t, n_anchors, anchor_neighbors, embed_dim, random_state
         The sample graph, as :class:`LapAOFS`.
     max_iter : int, default 10
-    standardize : {"zscore", "scale"} or None, default None
+    standardize : {"zscore", "scale"} or None, default "zscore"
+        JCFS's Fisher criterion assumes centred features; on features of one scale (pixels) None did 1-3 points
+        better, on mixed scales (breast cancer) "zscore" 0.90 against 0.76 k-means accuracy.
     client : distributed.Client, optional
 
     Attributes
@@ -519,10 +523,11 @@ class JCFS(_GreedySelector):
         "max_iter": [Interval(Integral, 1, None, closed="left")],
     }
 
-    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, lambda_: float = 1e-4, gamma: float = 1e-4,
+    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, lambda_: float = 1e-6, gamma: float = 1e-4,
                  W: Any = None, graph: str = "knn", n_neighbors: int = 5, weights: str = "binary",
                  t: float | None = None, n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
-                 max_iter: int = 10, random_state: int = 0, standardize: str | None = None, client: Any = None):
+                 max_iter: int = 10, random_state: int = 0, standardize: str | None = METHODS["jcfs"].standardize,
+                 client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
         self.lambda_ = lambda_

@@ -1,4 +1,4 @@
-"""Evaluation of feature selections, following the papers' protocols (DESIGN.md section 6).
+"""Evaluation of feature selections, following the papers' protocols (docs/architecture.md, "Results and evaluation").
 
 * Supervised (MMFS, paper 002): top-K accuracy of an L2-regularised L2-loss linear SVM
   (``LinearSVC(C=1, loss="squared_hinge", penalty="l2")``) trained on the K best features, on a held-out test set,

@@ -1,4 +1,4 @@
-"""The result of a feature selection: ``Selection`` (DESIGN.md section 6)."""
+"""The result of a feature selection: ``Selection`` (docs/architecture.md, "Results and evaluation")."""
 
 from __future__ import annotations
 

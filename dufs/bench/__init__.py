@@ -358,7 +358,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
             resident = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                h = M.rmatvec(v, gather=False)  # the per-block results stay on the workers (DESIGN.md section 4)
+                h = M.rmatvec(v, gather=False)  # the per-block results stay on the workers
                 resident.append(time.perf_counter() - t0)
                 h.release()
             M.release()

@@ -1,4 +1,4 @@
-"""engine layer of dufs (see DESIGN.md section 2): the cluster, the feature-blocked matrix, sample graphs."""
+"""engine layer of dufs (docs/architecture.md, "Layers"): the cluster, the feature-blocked matrix, sample graphs."""
 
 from dufs.engine.cluster import get_client
 from dufs.engine.matrix import BlockState, ColumnStats, FeatureBlock, Matrix, PerBlock, as_matrix

@@ -1,6 +1,7 @@
 """Which Dask cluster a computation runs on (``get_client``).
 
-Order, as DESIGN.md section 1: the ``client`` given; else the active ``distributed.Client``; else a client on
+Order (docs/architecture.md, "Who it is for"):
+the ``client`` given; else the active ``distributed.Client``; else a client on
 ``scheduler_address``; else an embedded ``LocalCluster`` of processes (one worker a core) started for the call and
 closed afterwards. ``synchronous=True`` runs without any cluster (small in-memory inputs).
 """

@@ -1,4 +1,5 @@
-"""The feature-blocked matrix: column statistics and implicitly standardized products (DESIGN.md section 4).
+"""The feature-blocked matrix: column statistics and implicitly standardized products (docs/architecture.md,
+"The engine").
 
 A :class:`Matrix` holds X (n_samples x n_features) as CSC feature blocks, each a run of whole columns as raw
 ``indptr, indices, data`` buffers. Its products apply the chosen standardization implicitly, never densifying:
@@ -818,7 +819,7 @@ class Matrix:
         """
         n, d = self.shape
         # a float32 V over float32 data stays float32: exact (the kernel multiplies and sums in float64), and the
-        # randomly read vector takes half the cache and half the bytes shipped (DESIGN.md section 8)
+        # randomly read vector takes half the cache and half the bytes shipped (docs/architecture.md, "Measured facts")
         V2, one = _as_2d(V, n, "V", "n_samples", keep_float32=np.dtype(self.dtype) == np.float32)
         mu, inv = self._transform()
         vsum = col_sums(V2) if mu is not None else None

@@ -1,1 +1,1 @@
-"""kernels layer of dufs (see DESIGN.md section 2)."""
+"""kernels layer of dufs (docs/architecture.md, "Layers")."""

@@ -1,7 +1,7 @@
 """Kernels on one CSC feature block (raw ``indptr, indices, data`` buffers): column statistics and mat-vecs.
 
 A CSC feature block holds whole columns: ``indptr`` (int64, n_cols + 1), ``indices`` (row numbers) and ``data``
-(any float dtype). Every accumulation is in float64. No dask or SciPy objects here (DESIGN.md section 2).
+(any float dtype). Every accumulation is in float64. No dask or SciPy objects here (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _csc_rmatvec_1(indptr, indices, data, V, out):
     n_cols = indptr.shape[0] - 1
     for j in range(n_cols):
         acc = 0.0
-        # unsigned positions: no negative-index wraparound checks in the inner loop (DESIGN.md section 8)
+        # unsigned positions: no negative-index wraparound checks in the inner loop (docs/architecture.md)
         for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
             acc += np.float64(data[k]) * np.float64(V[np.uint64(indices[k]), 0])
         out[j, 0] = acc

@@ -1,4 +1,4 @@
-"""Dual coordinate descent kernels for MMFS (DESIGN.md section 7.1), on the raw CSC buffers of one feature block.
+"""Dual coordinate descent kernels for MMFS (docs/methods.md, "MMFS"), on the raw CSC buffers of one feature block.
 
 Feature j of the block is the implicitly transformed column f_j = coef_j (x_j - shift_j 1) (never formed). The
 primal vector w (over samples) is held as ``ws + t 1`` with ``S = 1^T ws`` so that the rank-one part of a centred

@@ -1,4 +1,4 @@
-"""Per-block kernels of the greedy selectors (DESIGN.md sections 7.2 and 7.3), on the raw CSC buffers of one block.
+"""Per-block kernels of the greedy selectors (docs/methods.md), on the raw CSC buffers of one block.
 
 Feature j of the block is the implicitly transformed column z_j = coef_j (x_j - shift_j 1) (never formed), so
 z_j^T v = coef_j (x_j^T v - shift_j 1^T v). Every candidate carries O(1) numbers: its Schur complement ``s`` and a

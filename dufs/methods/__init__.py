@@ -1,1 +1,1 @@
-"""methods layer of dufs (see DESIGN.md section 2)."""
+"""methods layer of dufs (docs/architecture.md, "Layers")."""

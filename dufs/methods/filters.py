@@ -55,7 +55,7 @@ def fisher_scores(M: Matrix, y: Any = None) -> np.ndarray:
     """Fisher score S_b / S_w per feature, S_b = sum_c n_c (mu_c - mu)^2, S_w = sum_c n_c sigma_c^2.
 
     Larger is better; 0 for a constant feature, +inf for a feature constant within every class but not overall.
-    Equals scikit-feature's ``fisher_score`` (DESIGN.md section 7.4).
+    Equals scikit-feature's ``fisher_score`` (docs/methods.md, "Fisher score").
     """
     y = _labels(M, y, "fisher")
     st = M.with_standardize(None).column_stats(y)

@@ -1,5 +1,5 @@
 """Greedy sequential selectors in feature space: LapAOFS, LapDOFS (paper 004) and JCFS's greedy Fisher step
-(paper 001), in the forms of DESIGN.md sections 7.2 and 7.3.
+(paper 001), in the feature-space forms of docs/methods.md ("LapAOFS and LapDOFS", "JCFS").
 
 With Z the implicitly transformed data (n_samples x n_features, never formed), B = I + lambda1 L (LapAOFS and
 LapDOFS; B = I and lambda2 = gamma for JCFS) and G = Z^T B Z + lambda2 I (never formed), the selected set S has the
@@ -609,7 +609,7 @@ def _check_k(M: Matrix, n_features: Any) -> int:
 def jcfs_select(M: Matrix, Y: np.ndarray, n_features: int, gamma: float = 1e-4, *, checkpoint: Any = None,
                 checkpoint_every: int = 1, resume: bool = False) -> GreedyResult:
     """JCFS's greedy step for a fixed embedding ``Y`` (n_samples x c): ``n_features`` features by eq. (14) with
-    M_0 = I / gamma (DESIGN.md 7.3: Algorithm 1's M_0 = 1/2 I is a slip), in feature space."""
+    M_0 = I / gamma (docs/methods.md, "JCFS": Algorithm 1's M_0 = 1/2 I is a slip), in feature space."""
     gamma = _check("gamma", gamma, strict=True)
     k = _check_k(M, n_features)
     Y = np.asarray(Y, dtype=np.float64)
@@ -675,7 +675,7 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
     return vecs[:, order], sigma - vals[order]
 
 
-def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-4, gamma: float = 1e-4, W: Any = None,
+def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,
          graph: str = "knn", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
          n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,
          random_state: int = 0, dense_below: int = 3000, select_gamma: float | None = None) -> GreedyResult:
@@ -683,11 +683,18 @@ def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-4, 
     graph with binary weights, k = 5, as the paper) and the greedy Fisher step (:func:`jcfs_select`), starting
     from the empty selection, until the selected set stops changing or ``max_iter`` alternations.
 
-    Corrections to the paper (DESIGN.md 7.3): M_0 = I / gamma (Algorithm 1 says 1/2 I); eq. (14) misses a
+    Corrections to the paper (docs/methods.md, "JCFS"): M_0 = I / gamma (Algorithm 1 says 1/2 I); eq. (14) misses a
     transpose; Y in the loop is the continuous spectral embedding (the greedy step works for any Y).
 
     ``select_gamma``: the ridge of the greedy step, M_0 = I / select_gamma (default ``gamma``, the correction
-    above); ``select_gamma=2.0`` runs Algorithm 1 as printed (M_0 = I/2 while the spectral step keeps ``gamma``)."""
+    above); ``select_gamma=2.0`` runs Algorithm 1 as printed (M_0 = I/2 while the spectral step keeps ``gamma``).
+
+    Defaults, chosen on data (``examples/greedy_defaults.py``: digits 1 vs 7, digits, iris with noise columns,
+    COIL20, ORL, Isolet; k-means ACC and NMI on the selected features): what matters is lambda_ / gamma, the
+    weight of the term that pulls Y into the span of the selected features. At 1 (lambda_ = gamma = 1e-4, the
+    default before) the first selection locks Y in (digits 1 vs 7, 10 features: k-means 0.73); at 0.01
+    (lambda_ = 1e-6, the paper's smallest) Y stays spectral (0.97) and the mean rank over the six sets was the
+    best of the (standardize, lambda_, gamma) grid."""
     if not (isinstance(max_iter, int | np.integer) and max_iter >= 1):
         raise ParameterError(f"The 'max_iter' parameter must be an int >= 1; got {max_iter!r}.")
     k = _check_k(M, n_features)

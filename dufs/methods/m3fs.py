@@ -1,5 +1,5 @@
 """M3FS, the faithful solver: unsupervised maximum margin feature selection with manifold regularisation
-(Zhao, Kwok, Wang, Zhang, CVPR 2009; DESIGN.md section 7.5), two-class and multi-class.
+(Zhao, Kwok, Wang, Zhang, CVPR 2009; docs/methods.md, "M3FS"), two-class and multi-class.
 
 Two-class (paper eqs. (7)-(12)). With f = X v + b 1 (X is n_samples x n_features here, the paper's X^T), the
 problem is
@@ -24,7 +24,7 @@ and the most violated constraint is Proposition 8's (c_i = e_r*, r* the runner-u
 Saliencies ``sigma`` are the sigma step's closed form at the final v (:func:`sigma_step`; the SOCP's own sigma
 agrees to solver accuracy but is not exactly sparse); the selected features are the ``n_features`` = m largest.
 
-Departures from and readings of the paper (DESIGN.md 7.5):
+Departures from and readings of the paper (docs/methods.md, "M3FS"):
 
 - The manifold identity in section 3.1 drops a factor 2 (sum_ij W_ij (f_i/sqrt(D_ii) - f_j/sqrt(D_jj))^2 =
   2 f^T L f); we use f^T L f as in (2), (6), (7), (9), i.e. the paper's lambda is half the lambda of the sum form.
@@ -106,7 +106,7 @@ def sigma_step(V: Any, m: float) -> np.ndarray:
 
     References
     ----------
-    Zhao et al. 2009, eqs. (7) and (16) with v fixed; DESIGN.md section 7.5.
+    Zhao et al. 2009, eqs. (7) and (16) with v fixed; docs/methods.md, "M3FS".
     """
     V = np.asarray(V, dtype=np.float64)
     if V.ndim == 1:

@@ -1,4 +1,4 @@
-"""M3FS, the scalable alternating variant (paper 000, Zhao, Kwok, Wang, Zhang, CVPR 2010; DESIGN.md 7.5).
+"""M3FS, the scalable alternating variant (paper 000, Zhao, Kwok, Wang, Zhang, CVPR 2010; docs/methods.md, "M3FS").
 
 The objective is the paper's, problem (6) (two clusters) and (14) (M > 2 clusters), with its sigma relaxation
 0 <= sigma <= 1, sum sigma = m, written for the engine's transformed data Z (n_samples x n_features; the paper's
@@ -11,7 +11,7 @@ X^T is our Z) and with the slacks eliminated:
   largest and second largest score (labels y_i = argmax_p f_ip, the labels that minimise (14) over y);
 
 L the normalised Laplacian I - D^-1/2 W D^-1/2 of a kNN or anchor graph (the paper writes the manifold term as
-lambda f^T L f; its sum over edges is twice that, DESIGN.md 7.5: we keep lambda f^T L f). ||v_k|| is |v_k| for two
+lambda f^T L f; its sum over edges is twice that: we keep lambda f^T L f). ||v_k|| is |v_k| for two
 clusters and the norm of row k of V (d x M) for M.
 
 **Class balance** (the paper's l): constraint (5), -l <= sum_i f_i <= l, and (14)'s -l <= 1^T Z (v_p - v_q) <= l,
@@ -408,7 +408,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
 
     References
     ----------
-    Zhao et al., CVPR 2009, problems (6) and (14), CCCP step (9)/(17); DESIGN.md 7.5.
+    Zhao et al., CVPR 2009, problems (6) and (14), CCCP step (9)/(17); docs/methods.md, "M3FS".
     """
     from dufs.methods.greedy import sample_graph
 

@@ -1,4 +1,4 @@
-"""MMFS: max-margin feature selection by dual coordinate descent (paper 002; the formulation of DESIGN.md 7.1).
+"""MMFS: max-margin feature selection by dual coordinate descent (paper 002; docs/methods.md, "MMFS").
 
 Features are the points. With f_i the MMFS-scaled feature columns (the engine's standardization divided by
 sqrt(m) for ``"zscore"`` and ``"scale"``, raw for None), relevance r_i and margins rho = theta / (1 - theta) r:
@@ -741,7 +741,7 @@ def auto_partitions(M: Matrix) -> int:
 
     Small: under ``_SMALL_NNZ`` nonzeros a serial epoch takes a few tens of milliseconds, less than a round's
     fixed cost on a cluster. Dense: above ``_DENSE`` density the features are strongly coupled and the held-bias
-    rule needs 3-4x the rounds of serial DCD (DESIGN.md 7.1: 86-138 rounds against 34 epochs on ALLAML)."""
+    rule needs 3-4x the rounds of serial DCD (86-138 rounds against 34 epochs on ALLAML, docs/methods.md "MMFS")."""
     from dufs.engine.matrix import _client
 
     client = _client()
@@ -763,6 +763,23 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
          random_state: int = 0, n_partitions: Any = "auto", checkpoint: Any = "auto", checkpoint_every: int = 5,
          resume: bool = False) -> MMFSResult:
     """Solve MMFS on ``M`` (its ``standardize`` gives the geometry) with labels ``y``; see the module docstring.
+
+    Defaults, chosen on data (``examples/mmfs_defaults.py``: C, theta, gamma, standardize, the relevance and its
+    multi-class rule, on ALLAML, BASEHOCK, PCMAC, RELATHE, COIL20, ORL and Isolet, LinearSVC(C=1) on the top K with
+    the selection made inside each of 5 folds): ``C=1``, ``theta=0.5``, ``gamma="auto"``, ``standardize="zscore"``
+    (``fit``'s default) and ``relevance_kind="correlation"`` (|corr| on two classes, the correlation ratio on more).
+    They beat the |correlation| ranking in 11 of the 14 (set, K in {5, 10}) cells, with a mean accuracy of 68.3%
+    against 55.0%; taking the class ids as numbers (the rule before) reached 62.2% and depended on how the classes
+    were numbered. No single change of C (0.01 .. 10), theta (0.3 .. 0.9) or a fixed gamma (1 .. 0.001) won more
+    cells, and none had a mean more than 0.02 points higher (C=0.3). Recommended settings by kind of data:
+
+    - dense measurements (microarrays, images, audio features): the defaults; ``standardize="zscore"`` matters
+      (``"scale"`` lost 10-50 points on COIL20 and ORL, where the pixels' means differ);
+    - sparse counts or tf-idf (text, kddb-like): the defaults (centring stays implicit, nothing is densified);
+      ``"scale"`` gave the same accuracies on the three text sets and is the paper's kddb setting; at K >= 20 the
+      |correlation| filter was as good or better on two of the three text sets, MMFS's gain is at small K;
+    - many classes: the default correlation ratio; ``relevance_kind="fisher"`` ranks the same features first
+      (eta^2 = F / (1 + F)) but its scale weighs relevance against redundancy differently and lost on ORL.
 
     ``gamma="auto"`` follows a decreasing path gamma = 1, 1/2, 1/4, ... with warm starts until the support holds
     ``n_features`` features (or gamma reaches 2^-30); a fixed gamma solves once.

@@ -1,4 +1,4 @@
-"""MMFS with a nonlinear kernel over the features (paper 002 section 2.3; DESIGN.md 7.1).
+"""MMFS with a nonlinear kernel over the features (paper 002 section 2.3; docs/methods.md, "Kernel MMFS").
 
 The dual is the linear solver's with K_ij = k(f_i, f_j) on the MMFS columns f (the engine's standardized columns z
 divided by sqrt(m) for ``"zscore"``/``"scale"``, raw z for None):

@@ -1,5 +1,5 @@
 """QPFS: quadratic programming feature selection (Rodriguez-Lujan et al., JMLR 2010), the hard-margin special case
-of MMFS (paper 002 eqs. (4)-(5); DESIGN.md 7.1).
+of MMFS (paper 002 eqs. (4)-(5); docs/methods.md, "QPFS").
 
     min_x f(x) = 1/2 (1 - a) x^T Q x - a F^T x   subject to x >= 0, 1^T x = 1,
 

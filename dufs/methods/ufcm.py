@@ -1,7 +1,7 @@
-"""UFCM: unsupervised feature analysis with class margin optimisation (paper 003, Wang et al.), DESIGN.md 7.5.
+"""UFCM: unsupervised feature analysis with class margin optimisation (paper 003, Wang et al.), docs/methods.md "UFCM".
 
 With Zc the implicitly transformed data centred by its column means (n_samples x n_features, never formed), the
-objective (eq. (6), with the l2,p term as ||W||_{2,p}^p, DESIGN.md 7.5) is
+objective (eq. (6), with the l2,p term as ||W||_{2,p}^p, docs/methods.md "UFCM") is
 
     f(W, U, G) = Tr(W^T S_t W) - alpha ||Zc W - U G^T||_F^2 - beta sum_i ||w^i||^p,   W^T W = I,
 

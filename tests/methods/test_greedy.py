@@ -335,7 +335,7 @@ def test_a_worker_killed_mid_run_changes_nothing(monkeypatch):
     ("lapaofs", {"weights": "heat", "t": -1.0}, r"\bt\b"),
     ("lapaofs", {"W": np.eye(7)}, r"\bW\b"),
     ("lapdofs", {"n_features": 0}, "n_features"),
-    ("lapdofs", {"n_features": 61}, "n_features"),
+    ("lapdofs", {"n_features": 1.5}, "n_features"),
     ("jcfs", {"n_clusters": 0}, "n_clusters"),
     ("jcfs", {"lambda_": -1.0}, "lambda_"),
     ("jcfs", {"gamma": 0.0}, "gamma"),
@@ -351,6 +351,16 @@ def test_bad_parameters_name_the_parameter(method, params, name):
     kw = {**base, **params}
     with pytest.raises(ParameterError, match=name):
         dufs.fit(X, method=method, standardize=None, client=False, **kw)
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_more_features_than_the_input_warns_and_keeps_all(method):
+    """As scikit-learn's SelectKBest: n_features beyond the input warns (a DufsWarning) and selects every feature."""
+    X = _data("dense")
+    with pytest.warns(dufs.errors.DufsWarning, match=f"n_features={X.shape[1] + 1} is greater than the "
+                                                      f"{X.shape[1]} features"):
+        sel = dufs.fit(X, method=method, n_features=X.shape[1] + 1, standardize=None, client=False)
+    assert sorted(sel.indices.tolist()) == list(range(X.shape[1]))
 
 
 def test_jcfs_select_rejects_bad_parameters():
