@@ -267,7 +267,10 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     X : NumPy array, SciPy sparse, pydata sparse, Dask array (dense or sparse chunks), a SparseStore or a store path
         A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
     y : array-like, optional
-        Labels (supervised methods); a store's own labels are used by default.
+        Labels (supervised methods); a store's own labels are used by default. Classes may be numbers, strings or
+        booleans (the Fisher score, MMFS and QPFS need classes and refuse a continuous target; the correlation
+        filter takes |Pearson| on a binary or continuous target and the correlation ratio on more classes). Ignored
+        by the unsupervised methods.
     method : {"variance", "correlation", "fisher", "laplacian", "mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs",
               "ufcm", "m3fs"}
     n_features : int or "all"
@@ -286,9 +289,17 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     Returns
     -------
     Selection
-        A result the method itself marks as degenerate (every sample in one cluster, every score equal or NaN,
-        an empty MMFS support) comes with a :class:`~dufs.errors.DufsWarning` naming the parameter to change,
-        and ``diagnostics["degenerate"]`` says what happened.
+        Its ``source`` identifies the input (shape, nnz, a content fingerprint; the path of a store):
+        :meth:`Selection.check_input` compares another input with it. A result the method itself marks as
+        degenerate (every sample in one cluster, every score equal or NaN, an empty MMFS support) comes with a
+        :class:`~dufs.errors.DufsWarning` naming the parameter to change, and ``diagnostics["degenerate"]`` says
+        what happened.
+
+    Raises
+    ------
+    ParameterError
+        On a bad method, parameter or ``n_features``; on a NaN or infinite value in X (naming its first row and
+        feature) or in y (naming its row), in any input kind: dufs does not impute.
     """
     from dufs._logging import set_verbosity
 
@@ -307,9 +318,12 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync" if in_memory else "threads")
         with ctx:
             with timer("load", timings, log):
-                if _is_dask(y):
+                if not spec.supervised:
+                    y = None  # ignored: not read, not checked (a store's own labels are read as before)
+                elif _is_dask(y):
                     y = np.asarray(y.compute())
                 M = as_matrix(X, standardize=std, y=y, persist=c is not None)
+                source = dict(M.identity)
             n_total = M.shape[1]
             n_features = check_n_features(n_features, n_total, method)
             if spec.supervised and M.y is None:
@@ -320,6 +334,9 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                 scores, order, method_diag = got if isinstance(got, tuple) else (got, None, {})
             n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
             passes = M.passes
+            if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
+                source["nnz"] = int(sum(b.nnz for b in M.blocks))
+            feature_ids = M.feature_ids
             M.release()
     problem = _degenerate(method, scores, order, method_diag, params)
     if problem is not None:
@@ -328,10 +345,12 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     if order is None:
         order = rank(scores, spec.higher_is_better)
     sel = order[:n_features]
+    if feature_ids is not None:  # the ids of the selected features, so that another input's can be compared
+        source["selected_feature_ids"] = np.asarray(feature_ids)[sel].tolist()
     diagnostics = {"passes": passes, "timings": timings, "wall_time": time.perf_counter() - t0,
                    "n_workers": n_workers, "n_blocks": M.n_blocks, "standardize": std,
                    "blocks": {k: v for k, v in M.residency.items() if v is not None}, **method_diag}
     return Selection(method=method, indices=sel, scores=scores, n_features_in=n_total,
                      params={"n_features": int(n_features), "standardize": std,
                              **{k: v for k, v in params.items() if k != "W"}},
-                     diagnostics=diagnostics, higher_is_better=spec.higher_is_better)
+                     diagnostics=diagnostics, higher_is_better=spec.higher_is_better, source=source)

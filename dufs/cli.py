@@ -8,6 +8,7 @@ cluster start an embedded ``LocalCluster`` (processes, one worker a core) and cl
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -22,19 +23,134 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
 from dufs.api import METHODS, check_method  # already imported by ``import dufs``: no start-up cost
 from dufs.errors import DufsError, ParameterError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="dufs: distributed, out-of-core feature selection for huge sparse data.")
 # no emoji codes: "file.svm:100:" must not print as "file.svm💯"
 console = Console(stderr=True, emoji=False)
 out = Console(emoji=False)
 
+
+# click's exception classes as this typer uses them (recent typer releases vendor their own click)
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_NoArgsIsHelp = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
+
+
+class _Group(TyperGroup):
+    """The ``dufs`` group: usage errors (a missing option, a value of the wrong type, an unknown command) are one
+    line, ``error: ... (see dufs CMD --help)``, exit 2, like every other error of the command line."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NoArgsIsHelp as e:
+            out.print(e.ctx.get_help(), highlight=False, markup=False)
+            sys.exit(2)
+        except _UsageError as e:
+            where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+            console.print(f"[bold red]error:[/] {escape(' '.join(e.format_message().split()))}{escape(where)}",
+                          highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except _ClickException as e:
+            console.print(f"[bold red]error:[/] {escape(' '.join(e.format_message().split()))}", highlight=False,
+                          soft_wrap=True)
+            sys.exit(e.exit_code)
+        except (typer.Abort, KeyboardInterrupt):
+            console.print("interrupted", highlight=False)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dufs: distributed, out-of-core feature selection for huge sparse data.")
+
 SchedulerOpt = typer.Option(None, "--scheduler", help="Address of a running dask scheduler (tcp://host:8786).")
 WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded LocalCluster (default: one a core; "
                                                    "0: local threads, no cluster).")
+
+
+_DEBUG = {"on": bool(os.environ.get("DUFS_DEBUG"))}
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks instead of one-line errors "
+                                                             "(also DUFS_DEBUG=1).")) -> None:
+    _DEBUG["on"] = debug or bool(os.environ.get("DUFS_DEBUG"))
+
+
+def _command(*args: Any, **kwargs: Any) -> Any:
+    """``app.command`` whose failures end in one line on stderr and exit 2 (bad input: a DufsError, an OSError, a
+    ValueError, a truncated stream) or 1 (anything else, an internal error), never a traceback, unless ``--debug``.
+    """
+    def deco(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            try:
+                return fn(*a, **k)
+            except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the command line's boundary
+                if _DEBUG["on"] or isinstance(exc, _ClickException):
+                    raise
+                _fail(exc)
+        return app.command(*args, **kwargs)(wrapper)
+    return deco
+
+
+def _one_line(exc: BaseException) -> str:
+    """What a user reads: the message of an error (an OSError as ``path: reason``), on one line."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror}"
+        if exc.filename2 is not None:
+            text += f" (-> {exc.filename2})"
+    elif isinstance(exc, DufsError | OSError | ValueError | EOFError):
+        text = str(exc) or type(exc).__name__
+    else:
+        text = f"internal error ({type(exc).__name__}: {exc}); run with --debug for the traceback"
+    return " ".join(text.split())
+
+
+def _check_output_file(path: Path | None, option: str) -> None:
+    """Before any work: a file can be written at ``path`` (its folder exists and is writable; it is no folder)."""
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ParameterError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise ParameterError(f"{option} {path}: the folder {parent} does not exist")
+    _check_writable(parent, f"{option} {path}")
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """A file can be made in ``folder`` (tried, not guessed from permission bits: root passes those everywhere)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dufs-write-check-"):
+            pass
+    except OSError as exc:
+        raise ParameterError(f"{what}: cannot write in the folder {folder} ({exc.strerror or exc})") from None
+
+
+def _check_output_dir(path: str | Path, what: str) -> None:
+    """Before any work: a store (a folder) can be made at a local ``path``: its parent folder exists and is
+    writable (URLs are checked by the store layer)."""
+    if "://" in str(path):
+        return
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise ParameterError(f"{what} {path}: {parent} is not a folder")
+    if not parent.is_dir():
+        raise ParameterError(f"{what} {path}: the folder {parent} does not exist")
+    _check_writable(parent, f"{what} {path}")
 
 
 @contextlib.contextmanager
@@ -88,8 +204,11 @@ def _probe_scheduler(address: str) -> None:
 
 
 def _fail(exc: BaseException) -> None:
-    console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # no wrapping
-    raise typer.Exit(2)
+    if _DEBUG["on"]:  # --debug: the traceback (a DufsError the command caught itself included)
+        raise exc
+    user = isinstance(exc, DufsError | OSError | ValueError | EOFError)
+    console.print(f"[bold red]error:[/] {escape(_one_line(exc))}", highlight=False, soft_wrap=True)  # no wrapping
+    raise typer.Exit(2 if user else 1)
 
 
 def _bytes_progress() -> Progress:
@@ -98,7 +217,7 @@ def _bytes_progress() -> Progress:
                     disable=not console.is_terminal and not os.environ.get("DUFS_PROGRESS"))
 
 
-@app.command()
+@_command()
 def convert(
     inputs: list[Path] = typer.Argument(..., help="libsvm/svmlight files (plain, .bz2, .gz, .xz), then OUT."),
     each: bool = typer.Option(False, "--each", help="One store per input (OUT is a directory); the stores "
@@ -110,7 +229,8 @@ def convert(
                                                              "bad lines and report them."),
     dtype: str = typer.Option("float32", "--dtype", help="Value dtype of the store."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted conversion."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing dufs store (never anything "
+                                                                 "else); discard an interrupted build."),
     block_bytes: str | None = typer.Option(None, "--block-bytes", help="Text bytes per row block (32MiB)."),
     scheduler: str | None = SchedulerOpt,
     workers: int | None = WorkersOpt,
@@ -127,6 +247,16 @@ def convert(
     for p in ins:  # before any cluster starts (URLs are checked by the converter)
         if "://" not in str(p) and not p.exists():
             _fail(ParameterError(f"{p}: no such file"))
+        if "://" not in str(p) and p.is_dir():
+            _fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
+    _check_output_dir(dest, "OUT")
+    if block_bytes is not None:
+        import dask.utils
+
+        try:
+            dask.utils.parse_bytes(block_bytes)
+        except ValueError:
+            _fail(ParameterError(f"--block-bytes must be a size like 32MiB or 8000000; got {block_bytes!r}"))
     outs: Any = [dest / (p.name.split(".")[0] + ".zarr") for p in ins] if each else dest
     made_dest = each and not dest.exists()
     if each:
@@ -157,7 +287,9 @@ def convert(
     console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
                   f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s "
                   f"({rep.bytes / dt / 1e6:,.1f} MB/s); data lines {rep.rows:,}, blank lines {rep.blank_lines:,}, "
-                  f"comment lines {rep.comment_lines:,}", highlight=False, soft_wrap=True)
+                  f"comment lines {rep.comment_lines:,}"
+                  + (f", qid fields ignored on {rep.qid_lines:,} lines" if getattr(rep, "qid_lines", 0) else ""),
+                  highlight=False, soft_wrap=True)
     if rep.skipped_lines:
         console.print(f"[yellow]skipped {rep.skipped_lines} bad lines[/]; first ones:", highlight=False)
         for f, line, off, why in rep.skipped:
@@ -167,22 +299,63 @@ def convert(
         out.print(s.path, highlight=False, soft_wrap=True, markup=False)  # a path for scripts: as it is
 
 
-@app.command()
+@_command()
 def info(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-         top: int = typer.Option(10, "--top", help="How many most frequent features to list.")) -> None:
+         top: int = typer.Option(10, "--top", min=0, help="How many most frequent features to list."),
+         verify: bool = typer.Option(False, "--verify", help="Also read every chunk (as dufs verify) and fail, "
+                                                              "naming the damage, if any is missing or corrupt.")
+         ) -> None:
     """Shape, nonzeros, density, blocks, label counts, top features by frequency, provenance."""
     from dufs.data import open_store
 
     try:
         st = open_store(store)
         d = st.info(top=top)
+        if verify:
+            d["verified"] = _verify(store)
     except DufsError as exc:
         _fail(exc)
     if as_json:
         out.print_json(json.dumps(d))
         return
     _print_info(d)
+    if verify:
+        console.print(str(d["verified"]["summary"]), highlight=False, soft_wrap=True, markup=False)
+
+
+@_command()
+def verify(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
+           max_damage: int = typer.Option(100, "--max-damage", min=1, help="Stop after this many damaged chunks."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON (the damage, on failure, too).")) -> None:
+    """Read and check every chunk of a store (checksums, missing or truncated chunks, the completion marker): exit 0
+    and a summary when it is intact, else exit 2 naming what is damaged."""
+    from dufs.errors import CorruptChunkError
+
+    try:
+        rep = _verify(store, max_damage)
+    except CorruptChunkError as exc:
+        if as_json:
+            out.print_json(json.dumps({"path": store, "intact": False, "error": _one_line(exc),
+                                       "damage": [list(d) for d in exc.damage]}))
+            raise typer.Exit(2) from None
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rep))
+        return
+    out.print(rep["summary"], highlight=False, soft_wrap=True, markup=False)
+
+
+def _verify(store: str, max_damage: int = 100) -> dict:
+    """:func:`dufs.data.verify_store` with a rich progress-free summary (it raises on damage)."""
+    import dataclasses
+
+    from dufs.data import verify_store
+
+    t0 = time.perf_counter()
+    rep = verify_store(store, max_damage=max_damage)
+    return {**dataclasses.asdict(rep), "intact": True, "seconds": round(time.perf_counter() - t0, 3),
+            "summary": str(rep)}
 
 
 def _print_info(d: dict) -> None:
@@ -204,7 +377,7 @@ def _print_info(d: dict) -> None:
     out.print(t)
 
 
-@app.command("make-synthetic")
+@_command("make-synthetic")
 def make_synthetic_cmd(
     output: str = typer.Argument(..., help="The store to write."),
     rows: int = typer.Option(100_000, "--rows"),
@@ -214,12 +387,14 @@ def make_synthetic_cmd(
     seed: int = typer.Option(0, "--seed"),
     label_noise: float = typer.Option(0.05, "--label-noise"),
     row_block: int | None = typer.Option(None, "--row-block", help="Rows per row block."),
-    overwrite: bool = typer.Option(False, "--overwrite"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing dufs store (never anything "
+                                                                 "else); discard an interrupted build."),
     resume: bool = typer.Option(False, "--resume"),
     scheduler: str | None = SchedulerOpt,
     workers: int | None = WorkersOpt,
 ) -> None:
     """Write a kddb-like synthetic store (power-law binary features, sparse linear labels)."""
+    _check_output_dir(output, "OUTPUT")
     try:
         _make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
                         overwrite, resume, scheduler, workers)
@@ -255,7 +430,7 @@ def _make_synthetic(output, rows, features, nnz_per_row, informative, seed, labe
     return st
 
 
-@app.command()
+@_command()
 def select(
     store: str = typer.Argument(..., help="A dufs store (path or URL)."),
     method: str = typer.Option(..., "--method", "-m", help="One of: " + ", ".join(sorted(METHODS)) + "."),
@@ -280,6 +455,7 @@ def select(
         if standardize is not None:
             std = None if standardize.lower() == "none" else standardize.lower()
         _check_select(store, method, k, standardize, params)  # before any cluster starts
+        _check_output_file(output, "-o")
         with cluster(scheduler, workers) as client, _pass_progress() as report, on_pass(report):
             if client is not None and getattr(client, "dashboard_link", None):
                 console.print(f"dashboard: {client.dashboard_link}", highlight=False, soft_wrap=True)
@@ -358,7 +534,7 @@ def _pass_progress() -> Iterator[Any]:
         yield report
 
 
-@app.command()
+@_command()
 def evaluate(
     store: str = typer.Argument(..., help="The training store."),
     selection: Path = typer.Argument(..., help="A selection JSON (dufs select -o)."),
@@ -371,18 +547,23 @@ def evaluate(
     from dufs.evaluate import plot_topk, topk_curve
 
     try:
-        sel = dufs.Selection.from_json(selection)
+        kk = _parse_ks(ks)
+        _check_output_file(figure, "--figure")
+        sel = _load_selection(selection)
         st = dufs.open(store)
         if st.y is None:
             raise DufsError(f"{store} has no labels to evaluate against")
-        kk = sorted({int(x) for x in ks.split(",") if x.strip()})
+        sel.check_input(st, name=store)  # the features line up (their number, and their ids when both have them)
+        ts = None
+        if test is not None:
+            ts = dufs.open(test)
+            if ts.y is None:
+                raise DufsError(f"{test} has no labels to evaluate against")
+            sel.check_input(ts, name=test)
         kk = [x for x in kk if x <= sel.n_selected] or [sel.n_selected]
         ids = sel.indices[:max(kk)]
         Xtr = _columns(st, ids)
-        tst = None
-        if test is not None:
-            ts = dufs.open(test)
-            tst = (_columns(ts, ids), ts.y)
+        tst = None if ts is None else (_columns(ts, ids), ts.y)
         curve = topk_curve(Xtr, st.y, np.arange(len(ids)), kk, test=tst, cv=None if tst else 5)
         plot_topk({sel.method: curve}, figure, title=f"{sel.method}: LinearSVC(C=1) accuracy vs K")
     except DufsError as exc:
@@ -395,6 +576,32 @@ def evaluate(
         t.add_row(str(kv), f"{acc:.4f}")
     out.print(t)
     console.print(f"figure: {figure}", highlight=False)
+
+
+def _parse_ks(ks: str) -> list[int]:
+    """``--ks``: comma-separated integers >= 1, sorted and without repeats."""
+    try:
+        kk = sorted({int(x) for x in ks.split(",") if x.strip()})
+    except ValueError:
+        kk = []
+    if not kk or kk[0] < 1:
+        raise ParameterError(f"--ks must be comma-separated integers >= 1, like 5,10,50; got {ks!r}")
+    return kk
+
+
+def _load_selection(path: Path) -> Any:
+    """A selection file, or a one-line error naming it (missing, not JSON, not a dufs selection)."""
+    import dufs
+
+    if not path.is_file():
+        raise ParameterError(f"{path}: no such selection file" + (" (a directory)" if path.is_dir() else ""))
+    try:
+        return dufs.Selection.from_json(path)
+    except json.JSONDecodeError as exc:
+        raise ParameterError(f"{path} is not a dufs selection: not JSON ({exc.msg} at line {exc.lineno}, "
+                             f"column {exc.colno})") from None
+    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ParameterError(f"{path} is not a dufs selection ({type(exc).__name__}: {exc})") from None
 
 
 def _columns(st: Any, ids: np.ndarray) -> Any:
@@ -417,7 +624,7 @@ def _columns(st: Any, ids: np.ndarray) -> Any:
     return M
 
 
-@app.command()
+@_command()
 def demo(
     out_dir: Path = typer.Option(Path("dufs-demo"), "--out", help="Where to write the demo's outputs."),
     rows: int = typer.Option(200_000, "--rows"),
@@ -430,8 +637,13 @@ def demo(
     (recovery of the generator's informative features), two filters on the real set (LinearSVC(C=1) test accuracy
     vs K); a table and figures."""
     import dufs
+    from dufs.data.datasets import available
     from dufs.engine.progress import on_pass
 
+    if dataset.lower() not in available():  # before any work
+        _fail(ParameterError(f"--dataset must be one of {', '.join(available())}; got {dataset!r}"))
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(ParameterError(f"--out {out_dir}: is a file, not a folder"))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "synthetic.zarr"
     try:
@@ -510,7 +722,7 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
     return t, fig
 
 
-@app.command()
+@_command()
 def bench(
     what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs or ufcm."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),

@@ -40,7 +40,14 @@ class StoreLockedError(StoreError):
 
 
 class CorruptChunkError(StoreError):
-    """A chunk of the store is missing, truncated or fails its checksum; the message names the chunk."""
+    """A chunk of the store is missing, truncated or fails its checksum; the message names the chunk.
+
+    ``damage``: every damaged place found, as ``(key, what)`` pairs (``dufs.data.verify_store`` collects them all;
+    a read that fails on one chunk names that one)."""
+
+    def __init__(self, message: str, *, damage: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.damage = list(damage or [])
 
 
 class DufsWarning(UserWarning):

@@ -17,15 +17,25 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator, _fit_context
 from sklearn.feature_selection import SelectorMixin
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
+from sklearn.utils.validation import check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
 from dufs.api import METHODS, fit, rank
+from dufs.errors import ParameterError
 
 __all__ = ["JCFS", "M3FS", "MMFS", "UFCM", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore",
            "VarianceSelector"]
 
 _STANDARDIZE = [StrOptions({"zscore", "scale"}), None]
+
+
+class EstimatorParameterError(ParameterError, InvalidParameterError):
+    """A parameter of a dufs estimator is out of range: a dufs :class:`~dufs.errors.ParameterError` and, for
+    scikit-learn's tools, its ``InvalidParameterError``."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 class _DufsSelector(SelectorMixin, BaseEstimator):
@@ -59,6 +69,43 @@ class _DufsSelector(SelectorMixin, BaseEstimator):
     def _labels(self, y: Any) -> Any:
         return y
 
+    def _set_classes(self, y: Any) -> None:
+        try:
+            self.classes_ = np.unique(y)
+        except TypeError:  # labels of mixed types: dufs.fit names the row
+            pass
+
+    def _validate_params(self) -> None:
+        # scikit-learn's parameter table, its errors made dufs errors; a bool is no count of features (as in fit)
+        try:
+            super()._validate_params()
+        except InvalidParameterError as exc:
+            raise EstimatorParameterError(_one_line(exc)) from None
+        if isinstance(self.n_features, bool | np.bool_):
+            raise EstimatorParameterError(f"The 'n_features' parameter of {type(self).__name__} must be an int in "
+                                          f"the range [1, inf) or a str among {{'all'}}. Got {self.n_features!r} "
+                                          f"instead.")
+
+    def _validate_input(self, X: Any, y: Any) -> tuple[Any, Any]:
+        """X as float64 (NumPy or SciPy CSR/CSC) and, for a supervised method, y as a vector of labels of any type
+        (numbers, strings, booleans). Non-finite values are left to :func:`dufs.fit`, which names the first (row,
+        feature); scikit-learn's other refusals become one-line :class:`~dufs.errors.ParameterError` s."""
+        supervised = METHODS[self._method].supervised
+        if supervised and y is None:
+            raise ParameterError(f"{type(self).__name__} requires y to be passed, but the target y is None: it is a "
+                                 f"supervised selector, give the labels")
+        try:
+            X = validate_data(self, X, accept_sparse=["csr", "csc"], dtype=np.float64, ensure_all_finite=False)
+            if not supervised:
+                return X, None
+            y = column_or_1d(y, warn=True)  # a column vector warns (DataConversionWarning), as in scikit-learn
+            check_consistent_length(X, y)
+        except ParameterError:
+            raise
+        except ValueError as exc:
+            raise ParameterError(_one_line(exc)) from None
+        return X, self._labels(y)
+
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any = None) -> _DufsSelector:
         """Score every feature of ``X`` and select the best ``n_features``.
@@ -66,21 +113,17 @@ class _DufsSelector(SelectorMixin, BaseEstimator):
         Parameters
         ----------
         X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Finite numbers: a NaN or infinity is a :class:`~dufs.errors.ParameterError` naming its row and feature.
         y : array-like of shape (n_samples,)
-            Labels; required by the supervised methods, ignored by the others.
+            Labels; required by the supervised methods, ignored by the others. Classes may be numbers, strings or
+            booleans; the Fisher score and MMFS refuse a continuous target, the correlation filter takes it.
 
         Returns
         -------
         self
         """
         spec = METHODS[self._method]
-        if spec.supervised:
-            X, y = validate_data(self, X, y, accept_sparse=["csr", "csc"], dtype=np.float64,
-                                 y_numeric=self._method == "correlation")
-            y = self._labels(y)
-        else:
-            X = validate_data(self, X, accept_sparse=["csr", "csc"], dtype=np.float64)
-            y = None
+        X, y = self._validate_input(X, y)
         self._check_samples(X)
         params = self._fit_params()
         # more than X has (or "all"): every feature, with a DufsWarning for the former (as SelectKBest)
@@ -95,7 +138,7 @@ class _DufsSelector(SelectorMixin, BaseEstimator):
         return {p: getattr(self, p) for p in self._method_params}
 
     def _check_samples(self, X: Any) -> None:
-        """Method-specific checks of the validated input (raise ValueError)."""
+        """Method-specific checks of the validated input (raise a one-line ParameterError, a ValueError)."""
 
     def _get_support_mask(self) -> np.ndarray:
         check_is_fitted(self)
@@ -175,9 +218,9 @@ class FisherScore(_DufsSelector):
         self.client = client
 
     def _labels(self, y: Any) -> Any:
-        # classes of any kind (strings included) as 0..n_classes-1: the Fisher score only needs class membership
-        self.classes_, codes = np.unique(y, return_inverse=True)
-        return codes.astype(np.float64)
+        # classes of any kind (strings, booleans, numbers): dufs.fit encodes them; a continuous y is an error there
+        self._set_classes(y)
+        return y
 
 
 class LaplacianScore(_DufsSelector):
@@ -247,11 +290,11 @@ class LaplacianScore(_DufsSelector):
         n = X.shape[0]
         if self.graph == "anchor":
             if n < max(self.n_anchors, self.anchor_neighbors):
-                raise ValueError(f"LaplacianScore(graph='anchor') needs at least n_anchors samples: got "
+                raise ParameterError(f"LaplacianScore(graph='anchor') needs at least n_anchors samples: got "
                                  f"n_samples={n}, n_anchors={self.n_anchors}; lower n_anchors.")
             return
         if n <= self.n_neighbors:
-            raise ValueError(f"LaplacianScore needs more samples than neighbours: got n_samples={n}, "
+            raise ParameterError(f"LaplacianScore needs more samples than neighbours: got n_samples={n}, "
                              f"n_neighbors={self.n_neighbors}; lower n_neighbors or give more samples.")
 
 
@@ -303,7 +346,7 @@ class MMFS(_DufsSelector):
     diagnostics_ : dict
         Objective, duality gap, rounds, gamma used, support size, trace per round.
     classes_ : ndarray
-        The labels seen (two classes are coded -1, +1).
+        The labels seen.
 
     References
     ----------
@@ -344,12 +387,10 @@ class MMFS(_DufsSelector):
         self.client = client
 
     def _labels(self, y: Any) -> Any:
-        self.classes_, codes = np.unique(y, return_inverse=True)
-        if self.classes_.shape[0] < 2:
-            raise ValueError("MMFS needs at least two classes in y; got 1 class.")
-        if self.classes_.shape[0] == 2:
-            return np.where(codes == 1, 1.0, -1.0)
-        return codes.astype(np.float64)
+        # classes of any kind, as given: the relevance encodes them (|corr| on two, the correlation ratio on more),
+        # so renumbering them changes nothing; one class or a continuous y is an error in dufs.fit
+        self._set_classes(y)
+        return y
 
     def fit(self, X: Any, y: Any = None) -> MMFS:
         super().fit(X, y)
@@ -379,10 +420,10 @@ class _GreedySelector(_DufsSelector):
     def _check_samples(self, X: Any) -> None:
         n = X.shape[0]
         if self.W is None and self.graph == "knn" and n <= self.n_neighbors:
-            raise ValueError(f"{type(self).__name__} needs more samples than neighbours: got n_samples={n}, "
+            raise ParameterError(f"{type(self).__name__} needs more samples than neighbours: got n_samples={n}, "
                              f"n_neighbors={self.n_neighbors}; lower n_neighbors or give more samples.")
         if self.W is None and self.graph == "anchor" and n < self.n_anchors:
-            raise ValueError(f"{type(self).__name__}(graph='anchor') needs at least n_anchors samples: got "
+            raise ParameterError(f"{type(self).__name__}(graph='anchor') needs at least n_anchors samples: got "
                              f"n_samples={n}, n_anchors={self.n_anchors}; lower n_anchors.")
 
 
@@ -557,7 +598,7 @@ class JCFS(_GreedySelector):
     def _check_samples(self, X: Any) -> None:
         super()._check_samples(X)
         if self.n_clusters >= X.shape[0]:
-            raise ValueError(f"JCFS needs more samples than clusters: got n_samples={X.shape[0]}, "
+            raise ParameterError(f"JCFS needs more samples than clusters: got n_samples={X.shape[0]}, "
                              f"n_clusters={self.n_clusters}.")
 
 
@@ -627,10 +668,10 @@ class UFCM(_DufsSelector):
     def _check_samples(self, X: Any) -> None:
         n, d = X.shape
         if self.n_clusters >= n:
-            raise ValueError(f"UFCM needs more samples than clusters: got n_samples={n}, "
+            raise ParameterError(f"UFCM needs more samples than clusters: got n_samples={n}, "
                              f"n_clusters={self.n_clusters}.")
         if d < 2 or self.n_components is not None and self.n_components >= d:
-            raise ValueError(f"UFCM needs n_components < n_features (and at least 2 features): got "
+            raise ParameterError(f"UFCM needs n_components < n_features (and at least 2 features): got "
                              f"n_components={self.n_components}, n_features={d}.")
 
 
@@ -735,7 +776,7 @@ class M3FS(_DufsSelector):
 
     def _check_samples(self, X: Any) -> None:
         if self.n_clusters >= X.shape[0]:
-            raise ValueError(f"M3FS needs more samples than clusters: got n_samples={X.shape[0]}, "
+            raise ParameterError(f"M3FS needs more samples than clusters: got n_samples={X.shape[0]}, "
                              f"n_clusters={self.n_clusters}.")
 
     def fit(self, X: Any, y: Any = None) -> M3FS:

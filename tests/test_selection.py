@@ -1,4 +1,5 @@
-"""Selection: support mask, transform on every input kind, JSON round trip."""
+"""Selection: support mask, transform on every input kind, faithful JSON round trips, the input's identity and
+Selection.check_input."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import pytest
 import scipy.sparse as sp
 import sparse
 
-from dufs.errors import ParameterError
+import dufs
+from dufs.api import METHODS
+from dufs.errors import DufsWarning, ParameterError
 from dufs.selection import Selection
+
+
+def _no_constant(name):
+    raise AssertionError(f"the JSON holds the literal {name}")
 
 
 def _sel(n=10):
@@ -46,7 +53,7 @@ def test_json_round_trip(tmp_path):
     s = _sel()
     path = tmp_path / "sel.json"
     text = s.to_json(path)
-    json.loads(text)  # strict JSON: NaN and inf became null
+    json.loads(text, parse_constant=_no_constant)  # strict JSON: no NaN or Infinity literals
     for src in (text, path):
         t = Selection.from_json(src)
         assert t.method == s.method and t.indices.tolist() == [7, 2, 5] and t.n_features_in == 10
@@ -70,3 +77,154 @@ def test_plot_writes_a_png(tmp_path):
     out = s.plot(tmp_path / "s.png")
     assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["s.png"]
+
+
+# ---------------------------------------------------------------------------------------------------- round trips
+def _small():
+    """40 x 8, two classes: feature 6 is constant, feature 7 is constant within each class (Fisher +inf)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 8))
+    y = (X[:, 0] + 0.5 * rng.standard_normal(40) > 0).astype(float)
+    X[:, 6] = 2.0
+    X[:, 7] = np.where(y > 0, 1.5, -0.5)
+    return X, y
+
+
+def _same_bits(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    assert np.array_equal(a.view(np.int64)[~np.isnan(a)], b.view(np.int64)[~np.isnan(b)])  # bit for bit, inf signs
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_round_trips_bit_for_bit(method, tmp_path):
+    X, y = _small()
+    sel = dufs.fit(X, y if METHODS[method].supervised else None, method=method, n_features=3)
+    path = tmp_path / f"{method}.json"
+    text = sel.to_json(path)
+    json.loads(text, parse_constant=_no_constant)
+    for back in (Selection.from_json(text), Selection.from_json(path)):
+        assert back.indices.tolist() == sel.indices.tolist() and back.method == method
+        _same_bits(back.scores, sel.scores)
+        assert back.source == sel.source and back.source["fingerprint"].startswith("sha256-csc:")
+        assert back.higher_is_better == sel.higher_is_better
+    if method == "fisher":
+        assert np.isposinf(sel.scores[7]) and sel.indices[0] == 7  # the best feature, +inf, stays first
+        assert dufs.api.rank(Selection.from_json(text).scores)[0] == 7
+
+
+def test_non_finite_scores_are_strings_and_the_older_null_form_is_read():
+    scores = np.array([1.5, np.inf, -np.inf, np.nan, -0.0, 5e-324])
+    s = Selection("fisher", [1, 0], scores, 6)
+    d = json.loads(s.to_json(), parse_constant=_no_constant)
+    assert d["scores"][:4] == [1.5, "inf", "-inf", "nan"] and d["format"] == "dufs.selection/2"
+    _same_bits(Selection.from_json(s.to_json()).scores, scores)
+    old = dict(d, format="dufs.selection/1", scores=[1.5, None, None, None, -0.0, 5e-324])
+    del old["source"]
+    back = Selection.from_json(json.dumps(old))
+    assert np.isnan(back.scores[1:4]).all() and back.scores[0] == 1.5 and back.source is None
+    with pytest.raises(ParameterError, match="a score is the string 'Infinity'"):
+        Selection.from_json(json.dumps(dict(d, scores=["Infinity"] * 6)))
+
+
+# ---------------------------------------------------------------------------------------------------- check_input
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """A 'training' store with feature ids, the same data rewritten, data of the same shape but other values, one
+    with two selected features' ids swapped, and one with more features."""
+    tmp = tmp_path_factory.mktemp("identity")
+    rng = np.random.default_rng(7)
+    X = sp.random_array((300, 30), density=0.2, rng=rng, format="csr")
+    y = rng.integers(0, 3, 300).astype(float)
+    ids = [f"w{j}" for j in range(30)]
+    out = {"train": dufs.write_store(X, tmp / "train.zarr", y, feature_ids=ids),
+           "copy": dufs.write_store(X, tmp / "copy.zarr", y, feature_ids=ids)}
+    X2 = X.copy()
+    X2.data = X2.data[::-1].copy()  # same pattern and block nonzeros, other values
+    X3 = sp.random_array((300, 30), density=0.25, rng=rng, format="csr")
+    out["other"] = dufs.write_store(X3, tmp / "other.zarr", y, feature_ids=ids)
+    out["wide"] = dufs.write_store(sp.random_array((300, 50), density=0.2, rng=rng, format="csr"), tmp / "wide.zarr",
+                                   y)
+    sel = dufs.fit(out["train"], method="fisher", n_features=5, client=False)
+    swapped = list(ids)
+    a, b = int(sel.indices[0]), int(sel.indices[0]) ^ 1
+    swapped[a], swapped[b] = swapped[b], swapped[a]
+    out["swapped"] = dufs.write_store(X, tmp / "swapped.zarr", y, feature_ids=swapped)
+    return out, sel, X, X2
+
+
+def test_the_source_of_a_store_selection(stores):
+    out, sel, X, _ = stores
+    src = sel.source
+    st = out["train"]
+    assert src["kind"] == "store" and src["path"] == st.path and src["shape"] == [300, 30] and src["nnz"] == X.nnz
+    assert src["fingerprint"].startswith("store-meta:") and src["feature_ids"]
+    assert src["selected_feature_ids"] == [f"w{j}" for j in sel.indices]
+    assert Selection.from_json(sel.to_json()).source == src
+
+
+def test_check_input_on_stores(stores):
+    out, sel, X, _ = stores
+    back = Selection.from_json(sel.to_json())
+    assert back.check_input(out["train"].path, same_data=True)["fingerprint"] == sel.source["fingerprint"]
+    back.check_input(out["copy"], same_data=True)  # the same data written again: the same metadata
+    back.check_input(out["other"])  # a test set with the same features
+    with pytest.raises(ParameterError, match=r"^\S*wide.zarr has 50 features; the fisher selection \(made on "
+                                             r"\S*train.zarr\) was fitted on 30: give data with the same features in "
+                                             r"the same order \(libsvm text: convert it with --n-features 30\)$"):
+        back.check_input(out["wide"].path)
+    j = int(sel.indices[0])
+    with pytest.raises(ParameterError, match=rf"swapped.zarr has other feature ids than the data the fisher selection "
+                                             rf"\(made on \S*\) was fitted on: selected feature {j} is 'w{j ^ 1}' "
+                                             rf"there, 'w{j}' in that data; give data"):
+        back.check_input(out["swapped"])
+    with pytest.raises(ParameterError, match=r"other.zarr is not the data the fisher selection \(made on \S*\) was "
+                                             r"fitted on: it is 300 x 30, [\d,]+ nonzeros, that was 300 x 30, "):
+        back.check_input(out["other"], same_data=True)
+
+
+def test_check_input_in_memory_and_dask(stores):
+    _, _, X, X2 = stores
+    y = np.arange(300) % 3
+    sel = dufs.fit(X, y, method="fisher", n_features=5)
+    assert sel.source["kind"] == "memory" and sel.source["nnz"] == X.nnz
+    for same in (X, X.toarray(), sp.csc_matrix(X), sparse.COO.from_scipy_sparse(X)):  # the content, not the kind
+        sel.check_input(same, same_data=True)
+    with pytest.raises(ParameterError, match=r"^X is not the data the fisher selection was fitted on: same shape "
+                                             r"and nonzeros \(300 x 30, [\d,]+ nonzeros\) but its values "
+                                             r"\(SHA-256\) differ"):
+        sel.check_input(X2, same_data=True)
+    sel.check_input(X2)  # the same features: fine without same_data
+    with pytest.raises(ParameterError, match=r"^X has 29 features; the fisher selection was fitted on 30"):
+        sel.check_input(X[:, :29])
+    Xd = da.from_array(X.toarray(), chunks=(100, 10))
+    seld = dufs.fit(Xd, y, method="fisher", n_features=5, client=False)
+    assert seld.source["kind"] == "dask" and seld.source["fingerprint"] is None
+    assert seld.source["chunks"] == [[100, 100, 100], [10, 10, 10]] and seld.source["nnz"] is None  # not counted
+    with pytest.warns(DufsWarning, match=r"cannot compare the content of X with the data the fisher selection was "
+                                         r"fitted on \(the selection was fitted on a dask input"):
+        seld.check_input(X2, same_data=True)
+    with pytest.warns(DufsWarning, match=r"X is a dask input, which has no content fingerprint"):
+        sel.check_input(Xd, same_data=True)
+    old = Selection.from_json(json.dumps(dict(json.loads(sel.to_json()), source=None)))
+    old.check_input(X)
+    with pytest.warns(DufsWarning, match="records no input identity"):
+        old.check_input(X, same_data=True)
+
+
+def test_a_store_of_other_values_with_the_same_pattern_is_told_apart(stores, tmp_path):
+    """The store records a crc32c of every feature block and of its labels: a store of the same sparsity pattern
+    but other values (or other labels) has another fingerprint, and the same data written again the same one."""
+    out, sel, _, X2 = stores
+    other = dufs.write_store(X2, tmp_path / "same-pattern.zarr", np.arange(300) % 3.0,
+                             feature_ids=[f"w{j}" for j in range(30)])
+    with pytest.raises(ParameterError, match="is not the data"):
+        sel.check_input(other, same_data=True)
+    train = out["train"]
+    X, y = train.to_scipy("csr"), train.y
+    again = dufs.write_store(X, tmp_path / "again.zarr", y, feature_ids=train.feature_ids)
+    sel.check_input(again, same_data=True)
+    relabelled = dufs.write_store(X, tmp_path / "relabelled.zarr", y[::-1].copy(), feature_ids=train.feature_ids)
+    with pytest.raises(ParameterError, match="is not the data"):
+        sel.check_input(relabelled, same_data=True)

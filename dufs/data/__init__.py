@@ -2,7 +2,8 @@
 
 from dufs.data import _sizeof  # noqa: F401  (registers dask.sizeof for sparse blocks)
 from dufs.data.builder import StoreBuilder
-from dufs.data.store import RawBlock, SparseStore, open_store
+from dufs.data.store import RawBlock, SparseStore, VerifyReport, open_store, store_kind, verify_store
 from dufs.data.writers import write_store
 
-__all__ = ["RawBlock", "SparseStore", "StoreBuilder", "open_store", "write_store"]
+__all__ = ["RawBlock", "SparseStore", "StoreBuilder", "VerifyReport", "open_store", "store_kind", "verify_store",
+           "write_store"]

@@ -42,12 +42,17 @@ class Executor:
         return self._pool.submit(fn, *args, **kwargs)  # type: ignore[union-attr]
 
     def as_completed(self, futures: Iterable[Any]) -> Iterator[Any]:
+        futures = list(futures)
+        if not futures:
+            return
         if self.client is not None:
             from distributed import as_completed
 
-            yield from as_completed(list(futures))
+            # its loop given: distributed's as_completed otherwise looks for a default client, which a client given
+            # to dufs need not be
+            yield from as_completed(futures, loop=self.client.loop)
         else:
-            yield from cf.as_completed(list(futures))
+            yield from cf.as_completed(futures)
 
     def cancel(self, futures: Iterable[Any]) -> None:
         for f in futures:

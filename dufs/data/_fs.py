@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +60,20 @@ class Location:
 
     def exists(self) -> bool:
         if self.local:
-            return os.path.exists(self.url)
+            return os.path.lexists(self.url)  # a dangling symbolic link is something there too
         return self.fs.exists(self.fspath)
+
+    def names(self) -> list[str]:
+        """The names of the entries of this directory (not recursive)."""
+        if self.local:
+            return sorted(os.listdir(self.url))
+        base = self.fspath.rstrip("/")
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False)
+                      if p.rstrip("/") != base)
+
+    def read_bytes(self, name: str) -> bytes:
+        fs, fp = fsspec.core.url_to_fs(self.child(name))
+        return fs.cat_file(fp)
 
     def zarr_store(self, read_only: bool) -> Any:
         if self.local:
@@ -88,6 +103,14 @@ class Location:
             self.fs.mv(self.fspath, dest.fspath, recursive=True)
             if self.fs.exists(self.fspath):  # some filesystems copy and leave the source
                 self.fs.rm(self.fspath, recursive=True)
+
+    def exchange(self, other: Location) -> bool:
+        """Swap this directory and ``other`` in one atomic step (local paths on Linux: ``renameat2`` with
+        ``RENAME_EXCHANGE``): no moment where either name is missing. Returns False, having changed nothing,
+        where the system, the filesystem or the URL cannot do it (the caller then renames in two steps)."""
+        if not (self.local and other.local and sys.platform.startswith("linux")):
+            return False
+        return _renameat2_exchange(self.url, other.url)
 
     # small JSON side files (lock, checkpoints) --------------------------------------------------
     def read_json(self, name: str) -> Any | None:
@@ -119,6 +142,24 @@ class Location:
             fs, fp = fsspec.core.url_to_fs(p)
             with fs.open(fp, "w") as f:
                 json.dump(obj, f)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without renameat2 (glibc < 2.28, musl)
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EPERM):
+        return False  # no such system call, or a filesystem that cannot exchange: nothing was changed
+    raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
 
 
 def _pid_alive(pid: int) -> bool:

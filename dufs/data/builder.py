@@ -8,7 +8,10 @@ The build runs in three steps, each resumable:
 2. ``finalize()`` picks feature blocks balanced by nonzeros on granule boundaries, then assembles every CSC feature
    block from the spills (each task reads one contiguous slice of every row block's spill), writes labels,
    per-feature nonzeros and the attributes, and the completion marker last.
-3. The partial store ``<path>.dufs-partial`` is renamed to ``<path>``.
+3. The partial store ``<path>.dufs-partial`` is renamed to ``<path>``; a store already there (only a dufs store:
+   anything else at ``<path>`` is refused before any work starts) is replaced in one atomic exchange where the
+   filesystem allows (local paths on Linux), else by two renames through ``<path>.dufs-old``. Until that step the
+   previous store stays readable as it was, whatever fails or is killed.
 
 Memory per task is bounded by the block sizes, never by the data size. Row blocks may carry raw column indices with
 an index base decided only at the end (libsvm's ``zero_based="auto"``): ``finalize(index_shift=1)`` subtracts it.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +31,16 @@ import zarr
 from dufs import config
 from dufs._logging import get_logger
 from dufs.data._exec import Executor
-from dufs.data._fs import Location, acquire_lock, lock_is_live, release_lock
+from dufs.data._fs import LOCK_NAME, Location, acquire_lock, lock_is_live, release_lock
 from dufs.data.store import (
     FORMAT_VERSION,
+    OLD_SUFFIX,
     PARTIAL_SUFFIX,
+    ZARR_TEMP,
     SparseStore,
     _compressors,
     read_array,
+    store_kind,
     write_array,
 )
 from dufs.data.store import (
@@ -67,7 +72,9 @@ class StoreBuilder:
         The final store location (local directory or fsspec URL).
     value_dtype : dtype, default from ``dufs.store.value-dtype`` (float32)
     overwrite : bool
-        Replace an existing finished store at ``path`` (only once the new one is complete).
+        Replace a dufs store (finished or not) at ``path``, only once the new one is complete, and discard an
+        interrupted build at ``<path>.dufs-partial`` (one whose process is gone) instead of asking for ``resume``.
+        Anything at ``path`` that is not a dufs store is never replaced: :meth:`check_target` refuses it.
     resume : bool
         Continue a partial store left by an interrupted build.
     options : dict
@@ -94,19 +101,78 @@ class StoreBuilder:
         return d
 
     # ------------------------------------------------------------------ lifecycle
-    def begin(self) -> set[int]:
-        """Create (or, resuming, reopen) the partial store and lock it; return the finished row blocks."""
-        if self.final.exists() and not self.overwrite:
+    def check_target(self) -> None:
+        """Refuse, before any work, an output this build must not write: raises a one-line :class:`StoreError`.
+
+        Refused: anything at ``path`` that is not a dufs store (a regular file, a directory of other files, a Zarr
+        group without dufs metadata), with or without ``overwrite``; a dufs store there without ``overwrite``;
+        anything at ``<path>.dufs-partial`` that is not a dufs build; and, when replacing, anything at
+        ``<path>.dufs-old`` that is not a dufs store. Nothing is changed.
+        """
+        kind, what = store_kind(self.final)
+        if kind == "other":
+            raise StoreError(f"{self.final.url} exists and is not a dufs store ({what}); refusing to overwrite it "
+                             f"(remove it yourself or choose another output)")
+        if kind != "missing" and not self.overwrite:
             raise StoreError(f"{self.final.url} exists; pass overwrite=True (--overwrite) to replace it")
+        pkind, pwhat = store_kind(self.partial)
+        if pkind == "other":
+            raise StoreError(f"{self.partial.url} exists and is not a dufs build ({pwhat}); dufs builds "
+                             f"{self.final.url} under that name first: move it away or choose another output")
+        if kind != "missing":
+            old = self.final.sibling(OLD_SUFFIX)
+            okind, owhat = store_kind(old)
+            if okind == "other":
+                raise StoreError(f"{old.url} exists and is not a dufs store ({owhat}); dufs needs that name to "
+                                 f"replace {self.final.url}: move it away or choose another output")
+
+    def _recover(self) -> None:
+        """Finish what a replacement killed between its renames left: the store in place, no stray copies."""
+        pkind = store_kind(self.partial)[0]
+        if pkind == "store":  # a finished store under the partial name: its move into place was interrupted
+            held = self.partial.read_json(LOCK_NAME)
+            if held and lock_is_live(held):
+                acquire_lock(self.partial, what="build")  # being moved right now: raises naming the holder
+            if not self.final.exists():
+                log.warning("moving the finished store %s into place at %s (its move was interrupted)",
+                            self.partial.url, self.final.url)
+                self.partial.rename_to(self.final)
+                release_lock(self.final)
+            elif store_kind(self.final)[0] == "store":
+                log.warning("removing %s, a copy left by an interrupted replacement of %s", self.partial.url,
+                            self.final.url)
+                self.partial.remove()
+        old = self.final.sibling(OLD_SUFFIX)
+        if store_kind(old)[0] == "store":
+            if not self.final.exists():
+                log.warning("restoring %s from %s (its replacement was interrupted)", self.final.url, old.url)
+                old.rename_to(self.final)
+            elif store_kind(self.final)[0] == "store":
+                log.info("removing %s, left by an interrupted replacement of %s", old.url, self.final.url)
+                old.remove()
+
+    def begin(self) -> set[int]:
+        """Check the output, create (or, resuming, reopen) the partial store and lock it; return the finished row
+        blocks. Refuses (:meth:`check_target`) an output that is not a dufs store before anything is written."""
+        self.check_target()  # before anything changes, even the recovery of an interrupted replacement
+        self._recover()
+        self.check_target()
         if self.partial.exists():
-            held = self.partial.read_json("dufs.lock")
+            held = self.partial.read_json(LOCK_NAME)
             if held and lock_is_live(held):
                 acquire_lock(self.partial, what="build")  # raises StoreLockedError naming the holder
+            if "zarr.json" not in self.partial.names():  # killed between taking its lock and writing anything
+                log.info("removing %s: its build was interrupted before it wrote anything", self.partial.url)
+                self.partial.remove()
+            elif not self.resume and self.overwrite:
+                log.warning("discarding the interrupted build at %s (overwrite)", self.partial.url)
+                self.partial.remove()
+        if self.partial.exists():
             if not self.resume:
                 raise StoreError(
                     f"{self.final.url}: an unfinished build is at {self.partial.url}"
                     + (f" (pid {held.get('pid')} on {held.get('host')})" if held else "")
-                    + "; finish it with --resume (resume=True) or delete it")
+                    + "; finish it with --resume (resume=True), or replace it with --overwrite")
             acquire_lock(self.partial, what="build")
             self._locked = True
             g = self.partial.open_group("r+")
@@ -280,14 +346,19 @@ class StoreBuilder:
                                   chunks=(max(1, min(self.chunk, n_rows)),), fill_value=0, overwrite=True,
                                   compressors=_compressors(),
                                   config={"write_empty_chunks": True})
+            y_checksum = None
             for i in range(len(infos)):
-                yarr[row_bounds[i]:row_bounds[i + 1]] = read_array(g["csr"][str(i)]["y"], f"row block {i}")
+                yi = read_array(g["csr"][str(i)]["y"], f"row block {i}").astype(np.float64)
+                yarr[row_bounds[i]:row_bounds[i + 1]] = yi
+                y_checksum = content_checksum(yi, start=y_checksum)  # of the whole vector, block by block
+        else:
+            y_checksum = None
         if feature_ids is not None:
             fid = np.asarray(feature_ids)
             if fid.shape != (n_features,):
                 raise ParameterError(f"feature_ids has shape {fid.shape}; expected ({n_features},)")
-            if fid.dtype.kind in "OUS":
-                fid = fid.astype(str)
+            if fid.dtype.kind in "OUST":  # T: NumPy 2 StringDType (as Zarr v3 reads strings back)
+                fid = np.array([str(v) for v in fid.tolist()], dtype=str)
                 arr = g.create_array("feature_ids", shape=fid.shape, dtype=str, fill_value="", overwrite=True,
                                      chunks=(max(1, min(self.chunk, fid.size)),), compressors=_compressors(),
                                      config={"write_empty_chunks": True})  # crc32c-checked like every array
@@ -301,7 +372,9 @@ class StoreBuilder:
             "nnz": int(sum(b["nnz"] for b in infos)),
             "dtype": str(self.value_dtype), "index_dtype": "int32", "indptr_dtype": "int64",
             "csr": {"bounds": [int(x) for x in row_bounds], "block_nnz": [int(b["nnz"]) for b in infos]},
-            "csc": {"bounds": [int(x) for x in csc_bounds], "block_nnz": csc_nnz},
+            "csc": {"bounds": [int(x) for x in csc_bounds], "block_nnz": csc_nnz,
+                    "checksums": [g["csc"][str(j)].attrs.get("checksum") for j in range(nb)]},
+            "y_checksum": y_checksum,
             "has_labels": bool(all(has_y) and infos), "has_feature_ids": feature_ids is not None,
             "provenance": _jsonable({**(provenance or {}), "options": self.options}),
             "ground_truth": _jsonable(ground_truth) if ground_truth else None,
@@ -316,17 +389,38 @@ class StoreBuilder:
         attrs.pop("dufs_partial", None)
         attrs["dufs"] = {**meta, "complete": True}  # the completion marker, written last
         g.attrs.put(attrs) if hasattr(g.attrs, "put") else g.attrs.update(attrs)
-        release_lock(self.partial)
-        self._locked = False
-        if self.final.exists():
-            trash = self.final.sibling(".dufs-old")
-            trash.remove()
-            self.final.rename_to(trash)
-            self.partial.rename_to(self.final)
-            trash.remove()
-        else:
-            self.partial.rename_to(self.final)
+        self._move_into_place()
         return SparseStore(self.final.url)
+
+    def _move_into_place(self) -> None:
+        """Put the finished partial store at the final path, the lock held until it is there.
+
+        A dufs store already there is replaced by one atomic exchange where the filesystem allows, else by two
+        renames through ``<path>.dufs-old`` (put back if the second fails); anything else there is refused.
+        """
+        kind, what = store_kind(self.final)
+        if kind == "other" or (kind != "missing" and not self.overwrite):
+            raise StoreError(f"{self.final.url} was created by someone else during the build ({what}); refusing "
+                             f"to replace it: move it away or choose another output, and build again")
+        if kind == "missing":
+            self.partial.rename_to(self.final)
+        elif self.final.exchange(self.partial):
+            self.partial.remove()  # the previous store, now under the partial name
+        else:
+            old = self.final.sibling(OLD_SUFFIX)
+            if store_kind(old)[0] == "other":
+                raise StoreError(f"{old.url} exists and is not a dufs store; dufs needs that name to replace "
+                                 f"{self.final.url}: move it away and build again")
+            old.remove()  # a dufs store left by an earlier interrupted replacement
+            self.final.rename_to(old)
+            try:
+                self.partial.rename_to(self.final)
+            except BaseException:
+                old.rename_to(self.final)
+                raise
+            old.remove()
+        release_lock(self.final)
+        self._locked = False
 
     def _feature_bounds(self, n_row_blocks: int, n_features: int, shift: int,
                         feature_block: int | None) -> np.ndarray:
@@ -446,11 +540,25 @@ def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row
     indptr, indices, data = merge_spills(cols, rows, vals, width)
     blk = g["csc"].require_group(str(j))
     blk.attrs.put({"complete": False})
+    indices, data = indices.astype(np.int32), data.astype(b.value_dtype)
     write_array(blk, "indptr", indptr, chunk=b.chunk)
-    write_array(blk, "indices", indices.astype(np.int32), chunk=b.chunk)
-    write_array(blk, "data", data.astype(b.value_dtype), chunk=b.chunk)
-    blk.attrs.put({"complete": True, "nnz": int(indptr[-1]), "start": lo_f, "stop": lo_f + width})  # one write
+    write_array(blk, "indices", indices, chunk=b.chunk)
+    write_array(blk, "data", data, chunk=b.chunk)
+    blk.attrs.put({"complete": True, "nnz": int(indptr[-1]), "start": lo_f, "stop": lo_f + width,
+                   "checksum": content_checksum(indptr, indices, data)})  # one write
     return int(indptr[-1])
+
+
+def content_checksum(*arrays: np.ndarray, start: str | None = None) -> str:
+    """``crc32c:<hex>`` of the arrays' bytes in order (continuing the checksum ``start``): what a store records per
+    feature block and of its labels, so that two stores of the same sparsity pattern but other values are told
+    apart without reading them."""
+    import crc32c
+
+    value = 0 if start is None else int(start.split(":")[1], 16)
+    for a in arrays:
+        value = crc32c.crc32c(np.ascontiguousarray(a).view(np.uint8), value=value)
+    return f"crc32c:{value:08x}"
 
 
 def _dufs_version() -> str:
@@ -465,10 +573,6 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-# zarr's LocalStore writes each file to "<name>.<32 hex>.partial" and renames it; a process killed in between leaves it
-_ZARR_TEMP = re.compile(r"\.[0-9a-f]{32}\.partial$")
-
-
 def _remove_temp_files(loc: Any) -> None:
     """Delete the temporary files a killed writer left in a partial store (they are never part of the store)."""
     try:
@@ -476,6 +580,6 @@ def _remove_temp_files(loc: Any) -> None:
     except FileNotFoundError:
         return
     for name in names:
-        if _ZARR_TEMP.search(name):
+        if ZARR_TEMP.search(name):
             log.info("removing %s, left by an interrupted write", name)
             loc.fs.rm(name)

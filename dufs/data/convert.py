@@ -6,8 +6,12 @@ file size. Compressed input (.bz2, .gz, .xz) is decompressed as one stream on th
 whole lines that are parsed on the cluster, a bounded number in flight. The CSC side is then built by the store
 builder's out-of-core transpose.
 
-Every malformed line is reported as ``file:line: what is wrong (byte offset N)``; the build is then removed, so no
-half-written output is left. ``on_error="skip"`` drops bad lines and reports how many and the first few.
+Every malformed line is reported as ``file:line: what is wrong (byte offset N)``, and a compressed stream that ends
+early (a truncated file) or does not decompress as ``file: ... after N bytes of data, line L``; the build is then
+removed, so no half-written output is left (a store it was to replace stays as it was). ``on_error="skip"`` drops
+bad lines and reports how many and the first few. A ``qid:N`` field after the label is read and ignored, as by
+scikit-learn's ``load_svmlight_file``; the lines that had one are counted (``ConvertReport.qid_lines``, and
+``qid_lines`` in the store's provenance).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import bz2
 import gzip
 import lzma
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -61,6 +66,7 @@ class ConvertReport:
     bytes: int = 0
     zero_based: bool = True
     n_features: int = 0
+    qid_lines: int = 0  # data lines with a ``qid:N`` field (read and ignored, as scikit-learn's default)
 
 
 def _compressed(path: str) -> bool:
@@ -104,11 +110,15 @@ def _plain_units(path: str, file_no: int, block_bytes: int, first_block: int) ->
 
 
 def _stream_blocks(path: str, block_bytes: int) -> Iterator[tuple[int, int, bytes]]:
-    """Blocks of whole lines from a compressed stream: (start offset, first line, bytes)."""
+    """Blocks of whole lines from a compressed stream: (start offset, first line, bytes).
+
+    A stream that ends early (a truncated file) or does not decompress is an :class:`InputFormatError` naming the
+    file and how far it got, raised after the blocks before it were yielded.
+    """
     start, line, carry = 0, 1, b""
     with _open_stream(path) as f:
         while True:
-            chunk = f.read(block_bytes)
+            chunk = _read_exactly(f, block_bytes, path, start + len(carry), line)
             if not chunk:
                 break
             buf = carry + chunk
@@ -122,6 +132,35 @@ def _stream_blocks(path: str, block_bytes: int) -> Iterator[tuple[int, int, byte
             line += out.count(b"\n")
     if carry:
         yield start, line, carry
+
+
+def _read_exactly(f: Any, n: int, path: str, offset: int, line: int) -> bytes:
+    """``n`` bytes of a decompressing stream (fewer only at its end), as ``f.read(n)`` but keeping every byte
+    that decompressed before an error, to say how far the data went (``offset``, ``line``: where ``f`` is)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        try:
+            piece = f.read1(n - got)
+        except (EOFError, OSError, lzma.LZMAError, zlib.error) as exc:
+            seen = b"".join(parts)
+            at = offset + len(seen)
+            at_line = line + seen.count(b"\n")
+            if isinstance(exc, EOFError):
+                msg = (f"{path}: compressed stream ends early (truncated file?) after {at:,} bytes of data, line "
+                       f"{at_line}; download or copy the file again, or decompress what is left and convert that")
+                reason = "truncated compressed stream"
+            else:
+                why = " ".join(str(exc).split()) or type(exc).__name__
+                msg = (f"{path}: compressed data is corrupt after {at:,} bytes of data, line {at_line} ({why}); "
+                       f"download or copy the file again")
+                reason = "corrupt compressed stream"
+            raise InputFormatError(msg, path=path, line=at_line, offset=at, reason=reason) from None
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _read_range(path: str, start: int, stop: int) -> np.ndarray:
@@ -141,7 +180,7 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
     from dufs.kernels.libsvm import error_message, parse_block
 
     buf = _read_range(path, unit.start, unit.stop) if payload is None else np.frombuffer(payload, np.uint8)
-    pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX)
+    pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX, allow_qid=True)
     skipped = [(int(a), int(b), error_message(int(c))) for a, b, c in
                zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes, strict=True)]
     res = {"block": unit.block, "unit": unit, "n_lines": pb.n_lines, "n_blank": pb.n_blank,
@@ -149,7 +188,7 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
            "skipped": skipped, "error": None}
     with np.errstate(over="ignore", invalid="ignore"):
         data = pb.data.astype(builder.value_dtype)
-    indptr, indices, labels, row_lines = pb.indptr, pb.indices, pb.labels, pb.row_lines
+    indptr, indices, labels, row_lines, row_qid = pb.indptr, pb.indices, pb.labels, pb.row_lines, pb.row_qid
     # the rows before a parse error come first: a line that breaks the options there is the first bad line
     bad = _option_errors(pb, data, opts)
     if bad and not opts["skip"]:
@@ -167,6 +206,7 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
         entry_keep = np.repeat(keep, np.diff(indptr))
         indptr = np.concatenate([[0], np.cumsum(np.diff(indptr)[keep])]).astype(np.int64)
         indices, data, labels, row_lines = indices[entry_keep], data[entry_keep], labels[keep], row_lines[keep]
+        row_qid = row_qid[keep]
         max_index_line = -1
         if indices.size:
             first = int(np.argmax(indices == indices.max()))
@@ -178,10 +218,11 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
         unit.block, indptr, indices - (1 if opts["zero_based"] is False else 0), data, labels,
         raw_indices=opts["zero_based"] == "auto",
         extra={"n_lines": pb.n_lines, "n_blank": pb.n_blank, "n_comment": pb.n_comment,
-               "n_skipped": res["n_skipped"], "bytes": int(buf.size), "max_index_line": max_index_line,
+               "n_skipped": res["n_skipped"], "n_qid": int(np.count_nonzero(row_qid)), "bytes": int(buf.size),
+               "max_index_line": max_index_line,
                "skipped": [list(s) for s in skipped], "unit": [unit.file, unit.start, unit.stop]})
     res.update(n_rows=info.n_rows, nnz=info.nnz, min_index=info.min_index, max_index=info.max_index,
-               max_index_line=max_index_line)
+               max_index_line=max_index_line, n_qid=int(np.count_nonzero(row_qid)))
     return res
 
 
@@ -253,6 +294,11 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         Raise on the first malformed line (naming ``file:line``), or skip malformed lines and count them.
     resume : bool
         Finish an interrupted conversion of the same inputs with the same options.
+    overwrite : bool
+        Replace a dufs store at the output, once the new one is complete (until then the old one stays readable
+        as it was), and discard an interrupted conversion's partial store instead of asking for ``resume``.
+        Anything at the output that is not a dufs store (a file, a directory of other files) is refused with a
+        :class:`~dufs.errors.StoreError` before any work, and left untouched.
     block_bytes : int or str
         Bytes of text per row block (default ``dufs.convert.block-bytes``).
     client : distributed.Client, optional
@@ -263,6 +309,15 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
     Returns
     -------
     (store or list of stores, ConvertReport)
+
+    Raises
+    ------
+    InputFormatError
+        A malformed line (``file:line: what is wrong (byte offset N)``), a compressed input that ends early
+        (``file: compressed stream ends early (truncated file?) after N bytes of data, line L; ...``) or does not
+        decompress, or no data lines; nothing of the conversion is left behind.
+    StoreError
+        An output that must not be written (see ``overwrite``), or an unfinished conversion in the way.
     """
     ins = [os.fspath(p) for p in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
     many = isinstance(output, (list, tuple))
@@ -296,6 +351,8 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
     begun: list[StoreBuilder] = []
     fresh: list[StoreBuilder] = []  # begun here, not resumed
     report = ConvertReport()
+    for b in builders:  # every output refused before any is begun (nothing written, nothing replaced)
+        b.check_target()
     ex = Executor(client)
     try:
         done = []
@@ -336,7 +393,7 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
             stores.append(b.finalize(  # rows of labels only (no index at all) need no shift
                 n_features=nf, index_shift=shift if any(blk["nnz"] for blk in infos[s]) else 0, executor=ex,
                 provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],
-                            "zero_based": bool(zb), "lines": report.lines,
+                            "zero_based": bool(zb), "lines": report.lines, "qid_lines": report.qid_lines,
                             "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},
                 progress=(lambda stage, k, n: progress({"stage": stage, "done": k, "total": n}))
                 if progress else None))
@@ -367,6 +424,19 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
     lines_of: dict = {}  # (file, start) -> lines of that unit, to number skipped lines without re-reading
     first_skipped: list = []  # the first few skipped lines by position: (file, offset, unit, path, line, why)
 
+    def drain() -> list:
+        """Wait for every task in flight; the (unit, path, result) of those that found a bad line."""
+        errors = []
+        for f in ex.as_completed(list(in_flight)):
+            u, p = in_flight.pop(f)
+            try:
+                rr = f.result()
+            except BaseException:  # noqa: BLE001 - cancelled, or failed: either way it no longer writes
+                continue
+            if rr["error"] is not None:
+                errors.append((u, p, rr))
+        return errors
+
     def collect(fut) -> None:
         unit, path = in_flight.pop(fut)
         r = fut.result()
@@ -377,17 +447,9 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
     def fail(unit: Unit, path: str, r: dict) -> None:
         # Wait for the tasks still in flight: they write into the partial store, which is removed next. Report
         # the first bad line of all (every unit before the failed ones was submitted, in order).
-        errors = [(unit, path, r)]
         if ex.client is None:
             ex.cancel(list(in_flight))  # drops only the queued ones; a running thread cannot be stopped
-        for f in ex.as_completed(list(in_flight)):
-            u, p = in_flight.pop(f)
-            try:
-                rr = f.result()
-            except BaseException:  # cancelled, or failed: either way it no longer writes
-                continue
-            if rr["error"] is not None:
-                errors.append((u, p, rr))
+        errors = [(unit, path, r), *drain()]
         unit, path, r = min(errors, key=lambda e: (e[0].file, e[0].start))
         line, offset, why = r["error"]
         first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
@@ -402,6 +464,7 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
         report.blank_lines += r["n_blank"]
         report.comment_lines += r["n_comment"]
         report.skipped_lines += r["n_skipped"]
+        report.qid_lines += r.get("n_qid", 0)
         report.bytes += r["bytes"]
         lines_of[(unit.file, unit.start)] = r["n_lines"]
         if r["skipped"]:  # blocks finish in any order: keep the first few by position in the input
@@ -441,6 +504,17 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
                     submit(u, path, None)
         while in_flight:
             collect(next(iter(ex.as_completed(list(in_flight)))))
+    except InputFormatError:
+        # a compressed stream that ends early or is corrupt (a bad line has drained in_flight already): every
+        # block in flight comes before that point and may hold a bad line, which is then the error; and the partial
+        # store is removed next, so the tasks writing into it must end first
+        errors = drain()
+        if errors:
+            try:
+                fail(*min(errors, key=lambda e: (e[0].file, e[0].start)))
+            except InputFormatError as first:
+                raise first from None
+        raise
     except BaseException:
         ex.cancel(list(in_flight))
         raise
@@ -454,7 +528,7 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
 def _done_counts(b: StoreBuilder, i: int) -> dict:
     a = dict(b._group()["csr"][str(i)].attrs)
     return {"n_rows": a["n_rows"], "nnz": a["nnz"], "n_lines": a["n_lines"], "n_blank": a["n_blank"],
-            "n_comment": a["n_comment"], "n_skipped": a["n_skipped"], "bytes": a["bytes"],
+            "n_comment": a["n_comment"], "n_skipped": a["n_skipped"], "n_qid": a.get("n_qid", 0), "bytes": a["bytes"],
             "skipped": [tuple(x) for x in a.get("skipped", [])]}
 
 

@@ -46,9 +46,21 @@ def _check_finite(data: np.ndarray, what: str) -> None:
         raise ParameterError(f"{what} contains NaN or infinite values; dufs stores finite numbers only")
 
 
-def _write_slab(builder: StoreBuilder, i: int, slab: Any, y: Any) -> int:
+def _check_finite_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row0: int,
+                       scope: str = "in this block of rows") -> None:
+    """The first non-finite value of CSR rows ``row0, row0 + 1, ...``, named by its row and feature."""
+    if data.size and not np.isfinite(data).all():
+        bad = np.flatnonzero(~np.isfinite(data))
+        first = int(bad[0])  # CSR order is (row, feature) order
+        row = row0 + int(np.searchsorted(indptr, first, side="right")) - 1
+        more = f" ({bad.size} {scope})" if bad.size > 1 else ""
+        raise ParameterError(f"X has a non-finite value ({float(data[first])}) at row {row}, feature "
+                             f"{int(indices[first])}{more}; dufs stores finite numbers only: remove or fill it")
+
+
+def _write_slab(builder: StoreBuilder, i: int, slab: Any, y: Any, row0: int = 0) -> int:
     indptr, indices, data = _csr_buffers(slab)
-    _check_finite(data, f"row block {i}")
+    _check_finite_rows(indptr, indices, data, row0)
     with np.errstate(over="ignore"):
         cast = data.astype(builder.value_dtype, copy=False)
     if not np.isfinite(cast).all():
@@ -108,7 +120,8 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
     feature_block : int, optional
         Features per CSC block; by default blocks are balanced by nonzeros (``dufs.store.feature-block-nnz``).
     overwrite : bool
-        Replace an existing store (the old one is removed only after the new one is complete).
+        Replace a dufs store at ``path`` (the old one stays readable as it was until the new one is complete).
+        Anything else there (a file, a directory of other files) is refused with a ``StoreError`` before any work.
 
     Returns
     -------
@@ -125,6 +138,9 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
     if y is not None and len(y) != n_rows:
         raise ParameterError(f"X has {n_rows} rows but y has {len(y)} labels")
     if y is not None and not _is_dask(y):
+        if np.asarray(y).dtype.kind not in "biuf":
+            raise ParameterError(f"y holds labels of dtype {np.asarray(y).dtype}; a store keeps numeric labels: "
+                                 f"encode the classes first (classes, y = np.unique(y, return_inverse=True))")
         _check_finite(np.asarray(y, dtype=np.float64), "y")
     b = StoreBuilder(path, value_dtype=value_dtype or _default_dtype(X), overwrite=overwrite,
                      options={"writer": "write_store", "row_block": row_block})
@@ -141,7 +157,8 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
                 ys = yd.rechunk(Xr.chunks[0]).to_delayed().ravel()
             else:
                 ys = [None] * len(parts)
-            tasks = [dask.delayed(_write_slab)(b, i, part, yy)
+            row0 = np.concatenate([[0], np.cumsum(Xr.chunks[0])[:-1]]).astype(int)
+            tasks = [dask.delayed(_write_slab)(b, i, part, yy, int(row0[i]))
                      for i, (part, yy) in enumerate(zip(parts, ys, strict=True))]
             _compute_to_the_end(tasks)
         else:
@@ -150,9 +167,17 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
                 M = _widen(X).to_scipy_sparse()
             if sp.issparse(M):
                 M = sp.csr_array(M)
+                M.sort_indices()
+                _check_finite_rows(M.indptr, M.indices, M.data, 0, "in all")  # the first of all, before any write
+            elif isinstance(M, np.ndarray) and M.size and not np.isfinite(M).all():
+                r, c = np.argwhere(~np.isfinite(M))[0]
+                n_bad = int((~np.isfinite(M)).sum())
+                raise ParameterError(f"X has a non-finite value ({float(M[r, c])}) at row {int(r)}, feature {int(c)}"
+                                     + (f" ({n_bad} in all)" if n_bad > 1 else "")
+                                     + "; dufs stores finite numbers only: remove or fill it")
             ya = None if y is None else np.asarray(y)
             tasks = [dask.delayed(_write_slab)(b, i, M[a:a + row_block],
-                                               None if ya is None else ya[a:a + row_block])
+                                               None if ya is None else ya[a:a + row_block], a)
                      for i, a in enumerate(starts)]
             _compute_to_the_end(tasks, local=True)
         if n_rows == 0:
@@ -193,7 +218,8 @@ def make_synthetic(path: str | os.PathLike, spec: Any, *, row_block: int | None 
 
     Row blocks are generated and written as tasks on the cluster (the active client, else local threads); the
     data depend only on ``spec`` (its seed), never on the blocking or the number of workers. The informative
-    features and weights go into the store's attributes as ground truth.
+    features and weights go into the store's attributes as ground truth. ``overwrite`` replaces only a dufs store
+    (see :func:`write_store`).
     """
     from dufs.data._exec import Executor
 

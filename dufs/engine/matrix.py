@@ -38,7 +38,8 @@ from dufs.engine.progress import run_pass
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums, csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
 
-__all__ = ["STANDARDIZE", "BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "as_matrix"]
+__all__ = ["STANDARDIZE", "BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "as_matrix",
+           "check_finite", "check_labels", "input_identity"]
 
 log = get_logger(__name__)
 
@@ -390,6 +391,7 @@ def _block_slab(start, stop, n_rows, chunks):
     A.sum_duplicates()
     A.eliminate_zeros()
     A.sort_indices()
+    check_finite(A.data, A.indices, A.indptr, col0=start, where=f"features {start}-{stop - 1} of the Dask array")
     return FeatureBlock(start, stop, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
 
 
@@ -553,6 +555,7 @@ class Matrix:
         from dufs.data import SparseStore
 
         self.store_path: str | None = None  # the store the blocks come from (kept when they are persisted)
+        self.feature_ids: np.ndarray | None = None  # a store's feature ids, when it has them
         if isinstance(X, SparseStore):
             self.store_path = X.path
             self.shape = X.shape
@@ -561,24 +564,28 @@ class Matrix:
             self.dtype = X.dtype
             self.residency = {"mode": "store", "bytes": _est_bytes(self._src, X.dtype),
                               "reason": "not persisted: blocks are read on the workers, cached per process"}
+            self.feature_ids = X.feature_ids
+            self.identity = _store_identity(X, self.feature_ids)
         elif _is_dask_array(X):
             self._src, infos, self.shape, self.dtype = _blocks_from_dask(X, block_width)
             labels = y
             self.residency = {"mode": "source", "bytes": None,
                               "reason": "not persisted: blocks are recomputed from the Dask graph each pass"}
+            self.identity = _dask_identity(X)
         else:
+            kind = type(X).__name__
             if type(X).__module__.startswith("sparse"):
                 X = X.to_scipy_sparse()
-            self._src, self.shape, self.dtype = _blocks_from_array(X, block_width)
+            self._src, self.shape, self.dtype, fingerprint = _blocks_from_array(X, block_width)
             labels = y
             self.residency = {"mode": "driver", "bytes": sum(b.nbytes for b in self._src),
                               "reason": "in memory in this process"}
+            self.identity = _memory_identity(kind, self.shape, sum(b.nnz for b in self._src), self.dtype,
+                                             fingerprint)
         if not _is_dask_array(X):
             infos = [BlockInfo(b.start, b.stop, b.nnz) for b in self._src]
         self.blocks = infos
-        self.y = None if labels is None else np.asarray(labels, dtype=np.float64).ravel()
-        if self.y is not None and self.y.shape != (self.shape[0],):
-            raise ParameterError(f"X has {self.shape[0]} rows but y has shape {self.y.shape}")
+        self.y, self.classes = (None, None) if labels is None else check_labels(labels, self.shape[0])
         self._stats: ColumnStats | None = None
         self._passes = [0]  # shared with the with_standardize() views of the same blocks
 
@@ -1146,6 +1153,178 @@ def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_wi
     return M
 
 
+# ---------------------------------------------------------------------------------------------------- input checks
+_NO_IMPUTE = "dufs does not impute NaN or inf: remove or fill it"
+
+
+def check_finite(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, *, col0: int = 0, where: str = "",
+                 name: str = "X") -> None:
+    """Raise a :class:`ParameterError` naming the first (row, feature) of a non-finite value in the CSC buffers
+    ``data, indices, indptr`` (features ``col0``, ``col0 + 1``, ...; ``indices`` are row numbers).
+
+    One cheap pass over ``data`` when every value is finite: its sum is finite exactly when no value is NaN or
+    infinite, barring an overflow, which falls back to the exact element-wise test."""
+    if data.size == 0:
+        return
+    with np.errstate(all="ignore"):
+        total = np.add.reduce(data, dtype=np.float64)
+    if np.isfinite(total):
+        return
+    bad = np.flatnonzero(~np.isfinite(data))
+    if bad.size == 0:  # the sum overflowed; every value is finite
+        return
+    rows = np.asarray(indices)[bad].astype(np.int64)
+    cols = np.searchsorted(np.asarray(indptr), bad, side="right") - 1 + int(col0)
+    i = int(np.lexsort((cols, rows))[0])
+    if where:  # a block of a larger input: the first in that block (blocks are checked as they are loaded)
+        note = f" (the first of {bad.size} in {where})" if bad.size > 1 else f" (in {where})"
+    else:
+        note = f" ({bad.size} in all)" if bad.size > 1 else ""
+    raise ParameterError(f"{name} has a non-finite value ({float(data[bad[i]])}) at row {int(rows[i])}, feature "
+                         f"{int(cols[i])}{note}; {_NO_IMPUTE}")
+
+
+def check_labels(y: Any, n_rows: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Labels ``y`` (one per row) as float64 values, and their classes when they are not numbers.
+
+    Numbers and booleans are kept as values (float64) and must be finite: the first NaN or infinity is an error
+    naming its row. Other labels (strings, or any hashable values of one type) are classes: each becomes the index
+    of its class among the sorted distinct labels (0., 1., ...), and those labels are returned as ``classes``
+    (None for numbers). A column vector is taken as a vector."""
+    a = np.asarray(y)
+    if a.ndim == 2 and 1 in a.shape:
+        a = a.ravel()
+    if a.ndim != 1 or a.shape[0] != n_rows:
+        raise ParameterError(f"y must hold one label per row of X ({n_rows} rows); got shape {np.shape(y)}")
+    if a.dtype.kind == "O":
+        try:
+            if any(isinstance(v, str | bytes) for v in a):
+                raise TypeError("strings")  # classes, even when they read as numbers
+            a = a.astype(np.float64)
+        except (TypeError, ValueError):
+            missing = next((i for i, v in enumerate(a) if v is None or isinstance(v, float) and v != v), None)
+            if missing is not None:
+                raise ParameterError(f"y has a missing label ({a[missing]!r}) at row {missing}; dufs does not "
+                                     f"impute: remove that sample or give it a label") from None
+            kinds = [str if isinstance(v, str) else type(v) for v in a]
+            odd = next((i for i, k in enumerate(kinds) if k is not kinds[0]), None)
+            if odd is not None:
+                raise ParameterError(f"y mixes label types: row {odd} has {a[odd]!r} ({kinds[odd].__name__}) where "
+                                     f"row 0 has {a[0]!r} ({kinds[0].__name__}); give every sample a label of one "
+                                     f"type") from None
+    if a.dtype.kind == "c":
+        raise ParameterError(f"y must hold real numbers or class labels; got complex values ({a.dtype})")
+    if a.dtype.kind in "biuf":
+        v = a.astype(np.float64)
+        with np.errstate(all="ignore"):
+            ok = np.isfinite(np.add.reduce(v)) if v.size else True
+        if not ok:
+            bad = np.flatnonzero(~np.isfinite(v))
+            if bad.size:
+                more = f" ({bad.size} in all)" if bad.size > 1 else ""
+                raise ParameterError(f"y has a non-finite value ({v[bad[0]]}) at row {int(bad[0])}{more}; dufs does "
+                                     f"not impute NaN or inf: remove that sample or give it a label")
+        return v, None
+    try:
+        classes, codes = np.unique(a, return_inverse=True)
+    except TypeError as exc:
+        raise ParameterError(f"y holds labels that cannot be ordered ({exc}); give class labels as numbers or "
+                             f"strings") from None
+    return codes.reshape(-1).astype(np.float64), classes
+
+
+# ---------------------------------------------------------------------------------------------------- identity
+def _sha(*parts: Any) -> str:
+    """A short SHA-256 hex digest of arrays (their bytes) and plain values (their repr), in order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in parts:
+        if isinstance(p, np.ndarray):
+            h.update(np.ascontiguousarray(p).data)
+        else:
+            h.update(repr(p).encode())
+        h.update(b"|")
+    return h.hexdigest()[:32]
+
+
+def _fingerprint_csc(A: Any) -> str:
+    """The content fingerprint of an in-memory matrix in its canonical CSC form (:func:`_canonical_csc`): SHA-256
+    of its shape, value dtype, indptr, row indices and values, so NumPy, SciPy (any format) and pydata inputs of the
+    same matrix and dtype agree."""
+    idx = A.indices.astype(np.int32 if A.shape[0] < 2**31 else np.int64, copy=False)
+    return "sha256-csc:" + _sha(tuple(int(s) for s in A.shape), str(A.dtype), A.indptr.astype(np.int64, copy=False),
+                                idx, A.data)
+
+
+def _feature_ids_digest(ids: np.ndarray) -> str:
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        return _sha("int", ids.astype(np.int64))
+    return _sha("str", "\x00".join(str(v) for v in ids.tolist()))
+
+
+def _store_identity(store: Any, feature_ids: np.ndarray | None = None) -> dict:
+    meta = store.attrs
+    keyed = {"shape": meta.get("shape"), "nnz": meta.get("nnz"), "dtype": meta.get("dtype"),
+             "csr": meta.get("csr"), "csc": meta.get("csc"), "y_checksum": meta.get("y_checksum")}
+    out = {"kind": "store", "path": store.path, "shape": [int(s) for s in store.shape], "nnz": int(store.nnz),
+           "dtype": str(store.dtype), "created": meta.get("created"),
+           "fingerprint": "store-meta:" + _sha(sorted(keyed.items())),
+           "fingerprint_of": "the store's metadata: shape, nnz, dtype, block bounds and nonzeros per block, and the "
+                             "crc32c of every feature block and of the labels (stores written since they are "
+                             "recorded); the data are not read"}
+    if feature_ids is not None:
+        out["feature_ids"] = _feature_ids_digest(feature_ids)
+    return out
+
+
+def _dask_identity(X: Any) -> dict:
+    return {"kind": "dask", "type": type(X).__name__, "shape": [int(s) for s in X.shape], "nnz": None,
+            "dtype": str(X.dtype), "chunks": [[int(c) for c in cs] for cs in X.chunks], "fingerprint": None,
+            "fingerprint_of": "nothing: a Dask array is identified by its shape and chunks only (fingerprinting its "
+                              "content would compute it)"}
+
+
+def _memory_identity(kind: str, shape: tuple[int, int], nnz: int, dtype: Any, fingerprint: str) -> dict:
+    return {"kind": "memory", "type": kind, "shape": [int(s) for s in shape], "nnz": int(nnz), "dtype": str(dtype),
+            "fingerprint": fingerprint,
+            "fingerprint_of": "SHA-256 of the matrix in canonical CSC form (shape, dtype, indptr, indices, values)"}
+
+
+def input_identity(X: Any, *, feature_ids: bool = True) -> dict:
+    """What identifies an input, cheaply, without building a :class:`Matrix`: ``kind`` ("store", "memory" or
+    "dask"), ``shape``, ``nnz`` (None for a Dask array), ``dtype``, ``fingerprint`` (None for a Dask array) and
+    what it was taken of (``fingerprint_of``), plus ``path`` (and ``created``) for a store, ``chunks`` for a Dask
+    array and ``feature_ids`` (a digest) for a store that has them (read when ``feature_ids``).
+
+    - a store (a :class:`~dufs.data.SparseStore`, a path or a URL): from its metadata only (shape, nnz, dtype, block
+      bounds and nonzeros per block); the data are not read;
+    - in-memory input (NumPy, SciPy sparse, pydata sparse): SHA-256 of its canonical CSC form, one pass over it;
+    - a Dask array: shape and chunks only (no content fingerprint, nothing is computed);
+    - a :class:`Matrix`: the identity recorded when it was built.
+    """
+    if isinstance(X, Matrix):
+        return dict(X.identity)
+    if isinstance(X, str | os.PathLike):
+        from dufs.data import open_store
+
+        X = open_store(X)
+    from dufs.data import SparseStore
+
+    if isinstance(X, SparseStore):
+        return _store_identity(X, X.feature_ids if feature_ids else None)
+    if _is_dask_array(X):
+        if X.ndim != 2:
+            raise ParameterError(f"The 'X' parameter must be 2-D; got a {X.ndim}-D Dask array.")
+        return _dask_identity(X)
+    kind = type(X).__name__
+    if type(X).__module__.startswith("sparse"):
+        X = X.to_scipy_sparse()
+    A = _canonical_csc(_as_csc(X))
+    return _memory_identity(kind, A.shape, A.nnz, A.dtype, _fingerprint_csc(A))
+
+
 def _check_standardize(standardize: Any) -> None:
     if standardize not in STANDARDIZE:
         raise ParameterError(f"The 'standardize' parameter must be one of 'zscore', 'scale' or None; got "
@@ -1210,23 +1389,44 @@ def _blocks_from_dask(X: Any, block_width: int | None) -> tuple[list, list, tupl
     return src, infos, (n, d), dtype
 
 
-def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlock], tuple[int, int], np.dtype]:
+def _as_csc(X: Any) -> Any:
+    """An in-memory matrix (NumPy, SciPy sparse; pydata sparse converted before) as a SciPy ``csc_array`` copy."""
     import scipy.sparse as sp
 
     if sp.issparse(X):
-        A = sp.csc_array(X, copy=True)
-    elif isinstance(X, np.ndarray):
+        return sp.csc_array(X, copy=True)
+    if isinstance(X, np.ndarray):
         if X.ndim != 2:
             raise ParameterError(f"The 'X' parameter must be 2-D; got {X.ndim}-D.")
-        A = sp.csc_array(X)
-    else:
-        raise ParameterError(f"The 'X' parameter must be a SparseStore, a store path, a SciPy or pydata sparse "
-                             f"matrix, a Dask array or a NumPy array; got {type(X).__name__}.")
+        if X.dtype == np.float16:
+            X = X.astype(np.float32)  # exactly; SciPy sparse has no float16
+        elif X.dtype.kind not in "biuf":
+            try:
+                X = X.astype(np.float64)
+            except (TypeError, ValueError):
+                raise ParameterError(f"X must hold numbers; got a NumPy array of dtype {X.dtype} that does not "
+                                     f"convert to float: convert it, or encode its categories first") from None
+        return sp.csc_array(X)
+    raise ParameterError(f"The 'X' parameter must be a SparseStore, a store path, a SciPy or pydata sparse "
+                         f"matrix, a Dask array or a NumPy array; got {type(X).__name__}.")
+
+
+def _canonical_csc(A: Any) -> Any:
+    """``A`` (a SciPy ``csc_array``) with float values, no duplicates or explicit zeros, sorted indices: the form
+    the blocks are cut from and the fingerprint is taken of (in place)."""
     if A.dtype.kind != "f":
         A = A.astype(np.float64)
     A.sum_duplicates()
     A.eliminate_zeros()
     A.sort_indices()
+    return A
+
+
+def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlock], tuple[int, int], np.dtype,
+                                                                  str]:
+    A = _canonical_csc(_as_csc(X))
+    check_finite(A.data, A.indices, A.indptr)
+    fingerprint = _fingerprint_csc(A)
     n, d = (int(s) for s in A.shape)
     if block_width is None:
         target = max(1, int(config.get("store.feature-block-nnz")))
@@ -1242,4 +1442,4 @@ def _blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBlo
         lo, hi = indptr[a], indptr[b]
         blocks.append(FeatureBlock(a, b, indptr[a:b + 1] - lo, A.indices[lo:hi].astype(np.int32),
                                    A.data[lo:hi].copy()))
-    return blocks, (n, d), A.dtype
+    return blocks, (n, d), A.dtype, fingerprint

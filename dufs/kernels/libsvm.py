@@ -3,8 +3,10 @@
 :func:`parse_block` turns a block of whole lines of libsvm text (a 1-D ``uint8`` array) into CSR
 buffers. The hot loop is one numba function that walks the bytes once; it accepts what
 :func:`sklearn.datasets.load_svmlight_file` accepts and gives bit-identical results on it, and is
-stricter in a few places (nan/inf, BOM, NUL, ``qid``, multi-label and duplicate indices are errors;
-unsorted indices are sorted instead of rejected).
+stricter in a few places (nan/inf, BOM, NUL, multi-label and duplicate indices are errors;
+unsorted indices are sorted instead of rejected). A ``qid:N`` field right after the label is an
+error by default; with ``allow_qid=True`` it is read and ignored, as scikit-learn does unless
+``query_id=True`` (``N`` must then be an integer), and the rows that had one are flagged.
 
 Numbers are parsed to exactly the float64 that Python's ``float`` gives by
 :mod:`dufs.kernels._decimal` (Clinger's fast path, else the Eisel-Lemire algorithm). The rare token
@@ -45,6 +47,7 @@ class ErrorCode(IntEnum):
     NUL_BYTE = 12
     MULTILABEL = 13
     QID = 14
+    BAD_QID = 15
 
 
 ERROR_MESSAGES: dict[int, str] = {
@@ -63,6 +66,7 @@ ERROR_MESSAGES: dict[int, str] = {
     ErrorCode.NUL_BYTE: "a NUL byte in the line",
     ErrorCode.MULTILABEL: "a multi-label label (comma-separated) is not supported",
     ErrorCode.QID: "qid is not supported",
+    ErrorCode.BAD_QID: "the qid field is not 'qid:<integer>'",
 }
 
 
@@ -89,6 +93,7 @@ _BYTE_ORDER_MARK = int(ErrorCode.BYTE_ORDER_MARK)
 _NUL_BYTE = int(ErrorCode.NUL_BYTE)
 _MULTILABEL = int(ErrorCode.MULTILABEL)
 _QID = int(ErrorCode.QID)
+_BAD_QID = int(ErrorCode.BAD_QID)
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,10 +126,16 @@ class ParsedBlock:
     skipped_lines: np.ndarray  # int64 [min(n_skipped, max_recorded)]
     skipped_offsets: np.ndarray
     skipped_codes: np.ndarray
+    row_qid: np.ndarray | None = None  # bool [n_rows]: the row's line had a qid field (allow_qid=True)
 
     @property
     def n_rows(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def n_qid(self) -> int:
+        """Rows whose line had a ``qid:N`` field (read and ignored; only with ``allow_qid=True``)."""
+        return 0 if self.row_qid is None else int(np.count_nonzero(self.row_qid))
 
     @property
     def nnz(self) -> int:
@@ -282,6 +293,30 @@ def _parse_index(buf, s, n, index_limit):
 
 
 @_jit
+def _is_qid(buf, s, n):
+    """Whether the token at s starts with 'qid' (scikit-learn's test for a qid field)."""
+    return buf[s] == 113 and s + 2 < n and buf[s + 1] == 105 and buf[s + 2] == 100
+
+
+@_jit
+def _qid_end(buf, s, n):
+    """The end of a well-formed ``qid:[+-]digits`` token at s, or -1."""
+    pos = s + 3
+    if pos >= n or buf[pos] != _COLON:
+        return -1
+    pos += 1
+    if pos < n and (buf[pos] == _PLUS or buf[pos] == _MINUS):
+        pos += 1
+    nd = 0
+    while pos < n and 48 <= buf[pos] <= 57:
+        pos += 1
+        nd += 1
+    if nd == 0 or (pos < n and _CLASS[buf[pos]] == 0):
+        return -1
+    return pos
+
+
+@_jit
 def _skip_comment(buf, pos, n):
     """Skip from a '#' to past the newline: (code, offset, pos); a NUL or BOM inside is an error."""
     while pos < n:
@@ -312,12 +347,18 @@ def _duplicate_offset(buf, lstart, n, row_sorted):
     while pos < n and _CLASS[buf[pos]] == 1:
         pos += 1
     pos = _token_end(buf, pos, n)  # the label
+    first = True
     while True:
         while pos < n and _CLASS[buf[pos]] == 1:
             pos += 1
         if pos >= n or _CLASS[buf[pos]] != 0:
             return -1
         s = pos
+        if first and _is_qid(buf, s, n):  # a qid field (allow_qid=True): not a pair
+            first = False
+            pos = _token_end(buf, pos, n)
+            continue
+        first = False
         v = 0
         while pos < n and buf[pos] != _COLON:
             d = np.int64(buf[pos]) - 48
@@ -414,7 +455,7 @@ def _sort_row(indices, data, s, e, slow, slow_lo, slow_hi):
 
 
 @_jit
-def _parse_kernel(buf, skip_errors, max_recorded, index_limit):
+def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid):
     n = buf.shape[0]
     n_nl = 0
     n_colon = 0
@@ -426,6 +467,7 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit):
 
     labels = np.empty(n_lines, dtype=np.float64)
     row_lines = np.empty(n_lines, dtype=np.int64)
+    row_qid = np.zeros(n_lines, dtype=np.bool_)
     indptr = np.empty(n_lines + 1, dtype=np.int64)
     indptr[0] = 0
     indices = np.empty(n_colon, dtype=np.int64)
@@ -488,15 +530,24 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit):
         unsorted = False
         dup_off = -1
         first = True
+        has_qid = False
         while code == 0:
             while pos < n and _CLASS[buf[pos]] == 1:
                 pos += 1
             if pos >= n or _CLASS[buf[pos]] != 0:
                 break
             s = pos
-            if first and buf[s] == 113 and s + 2 < n and buf[s + 1] == 105 and buf[s + 2] == 100:
+            if first and _is_qid(buf, s, n):
                 code, off = _bad_bytes(buf, s, _token_end(buf, s, n), n)
-                if code == 0:
+                if code == 0 and allow_qid:
+                    e = _qid_end(buf, s, n)
+                    if e >= 0:  # read and ignored
+                        has_qid = True
+                        first = False
+                        pos = e
+                        continue
+                    code, off = _BAD_QID, s
+                elif code == 0:
                     code, off = _QID, s
                 break
             first = False
@@ -545,6 +596,7 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit):
                 pos += 1  # past the newline (or the end)
         if code == 0:
             row_lines[nrows] = line
+            row_qid[nrows] = has_qid
             indptr[nrows + 1] = nnz
             if nnz > row_start:
                 if indices[row_start] < min_index:
@@ -592,6 +644,7 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit):
         rec[: min(n_skipped, max_recorded)],
         slow[:nslow],
         n_colon,
+        row_qid[:nrows],
     )
 
 
@@ -626,6 +679,7 @@ def parse_block(
     skip_errors: bool = False,
     max_recorded: int = 10,
     index_limit: int = 2**31 - 1,
+    allow_qid: bool = False,
 ) -> ParsedBlock:
     """Parse whole lines of libsvm/svmlight text into CSR buffers.
 
@@ -643,6 +697,10 @@ def parse_block(
         How many skipped lines to record.
     index_limit : int, default=2**31 - 1
         The largest feature index accepted.
+    allow_qid : bool, default=False
+        False: a ``qid`` field is an error (``ErrorCode.QID``). True: a ``qid:N`` field right after
+        the label (``N`` an integer, else ``ErrorCode.BAD_QID``) is read and ignored, as by
+        scikit-learn's ``load_svmlight_file``; ``row_qid`` flags the rows that had one.
 
     Returns
     -------
@@ -670,7 +728,7 @@ def parse_block(
             "The 'index_limit' parameter of parse_block must be an int in [0, 2**63 // 10); "
             f"got {index_limit!r}."
         )
-    out = _parse_kernel(buf, bool(skip_errors), int(max_recorded), int(index_limit))
+    out = _parse_kernel(buf, bool(skip_errors), int(max_recorded), int(index_limit), bool(allow_qid))
     (
         labels,
         indptr,
@@ -690,6 +748,7 @@ def parse_block(
         rec,
         slow,
         n_colon,
+        row_qid,
     ) = out
     if slow.shape[0]:
         bad = _resolve_slow(buf, slow, labels, data, labels.shape[0])
@@ -706,6 +765,7 @@ def parse_block(
                         skip_errors=False,
                         max_recorded=max_recorded,
                         index_limit=index_limit,
+                        allow_qid=allow_qid,
                     )
                     return _replace(
                         head,
@@ -735,6 +795,7 @@ def parse_block(
         skipped_lines=rec[:, 0].copy(),
         skipped_offsets=rec[:, 1].copy(),
         skipped_codes=rec[:, 2].copy(),
+        row_qid=_trim(row_qid, n_lines),
     )
 
 
@@ -791,6 +852,7 @@ def _drop_rows(out, bad, max_recorded) -> ParsedBlock:
         rec,
         _slow,
         _n_colon,
+        row_qid,
     ) = out
     first_bad = {}
     for line, off, code, row, _lstart in sorted(bad):
@@ -833,4 +895,5 @@ def _drop_rows(out, bad, max_recorded) -> ParsedBlock:
         skipped_lines=rec[:, 0].copy(),
         skipped_offsets=rec[:, 1].copy(),
         skipped_codes=rec[:, 2].copy(),
+        row_qid=row_qid[keep],
     )

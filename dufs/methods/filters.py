@@ -1,4 +1,5 @@
-"""Filter methods: variance, |Pearson correlation| with the labels, Fisher score, Laplacian score.
+"""Filter methods: variance, correlation with the labels (|Pearson|, or the correlation ratio on classes),
+Fisher score, Laplacian score.
 
 Each is one or two passes over the feature blocks and returns one score per feature (a plain array); choosing the
 top k is left to the caller (scikit-learn's habit: score apart from select).
@@ -14,15 +15,7 @@ import scipy.sparse as sp
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph
 from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
-
-
-def _labels(M: Matrix, y: Any, method: str) -> np.ndarray:
-    y = M.y if y is None else np.asarray(y, dtype=np.float64).ravel()
-    if y is None:
-        raise ParameterError(f"{method} is supervised: give labels y (or a store with labels)")
-    if y.shape != (M.shape[0],):
-        raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
-    return y
+from dufs.methods.labels import class_labels, labels_of, target_type
 
 
 def variance_scores(M: Matrix) -> np.ndarray:
@@ -34,11 +27,17 @@ def variance_scores(M: Matrix) -> np.ndarray:
 
 
 def correlation_scores(M: Matrix, y: Any = None) -> np.ndarray:
-    """|Pearson correlation| of every feature with the labels (0 for a constant feature). Larger is better.
+    """Relevance of every feature to the labels, larger is better, 0 for a constant feature:
 
-    One pass: cov_j = (X^T (y - ybar))_j / n, centred implicitly.
+    - a binary or continuous target (``dufs.methods.labels.target_type``): |Pearson correlation|, from one
+      product cov_j = (X^T (y - ybar))_j / n, centred implicitly, and the column statistics;
+    - classes (more than two, whole numbers or strings): the correlation ratio
+      eta_j = sqrt(sum_c n_c (mu_cj - mu_j)^2 / sum_s (x_sj - mu_j)^2) from one pass of per-class sums, which does
+      not depend on how the classes are numbered (it equals |Pearson| on two classes).
     """
-    y = _labels(M, y, "correlation")
+    y = labels_of(M, y, "correlation")
+    if target_type(y) == "multiclass":
+        return correlation_ratio(M, y)
     n = M.shape[0]
     yc = y - y.mean()
     sy = np.sqrt((yc @ yc) / n)
@@ -51,20 +50,46 @@ def correlation_scores(M: Matrix, y: Any = None) -> np.ndarray:
     return out
 
 
+def _class_moments(M: Matrix, y: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Per-class counts (n_classes, 1) and deviations of the class means mu_c - mu (n_classes x d), and the column
+    statistics, from one pass with the class codes of ``y``."""
+    classes, codes = class_labels(y, method)
+    st = M.with_standardize(None).column_stats(codes.astype(np.float64))
+    cnt = st.class_count.astype(np.float64)[:, None]
+    return cnt, st.class_sum / cnt - st.mean()[None, :], st
+
+
+def correlation_ratio(M: Matrix, y: Any = None) -> np.ndarray:
+    """The correlation ratio eta_j = sqrt(B_j / T_j) of every feature with the classes ``y``: B_j the between-class
+    and T_j the total sum of squares; 0 for a constant feature. One pass. The per-class terms are summed in sorted
+    order, so renumbering the classes gives bit-for-bit the same scores."""
+    y = labels_of(M, y, "correlation")
+    cnt, dev, st = _class_moments(M, y, "correlation")
+    between = np.sort(cnt * dev * dev, axis=0).sum(axis=0)
+    total = np.maximum(np.asarray(st.m2, dtype=np.float64), 0.0)
+    out = np.zeros(M.shape[1])
+    ok = (total > 0) & (st.min != st.max)
+    out[ok] = np.sqrt(np.minimum(np.maximum(between[ok], 0.0) / total[ok], 1.0))
+    return out
+
+
 def fisher_scores(M: Matrix, y: Any = None) -> np.ndarray:
     """Fisher score S_b / S_w per feature, S_b = sum_c n_c (mu_c - mu)^2, S_w = sum_c n_c sigma_c^2.
 
     Larger is better; 0 for a constant feature, +inf for a feature constant within every class but not overall.
-    Equals scikit-feature's ``fisher_score`` (docs/methods.md, "Fisher score").
+    Equals scikit-feature's ``fisher_score`` (docs/methods.md, "Fisher score"). ``y`` must be classes (numbers,
+    strings, booleans; a continuous target is an error); the per-class terms are summed in sorted order, so
+    renumbering the classes gives bit-for-bit the same scores.
     """
-    y = _labels(M, y, "fisher")
-    st = M.with_standardize(None).column_stats(y)
+    y = labels_of(M, y, "fisher")
+    classes, codes = class_labels(y, "fisher")
+    st = M.with_standardize(None).column_stats(codes.astype(np.float64))
     cnt = st.class_count.astype(np.float64)[:, None]
     mu_c = st.class_sum / cnt
     var_c = np.maximum(st.class_sumsq / cnt - mu_c ** 2, 0.0)
     mu = st.mean()
-    sb = (cnt * (mu_c - mu[None, :]) ** 2).sum(axis=0)
-    sw = (cnt * var_c).sum(axis=0)
+    sb = np.sort(cnt * (mu_c - mu[None, :]) ** 2, axis=0).sum(axis=0)
+    sw = np.sort(cnt * var_c, axis=0).sum(axis=0)
     out = np.zeros(M.shape[1])
     pos = sw > 1e-12 * np.maximum(sb, 1.0)
     out[pos] = sb[pos] / sw[pos]

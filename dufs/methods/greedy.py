@@ -633,9 +633,10 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     n = M.shape[0]
+    if isinstance(n_clusters, bool) or not isinstance(n_clusters, int | np.integer) or not 1 <= n_clusters < n:
+        raise ParameterError(f"The 'n_clusters' parameter of jcfs must be an int in [1, {n - 1}]; got "
+                             f"{n_clusters!r}.")
     c = int(n_clusters)
-    if not 1 <= c < n:
-        raise ParameterError(f"The 'n_clusters' parameter must be an int in [1, {n - 1}]; got {n_clusters!r}.")
     lam = _check("lambda_", lambda_)
     gamma = _check("gamma", gamma, strict=True)
     S = [int(i) for i in (S if S is not None else [])]

@@ -33,9 +33,10 @@ import numpy as np
 
 from dufs._logging import get_logger
 from dufs.engine.cluster import is_lost as _is_lost
-from dufs.engine.matrix import Matrix, PerBlock, StoreBlock
+from dufs.engine.matrix import Matrix, PerBlock, StoreBlock, check_labels
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import active_set, dcd_epoch, dcd_gradient, gap_terms
+from dufs.methods.labels import class_labels
 
 log = get_logger(__name__)
 
@@ -179,6 +180,17 @@ def relevance(M: Matrix, y: Any, geo: dict, kind: Any = "correlation") -> np.nda
                          f"got {kind!r}.")
 
 
+def class_targets(M: Matrix, y: Any, method: str) -> np.ndarray:
+    """The labels ``y`` (one per row of ``M``), checked to be classes before any pass over the data: numbers as
+    float64, other labels (strings) as given; a continuous target, a single class or a non-finite label is a
+    :class:`ParameterError` (:func:`dufs.methods.labels.class_labels`)."""
+    if y is None:
+        raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
+    values, classes = check_labels(y, M.shape[0])
+    class_labels(values, method)
+    return values if classes is None else np.asarray(y).ravel()
+
+
 def margins(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> tuple[bool, dict, np.ndarray,
                                                                                      np.ndarray]:
     """Check ``theta``, ``gamma`` and the labels; return (gamma is "auto", the geometry, the relevance r, the
@@ -190,11 +202,7 @@ def margins(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> t
         raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
     if not auto and not (isinstance(gamma, int | float) and gamma > 0):
         raise ParameterError(f"The 'gamma' parameter of mmfs must be 'auto' or a float > 0; got {gamma!r}.")
-    y = np.asarray(y).ravel()
-    if y.dtype.kind in "biuf":
-        y = y.astype(np.float64)
-    if y.shape != (M.shape[0],):
-        raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
+    y = class_targets(M, y, "mmfs")
     geo = geometry(M)
     r = relevance(M, y, geo, relevance_kind)
     return auto, geo, r, theta / (1.0 - theta) * r

@@ -186,8 +186,10 @@ def qpfs(M: Matrix, y: Any, *, alpha_mix: float = 0.5, kernel: str = "linear", r
 
     ``alpha_mix`` (a in [0, 1)) weighs relevance against redundancy; the paper's rule sets it from the mean
     similarity and relevance, which the caller can compute and pass. The relevance F is MMFS's (``relevance_kind``:
-    "correlation", "fisher" or a callable). Features are ranked by their weight x."""
-    from dufs.methods.mmfs import geometry, relevance
+    "correlation", "fisher" or a callable). Features are ranked by their weight x. ``y`` must be classes (numbers,
+    strings, booleans): the relevance encodes them (the correlation ratio on more than two), so renumbering them
+    changes nothing; a continuous target is an error."""
+    from dufs.methods.mmfs import class_targets, geometry, relevance
 
     if not (isinstance(alpha_mix, int | float | np.floating) and 0.0 <= alpha_mix < 1.0):
         raise ParameterError(f"The 'alpha_mix' parameter of qpfs must be a float in [0, 1); got {alpha_mix!r}.")
@@ -199,9 +201,7 @@ def qpfs(M: Matrix, y: Any, *, alpha_mix: float = 0.5, kernel: str = "linear", r
         raise ParameterError(f"The 'kernel' parameter of qpfs must be 'linear', 'poly2' or 'rbf'; got {kernel!r}.")
     if kernel != "linear":
         check_size(M, max_features, "qpfs")
-    y = np.asarray(y, dtype=np.float64).ravel()
-    if y.shape != (M.shape[0],):
-        raise ParameterError(f"X has {M.shape[0]} rows but y has {y.shape[0]} labels")
+    y = class_targets(M, y, "qpfs")
     geo = geometry(M)
     r = relevance(M, y, geo, relevance_kind)
     out = solve_simplex(M, r, alpha_mix=float(alpha_mix), kernel=kernel, tol=float(tol), max_epochs=int(max_epochs),

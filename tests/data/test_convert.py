@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import dask
@@ -690,3 +691,198 @@ def test_kill_compressed_at_random_time_and_resume(tmp_path, kill_data):
         assert res.stdout.decode().strip() == str(out)
     assert not partial.exists()
     assert_identical_stores(dufs.open(out), refz)
+
+
+# ---------------------------------------------------------------------------------------------------- broken streams
+@pytest.fixture
+def no_hang():
+    """Fail (instead of hanging the run) a test that takes more than a minute."""
+    def on_alarm(signum, frame):
+        raise TimeoutError("the conversion hung")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+_DECOMPRESSORS = {".gz": lambda: zlib.decompressobj(31), ".bz2": bz2.BZ2Decompressor, ".xz": lzma.LZMADecompressor}
+
+
+def _recoverable(cut: bytes, suffix: str) -> bytes:
+    """All the data a one-shot decompressor gets out of a cut-off compressed stream (the reference)."""
+    return _DECOMPRESSORS[suffix]().decompress(cut)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+@pytest.mark.parametrize("keep", [0.1, 0.6, 0.97])
+def test_truncated_compressed_input_is_one_error_naming_the_file(tmp_path, no_hang, suffix, keep):
+    """A compressed file cut short is an InputFormatError naming the file, how many bytes of data it gave and the
+    line it ended in (not the decompressor's EOFError); blocks parsed before are thrown away with the partial store,
+    and a store it was to replace is kept as it was."""
+    X, y = random_data(3000, 200, 0.03, seed=31)
+    text = svm_text(X, y)
+    whole = tmp_path / f"in.svm{suffix}"
+    if suffix == ".bz2":  # blocks of 100 kB (not 900): a cut file still has whole blocks to give
+        whole.write_bytes(bz2.compress(text, 1))
+    else:
+        write(whole, text)
+    comp = whole.read_bytes()
+    cut = comp[: int(len(comp) * keep)]
+    got = _recoverable(cut, suffix)
+    assert text.startswith(got) and len(got) < len(text)
+    old = tmp_path / "out.zarr"
+    prev, _ = convert(write(tmp_path / "prev.svm", b"1 1:1\n2 2:2\n"), old)
+    src = tmp_path / f"cut.svm{suffix}"
+    src.write_bytes(cut)
+    block_bytes = len(text) // 8  # blocks are parsed and written before the stream ends
+    for overwrite, out in [(False, tmp_path / "new.zarr"), (True, old)]:
+        with pytest.raises(InputFormatError) as ei:
+            convert(src, out, overwrite=overwrite, block_bytes=block_bytes)
+        e = ei.value
+        msg = str(e)
+        assert "\n" not in msg
+        assert re.fullmatch(rf"{re.escape(str(src))}: compressed stream ends early \(truncated file\?\) after "
+                            rf"[0-9,]+ bytes of data, line \d+; .*", msg), msg
+        line = got.count(b"\n") + 1
+        assert (e.path, e.offset, e.line) == (str(src), len(got), line)
+        assert f"after {len(got):,} bytes of data, line {line};" in msg
+    assert_no_output(tmp_path / "new.zarr")
+    assert not Path(str(old) + PARTIAL).exists()
+    assert_equals_sklearn(dufs.open(old), *sk_load(b"1 1:1\n2 2:2\n"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([whole.name, src.name, "prev.svm", "out.zarr"])
+    # the repaired file converts (nothing of the failed build was in the way)
+    st, _ = convert(whole, tmp_path / "new.zarr", block_bytes=block_bytes)
+    assert_equals_sklearn(st, *sk_load(text))
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+@pytest.mark.parametrize("bad_line", [20, 185])  # in an early block; in the last whole block before the cut
+def test_a_bad_line_before_the_truncation_is_the_error(tmp_path, no_hang, suffix, bad_line):
+    """The first error by position wins: a bad line in a block parsed before the stream was found cut short (still
+    in flight when it was, or collected before)."""
+    text = _with_line(_base_text(), bad_line, b"1 3:abc")
+    comp = write(tmp_path / f"in.svm{suffix}", text).read_bytes()
+    src = tmp_path / f"cut.svm{suffix}"
+    src.write_bytes(comp[: len(comp) * 3 // 4])
+    assert _recoverable(src.read_bytes(), suffix).count(b"\n") > bad_line + 10
+    with pytest.raises(InputFormatError, match=rf"^{re.escape(str(src))}:{bad_line}: a feature value is not a nu"):
+        convert(src, tmp_path / "out.zarr", block_bytes=len(text) // 10)
+    assert_no_output(tmp_path / "out.zarr")
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_corrupt_compressed_input_is_one_error_naming_the_file(tmp_path, no_hang, suffix):
+    X, y = random_data(2000, 100, 0.05, seed=32)
+    raw = bytearray(write(tmp_path / f"x.svm{suffix}", svm_text(X, y)).read_bytes())
+    # garble the stream's own checksum, so that the data are right and only the decompressor can tell (garbled
+    # data would decompress to garbage text, which may fail to parse before the stream's check fails): the CRC-32 in
+    # gzip's trailer, bz2's combined CRC in its last bytes, xz's footer CRC
+    raw[len(raw) + {".gz": -8, ".bz2": -2, ".xz": -12}[suffix]] ^= 0x5A
+    src = tmp_path / f"bad.svm{suffix}"
+    src.write_bytes(bytes(raw))
+    with pytest.raises(InputFormatError) as ei:
+        convert(src, tmp_path / "out.zarr", block_bytes=20000)
+    msg = str(ei.value)
+    assert "\n" not in msg and ei.value.path == str(src)
+    assert re.match(rf"{re.escape(str(src))}: compressed data is corrupt after [0-9,]+ bytes of data, line \d+ "
+                    rf"\(.+\); download or copy the file again$", msg), msg
+    assert_no_output(tmp_path / "out.zarr")
+
+
+def test_a_plain_file_named_gz_is_one_error(tmp_path, no_hang):
+    src = tmp_path / "text.svm.gz"
+    src.write_bytes(b"1 1:1\n2 2:2\n")
+    with pytest.raises(InputFormatError, match=rf"^{re.escape(str(src))}: compressed data is corrupt after 0 bytes "
+                                               rf"of data, line 1 \(Not a gzipped file"):
+        convert(src, tmp_path / "out.zarr")
+    assert_no_output(tmp_path / "out.zarr")
+
+
+@pytest.mark.slow
+def test_truncated_input_in_the_cli_is_one_line(tmp_path):
+    """``dufs convert`` prints the one-line error (not ``Aborted.``), exits 2 and leaves no partial store."""
+    X, y = random_data(3000, 200, 0.03, seed=33)
+    comp = write(tmp_path / "in.svm.bz2", svm_text(X, y)).read_bytes()
+    src = tmp_path / "cut.svm.bz2"
+    src.write_bytes(comp[: len(comp) // 2])
+    res = subprocess.run([sys.executable, "-m", "dufs.cli", "convert", str(src), str(tmp_path / "out.zarr"),
+                          "--workers", "0", "--block-bytes", "20000"], capture_output=True, timeout=120)
+    err = res.stderr.decode()
+    assert res.returncode == 2, err
+    assert f"{src}: compressed stream ends early (truncated file?) after " in " ".join(err.split())
+    assert "Traceback" not in err and "Aborted" not in err
+    assert_no_output(tmp_path / "out.zarr")
+
+
+# ---------------------------------------------------------------------------------------------------- qid
+def _qid_text(seed: int, n: int = 400, with_qid: float = 0.7) -> tuple[bytes, int]:
+    """libsvm text (scikit-learn's dump) where a fraction of the lines carry ``qid:N``; and how many do."""
+    X, y = random_data(n, 60, 0.1, seed)
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    dump_svmlight_file(X, y, buf, query_id=rng.integers(-3, 10**12, n))
+    lines = lines_of(buf.getvalue())
+    keep = rng.random(n) < with_qid
+    out = [ln if k else re.sub(rb" qid:\S+", b"", ln) for ln, k in zip(lines, keep, strict=True)]
+    assert sum(b" qid:" in ln for ln in out) == int(keep.sum()) > 0
+    return b"".join(out), int(keep.sum())
+
+
+@pytest.mark.parametrize("suffix, parts", [("", 1), ("", 7), (".bz2", 1), (".bz2", 5), (".gz", 3)])
+def test_qid_fields_are_read_and_ignored_as_sklearn(tmp_path, suffix, parts):
+    """Lines with ``qid:N`` convert to exactly scikit-learn's X and y (which ignores the qid unless asked for it),
+    whole or cut into byte ranges / blocks of lines parsed in parallel; the lines with one are counted in the report
+    and the provenance."""
+    text, n_qid = _qid_text(seed=40 + parts)
+    src = write(tmp_path / f"q.svm{suffix}", text)
+    st, rep = convert(src, tmp_path / "out.zarr", block_bytes=10**9 if parts == 1 else len(text) // parts + 1)
+    assert st.n_blocks("csr") == parts
+    assert_equals_sklearn(st, *sk_load(text))
+    assert (rep.qid_lines, rep.rows) == (n_qid, 400)
+    assert st.provenance["qid_lines"] == n_qid
+
+
+def test_qid_with_comments_and_rows_without_features(tmp_path):
+    text = (b"# queries\n"
+            b"1 qid:1 3:1 7:2.5 # a comment\n"
+            b"-1 qid:+2\n"
+            b"2 qid:-3\t1:4\n"
+            b"0 4:1\n"
+            b"1 qid:0 # only a qid\n")
+    st, rep = convert(write(tmp_path / "q.svm", text), tmp_path / "out.zarr")
+    assert_equals_sklearn(st, *sk_load(text))
+    assert (rep.rows, rep.qid_lines, rep.comment_lines) == (5, 4, 1)
+
+
+@pytest.mark.parametrize("bad", [b"1 qid:abc 3:1", b"1 qid: 3:1", b"1 qid 3:1", b"1 qid:1.5 3:1", b"1 qidx:3 3:1"])
+def test_a_malformed_qid_is_a_bad_line(tmp_path, bad):
+    text = _with_line(_base_text(), BAD_LINE, bad)
+    src = write(tmp_path / "in.svm", text)
+    with pytest.raises(InputFormatError, match=rf"^{re.escape(str(src))}:{BAD_LINE}: the qid field is not "
+                                               rf"'qid:<integer>' \(byte offset \d+\)$") as ei:
+        convert(src, tmp_path / "out.zarr", block_bytes=len(text) // 4)
+    a, b = _line_span(text, BAD_LINE)
+    assert ei.value.offset == a + 2  # the qid token
+    assert_no_output(tmp_path / "out.zarr")
+
+
+def test_qid_lines_skipped_for_other_reasons_are_not_counted(tmp_path):
+    text = b"1 qid:1 3:1\n2 qid:2 3:nan\n3 qid:x 1:1\n4 qid:4 2:1 2:2\n5 qid:5 1:1e39\n6 2:1\n"
+    st, rep = convert(write(tmp_path / "q.svm", text), tmp_path / "out.zarr", on_error="skip", value_dtype=None)
+    assert (rep.rows, rep.skipped_lines, rep.qid_lines) == (2, 4, 1)
+    X, y = sk_load(b"1 qid:1 3:1\n6 2:1\n")
+    np.testing.assert_array_equal(st.to_scipy("csr").toarray(), X.toarray())
+    np.testing.assert_array_equal(st.y, y)
+    assert st.provenance["qid_lines"] == 1
+
+
+@pytest.mark.slow
+def test_qid_on_a_process_cluster(tmp_path, cluster_client):
+    text, n_qid = _qid_text(seed=50, n=600)
+    src = write(tmp_path / "q.svm", text)
+    st, rep = convert(src, tmp_path / "out.zarr", block_bytes=len(text) // 6 + 1, client=cluster_client)
+    assert st.n_blocks("csr") == 6
+    assert_equals_sklearn(st, *sk_load(text))
+    assert rep.qid_lines == n_qid == st.provenance["qid_lines"]

@@ -148,12 +148,12 @@ BAD = {
     "x-nan-last-block": (
         lambda: _with_nan_in_last_block(X_REF),
         lambda: Y_REF,
-        "row block 3 contains NaN",
+        r"X has a non-finite value \(nan\) at row 36, feature 3;",
     ),
     "x-nan-dask": (
         lambda: da.from_array(_with_nan_in_last_block(X_REF), chunks=(5, 19)),
         lambda: None,
-        "row block 3 contains NaN",
+        r"X has a non-finite value \(nan\) at row 36, feature 3;",
     ),
     "x-overflows-float32": (
         lambda: np.array([[1e300, 0.0], [0.0, 1.0]]),
@@ -208,7 +208,7 @@ def test_overwrite(store_path, where):
             write_store(X_REF[:5], path)
         assert_store_matches(dufs.open(path), X_REF, Y_REF)  # untouched
         # a failing overwrite leaves the old store as it was
-        with pytest.raises(ParameterError, match="NaN"):
+        with pytest.raises(ParameterError, match=r"non-finite value \(nan\) at row 36, feature 3"):
             write_store(_with_nan_in_last_block(X_REF), path, overwrite=True)
         assert_store_matches(dufs.open(path), X_REF, Y_REF)
         assert len(_leftovers(path)) == 1
@@ -240,3 +240,27 @@ def test_default_value_dtypes(store_path):
     st_ = write_store(ints, store_path())
     assert st_.dtype == np.float32
     assert_store_matches(st_, ints, value_dtype=np.float32)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "scipy", "dask"])
+def test_non_finite_values_are_named_by_row_and_feature(tmp_path, kind):
+    """The first non-finite value in (row, feature) order is named (a Dask input: the first of the block of rows
+    that fails first), and nothing is left behind."""
+    X = np.random.default_rng(0).random((20, 5))
+    X[13, 4], X[9, 1], X[13, 2] = np.inf, np.nan, -np.inf
+    Xk = {"numpy": X, "scipy": sp.csr_array(X), "dask": da.from_array(X, chunks=(7, 5))}[kind]
+    first = r"\(nan\) at row 9, feature 1" if kind != "dask" else \
+        r"\((nan\) at row 9, feature 1|-inf\) at row 13, feature 2)"
+    with pytest.raises(ParameterError, match=rf"^X has a non-finite value {first}( \(3 in all\))?( \(2 in this "
+                                             rf"block of rows\))?; dufs stores finite numbers only"):
+        write_store(Xk, tmp_path / "w.zarr", row_block=6)
+    with pytest.raises(ParameterError, match=r"at row 13, feature 2 \(2 in (all|this block of rows)\)"):
+        write_store(np.where(np.isnan(X), 0.5, X), tmp_path / "w.zarr", row_block=6)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_labels_that_are_not_numbers_are_refused(tmp_path):
+    X = sp.random_array((10, 4), density=0.5, rng=0, format="csr")
+    with pytest.raises(ParameterError, match=r"y holds labels of dtype <U3; a store keeps numeric labels: encode"):
+        write_store(X, tmp_path / "w.zarr", np.array(["cat", "dog"] * 5))
+    assert list(tmp_path.iterdir()) == []

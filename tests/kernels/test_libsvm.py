@@ -505,3 +505,27 @@ def test_skip_many_records_the_first_ones():
     assert block.row_lines.tolist() == [k + 1 for k in range(30) if k % 3 != 1]
     none = parse_block(text, skip_errors=True, max_recorded=0)
     assert none.n_skipped == 10 and none.skipped_lines.size == 0
+
+
+# ------------------------------------------------------------------------------------------------ qid
+QID_TEXT = b"1 qid:3 1:0.5 4:2\n-1 qid:3 2:1\n# a comment\n1 3:7\n0 qid:12\n"
+
+
+def test_qid_fields_are_read_and_ignored_like_sklearn():
+    """allow_qid=True: ``qid:N`` right after the label is skipped, and the rows equal scikit-learn's (which reads
+    and drops them, ``query_id=False``); ``row_qid`` says which rows had one."""
+    block = parse_block(QID_TEXT, allow_qid=True)
+    assert_matches(block, QID_TEXT)
+    assert block.row_qid.tolist() == [True, True, False, True]
+
+
+@pytest.mark.parametrize("bad", ["1 qid: 3:1", "1 qid:x 3:1", "1 qid:1.5 3:1", "1 qid:3"])
+def test_a_malformed_qid_is_an_error(bad):
+    text = f"1 1:1\n{bad}\n".encode()
+    block = parse_block(text, allow_qid=True)
+    if bad == "1 qid:3":  # a row with a qid and no features is fine
+        assert block.error_code == 0 and block.row_qid.tolist() == [False, True]
+        return
+    assert (block.error_code, block.error_line) == (ErrorCode.BAD_QID, 2)
+    assert "qid" in error_message(ErrorCode.BAD_QID)
+    assert parse_block(text).error_code == ErrorCode.QID  # the strict default names qid too

@@ -30,13 +30,38 @@ def test_variance(real):
     np.testing.assert_allclose(variance_scores(Matrix(X, block_width=97)), Xd.var(axis=0), rtol=1e-10, atol=1e-12)
 
 
+def _eta(Xd, y):
+    """The correlation ratio as the root of R^2 of each feature's least-squares fit on the one-hot classes."""
+    H = (y[:, None] == np.unique(y)[None, :]).astype(float)
+    coef, *_ = np.linalg.lstsq(H, Xd, rcond=None)
+    res = ((Xd - H @ coef) ** 2).sum(axis=0)
+    tot = ((Xd - Xd.mean(axis=0)) ** 2).sum(axis=0)
+    return np.where(tot > 1e-12 * np.maximum((Xd ** 2).sum(axis=0), 1e-300), np.sqrt(np.clip(1 - res / np.where(
+        tot > 0, tot, 1), 0, 1)), 0.0)
+
+
 def test_correlation(real):
+    """|Pearson correlation| on two classes, the correlation ratio (root of R^2 on the class indicators) on more;
+    the two agree on two classes."""
     X, Xd, y = real
     want = np.zeros(Xd.shape[1])
     for j in range(Xd.shape[1]):
         if Xd[:, j].std() > 0:
             want[j] = abs(np.corrcoef(Xd[:, j], y)[0, 1])
+    if np.unique(y).size > 2:
+        want = _eta(Xd, y)
+    else:
+        np.testing.assert_allclose(_eta(Xd, y), want, rtol=1e-7, atol=1e-9)
     got = correlation_scores(Matrix(X, block_width=211, standardize="zscore"), y)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9)
+
+
+def test_correlation_with_a_continuous_target_is_pearson(real):
+    X, Xd, _ = real
+    t = np.random.default_rng(0).standard_normal(Xd.shape[0]) + Xd[:, :5].sum(axis=1)
+    want = np.array([abs(np.corrcoef(Xd[:, j], t)[0, 1]) if Xd[:, j].std() > 0 else 0.0
+                     for j in range(Xd.shape[1])])
+    got = correlation_scores(Matrix(X, block_width=211), t)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
 
 
