@@ -5,204 +5,38 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dufs._logging import get_logger, timer
-from dufs.engine.cluster import active_client, get_client
-from dufs.engine.matrix import as_matrix
+from dufs.engine import as_matrix
+from dufs.engine.cluster import get_client
 from dufs.errors import DufsWarning, ParameterError
-from dufs.methods import filters
+from dufs.methods.params import check_params
+from dufs.methods.registry import METHODS, MethodResult, MethodSpec, rank
+from dufs.scheduling import distributed_client
 from dufs.selection import Selection
 
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """How to run a method: its score function, whether larger scores are better, whether it needs labels,
-    its default ``standardize`` and the passes over the data it makes."""
-
-    name: str
-    score: Callable[..., np.ndarray]
-    higher_is_better: bool
-    supervised: bool
-    standardize: str | None
-    passes: int
-
-
-METHODS: dict[str, MethodSpec] = {
-    "variance": MethodSpec("variance", lambda M, y, **p: filters.variance_scores(M), True, False, None, 1),
-    "correlation": MethodSpec("correlation", lambda M, y, **p: filters.correlation_scores(M, y), True, True,
-                              "zscore", 2),
-    "fisher": MethodSpec("fisher", lambda M, y, **p: filters.fisher_scores(M, y), True, True, None, 1),
-    "laplacian": MethodSpec("laplacian", lambda M, y, **p: filters.laplacian_scores(M, **p), False, False, None, 2),
-}
-def _mmfs(M: Any, y: Any, *, n_features: int, kernel: str = "linear", rbf_gamma: Any = None,
-          max_features: Any = None, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
-    if "relevance" in p:
-        p["relevance_kind"] = p.pop("relevance")
-    if kernel == "linear":
-        from dufs.methods.mmfs import mmfs
-
-        if rbf_gamma is not None or max_features is not None:
-            raise ParameterError("the 'rbf_gamma' and 'max_features' parameters of mmfs are for kernel='poly2' or "
-                                 "'rbf'")
-        res = mmfs(M, y, n_features=n_features, **p)
-    elif kernel in ("poly2", "rbf"):
-        from dufs.methods.mmfs_kernel import mmfs_kernel
-
-        if p.get("n_partitions", "auto") == "auto":
-            p.pop("n_partitions", None)
-        extra = set(p) & {"checkpoint", "checkpoint_every", "resume", "n_partitions"}
-        if extra:
-            raise ParameterError(f"mmfs with kernel={kernel!r} takes no {sorted(extra)} (checkpoints are for the "
-                                 f"linear kernel)")
-        res = mmfs_kernel(M, y, kernel=kernel, n_features=n_features, rbf_gamma=rbf_gamma, max_features=max_features,
-                          **p)
-    else:
-        raise ParameterError(f"The 'kernel' parameter of mmfs must be 'linear', 'poly2' or 'rbf'; got {kernel!r}.")
-    d = dict(res.diagnostics)
-    d.setdefault("kernel", kernel)
-    return res.alpha, res.ranking(), d
-
-
-def _qpfs(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
-    from dufs.methods.qpfs import qpfs
-
-    if "relevance" in p:
-        p["relevance_kind"] = p.pop("relevance")
-    res = qpfs(M, y, **p)
-    return res.x, res.ranking(), dict(res.diagnostics)
-
-
-def _greedy_out(res: Any, d: int) -> tuple[np.ndarray, np.ndarray, dict]:
-    scores = np.full(d, np.nan)
-    scores[res.indices] = res.criterion
-    diag = dict(res.diagnostics)
-    diag.update(criterion=res.criterion.tolist(), objective=res.objective.tolist())
-    return scores, res.indices, diag
-
-
-def _lapofs(criterion: str) -> Callable[..., tuple[np.ndarray, np.ndarray, dict]]:
-    def run(M: Any, y: Any, *, n_features: int, **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
-        from dufs.methods.greedy import lapofs
-
-        return _greedy_out(lapofs(M, n_features=n_features, criterion=criterion, **p), M.shape[1])
-
-    return run
-
-
 N_CLUSTERS = 2  # the default number of clusters of jcfs, ufcm and m3fs, in fit as in the estimators
 
 
-def _jcfs(M: Any, y: Any, *, n_features: int, n_clusters: Any = N_CLUSTERS, **p: Any) -> tuple[np.ndarray,
-                                                                                                np.ndarray, dict]:
-    from dufs.methods.greedy import jcfs
-
-    return _greedy_out(jcfs(M, n_features=n_features, n_clusters=n_clusters, **p), M.shape[1])
-
-
-def _ufcm(M: Any, y: Any, *, n_clusters: Any = N_CLUSTERS, n_components: Any = None, **p: Any) -> tuple[
-        np.ndarray, None, dict]:
-    from dufs.methods.ufcm import ufcm
-
-    if n_components is None:  # d' = the number of clusters, at most n_features - 1
-        n_components = min(int(n_clusters), max(1, M.shape[1] - 1)) if isinstance(n_clusters, int | np.integer) \
-            else n_clusters
-    res = ufcm(M, n_clusters=n_clusters, n_components=n_components, **p)
-    diag = dict(res.diagnostics)
-    diag.update(objective=np.asarray(res.objective).tolist(), labels=np.asarray(res.labels).tolist())
-    return res.scores, None, diag
-
-
-_M3FS_FAITHFUL_MAX = (5000, 1000)  # solver="auto": the faithful (SOCP) path up to this many samples and features
-
-
-def _has_cvxpy() -> bool:
-    """Whether the faithful M3FS solver's conic solvers (``dufs[m3fs]``: cvxpy, Clarabel) are installed."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(m) is not None for m in ("cvxpy", "clarabel"))
-
-
-def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto", n_clusters: Any = N_CLUSTERS,
-          **p: Any) -> tuple[np.ndarray, np.ndarray, dict]:
-    n, d = M.shape
-    if solver not in ("auto", "faithful", "alternating"):
-        raise ParameterError(f"The 'solver' parameter of m3fs must be 'auto', 'faithful' or 'alternating'; "
-                             f"got {solver!r}.")
-    if solver == "auto":
-        small = n <= _M3FS_FAITHFUL_MAX[0] and d <= _M3FS_FAITHFUL_MAX[1]
-        solver = "faithful" if small and _has_cvxpy() else "alternating"
-    if solver == "faithful":
-        from dufs.methods.m3fs import m3fs_faithful as run
-    else:
-        from dufs.methods.m3fs_scalable import m3fs_alternating as run
-    import inspect
-
-    accepted = inspect.signature(run).parameters
-    wrong = sorted(k for k in p if k not in accepted)
-    if wrong:
-        raise ParameterError(f"The parameter(s) {', '.join(map(repr, wrong))} do not apply to the {solver} M3FS "
-                             f"solver (solver={solver!r}; 'auto' picks faithful up to {_M3FS_FAITHFUL_MAX[0]} "
-                             f"samples x {_M3FS_FAITHFUL_MAX[1]} features).")
-    res = run(M.dense_columns(np.arange(d)) if solver == "faithful" else M, n_features=n_features,
-              n_clusters=n_clusters, **p)
-    diag = dict(res.diagnostics)
-    diag.update(solver=solver, labels=np.asarray(res.labels).tolist())
-    sigma = np.asarray(res.sigma, dtype=np.float64)
-    head = np.asarray(res.selected, dtype=np.int64)
-    rest = np.setdiff1d(rank(sigma, True), head, assume_unique=True)
-    return sigma, np.concatenate([head, rest]), diag
-
-
-METHODS["mmfs"] = MethodSpec("mmfs", _mmfs, True, True, "zscore", 0)
-METHODS["qpfs"] = MethodSpec("qpfs", _qpfs, True, True, "zscore", 0)
-METHODS["lapaofs"] = MethodSpec("lapaofs", _lapofs("A"), True, False, None, 0)
-METHODS["lapdofs"] = MethodSpec("lapdofs", _lapofs("D"), True, False, None, 0)
-METHODS["jcfs"] = MethodSpec("jcfs", _jcfs, True, False, "zscore", 0)
-METHODS["ufcm"] = MethodSpec("ufcm", _ufcm, True, False, None, 0)
-METHODS["m3fs"] = MethodSpec("m3fs", _m3fs, True, False, "zscore", 0)
-_RANKED = {"mmfs", "qpfs", "lapaofs", "lapdofs", "jcfs", "m3fs"}  # methods that rank the features themselves
-_GREEDY = {"lambda1", "lambda2", "W", "graph", "n_neighbors", "weights", "t", "n_anchors", "anchor_neighbors",
-           "embed_dim", "random_state", "checkpoint", "checkpoint_every", "resume"}
-_PARAMS = {"mmfs": {"C", "theta", "gamma", "relevance", "tol", "max_epochs", "random_state", "checkpoint",
-                    "checkpoint_every", "resume", "n_partitions", "kernel", "rbf_gamma", "max_features"},
-           "qpfs": {"alpha_mix", "kernel", "relevance", "tol", "max_epochs", "rbf_gamma", "max_features"},
-           "lapaofs": _GREEDY, "lapdofs": _GREEDY,
-           "jcfs": {"n_clusters", "lambda_", "gamma", "W", "graph", "n_neighbors", "weights", "t", "n_anchors",
-                    "anchor_neighbors", "embed_dim", "max_iter", "random_state", "dense_below", "select_gamma"},
-           "m3fs": {"solver", "C", "lambda_", "l", "epsilon", "n_clusters", "graph", "n_neighbors", "sigma_width", "L",
-                    "W", "max_cutting_planes", "max_cccp", "random_state", "weights", "n_anchors", "anchor_neighbors",
-                    "embed_dim", "max_iter", "tol", "alternations", "init", "dense_below", "polish"},
-           "ufcm": {"n_clusters", "n_components", "alpha", "beta", "p", "max_iter", "n_init", "tol", "random_state",
-                    "dense_below"},
-           "laplacian": {"n_neighbors", "weights", "t", "W", "graph", "n_anchors", "anchor_neighbors", "embed_dim",
-                          "random_state"}}
-
-
 def check_method(method: Any, params: dict | None = None) -> MethodSpec:
-    """The :class:`MethodSpec` of ``method``, after checking that it exists and takes every name in ``params``;
-    a :class:`ParameterError` otherwise. Cheap (no data read): the CLI calls it before starting a cluster."""
+    """The :class:`MethodSpec` of ``method``, after checking that it exists, that it takes every name in
+    ``params`` and that every value is within the method's declared constraints (its parameter table); a
+    :class:`ParameterError` otherwise. Cheap (no data read): ``fit`` and the CLI call it before any work."""
     if not isinstance(method, str) or method not in METHODS:
         raise ParameterError(f"The 'method' parameter of fit must be one of {sorted(METHODS)}; got {method!r}.")
-    extra = set(params or ()) - _PARAMS.get(method, set())
+    spec = METHODS[method]
+    extra = set(params or ()) - set(spec.params)
     if extra:
         raise ParameterError(f"fit got parameters {sorted(extra)} that method {method!r} does not take "
-                             f"(it takes {sorted(_PARAMS.get(method, set())) or 'none'})")
-    return METHODS[method]
-
-
-def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
-    """Feature indices best first; NaN scores last; ties broken by the lower index."""
-    s = np.asarray(scores, dtype=np.float64)
-    key = -s if higher_is_better else s
-    key = np.where(np.isnan(key), np.inf, key)
-    return np.argsort(key, kind="stable")
+                             f"(it takes {sorted(spec.params) or 'none'})")
+    check_params(spec.params, dict(params or {}), method)
+    return spec
 
 
 def check_n_features(n_features: Any, n_total: int, method: str) -> int:
@@ -311,7 +145,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     t0 = time.perf_counter()
     in_memory = not (_is_dask(X) or isinstance(X, (str, os.PathLike)) or type(X).__name__ == "SparseStore")
     local = client is False  # run in this process, no cluster: synchronous for in-memory input, else threads
-    sync = local or (client is None and active_client() is None and in_memory)
+    sync = local or (client is None and distributed_client() is None and in_memory)
     with get_client(None if local else client, synchronous=sync) as c:
         import dask
 
@@ -329,9 +163,8 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
             if spec.supervised and M.y is None:
                 raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
             with timer("score", timings, log):
-                extra = {"n_features": int(n_features)} if method in _RANKED else {}
-                got = spec.score(M, M.y, **params, **extra)
-                scores, order, method_diag = got if isinstance(got, tuple) else (got, None, {})
+                res: MethodResult = spec.run(M, M.y, n_features=int(n_features), **params)
+                scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
             n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
             passes = M.passes
             if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted

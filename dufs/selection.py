@@ -119,7 +119,7 @@ class Selection:
 
         ``name`` is what the messages call ``X`` (default: the store's path, else "X").
         """
-        from dufs.engine.matrix import input_identity
+        from dufs.engine import input_identity
 
         got = input_identity(X) if same_data or not _is_memory(X) else _shape_identity(X)
         src = self.source or {}
@@ -183,7 +183,7 @@ class Selection:
 
     def plot(self, path: str | os.PathLike) -> str:
         """A PNG of the score distribution with the selected features marked. Returns the path."""
-        from dufs.evaluate import plot_scores
+        from dufs.plot import plot_scores
 
         if self.scores is None:
             raise ParameterError(f"the {self.method} selection has no scores to plot")
@@ -222,9 +222,10 @@ def _score_in(v: Any) -> float:
 
 
 def _is_memory(X: Any) -> bool:
-    from dufs.engine.matrix import Matrix, _is_dask_array
+    from dufs.engine import Matrix
+    from dufs.engine.inputs import is_dask_array
 
-    return not (isinstance(X, str | os.PathLike | Matrix) or _is_dask_array(X) or type(X).__name__ == "SparseStore")
+    return not (isinstance(X, str | os.PathLike | Matrix) or is_dask_array(X) or type(X).__name__ == "SparseStore")
 
 
 def _shape_identity(X: Any) -> dict:
@@ -240,7 +241,7 @@ def _first_id_difference(X: Any, indices: np.ndarray, recorded: Any) -> str:
     """Where the selected features' ids differ between ``X`` (a store) and the record, as a clause."""
     if recorded is None:
         return ""
-    from dufs.engine.matrix import Matrix
+    from dufs.engine import Matrix
 
     if isinstance(X, Matrix):
         ids = X.feature_ids

@@ -67,7 +67,8 @@ import dufs  # noqa: E402
 from dufs.api import METHODS  # noqa: E402
 from dufs.engine.graphs import knn_graph  # noqa: E402
 from dufs.evaluate import kmeans_scores  # noqa: E402
-from dufs.methods.greedy import jcfs, lapofs  # noqa: E402
+from dufs.methods.greedy import lapofs  # noqa: E402
+from dufs.methods.jcfs import jcfs  # noqa: E402
 
 SEEDS = (0, 1, 2)
 KMEANS_RUNS = 10

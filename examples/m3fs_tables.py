@@ -40,7 +40,7 @@ from _data import add_data_argument, find
 from sklearn.datasets import load_digits, load_iris
 from sklearn.metrics import rand_score
 
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.evaluate import clustering_accuracy, majority_accuracy
 from dufs.methods.m3fs import m3fs_faithful, m3fs_laplacian
 from dufs.methods.m3fs_scalable import m3fs_alternating

@@ -53,7 +53,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
 
 import dufs
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.methods.mmfs import class_relevance, encode_labels, geometry, mmfs, relevance
 
 KS = [5, 10, 20, 50]

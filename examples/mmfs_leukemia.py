@@ -26,7 +26,7 @@ import numpy as np
 from _data import add_data_argument, load_mat
 from sklearn.svm import LinearSVC
 
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.evaluate import topk_curve
 from dufs.methods.mmfs import mmfs
 

@@ -39,7 +39,7 @@ from _data import add_data_argument, load_mat
 from threadpoolctl import threadpool_limits
 
 import dufs
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.evaluate import kmeans_scores
 from dufs.methods.ufcm import ufcm
 

@@ -91,7 +91,7 @@ def _warm_numba_caches() -> None:
     import scipy.sparse as sp
 
     import dufs
-    from dufs.engine.matrix import Matrix
+    from dufs.engine import Matrix
     from dufs.kernels.libsvm import parse_block
     from dufs.kernels.sparse import csr_to_spill, merge_spills
 

@@ -31,6 +31,7 @@ def _fisher_ref(Xd, y):
     return np.argsort(-s, kind="stable")
 
 
+@pytest.mark.slow
 def test_every_input_kind_gives_the_same_selection(text, tmp_path, cluster_client):
     """In-memory kinds run in this process; Dask arrays and stores on the test cluster, and the store path on the
     LocalCluster that ``fit`` starts itself when no client is given or active."""
@@ -54,6 +55,7 @@ def test_every_input_kind_gives_the_same_selection(text, tmp_path, cluster_clien
             assert sel.n_features_in == 800 and sel.support_mask.sum() == 25
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_and_two_blockings_agree(text, tmp_path, cluster_client):
     X, y = text
     results = []

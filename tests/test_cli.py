@@ -21,7 +21,7 @@ from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 from typer.testing import CliRunner
 
 import dufs
-import dufs.cli
+import dufs.cli.selecting
 from dufs.api import METHODS
 from dufs.cli import app
 
@@ -226,7 +226,7 @@ def stores(tmp_path):
 ])
 def test_select_checks_before_starting_a_cluster(stores, monkeypatch, args, says):
     """Without --workers these would start a LocalCluster: each is refused first, in one line."""
-    monkeypatch.setattr(dufs.cli, "cluster", _no_cluster)
+    monkeypatch.setattr(dufs.cli.selecting, "cluster", _no_cluster)
     args = [str(stores / args[0]) if not args[0].startswith("-") else args[0], *args[1:]]
     res = run("select", *args, code=2)
     assert says.format(tmp=stores) in one_error_line(res)
@@ -236,7 +236,7 @@ def test_select_valid_arguments_reach_the_cluster(stores, monkeypatch):
     """The other side of the test above: valid arguments (a method's own parameters, an unlabelled store for an
     unsupervised method, any case of --standardize) do get to ``cluster``."""
     calls = []
-    real = dufs.cli.cluster
+    real = dufs.cli.selecting.cluster
 
     @contextlib.contextmanager
     def recording(scheduler, workers):
@@ -244,7 +244,7 @@ def test_select_valid_arguments_reach_the_cluster(stores, monkeypatch):
         with real(scheduler, workers) as c:
             yield c
 
-    monkeypatch.setattr(dufs.cli, "cluster", recording)
+    monkeypatch.setattr(dufs.cli.selecting, "cluster", recording)
     res = run("select", stores / "nolabels.zarr", "-m", "laplacian", "-k", "4", "-p", "n_neighbors=3",
               "--standardize", "ZScore", "--workers", "0")
     assert calls == [(None, 0)]
@@ -279,6 +279,7 @@ def test_unreachable_scheduler_is_one_line(stores, command, address, why):
     assert not any(p.name.startswith(("out.zarr", "syn.zarr")) for p in stores.iterdir())
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_in_a_process(tmp_path):
     """The real command: exit 2, one line on stderr, no traceback, the timeout from the environment."""
     X = sp.random_array((30, 10), density=0.3, rng=0, format="csr")

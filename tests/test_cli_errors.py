@@ -151,6 +151,7 @@ def test_debug_shows_the_traceback(workspace):
     (["select", "{tmp}/s.zarr", "-m", "fisher", "-k", "abc"], "Invalid value for '-k'", True),
     (["convert", "{tmp}/in.svm", "{tmp}/nodir/out.zarr"], "does not exist", False),
 ])
+@pytest.mark.slow
 def test_in_a_process(workspace, args, says, usage):
     """The installed entry point (``python -m dufs.cli``): the same one line and exit 2, and with DUFS_DEBUG=1 a
     traceback (a usage error, found before any code of ours runs, stays one line)."""

@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import dufs
 
 
+@pytest.mark.slow
 def test_demo_runs_on_a_local_cluster(tmp_path):
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "demo", "--out", str(tmp_path), "--rows", "20000",
                           "--features", "50000", "--workers", "2"], capture_output=True, text=True, timeout=300)
@@ -67,7 +69,9 @@ def test_demo_runs_on_a_local_cluster(tmp_path):
     assert (tmp_path / "pcmac-accuracy-vs-k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_config_namespace_and_env(monkeypatch):
+def test_config_namespace_and_env():
+    import os
+
     import dask
 
     from dufs import config
@@ -76,3 +80,14 @@ def test_config_namespace_and_env(monkeypatch):
     with dask.config.set({"dufs.store.row-block": 77}):
         assert config.get("store.row-block") == 77
     assert config.parse_bytes("32MiB") == 32 * 2**20
+    # DASK_DUFS__... variables (read when dask is imported, kept over dufs.yaml's defaults) reach dufs' config in a
+    # fresh process: an int, a byte size and a nested key with hyphens
+    env = {**os.environ, "DASK_DUFS__STORE__ROW_BLOCK": "4096", "DASK_DUFS__CONVERT__BLOCK_BYTES": "3MiB",
+           "DASK_DUFS__ENGINE__PERSIST_FRACTION": "0.25"}
+    code = ("from dufs import config; print(config.get('store.row-block'), "
+            "config.parse_bytes(config.get('convert.block-bytes')), config.get('engine.persist-fraction'), "
+            "config.get('store.chunk-elements'))")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["4096", str(3 * 2**20), "0.25", str(config.get("store.chunk-elements"))], res.stdout
+    assert config.get("store.row-block") != 4096 and config.get("engine.persist-fraction") != 0.25

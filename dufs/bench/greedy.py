@@ -8,21 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
-from dufs.bench import (
+from dufs.bench.common import (
     WorkerPeak,
-    _bench_store,
-    _describe,
-    _local_cluster,
-    _median,
-    _plain_pass_seconds,
-    _worker_blocks_bytes,
+    bench_store,
+    describe,
+    local_cluster,
+    median,
+    plain_pass_seconds,
+    rss,
+    worker_blocks_bytes,
 )
-
-
-def _rss() -> int:
-    return psutil.Process().memory_info().rss
 
 
 def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
@@ -38,13 +34,13 @@ def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int
     from dufs.methods.greedy import lapofs
 
     say = console.print if console is not None else print
-    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    res: dict[str, Any] = _describe(st, f"LapAOFS (lambda1 = lambda2 = 0.01, anchor graph of {n_anchors} anchors)", say)
+    res: dict[str, Any] = describe(st, f"LapAOFS (lambda1 = lambda2 = 0.01, anchor graph of {n_anchors} anchors)", say)
     v = np.random.default_rng(seed).standard_normal(n)
     Wg = None
     for w in workers:
-        with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+        with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
             M = as_matrix(st.path, persist=True)
             M.column_stats()
@@ -52,28 +48,28 @@ def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int
                 t0 = time.perf_counter()
                 Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
                 res["graph_s"] = time.perf_counter() - t0
-            passes = _plain_pass_seconds(M, v, repeats)
-            bb = max(client.run(_worker_blocks_bytes).values())
-            idle = max(client.run(_rss).values()) - bb
-            out: dict[str, Any] = {"pass_s": _median(passes), "blocks_bytes": bb, "idle": idle}
+            passes = plain_pass_seconds(M, v, repeats)
+            bb = max(client.run(worker_blocks_bytes).values())
+            idle = max(client.run(rss).values()) - bb
+            out: dict[str, Any] = {"pass_s": median(passes), "blocks_bytes": bb, "idle": idle}
             for k in ks if w == max(workers) else ks[:1]:
                 with WorkerPeak(client) as wp:
                     t0 = time.perf_counter()
                     r = lapofs(M, n_features=k, criterion="A", W=Wg, checkpoint=None)
                     wall = time.perf_counter() - t0
                 steps = r.diagnostics["step_seconds"][1:]  # the first includes the start pass
-                out[f"k{k}"] = {"step_s": _median(steps), "wall_s": wall, "peak": wp.peak,
-                                "driver_s": _median(r.diagnostics["driver_seconds"][1:]),
+                out[f"k{k}"] = {"step_s": median(steps), "wall_s": wall, "peak": wp.peak,
+                                "driver_s": median(r.diagnostics["driver_seconds"][1:]),
                                 "first": r.indices[:5].tolist()}
             k0 = ks[0]
             # LapDOFS updates the Schur complements only: its pass gathers one vector, not two
             rd = lapofs(M, n_features=k0, criterion="D", W=Wg, checkpoint=None)
-            out["d_step_s"] = _median(rd.diagnostics["step_seconds"][1:])
+            out["d_step_s"] = median(rd.diagnostics["step_seconds"][1:])
             # the cost of checkpointing every block's candidates every step (to the store's side directory)
             side = f"{st.path}.dufs-side/bench-greedy-{w}"
             t0 = time.perf_counter()
             rc = lapofs(M, n_features=k0, criterion="A", W=Wg, checkpoint=side, checkpoint_every=1)
-            out["checkpoint_step_s"] = _median(rc.diagnostics["step_seconds"][1:])
+            out["checkpoint_step_s"] = median(rc.diagnostics["step_seconds"][1:])
             import shutil
 
             shutil.rmtree(side, ignore_errors=True)

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from dufs.bench import (
+from dufs.bench.common import (
     WorkerPeak,
-    _bench_store,
-    _describe,
-    _local_cluster,
-    _median,
-    _plain_pass_seconds,
-    _worker_blocks_bytes,
+    bench_store,
+    describe,
+    local_cluster,
+    median,
+    plain_pass_seconds,
+    worker_blocks_bytes,
 )
 
 
@@ -33,14 +33,14 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     from dufs.methods.m3fs_scalable import m3fs_alternating
 
     say = console.print if console is not None else print
-    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    res: dict[str, Any] = _describe(st, f"M3FS alternating, m = {n_features}, {max_iter} outer iterations, anchor "
+    res: dict[str, Any] = describe(st, f"M3FS alternating, m = {n_features}, {max_iter} outer iterations, anchor "
                                         f"graph of {n_anchors} anchors", say)
     v = np.random.default_rng(seed).standard_normal(n)
     Wg = None
     for w in workers:
-        with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+        with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
             M = as_matrix(st.path, standardize="scale", persist=True)
             M.column_stats()
@@ -48,8 +48,8 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                 t0 = time.perf_counter()
                 Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
                 res["graph_s"] = time.perf_counter() - t0
-            passes = _plain_pass_seconds(M, v, repeats)
-            bb = max(client.run(_worker_blocks_bytes).values())
+            passes = plain_pass_seconds(M, v, repeats)
+            bb = max(client.run(worker_blocks_bytes).values())
             with WorkerPeak(client) as wp:
                 t0 = time.perf_counter()
                 r = m3fs_alternating(M, n_features=n_features, C=10.0, lambda_=0.01, W=Wg, max_iter=max_iter,
@@ -57,8 +57,8 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                 wall = time.perf_counter() - t0
             dg = r.diagnostics
             per_inner = [s / max(k, 1) for s, k in zip(dg["iteration_seconds"], dg["inner_iterations"], strict=True)]
-            res[f"w{w}"] = {"pass_s": _median(passes), "iteration_s": _median(dg["iteration_seconds"]),
-                            "inner_iteration_s": _median(per_inner), "inner_iterations": dg["inner_iterations"],
+            res[f"w{w}"] = {"pass_s": median(passes), "iteration_s": median(dg["iteration_seconds"]),
+                            "inner_iteration_s": median(per_inner), "inner_iterations": dg["inner_iterations"],
                             "passes_per_iteration": dg["passes_per_iteration"], "wall_s": wall, "peak": wp.peak,
                             "blocks_bytes": bb, "objective": r.objective.tolist(),
                             "selected": r.selected[:5].tolist()}

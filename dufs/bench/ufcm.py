@@ -8,21 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
-from dufs.bench import (
+from dufs.bench.common import (
     WorkerPeak,
-    _bench_store,
-    _describe,
-    _local_cluster,
-    _median,
-    _plain_pass_seconds,
-    _worker_blocks_bytes,
+    bench_store,
+    describe,
+    local_cluster,
+    median,
+    plain_pass_seconds,
+    rss,
+    worker_blocks_bytes,
 )
-
-
-def _rss() -> int:
-    return psutil.Process().memory_info().rss
 
 
 def ufcm_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
@@ -37,19 +33,19 @@ def ufcm_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     from dufs.methods.ufcm import ufcm
 
     say = console.print if console is not None else print
-    st = _bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
-    res: dict[str, Any] = _describe(st, f"UFCM c = {n_clusters}, d' = {n_components}, alpha = beta = p = 1, "
+    res: dict[str, Any] = describe(st, f"UFCM c = {n_clusters}, d' = {n_components}, alpha = beta = p = 1, "
                                         f"n_init = 10", say)
     v = np.random.default_rng(seed).standard_normal(n)
     for w in workers:
-        with _local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+        with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
             M = as_matrix(st.path, persist=True)
             M.column_stats()
-            passes = _plain_pass_seconds(M, v, max(3, repeats))
-            bb = max(client.run(_worker_blocks_bytes).values())
-            idle = max(client.run(_rss).values()) - bb
+            passes = plain_pass_seconds(M, v, max(3, repeats))
+            bb = max(client.run(worker_blocks_bytes).values())
+            idle = max(client.run(rss).values()) - bb
             with WorkerPeak(client) as wp:
                 t0 = time.perf_counter()
                 r = ufcm(M, n_clusters=n_clusters, n_components=n_components, max_iter=repeats, tol=0.0,
@@ -57,7 +53,7 @@ def ufcm_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                 wall = time.perf_counter() - t0
             hist = r.diagnostics["history"]
             iters = len(hist)
-            out = {"pass_s": _median(passes), "iter_s": _median([h["seconds"] for h in hist]),
+            out = {"pass_s": median(passes), "iter_s": median([h["seconds"] for h in hist]),
                    "setup_s": r.diagnostics["timings"]["setup"], "wall_s": wall, "iterations": iters,
                    "passes_per_iter": (r.diagnostics["passes"] - 0) / max(iters, 1),
                    "products": r.diagnostics["operator_products"], "timings": r.diagnostics["timings"],

@@ -1,7 +1,8 @@
 """Run storage tasks on the active Dask cluster, or on local threads when there is none.
 
-The storage layer does not start clusters (that is the CLI's and the engine's business): it uses the active
-``distributed.Client`` if there is one, else a thread pool (the numba kernels release the GIL).
+The storage layer does not start clusters (that is the CLI's and the engine's business): it uses the client a
+computation runs on now (:func:`dufs.scheduling.current_client`) if there is one, else a thread pool (the numba
+kernels release the GIL).
 """
 
 from __future__ import annotations
@@ -11,30 +12,24 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-
-def active_client() -> Any | None:
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
+from dufs.scheduling import current_client
 
 
 class Executor:
     """``submit`` / ``as_completed`` over a distributed client or a local thread pool."""
 
     def __init__(self, client: Any | None = None, max_workers: int | None = None):
-        self.client = client if client is not None else active_client()
+        self.client = client if client is not None else current_client()
         self._pool = None
+        self._threads = max_workers or os.cpu_count() or 1
         if self.client is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=max_workers or os.cpu_count() or 1)
+            self._pool = cf.ThreadPoolExecutor(max_workers=self._threads)
 
     @property
     def n_workers(self) -> int:
         if self.client is not None:
             return max(1, len(self.client.scheduler_info().get("workers", {})))
-        return self._pool._max_workers  # type: ignore[union-attr]
+        return self._threads
 
     def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.client is not None:

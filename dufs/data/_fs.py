@@ -16,9 +16,8 @@ import fsspec
 import zarr
 from zarr.storage import FsspecStore, LocalStore
 
+from dufs.data.layout import LOCK_NAME
 from dufs.errors import StoreError, StoreLockedError
-
-LOCK_NAME = "dufs.lock"
 
 
 def is_url(path: str) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,35 +29,17 @@ import zarr
 
 from dufs import config
 from dufs._logging import get_logger
+from dufs.data import layout
 from dufs.data._exec import Executor
-from dufs.data._fs import LOCK_NAME, Location, acquire_lock, lock_is_live, release_lock
-from dufs.data.store import (
-    FORMAT_VERSION,
-    OLD_SUFFIX,
-    PARTIAL_SUFFIX,
-    ZARR_TEMP,
-    SparseStore,
-    _compressors,
-    read_array,
-    store_kind,
-    write_array,
-)
-from dufs.data.store import (
-    _check_present as check_present,
-)
+from dufs.data._fs import Location, acquire_lock, lock_is_live, release_lock
+from dufs.data.layout import FEATURES, FORMAT_VERSION, LOCK_NAME, ROWS, RowBlockMeta, StoreMeta
+from dufs.data.store import SparseStore, check_stored, compressors, read_array, store_kind, write_array
 from dufs.errors import ParameterError, StoreError
 
 log = get_logger(__name__)
 INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class RowBlockInfo:
-    index: int
-    n_rows: int
-    nnz: int
-    min_index: int
-    max_index: int
+#: what ``write_row_block`` returns (the block's record, as ``row_block_meta`` reads it back)
+RowBlockInfo = RowBlockMeta
 
 
 class StoreBuilder:
@@ -84,7 +65,7 @@ class StoreBuilder:
     def __init__(self, path: Any, *, value_dtype: Any = None, overwrite: bool = False,
                  resume: bool = False, options: dict | None = None):
         self.final = Location.of(path)
-        self.partial = self.final.sibling(PARTIAL_SUFFIX)
+        self.partial = layout.partial_location(self.final)
         self.value_dtype = np.dtype(value_dtype or config.get("store.value-dtype"))
         if self.value_dtype.kind != "f":
             raise ParameterError(f"The 'value_dtype' parameter must be a float dtype; got {self.value_dtype}.")
@@ -120,7 +101,7 @@ class StoreBuilder:
             raise StoreError(f"{self.partial.url} exists and is not a dufs build ({pwhat}); dufs builds "
                              f"{self.final.url} under that name first: move it away or choose another output")
         if kind != "missing":
-            old = self.final.sibling(OLD_SUFFIX)
+            old = layout.old_location(self.final)
             okind, owhat = store_kind(old)
             if okind == "other":
                 raise StoreError(f"{old.url} exists and is not a dufs store ({owhat}); dufs needs that name to "
@@ -142,7 +123,7 @@ class StoreBuilder:
                 log.warning("removing %s, a copy left by an interrupted replacement of %s", self.partial.url,
                             self.final.url)
                 self.partial.remove()
-        old = self.final.sibling(OLD_SUFFIX)
+        old = layout.old_location(self.final)
         if store_kind(old)[0] == "store":
             if not self.final.exists():
                 log.warning("restoring %s from %s (its replacement was interrupted)", self.final.url, old.url)
@@ -161,7 +142,7 @@ class StoreBuilder:
             held = self.partial.read_json(LOCK_NAME)
             if held and lock_is_live(held):
                 acquire_lock(self.partial, what="build")  # raises StoreLockedError naming the holder
-            if "zarr.json" not in self.partial.names():  # killed between taking its lock and writing anything
+            if layout.NODE_FILE not in self.partial.names():  # killed between taking its lock and writing anything
                 log.info("removing %s: its build was interrupted before it wrote anything", self.partial.url)
                 self.partial.remove()
             elif not self.resume and self.overwrite:
@@ -176,18 +157,23 @@ class StoreBuilder:
             acquire_lock(self.partial, what="build")
             self._locked = True
             g = self.partial.open_group("r+")
-            started = dict(g.attrs).get("dufs_partial", {})
-            prev = started.get("options")
+            started = layout.read_partial(dict(g.attrs))
+            if started.version not in (None, FORMAT_VERSION):
+                self.abort(remove=False)
+                raise StoreError(f"cannot resume {self.partial.url}: it was started by a dufs writing format version "
+                                 f"{started.version!r}, this one writes {FORMAT_VERSION}; finish it with that dufs, or "
+                                 f"start again with --overwrite")
+            prev = started.options
             if prev is not None and _jsonable(prev) != _jsonable(self.options):
                 self.abort(remove=False)
                 raise StoreError(f"cannot resume {self.partial.url}: it was started with other options "
                                  f"({prev}); now {self.options}")
-            layout = {"value_dtype": str(self.value_dtype), "granule": self.granule}
-            was = {k: started.get(k) for k in layout}
-            if was != layout:
+            settings = layout.build_settings(str(self.value_dtype), self.granule)
+            was = started.settings
+            if was != settings:
                 self.abort(remove=False)
                 raise StoreError(f"cannot resume {self.partial.url}: it was started with {was} (dtype and "
-                                 f"dufs.store.feature-granule); now {layout}. Resume with the same settings")
+                                 f"dufs.store.feature-granule); now {settings}. Resume with the same settings")
             _remove_temp_files(self.partial)
             done = self.finished_row_blocks()
             log.info("resuming %s: %d row blocks already written", self.partial.url, len(done))
@@ -197,11 +183,9 @@ class StoreBuilder:
         acquire_lock(self.partial, what="build")
         self._locked = True
         g = zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="a")
-        g.attrs["dufs_partial"] = {"format_version": FORMAT_VERSION, "options": _jsonable(self.options),
-                                   "value_dtype": str(self.value_dtype), "granule": self.granule}
-        g.require_group("csr")
-        g.require_group("csc")
-        g.require_group("spill")
+        key, record = layout.new_partial(_jsonable(self.options), str(self.value_dtype), self.granule)
+        g.attrs[key] = record
+        layout.create_build_groups(g)
         return set()
 
     def abort(self, *, remove: bool = True) -> None:
@@ -216,23 +200,21 @@ class StoreBuilder:
         return zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="r+")
 
     def finished_row_blocks(self) -> set[int]:
+        """The row blocks written completely (their spill included)."""
         g = self._group()
-        done = set()
-        for name, sub in g["csr"].groups():
-            if sub.attrs.get("complete") and "spill" in g and name in g["spill"]:
-                done.add(int(name))
-        return done
+        return {i for i in layout.finished_blocks(g, ROWS) if layout.has_spill(g, i)}
 
     # ------------------------------------------------------------------ step 1
     def write_row_block(self, i: int, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
                         y: np.ndarray | None = None, extra: dict | None = None, *,
-                        raw_indices: bool = False) -> RowBlockInfo:
+                        raw_indices: bool = False) -> RowBlockMeta:
         """Write CSR row block ``i`` (indices sorted within rows) and its spill.
 
         With ``raw_indices=True`` the column indices carry an index base decided only at ``finalize``. The spill
         keeps them raw; the CSR block is written with a provisional base: one-based (``indices - 1``) unless the
         block holds an index 0. ``finalize(index_shift=...)`` rewrites only the blocks whose guess was wrong
-        (for one-based files, none).
+        (for one-based files, none). ``extra``: what the writer records besides, returned by
+        :meth:`row_block_meta` (``.extra``) and :meth:`row_block_infos`.
         """
         from dufs.kernels.sparse import csr_to_spill
 
@@ -247,40 +229,42 @@ class StoreBuilder:
         if n_rows > INT32_MAX:
             raise ParameterError(f"row block {i} has too many rows ({n_rows})")
         g = self._group()
-        blk = g["csr"].require_group(str(i))
-        blk.attrs.put({"complete": False})
-        write_array(blk, "indptr", indptr, chunk=self.chunk)
+        blk = layout.new_block_group(g, ROWS, i)
+        blk.attrs.put(layout.unfinished_block_attrs())
+        indptr_name, indices_name, data_name = layout.BLOCK_ARRAYS
+        write_array(blk, indptr_name, indptr, chunk=self.chunk)
         guess = 1 if raw_indices and (nnz == 0 or int(indices.min()) >= 1) else 0
-        write_array(blk, "indices", indices - np.int32(guess) if guess else indices, chunk=self.chunk)
-        write_array(blk, "data", data, chunk=self.chunk)
+        write_array(blk, indices_name, indices - np.int32(guess) if guess else indices, chunk=self.chunk)
+        write_array(blk, data_name, data, chunk=self.chunk)
         if y is not None:
             y = np.asarray(y, dtype=np.float64).ravel()
             if y.shape[0] != n_rows:
                 raise ParameterError(f"row block {i}: {y.shape[0]} labels for {n_rows} rows")
-            write_array(blk, "y", y, chunk=self.chunk)
-        cols, rows, vals, goff = csr_to_spill(indptr, indices, data, self.granule)
-        sp = g["spill"].require_group(str(i))
+            write_array(blk, layout.ROW_LABELS, y, chunk=self.chunk)
+        spill = csr_to_spill(indptr, indices, data, self.granule)  # cols, rows, vals, goff
+        sp = layout.new_spill_group(g, i)
         spill_chunk = int(config.get("store.spill-chunk-elements"))
-        write_array(sp, "cols", cols, chunk=spill_chunk, sharded=True)
-        write_array(sp, "rows", rows, chunk=spill_chunk, sharded=True)
-        write_array(sp, "vals", vals, chunk=spill_chunk, sharded=True)
-        write_array(sp, "goff", goff, chunk=8192)
-        info = RowBlockInfo(i, n_rows, nnz, int(indices.min()) if nnz else -1,
-                            int(indices.max()) if nnz else -1)
+        for name, values in zip(layout.SPILL_ARRAYS, spill[:3], strict=True):
+            write_array(sp, name, values, chunk=spill_chunk, sharded=True)
+        write_array(sp, layout.SPILL_OFFSETS, spill[3], chunk=8192)
+        info = RowBlockMeta(i, n_rows, nnz, int(indices.min()) if nnz else -1, int(indices.max()) if nnz else -1,
+                            has_y=y is not None, raw_indices=raw_indices, indices_shift=guess, extra=dict(extra or {}))
         # one write (zarr's attrs.update writes key by key): "complete" never lands without the counts
-        blk.attrs.put({"complete": True, "n_rows": n_rows, "nnz": nnz, "has_y": y is not None,
-                       "raw_indices": raw_indices, "indices_shift": guess,
-                       "min_index": info.min_index, "max_index": info.max_index, **(extra or {})})
+        blk.attrs.put(layout.row_block_attrs(info))
         return info
 
-    def row_block_infos(self) -> list[dict]:
-        """Attributes of every finished row block, in block order (blocks must be numbered 0..k-1)."""
+    def row_block_meta(self, i: int) -> RowBlockMeta:
+        """What row block ``i`` (written) records: its counts, index range and the writer's ``extra``."""
+        return layout.read_row_block(dict(layout.block_group(self._group(), ROWS, i).attrs), i)
+
+    def row_block_infos(self) -> list[RowBlockMeta]:
+        """The record of every finished row block, in block order (blocks must be numbered 0..k-1)."""
         g = self._group()
         done = sorted(self.finished_row_blocks())
         if done != list(range(len(done))):
             missing = sorted(set(range(max(done, default=-1) + 1)) - set(done))
             raise StoreError(f"{self.partial.url}: row blocks {missing[:5]} were never written")
-        return [dict(g["csr"][str(i)].attrs) for i in done]
+        return [layout.read_row_block(dict(layout.block_group(g, ROWS, i).attrs), i) for i in done]
 
     # ------------------------------------------------------------------ step 2
     def finalize(self, *, n_features: int | None = None, index_shift: int = 0, feature_ids: Any = None,
@@ -289,11 +273,11 @@ class StoreBuilder:
                  progress: Callable[[str, int, int], None] | None = None) -> SparseStore:
         """Assemble the CSC side, write labels and attributes, mark complete and rename into place."""
         infos = self.row_block_infos()
-        n_rows_blk = np.array([b["n_rows"] for b in infos], dtype=np.int64)
+        n_rows_blk = np.array([b.n_rows for b in infos], dtype=np.int64)
         row_bounds = np.concatenate([[0], np.cumsum(n_rows_blk)]).astype(np.int64)
         n_rows = int(row_bounds[-1])
-        max_raw = max((b["max_index"] for b in infos), default=-1)
-        min_raw = min((b["min_index"] for b in infos if b["nnz"]), default=0)
+        max_raw = max((b.max_index for b in infos), default=-1)
+        min_raw = min((b.min_index for b in infos if b.nnz), default=0)
         if index_shift and min_raw < index_shift:
             raise ParameterError(f"index {min_raw} is below the index base {index_shift}")
         needed = max_raw - index_shift + 1
@@ -302,53 +286,52 @@ class StoreBuilder:
         elif needed > n_features:
             raise ParameterError(f"the data has feature index {max_raw} (base {index_shift}) but "
                                  f"n_features={n_features}")
-        has_y = [bool(b.get("has_y")) for b in infos]
+        has_y = [b.has_y for b in infos]
         if any(has_y) and not all(has_y):
             raise StoreError("some row blocks have labels and some do not")
         g = self._group()
         ex = executor or Executor()
         try:
-            todo = [i for i, b in enumerate(infos)
-                    if b.get("raw_indices") and (b.get("indices_shift") != index_shift or b.get("fix_pending"))]
-            if any(b.get("raw_indices") is False for b in infos) and index_shift:
+            todo = [b.index for b in infos
+                    if b.raw_indices and (b.indices_shift != index_shift or b.fix_pending)]
+            if any(b.raw_indices is False for b in infos) and index_shift:
                 raise StoreError("cannot shift the index base of row blocks written with final indices")
-            ex.map_ordered(lambda i: _reindex_row_block(self, i, index_shift), todo,
+            ex.map_ordered(lambda i: self._reindex_row_block(i, index_shift), todo,
                            on_done=lambda _: progress and progress("reindex", 1, len(todo)))
             bounds_raw = self._feature_bounds(len(infos), n_features, index_shift, feature_block)
             nb = len(bounds_raw) - 1
-            done = {int(k) for k, sub in g["csc"].groups() if sub.attrs.get("complete")}
+            done = layout.finished_blocks(g, FEATURES)
             todo = [j for j in range(nb) if j not in done]
-            prev_bounds = g.attrs.get("dufs_partial", {}).get("csc_bounds")
+            prev_bounds = layout.read_partial(dict(g.attrs)).csc_bounds
             if prev_bounds is not None and prev_bounds != [int(x) for x in bounds_raw]:
                 done, todo = set(), list(range(nb))
-            attrs = dict(g.attrs)
-            attrs["dufs_partial"] = {**attrs.get("dufs_partial", {}), "csc_bounds": [int(x) for x in bounds_raw]}
-            g.attrs.put(attrs)
-            offsets = spill_offsets(self, len(infos), bounds_raw)
-            row_nnz = [int(b["nnz"]) for b in infos]
-            ex.map_ordered(lambda j: _assemble_feature_block(self, j, bounds_raw, row_bounds, index_shift,
-                                                             n_features, offsets, row_nnz), todo,
+            g.attrs.put(layout.with_csc_bounds(dict(g.attrs), [int(x) for x in bounds_raw]))
+            offsets = self._spill_offsets(len(infos), bounds_raw)
+            row_nnz = [int(b.nnz) for b in infos]
+            ex.map_ordered(lambda j: self._assemble_feature_block(j, bounds_raw, row_bounds, index_shift,
+                                                                  n_features, offsets, row_nnz), todo,
                            on_done=lambda _: progress and progress("transpose", 1, len(todo)))
         finally:
             if executor is None:
                 ex.close()
         csc_bounds = np.clip(bounds_raw - index_shift, 0, n_features)
         csc_bounds[-1] = n_features
-        csc_nnz = [int(g["csc"][str(j)].attrs["nnz"]) for j in range(nb)]
+        feature_blocks = [layout.read_feature_block(dict(layout.block_group(g, FEATURES, j).attrs))
+                          for j in range(nb)]
         # per-feature nnz and labels, streamed block by block
         fnnz = np.zeros(n_features, dtype=np.int64)
         for j in range(nb):
-            ip = read_array(g["csc"][str(j)]["indptr"], f"csc block {j}")
+            ip = read_array(layout.block_group(g, FEATURES, j)[layout.INDPTR], f"csc block {j}")
             fnnz[csc_bounds[j]:csc_bounds[j + 1]] = np.diff(ip)
-        write_array(g, "feature_nnz", fnnz, chunk=self.chunk)
+        write_array(g, layout.FEATURE_NNZ, fnnz, chunk=self.chunk)
         if all(has_y) and infos:
-            yarr = g.create_array("y", shape=(n_rows,), dtype="float64",
+            yarr = g.create_array(layout.LABELS, shape=(n_rows,), dtype="float64",
                                   chunks=(max(1, min(self.chunk, n_rows)),), fill_value=0, overwrite=True,
-                                  compressors=_compressors(),
+                                  compressors=compressors(),
                                   config={"write_empty_chunks": True})
             y_checksum = None
             for i in range(len(infos)):
-                yi = read_array(g["csr"][str(i)]["y"], f"row block {i}").astype(np.float64)
+                yi = read_array(layout.block_group(g, ROWS, i)[layout.ROW_LABELS], f"row block {i}").astype(np.float64)
                 yarr[row_bounds[i]:row_bounds[i + 1]] = yi
                 y_checksum = content_checksum(yi, start=y_checksum)  # of the whole vector, block by block
         else:
@@ -359,35 +342,33 @@ class StoreBuilder:
                 raise ParameterError(f"feature_ids has shape {fid.shape}; expected ({n_features},)")
             if fid.dtype.kind in "OUST":  # T: NumPy 2 StringDType (as Zarr v3 reads strings back)
                 fid = np.array([str(v) for v in fid.tolist()], dtype=str)
-                arr = g.create_array("feature_ids", shape=fid.shape, dtype=str, fill_value="", overwrite=True,
-                                     chunks=(max(1, min(self.chunk, fid.size)),), compressors=_compressors(),
+                arr = g.create_array(layout.FEATURE_IDS, shape=fid.shape, dtype=str, fill_value="", overwrite=True,
+                                     chunks=(max(1, min(self.chunk, fid.size)),), compressors=compressors(),
                                      config={"write_empty_chunks": True})  # crc32c-checked like every array
                 if fid.size:
                     arr[...] = fid
             else:
-                write_array(g, "feature_ids", fid.astype(np.int64))
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "shape": [n_rows, int(n_features)],
-            "nnz": int(sum(b["nnz"] for b in infos)),
-            "dtype": str(self.value_dtype), "index_dtype": "int32", "indptr_dtype": "int64",
-            "csr": {"bounds": [int(x) for x in row_bounds], "block_nnz": [int(b["nnz"]) for b in infos]},
-            "csc": {"bounds": [int(x) for x in csc_bounds], "block_nnz": csc_nnz,
-                    "checksums": [g["csc"][str(j)].attrs.get("checksum") for j in range(nb)]},
-            "y_checksum": y_checksum,
-            "has_labels": bool(all(has_y) and infos), "has_feature_ids": feature_ids is not None,
-            "provenance": _jsonable({**(provenance or {}), "options": self.options}),
-            "ground_truth": _jsonable(ground_truth) if ground_truth else None,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "dufs_version": _dufs_version(),
-        }
+                write_array(g, layout.FEATURE_IDS, fid.astype(np.int64))
+        meta = StoreMeta(
+            version=FORMAT_VERSION,
+            shape=(n_rows, int(n_features)),
+            nnz=int(sum(b.nnz for b in infos)),
+            dtype=self.value_dtype, index_dtype="int32", indptr_dtype="int64",
+            row_bounds=tuple(int(x) for x in row_bounds), row_block_nnz=tuple(int(b.nnz) for b in infos),
+            feature_bounds=tuple(int(x) for x in csc_bounds), feature_block_nnz=tuple(f.nnz for f in feature_blocks),
+            feature_checksums=tuple(f.checksum for f in feature_blocks),
+            y_checksum=y_checksum,
+            has_labels=bool(all(has_y) and infos), has_feature_ids=feature_ids is not None,
+            provenance=_jsonable({**(provenance or {}), "options": self.options}),
+            ground_truth=_jsonable(ground_truth) if ground_truth else None,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            dufs_version=_dufs_version(),
+        )
         # the spill is scratch: drop it before the marker goes in
-        if "spill" in g:
-            Location(self.partial.child("spill")).remove()
+        if layout.SPILL in g:
+            Location(self.partial.child(layout.SPILL)).remove()
         g = self._group()
-        attrs = dict(g.attrs)
-        attrs.pop("dufs_partial", None)
-        attrs["dufs"] = {**meta, "complete": True}  # the completion marker, written last
+        attrs = layout.finished_root_attrs(dict(g.attrs), meta)  # the completion marker, written last
         g.attrs.put(attrs) if hasattr(g.attrs, "put") else g.attrs.update(attrs)
         self._move_into_place()
         return SparseStore(self.final.url)
@@ -407,7 +388,7 @@ class StoreBuilder:
         elif self.final.exchange(self.partial):
             self.partial.remove()  # the previous store, now under the partial name
         else:
-            old = self.final.sibling(OLD_SUFFIX)
+            old = layout.old_location(self.final)
             if store_kind(old)[0] == "other":
                 raise StoreError(f"{old.url} exists and is not a dufs store; dufs needs that name to replace "
                                  f"{self.final.url}: move it away and build again")
@@ -435,7 +416,7 @@ class StoreBuilder:
             counts = np.zeros(n_gran, dtype=np.int64)
             g = self._group()
             for i in range(n_row_blocks):
-                goff = read_array(g["spill"][str(i)]["goff"], f"spill {i}")
+                goff = read_array(layout.spill_group(g, i)[layout.SPILL_OFFSETS], f"spill {i}")
                 c = np.diff(goff)[:n_gran]
                 counts[:c.shape[0]] += c
             target = int(config.get("store.feature-block-nnz"))
@@ -453,100 +434,98 @@ class StoreBuilder:
             bounds = np.array([0, shift], dtype=np.int64)
         return bounds
 
+    # ------------------------------------------------------------------ the tasks of finalize (run on workers)
+    def _reindex_row_block(self, i: int, shift: int) -> None:
+        """Rewrite row block ``i``'s indices for the final index base ``shift`` (its provisional guess was wrong).
 
-def _reindex_row_block(b: StoreBuilder, i: int, shift: int) -> None:
-    """Rewrite row block ``i``'s ``indices`` for the final index base ``shift`` (its provisional guess was wrong).
-
-    Idempotent under kills: the fixed array is written beside the old one, the attributes then record the new
-    base with ``fix_pending``, and only then is it moved into place.
-    """
-    g = b._group()
-    blk = g["csr"][str(i)]
-    attrs = dict(blk.attrs)
-    fix = Location(b.partial.child(f"csr/{i}/indices_fix"))
-    if not attrs.get("fix_pending"):
-        if attrs.get("indices_shift") == shift:
-            return
-        idx = read_array(blk["indices"], f"row block {i}")
-        write_array(blk, "indices_fix", (idx.astype(np.int64) + attrs["indices_shift"] - shift).astype(np.int32),
-                    chunk=b.chunk)
-        blk.attrs.put({**attrs, "indices_shift": shift, "fix_pending": True})
+        Idempotent under kills: the fixed array is written beside the old one, the attributes then record the new
+        base with ``fix_pending``, and only then is it moved into place.
+        """
+        blk = layout.block_group(self._group(), ROWS, i)
         attrs = dict(blk.attrs)
-    if fix.exists():
-        Location(b.partial.child(f"csr/{i}/indices")).remove()
-        fix.rename_to(Location(b.partial.child(f"csr/{i}/indices")))
-    blk.attrs.put({**attrs, "fix_pending": False})
+        meta = layout.read_row_block(attrs, i)
+        indices_path = layout.block_array_path(ROWS, i, layout.INDICES)
+        fix = Location(self.partial.child(layout.block_array_path(ROWS, i, layout.INDICES_FIX)))
+        if not meta.fix_pending:
+            if meta.indices_shift == shift:
+                return
+            idx = read_array(blk[layout.INDICES], f"row block {i}")
+            write_array(blk, layout.INDICES_FIX, (idx.astype(np.int64) + meta.indices_shift - shift).astype(np.int32),
+                        chunk=self.chunk)
+            blk.attrs.put(layout.reindex_pending_attrs(attrs, shift))
+            attrs = dict(blk.attrs)
+        if fix.exists():
+            Location(self.partial.child(indices_path)).remove()
+            fix.rename_to(Location(self.partial.child(indices_path)))
+        blk.attrs.put(layout.reindex_done_attrs(attrs))
+
+    def _spill_arrays(self, i: int, nnz: int) -> tuple:
+        """Row block ``i``'s spill arrays, opened (and checked complete) once per process and build."""
+        key = (self.partial.url, i, nnz)
+        got = _SPILL_CACHE.get(key)
+        if got is None:
+            if len(_SPILL_CACHE) > 4096:
+                _SPILL_CACHE.clear()
+            sp = layout.spill_group(self._group(), i)
+            got = tuple(sp[name] for name in layout.SPILL_ARRAYS)
+            for arr in got:  # a missing shard would read back as zeros: check it is there, once
+                check_stored(arr, f"spill {i}", range(arr.nchunks))
+            _SPILL_CACHE[key] = got
+        return got
+
+    def _spill_offsets(self, n_row_blocks: int, bounds_raw: np.ndarray) -> np.ndarray:
+        """``off[i, j]``: where feature block ``j`` starts in row block ``i``'s spill (one read of each offsets
+        array)."""
+        G = self.granule
+        gb = np.asarray(bounds_raw, dtype=np.int64) // G
+        gb[-1] = -(-int(bounds_raw[-1]) // G)
+        g = self._group()
+        off = np.zeros((n_row_blocks, len(bounds_raw)), dtype=np.int64)
+        for i in range(n_row_blocks):
+            goff = read_array(layout.spill_group(g, i)[layout.SPILL_OFFSETS], f"spill {i}")
+            off[i] = goff[np.minimum(gb, goff.shape[0] - 1)]
+        return off
+
+    def _assemble_feature_block(self, j: int, bounds_raw: np.ndarray, row_bounds: np.ndarray, shift: int,
+                                n_features: int, offsets: np.ndarray, row_nnz: list) -> int:
+        from dufs.kernels.sparse import merge_spills
+
+        g = self._group()
+        lo_raw, hi_raw = int(bounds_raw[j]), int(bounds_raw[j + 1])
+        pieces_c, pieces_r, pieces_v = [], [], []
+        for i in range(len(row_bounds) - 1):
+            lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
+            if hi <= lo:
+                continue
+            cols, rows, vals = self._spill_arrays(i, row_nnz[i])
+            where = f"spill {i}"
+            pieces_c.append(read_array(cols, where, slice(lo, hi), check_present=False))
+            pieces_r.append(read_array(rows, where, slice(lo, hi), check_present=False).astype(np.int64)
+                            + row_bounds[i])
+            pieces_v.append(read_array(vals, where, slice(lo, hi), check_present=False))
+        lo_f = min(max(lo_raw - shift, 0), n_features)
+        hi_f = min(hi_raw - shift, n_features) if j < len(bounds_raw) - 2 else n_features
+        width = max(hi_f - lo_f, 0)
+        if pieces_c:
+            cols = np.concatenate(pieces_c).astype(np.int64) - shift - lo_f
+            rows = np.concatenate(pieces_r)
+            vals = np.concatenate(pieces_v)
+        else:
+            cols = np.empty(0, np.int64)
+            rows = np.empty(0, np.int64)
+            vals = np.empty(0, self.value_dtype)
+        indptr, indices, data = merge_spills(cols, rows, vals, width)
+        blk = layout.new_block_group(g, FEATURES, j)
+        blk.attrs.put(layout.unfinished_block_attrs())
+        indices, data = indices.astype(np.int32), data.astype(self.value_dtype)
+        for name, values in zip(layout.BLOCK_ARRAYS, (indptr, indices, data), strict=True):
+            write_array(blk, name, values, chunk=self.chunk)
+        blk.attrs.put(layout.feature_block_attrs(layout.FeatureBlockMeta(
+            int(indptr[-1]), lo_f, lo_f + width, content_checksum(indptr, indices, data))))  # one write
+        return int(indptr[-1])
 
 
 _SPILL_CACHE: dict = {}
-
-
-def _spill_arrays(b: StoreBuilder, i: int, nnz: int) -> tuple:
-    """Row block ``i``'s spill arrays, opened (and checked complete) once per process and build."""
-    key = (b.partial.url, i, nnz)
-    got = _SPILL_CACHE.get(key)
-    if got is None:
-        if len(_SPILL_CACHE) > 4096:
-            _SPILL_CACHE.clear()
-        sp = b._group()["spill"][str(i)]
-        got = tuple(sp[name] for name in ("cols", "rows", "vals"))
-        for arr in got:  # a missing shard would read back as zeros: check it is there, once
-            check_present(arr, f"spill {i}", range(arr.nchunks))
-        _SPILL_CACHE[key] = got
-    return got
-
-
-def spill_offsets(b: StoreBuilder, n_row_blocks: int, bounds_raw: np.ndarray) -> np.ndarray:
-    """``off[i, j]``: where feature block ``j`` starts in row block ``i``'s spill (one read of each ``goff``)."""
-    G = b.granule
-    gb = np.asarray(bounds_raw, dtype=np.int64) // G
-    gb[-1] = -(-int(bounds_raw[-1]) // G)
-    g = b._group()
-    off = np.zeros((n_row_blocks, len(bounds_raw)), dtype=np.int64)
-    for i in range(n_row_blocks):
-        goff = read_array(g["spill"][str(i)]["goff"], f"spill {i}")
-        off[i] = goff[np.minimum(gb, goff.shape[0] - 1)]
-    return off
-
-
-def _assemble_feature_block(b: StoreBuilder, j: int, bounds_raw: np.ndarray, row_bounds: np.ndarray,
-                            shift: int, n_features: int, offsets: np.ndarray, row_nnz: list) -> int:
-    from dufs.kernels.sparse import merge_spills
-
-    g = b._group()
-    lo_raw, hi_raw = int(bounds_raw[j]), int(bounds_raw[j + 1])
-    pieces_c, pieces_r, pieces_v = [], [], []
-    for i in range(len(row_bounds) - 1):
-        lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
-        if hi <= lo:
-            continue
-        cols, rows, vals = _spill_arrays(b, i, row_nnz[i])
-        where = f"spill {i}"
-        pieces_c.append(read_array(cols, where, slice(lo, hi), check_present=False))
-        pieces_r.append(read_array(rows, where, slice(lo, hi), check_present=False).astype(np.int64)
-                        + row_bounds[i])
-        pieces_v.append(read_array(vals, where, slice(lo, hi), check_present=False))
-    lo_f = min(max(lo_raw - shift, 0), n_features)
-    hi_f = min(hi_raw - shift, n_features) if j < len(bounds_raw) - 2 else n_features
-    width = max(hi_f - lo_f, 0)
-    if pieces_c:
-        cols = np.concatenate(pieces_c).astype(np.int64) - shift - lo_f
-        rows = np.concatenate(pieces_r)
-        vals = np.concatenate(pieces_v)
-    else:
-        cols = np.empty(0, np.int64)
-        rows = np.empty(0, np.int64)
-        vals = np.empty(0, b.value_dtype)
-    indptr, indices, data = merge_spills(cols, rows, vals, width)
-    blk = g["csc"].require_group(str(j))
-    blk.attrs.put({"complete": False})
-    indices, data = indices.astype(np.int32), data.astype(b.value_dtype)
-    write_array(blk, "indptr", indptr, chunk=b.chunk)
-    write_array(blk, "indices", indices, chunk=b.chunk)
-    write_array(blk, "data", data, chunk=b.chunk)
-    blk.attrs.put({"complete": True, "nnz": int(indptr[-1]), "start": lo_f, "stop": lo_f + width,
-                   "checksum": content_checksum(indptr, indices, data)})  # one write
-    return int(indptr[-1])
 
 
 def content_checksum(*arrays: np.ndarray, start: str | None = None) -> str:
@@ -580,6 +559,6 @@ def _remove_temp_files(loc: Any) -> None:
     except FileNotFoundError:
         return
     for name in names:
-        if ZARR_TEMP.search(name):
+        if layout.ZARR_TEMP.search(name):
             log.info("removing %s, left by an interrupted write", name)
             loc.fs.rm(name)

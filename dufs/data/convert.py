@@ -33,6 +33,7 @@ from dufs._logging import get_logger
 from dufs.data._exec import Executor
 from dufs.data._fs import Location
 from dufs.data.builder import StoreBuilder
+from dufs.data.layout import IngestRecord, RowBlockMeta
 from dufs.data.store import SparseStore
 from dufs.errors import InputFormatError, ParameterError
 
@@ -217,10 +218,10 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
     info = builder.write_row_block(
         unit.block, indptr, indices - (1 if opts["zero_based"] is False else 0), data, labels,
         raw_indices=opts["zero_based"] == "auto",
-        extra={"n_lines": pb.n_lines, "n_blank": pb.n_blank, "n_comment": pb.n_comment,
-               "n_skipped": res["n_skipped"], "n_qid": int(np.count_nonzero(row_qid)), "bytes": int(buf.size),
-               "max_index_line": max_index_line,
-               "skipped": [list(s) for s in skipped], "unit": [unit.file, unit.start, unit.stop]})
+        extra=IngestRecord(n_lines=pb.n_lines, n_blank=pb.n_blank, n_comment=pb.n_comment,
+                           n_skipped=res["n_skipped"], n_qid=int(np.count_nonzero(row_qid)), bytes=int(buf.size),
+                           max_index_line=max_index_line, skipped=[list(s) for s in skipped],
+                           unit=[unit.file, unit.start, unit.stop]).attrs())
     res.update(n_rows=info.n_rows, nnz=info.nnz, min_index=info.min_index, max_index=info.max_index,
                max_index_line=max_index_line, n_qid=int(np.count_nonzero(row_qid)))
     return res
@@ -367,22 +368,22 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         # the index base and n_features, over every input together (as load_svmlight_files)
         infos = [b.row_block_infos() for b in builders]
         for s, inf in enumerate(infos):  # a store of no rows: empty input, or only comments and blank lines
-            if not sum(blk["n_rows"] for blk in inf):
+            if not sum(blk.n_rows for blk in inf):
                 mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
-                n_skipped = sum(blk["n_skipped"] for blk in inf)
+                n_skipped = sum(_record(blk).n_skipped for blk in inf)
                 why = f" ({n_skipped:,} bad line{'' if n_skipped == 1 else 's'} skipped)" if n_skipped else ""
                 raise InputFormatError(f"no data lines in {', '.join(mine)}{why}", path=mine[0])
-        all_blocks = [blk for inf in infos for blk in inf if blk["nnz"]]
-        min_idx = min((blk["min_index"] for blk in all_blocks), default=1)
+        all_blocks = [blk for inf in infos for blk in inf if blk.nnz]
+        min_idx = min((blk.min_index for blk in all_blocks), default=1)
         zb = zero_based if zero_based != "auto" else (min_idx == 0)
         # blocks of a known base were shifted as they were parsed; "auto" blocks are shifted at finalize
         shift = (0 if zb else 1) if zero_based == "auto" else 0
-        max_idx = max((blk["max_index"] for blk in all_blocks), default=-1)
+        max_idx = max((blk.max_index for blk in all_blocks), default=-1)
         nf = n_features if n_features is not None else max(max_idx - shift + 1, 0)
         if max_idx - shift >= nf:
             max_idx_text = max_idx + (0 if zb or zero_based == "auto" else 1)
-            s, inf = next((s, inf) for s, inf in enumerate(infos) for blk in inf if blk["max_index"] == max_idx)
-            blk = next(blk for blk in inf if blk["max_index"] == max_idx)
+            s, inf = next((s, inf) for s, inf in enumerate(infos) for blk in inf if blk.max_index == max_idx)
+            blk = next(blk for blk in inf if blk.max_index == max_idx)
             f, line = _global_line(builders[s], inf, blk, ins, store_of, s)
             raise InputFormatError(f"{f}:{line}: feature index {max_idx_text} is beyond n_features={nf} "
                                    f"({'zero' if zb else 'one'}-based)", path=f, line=line)
@@ -391,7 +392,7 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         for s, b in enumerate(builders):
             mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
             stores.append(b.finalize(  # rows of labels only (no index at all) need no shift
-                n_features=nf, index_shift=shift if any(blk["nnz"] for blk in infos[s]) else 0, executor=ex,
+                n_features=nf, index_shift=shift if any(blk.nnz for blk in infos[s]) else 0, executor=ex,
                 provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],
                             "zero_based": bool(zb), "lines": report.lines, "qid_lines": report.qid_lines,
                             "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},
@@ -410,11 +411,17 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         ex.close()
 
 
-def _global_line(b: StoreBuilder, infos: list[dict], blk: dict, ins: list[str], store_of: list[int],
+def _record(blk: RowBlockMeta) -> IngestRecord:
+    """What the parse of a written row block saw."""
+    return IngestRecord.from_attrs(blk.extra)
+
+
+def _global_line(b: StoreBuilder, infos: list[RowBlockMeta], blk: RowBlockMeta, ins: list[str], store_of: list[int],
                  s: int) -> tuple[str, int]:
-    file_no = blk["unit"][0]
-    before = sum(x["n_lines"] for x in infos if x["unit"][0] == file_no and x["unit"][1] < blk["unit"][1])
-    return ins[file_no], before + int(blk["max_index_line"])
+    rec = _record(blk)
+    file_no = rec.unit[0]
+    before = sum(r.n_lines for r in map(_record, infos) if r.unit[0] == file_no and r.unit[1] < rec.unit[1])
+    return ins[file_no], before + int(rec.max_index_line)
 
 
 def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total) -> None:
@@ -526,10 +533,12 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
 
 
 def _done_counts(b: StoreBuilder, i: int) -> dict:
-    a = dict(b._group()["csr"][str(i)].attrs)
-    return {"n_rows": a["n_rows"], "nnz": a["nnz"], "n_lines": a["n_lines"], "n_blank": a["n_blank"],
-            "n_comment": a["n_comment"], "n_skipped": a["n_skipped"], "n_qid": a.get("n_qid", 0), "bytes": a["bytes"],
-            "skipped": [tuple(x) for x in a.get("skipped", [])]}
+    """The counts of row block ``i``, written before a resume, as a parse task returns them."""
+    blk = b.row_block_meta(i)
+    rec = _record(blk)
+    return {"n_rows": blk.n_rows, "nnz": blk.nnz, "n_lines": rec.n_lines, "n_blank": rec.n_blank,
+            "n_comment": rec.n_comment, "n_skipped": rec.n_skipped, "n_qid": rec.n_qid, "bytes": rec.bytes,
+            "skipped": [tuple(x) for x in rec.skipped]}
 
 
 def _lines_before(path: str, offset: int) -> int:

@@ -17,6 +17,7 @@ from dufs import config
 from dufs.data.builder import StoreBuilder
 from dufs.data.store import SparseStore
 from dufs.errors import ParameterError
+from dufs.scheduling import current_client
 
 
 def _csr_buffers(block: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,11 +83,9 @@ def _compute_to_the_end(tasks: list, *, local: bool = False) -> tuple:
     """
     import dask
 
-    from dufs.data._exec import active_client
-
     scheduler = dask.config.get("scheduler", None)
-    client = None if local else active_client()
-    if client is not None and scheduler in (None, "dask.distributed", "distributed"):
+    client = None if local else current_client()
+    if client is not None:
         from distributed import wait
 
         futures = client.compute(tasks)
@@ -166,8 +165,10 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
             if type(X).__module__.startswith("sparse"):
                 M = _widen(X).to_scipy_sparse()
             if sp.issparse(M):
-                M = sp.csr_array(M)
-                M.sort_indices()
+                M = sp.csr_array(M)  # shares the caller's buffers when X is a CSR array already
+                if not M.has_sorted_indices:
+                    M = M.copy()  # sorted here, not in the caller's array
+                    M.sort_indices()
                 _check_finite_rows(M.indptr, M.indices, M.data, 0, "in all")  # the first of all, before any write
             elif isinstance(M, np.ndarray) and M.size and not np.isfinite(M).all():
                 r, c = np.argwhere(~np.isfinite(M))[0]

@@ -1,6 +1,10 @@
 """engine layer of dufs (docs/architecture.md, "Layers"): the cluster, the feature-blocked matrix, sample graphs."""
 
+from dufs.engine.blocks import BlockState, FeatureBlock, PerBlock, StoreBlock
 from dufs.engine.cluster import get_client
-from dufs.engine.matrix import BlockState, ColumnStats, FeatureBlock, Matrix, PerBlock, as_matrix
+from dufs.engine.inputs import check_finite, check_labels, input_identity
+from dufs.engine.matrix import STANDARDIZE, Matrix, Transform, as_matrix
+from dufs.engine.stats import ColumnStats
 
-__all__ = ["BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "as_matrix", "get_client"]
+__all__ = ["STANDARDIZE", "BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "StoreBlock",
+           "Transform", "as_matrix", "check_finite", "check_labels", "get_client", "input_identity"]

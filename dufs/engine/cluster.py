@@ -16,18 +16,9 @@ from typing import Any
 from dufs import config
 from dufs._logging import get_logger
 from dufs.errors import ParameterError
+from dufs.scheduling import distributed_client
 
 log = get_logger(__name__)
-
-
-def active_client() -> Any | None:
-    """The current ``distributed.Client`` (``Client.current()``), or None."""
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
 
 
 @contextlib.contextmanager
@@ -54,7 +45,7 @@ def get_client(client: Any = None, *, scheduler_address: str | None = None, n_wo
             raise ParameterError(f"The 'client' parameter must be a distributed.Client; got {type(client).__name__}.")
         yield client
         return
-    current = active_client()
+    current = distributed_client()
     if current is not None:
         yield current
         return

@@ -199,9 +199,9 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     k = int(n_neighbors)
     br = int(block_rows) if block_rows is not None else _default_block_rows(n)
     if _is_matrix(X):
-        from dufs.engine.matrix import PerBlock
+        from dufs.engine.blocks import PerBlock
 
-        mu, inv = X._transform()
+        mu, inv = X.transform
         pm = None if mu is None else PerBlock(mu)
         pi = None if inv is None else PerBlock(inv)
         sq = X.map_blocks(_sqnorm_block, n, pm, pi, reduce="sum")
@@ -386,9 +386,9 @@ def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_di
                              f"got {n_neighbors!r}.")
     if not isinstance(embed_dim, int | np.integer) or embed_dim < 1:
         raise ParameterError(f"The 'embed_dim' parameter of anchor_graph must be an int >= 1; got {embed_dim!r}.")
-    from dufs.engine.matrix import PerBlock
+    from dufs.engine.blocks import PerBlock
 
-    mu, inv = M._transform()
+    mu, inv = M.transform
     E = M.map_blocks(_embed_block, n, int(embed_dim), int(random_state), None if mu is None else PerBlock(mu),
                      None if inv is None else PerBlock(inv), reduce="sum")
     E = np.zeros((n, int(embed_dim))) if E is None else np.asarray(E, dtype=np.float64)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import Any
+
+from dufs.scheduling import current_client
 
 _CALLBACK: contextvars.ContextVar[Callable[[str, int, int], None] | None] = contextvars.ContextVar(
     "dufs_pass_callback", default=None)
@@ -42,7 +43,7 @@ def run_pass(name: str, tasks: list, *, inline: bool = False) -> list:
         return list(tasks)
     if cb is None:
         return list(dask.compute(*tasks))
-    client = _current_client()
+    client = current_client()
     total = len(tasks)
     cb(name, 0, total)
     if client is None:
@@ -57,16 +58,3 @@ def run_pass(name: str, tasks: list, *, inline: bool = False) -> list:
         done += 1
         cb(name, done, total)
     return list(client.gather(futures))
-
-
-def _current_client() -> Any:
-    import dask
-
-    if dask.config.get("scheduler", None) not in (None, "dask.distributed", "distributed"):
-        return None
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None

@@ -12,10 +12,17 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from dufs.engine import Matrix
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph
-from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.labels import class_labels, labels_of, target_type
+from dufs.methods.params import GRAPH_PARAMS, Param, integer, table
+
+#: the parameters of the filters (``dufs.fit`` and the estimators derive theirs from these tables)
+VARIANCE_PARAMS: dict[str, Param] = {}
+CORRELATION_PARAMS: dict[str, Param] = {}
+FISHER_PARAMS: dict[str, Param] = {}
+LAPLACIAN_PARAMS = table(GRAPH_PARAMS.values(), Param("n_neighbors", 5, (integer(1),), "k of the kNN graph"))
 
 
 def variance_scores(M: Matrix) -> np.ndarray:

@@ -26,11 +26,9 @@ complete set of block files. A round that fails because workers were lost rebuil
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +37,37 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
-from dufs.engine.cluster import is_lost as _is_lost
+from dufs.engine import Matrix, PerBlock
+from dufs.engine.dispatch import shipped
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
-from dufs.engine.matrix import Matrix, PerBlock, _shipped
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums, csc_matvec, csc_rmatvec
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
+from dufs.methods.params import (
+    CHECKPOINT_PARAMS,
+    GRAPH_PARAMS,
+    Param,
+    StrOptions,
+    check_params,
+    integer,
+    nonnegative,
+    positive,
+    table,
+)
+from dufs.methods.solver import atomic_write, checkpoint_dir, recoverable, release
 
 log = get_logger(__name__)
+
+#: LapAOFS's and LapDOFS's parameters (the paper's lambda1 = lambda2 = 0.01 and k = 4)
+LAPOFS_PARAMS = table(
+    Param("criterion", "A", (StrOptions({"A", "D"}),), "A-optimal (LapAOFS) or D-optimal (LapDOFS)", estimator=False),
+    Param("lambda1", 0.01, (nonnegative(),), "weight of the graph (manifold) regulariser"),
+    Param("lambda2", 0.01, (positive(),), "ridge"),
+    GRAPH_PARAMS.values(),
+    Param("n_neighbors", 4, (integer(1),), "k of the kNN graph"),
+    CHECKPOINT_PARAMS.values(),
+    Param("checkpoint_every", 1, (integer(1),), "steps between the blocks' checkpoints", estimator=False),
+)
 
 _TINY = 1e-10  # a candidate whose Schur complement fell below this fraction of its start is in the selected span
 
@@ -129,15 +150,8 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
 
 def _save_block(directory: str, start: int, st: dict) -> None:
     path = os.path.join(directory, f"block-{start}-{st['step']}.npz")
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, s=st["s"], v=st["v"], sel=st["sel"], tiny=st["tiny"], step=np.int64(st["step"]))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: np.savez(f, s=st["s"], v=st["v"], sel=st["sel"], tiny=st["tiny"],
+                                          step=np.int64(st["step"])), fsync=False)  # every step: no fsync
     # keep the two newest steps of this block (a resume needs one step that every block has written)
     old = os.path.join(directory, f"block-{start}-{st['step'] - 2}.npz")
     with contextlib.suppress(OSError):
@@ -153,7 +167,7 @@ def _load_blocks(blk, state, directory, step, coef, shift):
 
 
 # ---------------------------------------------------------------------------------------------------- the driver
-class _Selected:
+class SelectedColumns:
     """The selected columns on the driver (raw, sparse, in growable CSC buffers: appending one costs its own nnz)
     with their transform, and H = G_SS (k x k). Products with them run through the engine's numba kernels."""
 
@@ -176,9 +190,9 @@ class _Selected:
         a, b = self.ptr[t], self.ptr[t + 1]
         return self.ind[a:b], self.dat[a:b]
 
-    def head(self, t: int) -> _Selected:
+    def head(self, t: int) -> SelectedColumns:
         """The first ``t`` selected columns (sharing this one's buffers)."""
-        part = _Selected(self.n, self.lam2)
+        part = SelectedColumns(self.n, self.lam2)
         part.ids, part.ptr, part.ind, part.dat = self.ids[:t], self.ptr[:t + 1], self.ind, self.dat
         part.coef, part.shift, part.H = self.coef[:t], self.shift[:t], self.H[:t, :t]
         return part
@@ -254,29 +268,21 @@ def _dense_z(n: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: flo
     return coef * (z - shift)
 
 
-def _check(name: str, value: Any, low: float = 0.0, *, strict: bool = False) -> float:
-    if not isinstance(value, int | float | np.floating | np.integer) or isinstance(value, bool) \
-            or not (value > low if strict else value >= low) or not np.isfinite(value):
-        raise ParameterError(f"The '{name}' parameter must be a float {'>' if strict else '>='} {low:g}; "
-                             f"got {value!r}.")
-    return float(value)
-
-
-class _Run:
+class GreedyRun:
     """One greedy selection of ``k`` features on M: the block state on the workers, the selected set here."""
 
     def __init__(self, M: Matrix, k: int, mode: int, lam1: float, lam2: float, L: Any, W: Any, Y: Any,
                  checkpoint: str | None, checkpoint_every: int, problem: dict):
         self.M, self.k, self.mode, self.lam1, self.lam2, self.L, self.W, self.Y = M, k, mode, lam1, lam2, L, W, Y
         n = M.shape[0]
-        mu, inv = M._transform()
+        mu, inv = M.transform
         self.coef = np.ones(M.shape[1]) if inv is None else np.asarray(inv, dtype=np.float64)
         self.shift = np.zeros(M.shape[1]) if mu is None else np.asarray(mu, dtype=np.float64)
         self.n = n
         self.dir = checkpoint
         self.every = checkpoint_every
         self.problem = problem
-        self.sel = _Selected(n, lam2)
+        self.sel = SelectedColumns(n, lam2)
         self.criterion: list[float] = []
         self.objective: list[float] = []
         self.trace_obj = 0.0  # Tr(H^-1) (A) or log det H (D)
@@ -302,7 +308,7 @@ class _Run:
         W, d, lam_inv = self._graph_args()
         Y = self.Y
         Ysum = None if Y is None else col_sums(Y)
-        with _shipped(W) as Wa, _shipped(Y) as Ya:
+        with shipped(W) as Wa, shipped(Y) as Ya:
             props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
                                              self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
                                              state=[None] * M.n_blocks)
@@ -314,11 +320,10 @@ class _Run:
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V)
-        with _shipped(V) as Va:
+        with shipped(V) as Va:
             props, new = self.M.map_blocks(_step, p, Va, col_sums(V), s_p, c2, self.mode,
                                            self.dir if save else None, state=self.state)
-        if hasattr(self.state, "release"):
-            self.state.release()
+        release(self.state)
         self.state = new
         return props
 
@@ -396,17 +401,7 @@ class _Run:
         path = os.path.join(self.dir, "selection.json")
         meta = {"format": 1, "problem": self.problem, "indices": self.sel.ids, "criterion": self.criterion,
                 "objective": self.objective}
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(meta, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, lambda f: f.write(json.dumps(meta).encode()))
 
     def load_driver(self) -> list[int] | None:
         path = os.path.join(self.dir, "selection.json")
@@ -450,13 +445,13 @@ class _Run:
             t0 = 0
         for t in range(t0, done):
             V, s_p, c2 = self.vectors_at(t)
-            props = self.pass_(self.sel.ids[t], V, s_p, c2, save=self._save_at(t + 1))
+            props = self.pass_(self.sel.ids[t], V, s_p, c2, save=self.save_at(t + 1))
             self.replayed += 1
         if props is None:  # loaded exactly at `done`: ask for the proposals without changing anything
             props, _ = self.M.map_blocks(_propose, self.mode, state=self.state)
         return props
 
-    def _save_at(self, step: int) -> bool:
+    def save_at(self, step: int) -> bool:
         return self.dir is not None and step % self.every == 0
 
 
@@ -464,7 +459,7 @@ def _propose(blk, state, mode):
     return state, _proposal(blk, state, mode)
 
 
-def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
+def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
     t0 = time.perf_counter()
     M, k = run.M, run.k
     done = 0  # update passes applied to the block state
@@ -492,9 +487,9 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
             t = run.sel.k - 1
             try:
                 V, s_p, c2 = pending
-                props = run.pass_(run.sel.ids[t], V, s_p, c2, save=run._save_at(t + 1))
+                props = run.pass_(run.sel.ids[t], V, s_p, c2, save=run.save_at(t + 1))
             except Exception as e:
-                if not _is_lost(e) or run.recoveries >= 5:
+                if not recoverable(e, run.recoveries):
                     raise
                 run.recoveries += 1
                 log.warning("%s: the block state was lost (%s); rebuilding it", verbose_name, type(e).__name__)
@@ -509,8 +504,7 @@ def _select(run: _Run, resume: bool, verbose_name: str) -> GreedyResult:
         times.append(time.perf_counter() - ts)
         log.debug("%s step %d: feature %d, criterion %.6g, objective %.6g", verbose_name, run.sel.k - 1, p,
                   run.criterion[-1], run.objective[-1])
-    if hasattr(run.state, "release"):
-        run.state.release()
+    release(run.state)
     return GreedyResult(indices=np.asarray(run.sel.ids, dtype=np.int64), criterion=np.asarray(run.criterion),
                         objective=np.asarray(run.objective),
                         diagnostics={"steps": k, "step_seconds": times, "driver_seconds": driver,
@@ -541,23 +535,6 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "knn", n_neighbors: i
     return knn_graph(M, n_neighbors, weights=weights, t=t)
 
 
-def _checkpoint_dir(M: Matrix, checkpoint: Any, name: str, problem: dict) -> str | None:
-    if checkpoint is None:
-        return None
-    if checkpoint != "auto":
-        if not isinstance(checkpoint, str | os.PathLike):
-            raise ParameterError(f"The 'checkpoint' parameter must be a directory path, 'auto' or None; "
-                                 f"got {checkpoint!r}.")
-        return os.fspath(checkpoint)
-    from dufs.methods.mmfs import _store_path
-
-    p = _store_path(M)
-    if p is None:
-        return None
-    h = hashlib.sha1(json.dumps(problem, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{p}.dufs-side/{name}-{h}"
-
-
 # ---------------------------------------------------------------------------------------------------- LapAOFS / LapDOFS
 def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float = 0.01, lambda2: float = 0.01,
            W: Any = None, graph: str = "knn", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
@@ -567,156 +544,39 @@ def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float =
     ``n_features`` features chosen one at a time in feature space (see the module docstring). The sample graph is
     ``W`` or built from ``graph``, ``n_neighbors``, ``weights`` ("binary" or "heat"), ``t`` (the paper: kNN with
     k = 4); L = D - W."""
-    if criterion not in ("A", "D"):
-        raise ParameterError(f"The 'criterion' parameter must be 'A' or 'D'; got {criterion!r}.")
-    lam1 = _check("lambda1", lambda1)
-    lam2 = _check("lambda2", lambda2, strict=True)
-    k = _check_k(M, n_features)
-    if not (isinstance(checkpoint_every, int | np.integer) and checkpoint_every >= 1):
-        raise ParameterError(f"The 'checkpoint_every' parameter must be an int >= 1; got {checkpoint_every!r}.")
+    name = "lapaofs" if criterion == "A" else "lapdofs"
+    check_params(LAPOFS_PARAMS, {"criterion": criterion, "lambda1": lambda1, "lambda2": lambda2, "graph": graph,
+                                 "n_neighbors": n_neighbors, "weights": weights, "t": t, "n_anchors": n_anchors,
+                                 "anchor_neighbors": anchor_neighbors, "embed_dim": embed_dim,
+                                 "random_state": random_state, "checkpoint_every": checkpoint_every,
+                                 "resume": resume}, name)
+    lam1, lam2 = float(lambda1), float(lambda2)
+    k = check_k(M, n_features)
     t0 = time.perf_counter()
     Wg = sample_graph(M, W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t, n_anchors=n_anchors,
                       anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
     graph_s = time.perf_counter() - t0
     L = laplacian_operator(Wg, normed=False)
-    name = "lapaofs" if criterion == "A" else "lapdofs"
     problem = {"method": name, "shape": list(M.shape), "nnz": int(M.nnz), "standardize": M.standardize,
-               "lambda1": lam1, "lambda2": lam2, "graph": _graph_key(Wg), "n_features": k}
-    directory = _checkpoint_dir(M, checkpoint, name, problem)
+               "lambda1": lam1, "lambda2": lam2, "graph": graph_key(Wg), "n_features": k}
+    directory = checkpoint_dir(M, checkpoint, name, problem)
     if resume and directory is None:
         raise ParameterError(f"{name}(resume=True) needs a checkpoint directory (checkpoint=<directory>)")
-    run = _Run(M, k, A_OPTIMAL if criterion == "A" else D_OPTIMAL, lam1, lam2, L, Wg, None, directory,
+    run = GreedyRun(M, k, A_OPTIMAL if criterion == "A" else D_OPTIMAL, lam1, lam2, L, Wg, None, directory,
                int(checkpoint_every), problem)
-    res = _select(run, resume, name)
+    res = run_greedy(run, resume, name)
     res.diagnostics.update(graph_time=graph_s, graph="anchor" if isinstance(Wg, AnchorGraph) else "knn")
     return res
 
 
-def _graph_key(W: Any) -> list:
+def graph_key(W: Any) -> list:
     if isinstance(W, AnchorGraph):
         return ["anchor", int(W.Zh.nnz), float(W.Zh.data.sum())]
     return ["sparse", int(W.nnz), float(W.data.sum())]
 
 
-def _check_k(M: Matrix, n_features: Any) -> int:
+def check_k(M: Matrix, n_features: Any) -> int:
     d = M.shape[1]
     if not isinstance(n_features, int | np.integer) or not 1 <= n_features <= d:
         raise ParameterError(f"The 'n_features' parameter must be an int in [1, {d}]; got {n_features!r}.")
     return int(n_features)
-
-
-# ---------------------------------------------------------------------------------------------------- JCFS
-def jcfs_select(M: Matrix, Y: np.ndarray, n_features: int, gamma: float = 1e-4, *, checkpoint: Any = None,
-                checkpoint_every: int = 1, resume: bool = False) -> GreedyResult:
-    """JCFS's greedy step for a fixed embedding ``Y`` (n_samples x c): ``n_features`` features by eq. (14) with
-    M_0 = I / gamma (docs/methods.md, "JCFS": Algorithm 1's M_0 = 1/2 I is a slip), in feature space."""
-    gamma = _check("gamma", gamma, strict=True)
-    k = _check_k(M, n_features)
-    Y = np.asarray(Y, dtype=np.float64)
-    if Y.ndim != 2 or Y.shape[0] != M.shape[0]:
-        raise ParameterError(f"Y must be n_samples x c = ({M.shape[0]}, c); got {Y.shape}")
-    problem = {"method": "jcfs", "shape": list(M.shape), "gamma": gamma, "Y": [float(Y.sum()), float((Y * Y).sum())],
-               "n_features": k}
-    run = _Run(M, k, JCFS, 0.0, gamma, None, None, Y, _checkpoint_dir(M, checkpoint, "jcfs", problem),
-               int(checkpoint_every), problem)
-    return _select(run, resume, "jcfs")
-
-
-def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, gamma: float, *,
-                   dense_below: int = 3000, tol: float = 1e-10, random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """JCFS's Y-step (eq. (9)): the ``n_clusters`` eigenvectors of smallest eigenvalue of
-    L + lambda_ (Z_S Z_S^T + gamma I)^-1, L the normalised Laplacian of ``W``, and their eigenvalues (ascending).
-
-    The inverse is applied by Woodbury through the k x k system Z_S^T Z_S + gamma I. Below ``dense_below``
-    samples the operator is formed and solved densely; above, matrix-free Lanczos (``eigsh``) on
-    sigma I - A with sigma = 2 + lambda_ / gamma >= the largest eigenvalue (nothing n x n is formed)."""
-    from scipy.sparse.linalg import LinearOperator, eigsh
-
-    n = M.shape[0]
-    if isinstance(n_clusters, bool) or not isinstance(n_clusters, int | np.integer) or not 1 <= n_clusters < n:
-        raise ParameterError(f"The 'n_clusters' parameter of jcfs must be an int in [1, {n - 1}]; got "
-                             f"{n_clusters!r}.")
-    c = int(n_clusters)
-    lam = _check("lambda_", lambda_)
-    gamma = _check("gamma", gamma, strict=True)
-    S = [int(i) for i in (S if S is not None else [])]
-    sel = _Selected(n, gamma)
-    if S:
-        cols = M.columns(S)
-        mu, inv = M._transform()
-        for i, p in enumerate(S):
-            a, b = cols.indptr[i], cols.indptr[i + 1]
-            sel.append(p, (cols.indices[a:b], cols.data[a:b]), 1.0 if inv is None else float(inv[p]),
-                       0.0 if mu is None else float(mu[p]))
-        sel.H = sel.gram() + gamma * np.eye(len(S))
-    L = laplacian_operator(W, normed=True)
-
-    def A(V: np.ndarray) -> np.ndarray:
-        V = np.asarray(V, dtype=np.float64)
-        one = V.ndim == 1
-        V2 = V[:, None] if one else V
-        out = np.asarray(L @ V2)
-        if S:
-            out = out + lam / gamma * (V2 - sel.apply(sel.solve(sel.tapply(V2))))
-        else:
-            out = out + lam / gamma * V2
-        return out[:, 0] if one else out
-
-    if n < dense_below:
-        Ad = A(np.eye(n))
-        Ad = 0.5 * (Ad + Ad.T)
-        vals, vecs = np.linalg.eigh(Ad)
-        return vecs[:, :c], vals[:c]
-    sigma = 2.0 + lam / gamma
-    op = LinearOperator((n, n), matvec=lambda v: sigma * v - A(v), matmat=lambda V: sigma * V - A(V),
-                        dtype=np.float64)
-    rng = np.random.default_rng(random_state)
-    vals, vecs = eigsh(op, k=c, which="LA", tol=tol, v0=rng.standard_normal(n))
-    order = np.argsort(-vals)
-    return vecs[:, order], sigma - vals[order]
-
-
-def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,
-         graph: str = "knn", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
-         n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,
-         random_state: int = 0, dense_below: int = 3000, select_gamma: float | None = None) -> GreedyResult:
-    """JCFS (Du, Shen): alternate the spectral step (:func:`jcfs_embedding`, normalised Laplacian of the kNN
-    graph with binary weights, k = 5, as the paper) and the greedy Fisher step (:func:`jcfs_select`), starting
-    from the empty selection, until the selected set stops changing or ``max_iter`` alternations.
-
-    Corrections to the paper (docs/methods.md, "JCFS"): M_0 = I / gamma (Algorithm 1 says 1/2 I); eq. (14) misses a
-    transpose; Y in the loop is the continuous spectral embedding (the greedy step works for any Y).
-
-    ``select_gamma``: the ridge of the greedy step, M_0 = I / select_gamma (default ``gamma``, the correction
-    above); ``select_gamma=2.0`` runs Algorithm 1 as printed (M_0 = I/2 while the spectral step keeps ``gamma``).
-
-    Defaults, chosen on data (``examples/greedy_defaults.py``: digits 1 vs 7, digits, iris with noise columns,
-    COIL20, ORL, Isolet; k-means ACC and NMI on the selected features): what matters is lambda_ / gamma, the
-    weight of the term that pulls Y into the span of the selected features. At 1 (lambda_ = gamma = 1e-4, the
-    default before) the first selection locks Y in (digits 1 vs 7, 10 features: k-means 0.73); at 0.01
-    (lambda_ = 1e-6, the paper's smallest) Y stays spectral (0.97) and the mean rank over the six sets was the
-    best of the (standardize, lambda_, gamma) grid."""
-    if not (isinstance(max_iter, int | np.integer) and max_iter >= 1):
-        raise ParameterError(f"The 'max_iter' parameter must be an int >= 1; got {max_iter!r}.")
-    k = _check_k(M, n_features)
-    t0 = time.perf_counter()
-    Wg = sample_graph(M, W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t, n_anchors=n_anchors,
-                      anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
-    graph_s = time.perf_counter() - t0
-    S: list[int] = []
-    history = []
-    res = None
-    for it in range(int(max_iter)):
-        Y, vals = jcfs_embedding(M, S, Wg, n_clusters, lambda_, gamma, dense_below=dense_below,
-                                 random_state=random_state)
-        res = jcfs_select(M, Y, k, gamma if select_gamma is None else select_gamma)
-        new = res.indices.tolist()
-        history.append({"iteration": it, "objective": float(res.objective[-1]), "eigenvalues": vals.tolist(),
-                        "spectral_objective": float(vals.sum())})
-        changed = set(new) != set(S)
-        S = new
-        if not changed:
-            break
-    res.diagnostics.update(iterations=len(history), history=history, graph_time=graph_s,
-                           converged=len(history) < max_iter or not changed)
-    return res

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine.matrix import Matrix, check_labels
+from dufs.engine import Matrix, check_labels
 from dufs.errors import ParameterError
 
 

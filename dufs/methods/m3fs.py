@@ -62,8 +62,41 @@ import scipy.linalg as sla
 
 from dufs._logging import get_logger
 from dufs.errors import DufsError, ParameterError
+from dufs.methods.params import SEED, Param, StrOptions, integer, nonnegative, positive, table
 
 log = get_logger(__name__)
+
+_NONE_IS_THE_SOLVERS = "None: the solver's default"
+#: M3FS's parameters as ``dufs.fit(method="m3fs")`` and ``dufs.M3FS`` take them: ``solver`` picks
+#: :func:`m3fs_faithful` or :func:`dufs.methods.m3fs_scalable.m3fs_alternating`, and a parameter left at None takes
+#: that solver's own default (a parameter of the other solver is an error)
+M3FS_PARAMS = table(
+    Param("n_clusters", 2, (integer(2),), "M, the number of clusters"),
+    Param("solver", "auto", (StrOptions({"auto", "faithful", "alternating"}),), "faithful up to 5000 x 1000"),
+    Param("C", 1.0, (positive(),), "weight of the (averaged) hinge loss"),
+    Param("lambda_", None, (None, nonnegative()), f"manifold weight ({_NONE_IS_THE_SOLVERS})"),
+    Param("l", None, (None, positive()), "class-balance bound (None: 0.1 n_samples)"),
+    Param("epsilon", None, (None, positive()), f"cutting-plane tolerance, faithful ({_NONE_IS_THE_SOLVERS})"),
+    Param("graph", None, (None, StrOptions({"gaussian", "knn", "anchor"})), f"sample graph ({_NONE_IS_THE_SOLVERS})"),
+    Param("n_neighbors", None, (None, integer(1)), f"k of the graph ({_NONE_IS_THE_SOLVERS})"),
+    Param("max_iter", None, (None, integer(1)), f"outer iterations, alternating ({_NONE_IS_THE_SOLVERS})"),
+    Param("polish", None, (None, StrOptions({"auto"}), integer(0)), "label flips tried, alternating"),
+    SEED,
+    Param("sigma_width", None, (None, positive()), "Gaussian graph width, faithful", estimator=False),
+    Param("L", None, ("no_validation",), "a precomputed Laplacian", estimator=False),
+    Param("W", None, ("no_validation",), "a precomputed graph, alternating", estimator=False),
+    Param("max_cutting_planes", None, (None, integer(1)), "faithful", estimator=False),
+    Param("max_cccp", None, (None, integer(1)), "faithful", estimator=False),
+    Param("weights", None, (None, StrOptions({"binary", "heat"})), "kNN weights, alternating", estimator=False),
+    Param("n_anchors", None, (None, integer(1)), "anchor graph, alternating", estimator=False),
+    Param("anchor_neighbors", None, (None, integer(1)), "anchor graph, alternating", estimator=False),
+    Param("embed_dim", None, (None, integer(1)), "anchor graph, alternating", estimator=False),
+    Param("tol", None, (None, nonnegative()), "relative decrease to stop, alternating", estimator=False),
+    Param("alternations", None, (None, integer(1)), "(v, sigma) pairs an iteration, alternating", estimator=False),
+    Param("init", None, (None, StrOptions({"spectral", "random"}), "array-like"), "first labels, alternating",
+          estimator=False),
+    Param("dense_below", None, (None, integer(0)), "dense eigensolver below, alternating", estimator=False),
+)
 
 _ALPHA = 1e-4  # CCCP: stop when the objective changes by less than alpha = 0.01 % (the paper's value)
 

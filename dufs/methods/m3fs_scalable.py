@@ -57,8 +57,8 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
+from dufs.engine import Matrix
 from dufs.engine.graphs import AnchorGraph, laplacian_operator
-from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.m3fs import sigma_step
 
@@ -352,9 +352,9 @@ def _colsum(M: Matrix) -> np.ndarray:
     """s = Z^T 1 from the column statistics: 0 under "zscore", sum_i x_ik / std_k under "scale", raw sums."""
     if M.standardize == "zscore":
         return np.zeros(M.shape[1])
-    st = M.column_stats() if M._stats is None else M._stats
+    st = M.stats
     s = np.asarray(st.sum, dtype=np.float64)
-    _, inv = M._transform()
+    _, inv = M.transform
     return s if inv is None else s * inv
 
 

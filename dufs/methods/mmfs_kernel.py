@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
+from dufs.methods.params import check_params
 
 log = get_logger(__name__)
 
@@ -219,14 +220,11 @@ def solve_kernel(M: Matrix, rho: np.ndarray, *, kernel: str, C: float, gamma: fl
     """
     t0 = time.perf_counter()
     check_size(M, max_features)
-    if not (isinstance(C, int | float) and C > 0):
-        raise ParameterError(f"The 'C' parameter must be a float > 0; got {C!r}.")
-    if not (isinstance(gamma, int | float) and gamma > 0):
+    from dufs.methods.mmfs import MMFS_PARAMS
+
+    check_params(MMFS_PARAMS, {"C": C, "tol": tol, "max_epochs": max_epochs}, "mmfs")
+    if not (isinstance(gamma, int | float) and gamma > 0):  # a value of the path: no "auto" here
         raise ParameterError(f"The 'gamma' parameter must be a float > 0; got {gamma!r}.")
-    if not (isinstance(tol, int | float) and tol > 0):
-        raise ParameterError(f"The 'tol' parameter must be a float > 0; got {tol!r}.")
-    if not (isinstance(max_epochs, int | np.integer) and max_epochs >= 1):
-        raise ParameterError(f"The 'max_epochs' parameter must be an int >= 1; got {max_epochs!r}.")
     C, gamma, tol = float(C), float(gamma), float(tol)
     d = M.shape[1]
     rho = np.asarray(rho, dtype=np.float64).ravel()

@@ -22,14 +22,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs_kernel import KERNEL_CACHE_BYTES, MAX_BATCH, KernelColumns, _njit, check_size
+from dufs.methods.params import Interval, Param, StrOptions, check_params, integer, positive, table
+
+#: QPFS's parameters (``dufs.fit(method="qpfs")``; ``relevance`` is the function's ``relevance_kind``)
+QPFS_PARAMS = table(
+    Param("alpha_mix", 0.5, (Interval(Real, 0, 1, closed="left"),), "relevance against redundancy"),
+    Param("kernel", "linear", (StrOptions({"linear", "poly2", "rbf"}),), "similarity between features"),
+    Param("relevance", "correlation", (StrOptions({"correlation", "fisher"}), callable), "the relevance F"),
+    Param("tol", 1e-6, (positive(),), "tolerance of the solver"),
+    Param("max_epochs", 500, (integer(1),), "epochs of the solver"),
+    Param("rbf_gamma", None, (None, positive()), "width of the Gaussian kernel"),
+    Param("max_features", None, (None, integer(1)), "size limit of the nonlinear kernels"),
+)
 
 log = get_logger(__name__)
 
@@ -191,14 +204,9 @@ def qpfs(M: Matrix, y: Any, *, alpha_mix: float = 0.5, kernel: str = "linear", r
     changes nothing; a continuous target is an error."""
     from dufs.methods.mmfs import class_targets, geometry, relevance
 
-    if not (isinstance(alpha_mix, int | float | np.floating) and 0.0 <= alpha_mix < 1.0):
-        raise ParameterError(f"The 'alpha_mix' parameter of qpfs must be a float in [0, 1); got {alpha_mix!r}.")
-    if not (isinstance(tol, int | float) and tol > 0):
-        raise ParameterError(f"The 'tol' parameter of qpfs must be a float > 0; got {tol!r}.")
-    if not (isinstance(max_epochs, int | np.integer) and max_epochs >= 1):
-        raise ParameterError(f"The 'max_epochs' parameter of qpfs must be an int >= 1; got {max_epochs!r}.")
-    if kernel not in ("linear", "poly2", "rbf"):
-        raise ParameterError(f"The 'kernel' parameter of qpfs must be 'linear', 'poly2' or 'rbf'; got {kernel!r}.")
+    check_params(QPFS_PARAMS, {"alpha_mix": alpha_mix, "tol": tol, "max_epochs": max_epochs, "kernel": kernel,
+                               "relevance": relevance_kind, "rbf_gamma": rbf_gamma, "max_features": max_features},
+                 "qpfs")
     if kernel != "linear":
         check_size(M, max_features, "qpfs")
     y = class_targets(M, y, "qpfs")

@@ -41,16 +41,32 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
+from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
 
 __all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
+
+#: UFCM's parameters (``n_components`` None: the number of clusters, at most n_features - 1)
+UFCM_PARAMS = table(
+    Param("n_clusters", 2, (integer(1),), "k-means clusters of the pseudo-labels"),
+    Param("n_components", None, (None, integer(1)), "d', the columns of W"),
+    Param("alpha", 1.0, (nonnegative(),), "weight of the within-cluster scatter"),
+    Param("beta", 1.0, (nonnegative(),), "weight of the l2,p row-sparsity term"),
+    Param("p", 1.0, (Interval(Real, 0, 2, closed="right"),), "the p of ||W||_{2,p}^p"),
+    Param("max_iter", 30, (integer(1),), "outer iterations"),
+    Param("n_init", 10, (integer(0),), "k-means restarts of each U step"),
+    Param("tol", 1e-6, (nonnegative(),), "relative objective decrease to stop", estimator=False),
+    SEED,
+    Param("dense_below", 2000, (integer(0),), "features below which the W step is dense", estimator=False),
+)
 
 log = get_logger(__name__)
 
@@ -81,7 +97,7 @@ class _Centred:
     def __init__(self, M: Matrix):
         self.M = M
         self.n, self.d = M.shape
-        st = M.column_stats() if M._stats is None else M._stats
+        st = M.stats
         mu = np.nan_to_num(st.mean(), nan=0.0)
         m = (mu - M.center) / M.scale
         if M.standardize == "zscore":
@@ -249,16 +265,6 @@ def _int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
     return int(value)
 
 
-def _float_param(name: str, value: Any, low: float, high: float | None = None, *, strict_low: bool = False) -> float:
-    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-    v = float(value) if ok else float("nan")
-    if not ok or not np.isfinite(v) or (v <= low if strict_low else v < low) or (high is not None and v > high):
-        lo = f"({low:g}" if strict_low else f"[{low:g}"
-        rng = f"in {lo}, {high:g}]" if high is not None else (f"> {low:g}" if strict_low else f">= {low:g}")
-        raise ParameterError(f"The '{name}' parameter of ufcm must be a float {rng}; got {value!r}.")
-    return v
-
-
 # ---------------------------------------------------------------------------------------------------- UFCM
 def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, beta: float = 1.0, p: float = 1.0,
          max_iter: int = 30, n_init: int = 10, tol: float = 1e-6, random_state: int = 0,
@@ -301,14 +307,11 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     n, d = M.shape
     c = _int_param("n_clusters", n_clusters, 1, max(1, n - 1))
     k = _int_param("n_components", n_components, 1, max(1, d - 1))
-    alpha = _float_param("alpha", alpha, 0.0)
-    beta = _float_param("beta", beta, 0.0)
-    p = _float_param("p", p, 0.0, 2.0, strict_low=True)
-    max_iter = _int_param("max_iter", max_iter, 1)
-    n_init = _int_param("n_init", n_init, 0)
-    tol = _float_param("tol", tol, 0.0)
+    check_params(UFCM_PARAMS, {"alpha": alpha, "beta": beta, "p": p, "max_iter": max_iter, "n_init": n_init,
+                               "tol": tol, "random_state": random_state, "dense_below": dense_below}, "ufcm")
+    alpha, beta, p, tol = float(alpha), float(beta), float(p), float(tol)
+    max_iter, n_init, dense_below = int(max_iter), int(n_init), int(dense_below)
     seed = _int_param("random_state", random_state, 0, 2**32 - 1)
-    dense_below = _int_param("dense_below", dense_below, 0)
     if c > n - 1 or k > d - 1:
         raise ParameterError(f"ufcm needs n_clusters < n_samples and n_components < n_features; the data are {n} x {d}")
     rng = np.random.default_rng(seed)

@@ -264,3 +264,12 @@ def test_labels_that_are_not_numbers_are_refused(tmp_path):
     with pytest.raises(ParameterError, match=r"y holds labels of dtype <U3; a store keeps numeric labels: encode"):
         write_store(X, tmp_path / "w.zarr", np.array(["cat", "dog"] * 5))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cls", [sp.csr_array, sp.csr_matrix])
+def test_unsorted_csr_input_is_not_sorted_in_place(store_path, cls):
+    """A CSR input whose indices are unsorted is stored canonical, and the caller's array stays as it was."""
+    X = cls((np.array([1.0, 2.0, 3.0]), np.array([2, 11, 10]), np.array([0, 3])), shape=(1, 14))
+    st = write_store(X, store_path())
+    np.testing.assert_array_equal(X.indices, [2, 11, 10])
+    np.testing.assert_array_equal(st.block(0, "csr").indices, [2, 10, 11])

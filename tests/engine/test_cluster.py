@@ -7,8 +7,9 @@ import os
 import pytest
 from distributed import Client, LocalCluster
 
-from dufs.engine.cluster import active_client, get_client
+from dufs.engine.cluster import get_client
 from dufs.errors import ParameterError
+from dufs.scheduling import distributed_client
 
 
 def test_synchronous_needs_no_cluster():
@@ -21,7 +22,7 @@ def test_given_and_active_clients_are_used_and_left_open(cluster_client):
         assert c is cluster_client
     assert cluster_client.status == "running"
     with cluster_client.as_current():
-        assert active_client() is cluster_client
+        assert distributed_client() is cluster_client
         with get_client() as c:
             assert c is cluster_client
     assert cluster_client.status == "running"
@@ -58,7 +59,7 @@ def test_persist_waits_for_a_worker_and_names_an_empty_cluster():
     import dask
     import numpy as np
 
-    from dufs.engine.matrix import Matrix
+    from dufs.engine import Matrix
 
     X = np.arange(12.0).reshape(4, 3)
     with (LocalCluster(n_workers=0, processes=True, dashboard_address=":0", silence_logs=50) as cluster,

@@ -9,8 +9,8 @@ import scipy.sparse as sp
 from sklearn.neighbors import kneighbors_graph
 
 from dufs.data.datasets import load
+from dufs.engine import Matrix
 from dufs.engine.graphs import anchor_graph, knn_graph, laplacian, laplacian_operator, projection_rows
-from dufs.engine.matrix import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.filters import laplacian_scores
 

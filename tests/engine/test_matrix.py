@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dufs.data import write_store
-from dufs.engine.matrix import ColumnStats, Matrix
+from dufs.engine import ColumnStats, Matrix
 from dufs.errors import ParameterError
 from dufs.testing.references import check_column_stats as _check_stats
 from dufs.testing.references import dense_z as _dense_z
@@ -193,7 +193,7 @@ def _group_state(blocks, state, w):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
 def test_map_blocks_over_groups_matches_dense(n):
-    from dufs.engine.matrix import PerBlock
+    from dufs.engine import PerBlock
 
     X = sp.random(30, 50, density=0.3, random_state=1, format="csc")
     M = Matrix(X, block_width=7)
@@ -203,7 +203,7 @@ def test_map_blocks_over_groups_matches_dense(n):
     # balanced: the largest group holds at most its share plus one block (what a greedy cut guarantees)
     assert max(nnz) <= M.nnz / n + max(b.nnz for b in M.blocks)
     scale = np.arange(50, dtype=np.float64)
-    got = M.map_blocks(_group_colsums, PerBlock(scale), "t", groups=groups)
+    got = M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=groups)
     sums = np.zeros(50)
     for part, g in zip(got, groups, strict=True):
         assert [p[0] for p in part] == [M.blocks[i].start for i in g] and all(p[2] == "t" for p in part)
@@ -211,10 +211,12 @@ def test_map_blocks_over_groups_matches_dense(n):
             sums[start:start + v.shape[0]] = v
     np.testing.assert_allclose(sums, X.toarray().sum(0) * scale)
     w = np.linspace(-1, 1, 30)
-    total, state = M.map_blocks(_group_state, w, state=[None] * n, groups=groups, reduce="sum")
+    total, state = M.map_blocks(_group_state, w, state=[None] * n, groups=groups, reduce="sum")  # the old name
     assert total == pytest.approx(float(w @ X.toarray() @ np.ones(50)))
     assert state.gather() == [1] * n
-    with pytest.raises(ParameterError, match="groups"):
-        M.map_blocks(_group_colsums, PerBlock(scale), "t", groups=[[0, 1]])
-    with pytest.raises(ParameterError, match="2 items for 3 groups"):
-        M.map_blocks(_group_state, w, state=[None] * 2, groups=M.partition(3))
+    with pytest.raises(ParameterError, match="The 'partitions' parameter of map_blocks must split the 8 blocks"):
+        M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=[[0, 1]])
+    with pytest.raises(ParameterError, match="2 items for 3 partitions"):
+        M.map_blocks(_group_state, w, state=[None] * 2, partitions=M.partition(3))
+    with pytest.raises(ParameterError, match="'partitions' or its old name 'groups', not both"):
+        M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=groups, groups=groups)

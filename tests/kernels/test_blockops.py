@@ -106,3 +106,22 @@ def test_col_sums_match_numpy():
         got = col_sums(V)
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, V.astype(np.float64).sum(axis=0), rtol=1e-13, atol=1e-12)
+
+
+def test_rmatvec_kernel_float32_vector_and_one_column_path_are_exact():
+    """What the pass benchmark leans on: a float32 V gives bit-for-bit the products of the same values in float64
+    (the kernel multiplies and sums in float64), and the one-vector fast path equals the general one."""
+    rng = np.random.default_rng(0)
+    A = sp.random_array((500, 80), density=0.05, format="csc", dtype=np.float32, rng=rng)
+    A.sort_indices()
+    ip, ix, dt = A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data
+    v32 = rng.standard_normal((500, 1)).astype(np.float32)
+    o32, o64 = np.empty((80, 1)), np.empty((80, 1))
+    csc_rmatvec(ip, ix, dt, v32, o32)
+    csc_rmatvec(ip, ix, dt, v32.astype(np.float64), o64)
+    assert np.array_equal(o32, o64)
+    two = np.empty((80, 2))
+    csc_rmatvec(ip, ix, dt, np.repeat(v32.astype(np.float64), 2, axis=1), two)
+    assert np.array_equal(two[:, :1], o64) and np.array_equal(two[:, 1:], o64)
+    np.testing.assert_allclose(o64[:, 0], A.astype(np.float64).T @ v32[:, 0].astype(np.float64), rtol=1e-12,
+                               atol=1e-12)

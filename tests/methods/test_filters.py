@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from sklearn.neighbors import kneighbors_graph
 
 from dufs.data.datasets import load
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.methods.filters import correlation_scores, fisher_scores, laplacian_scores, variance_scores
 
 

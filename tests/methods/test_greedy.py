@@ -14,8 +14,10 @@ import scipy.sparse as sp
 from scipy.linalg import subspace_angles
 
 import dufs
-from dufs.engine.matrix import Matrix, as_matrix
+from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
+from dufs.methods import greedy
+from dufs.methods import jcfs as jcfs_module
 from tests.methods.greedy_paper import (
     jcfs_embedding_dense,
     jcfs_greedy_paper,
@@ -25,8 +27,6 @@ from tests.methods.greedy_paper import (
     lapaofs_paper,
     lapdofs_paper,
 )
-
-greedy = pytest.importorskip("dufs.methods.greedy", reason="dufs.methods.greedy has not landed yet")
 
 K = 30
 REL = 1e-8
@@ -161,7 +161,7 @@ def test_heavy_columns_are_fetched_alone(monkeypatch, method):
     if method == "jcfs":
         Y = _orthonormal(X.shape[0], 4, 7)
         ref = jcfs_greedy_paper(_dense(X), Y, K, 1e-4)
-        r = greedy.jcfs_select(Matrix(X, standardize=None, block_width=16), Y, K, 1e-4)
+        r = jcfs_module.jcfs_select(Matrix(X, standardize=None, block_width=16), Y, K, 1e-4)
         np.testing.assert_array_equal(np.asarray(r.indices), ref.order)
         _close(r.criterion, ref.criterion, REL)
         return
@@ -182,7 +182,7 @@ def test_jcfs_select_matches_the_papers_greedy_step(name, c, gamma):
     Y = _orthonormal(n, c, 7)
     ref = jcfs_greedy_paper(_dense(X), Y, K, gamma)
     widths = (5, 32) if X.shape[1] < 100 else (128, 300)
-    got = [greedy.jcfs_select(Matrix(X, standardize=None, block_width=w), Y, K, gamma) for w in widths]
+    got = [jcfs_module.jcfs_select(Matrix(X, standardize=None, block_width=w), Y, K, gamma) for w in widths]
     for r in got:
         np.testing.assert_array_equal(np.asarray(r.indices), ref.order)
         _close(r.criterion, ref.criterion, REL)
@@ -194,7 +194,7 @@ def test_jcfs_select_matches_the_papers_greedy_step(name, c, gamma):
 def _assert_embedding(X, S, W, c, lam, gamma):
     Yr, vr = jcfs_embedding_dense(_dense(X), S, W, c + 1, lam, gamma)
     assert vr[c] - vr[c - 1] > 1e-6 * max(abs(vr[c]), 1.0)  # the subspace is well defined
-    Y, vals = greedy.jcfs_embedding(Matrix(X, standardize=None, block_width=16), S, sp.csr_array(W), c, lam, gamma)
+    Y, vals = jcfs_module.jcfs_embedding(Matrix(X, standardize=None, block_width=16), S, sp.csr_array(W), c, lam, gamma)
     Y = np.asarray(Y)
     assert Y.shape == (X.shape[0], c)
     _close(vals, vr[:c], 1e-8)
@@ -281,6 +281,7 @@ def _count_engine_calls(monkeypatch, on_call):
     return count
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_changes_nothing(monkeypatch):
     """A LapAOFS run counts its engine calls, a second run SIGKILLs a worker halfway (``run`` takes "jcfs" too;
     left out to keep the file fast)."""
@@ -368,8 +369,8 @@ def test_jcfs_select_rejects_bad_parameters():
     M = Matrix(X, block_width=16)
     Y = _orthonormal(X.shape[0], 3, 1)
     with pytest.raises(ParameterError, match="gamma"):
-        greedy.jcfs_select(M, Y, 5, 0.0)
+        jcfs_module.jcfs_select(M, Y, 5, 0.0)
     with pytest.raises(ParameterError, match="n_features"):
-        greedy.jcfs_select(M, Y, 0, 1e-4)
+        jcfs_module.jcfs_select(M, Y, 0, 1e-4)
     with pytest.raises(ParameterError, match=r"\bY\b"):
-        greedy.jcfs_select(M, Y[:-1], 5, 1e-4)
+        jcfs_module.jcfs_select(M, Y[:-1], 5, 1e-4)

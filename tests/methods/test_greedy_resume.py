@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sp
 
 from dufs.data import write_store
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.greedy import lapofs
 
@@ -47,7 +47,7 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
     script = textwrap.dedent(f"""
         import logging, time
         import dask
-        from dufs.engine.matrix import Matrix
+        from dufs.engine import Matrix
         from dufs.methods.greedy import lapofs
 
         class Slow(logging.Handler):

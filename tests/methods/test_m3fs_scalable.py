@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods import m3fs_scalable as ms
 from dufs.methods.m3fs import m3fs_faithful, m3fs_laplacian, sigma_step
@@ -174,6 +174,7 @@ def test_agrees_with_faithful_iris_noise():
     assert np.array_equal(r.labels, f.labels) or np.array_equal(r.labels, 1 - f.labels)
 
 
+@pytest.mark.slow
 def test_digits1v7_against_faithful():
     r, f = _agree(_digits1v7(), 10)
     # without polishing the alternation stops one label away (sample 311, margin 0.04) with 7 of 10 in common
@@ -182,6 +183,7 @@ def test_digits1v7_against_faithful():
 
 
 # ---------------------------------------------------------------------------------------------------- (e) cluster
+@pytest.mark.slow
 def test_cluster_matches_in_process(cluster_client, store_path):
     from dufs.data import write_store
 

@@ -10,7 +10,7 @@ from scipy.optimize import minimize
 
 import dufs
 from dufs.data.datasets import load
-from dufs.engine.matrix import Matrix, as_matrix
+from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs import mmfs
 from dufs.testing.references import labelled_problem as _problem
@@ -34,7 +34,7 @@ def _qp(F, y, C, gamma, theta=0.5):
 @pytest.mark.parametrize(("width", "parts"), [(None, "auto"), (7, "auto"), (7, 3)])
 @pytest.mark.parametrize("gamma", [1.0, 0.05])
 def test_objective_equals_a_generic_qp_solver(mode, width, parts, gamma, monkeypatch):
-    import dufs.methods.mmfs as mod
+    import dufs.methods.mmfs_solver as mod
 
     monkeypatch.setattr(mod, "_SERIAL_NNZ", 0)  # partitions run their own epochs (held bias)
     X, y = _problem(1)
@@ -77,7 +77,7 @@ def test_cocoa_local_step_minimises_the_sigma_scaled_subproblem():
     """One sigma-scaled epoch over a block (CoCoA+'s local subproblem) against coordinate descent on its dense
     form: min over the block's alphas of grad^T d + sigma/2 (||F_k d||^2 + gamma (1^T d)^2), 0 <= alpha + d <= C,
     with the same visit order (storage order)."""
-    from dufs.engine.matrix import FeatureBlock
+    from dufs.engine import FeatureBlock
     from dufs.kernels.dcd import dcd_epoch
 
     X, y = _problem(8, n=60, d=20)
@@ -116,7 +116,7 @@ def test_cocoa_rule_reaches_the_qp_and_never_raises_the_objective():
     M = Matrix(X, standardize="scale", block_width=6)
     with dask.config.set(scheduler="sync"):
         _, geo, _, rho = margins(M, y, 0.5, 0.3, "correlation")
-        out = solve(M, rho, geo, C=1.0, gamma=0.3, tol=1e-8, max_epochs=20000, groups=M.partition(4), rule="cocoa+")
+        out = solve(M, rho, geo, C=1.0, gamma=0.3, tol=1e-8, max_epochs=20000, partitions=M.partition(4), rule="cocoa+")
     assert out["converged"]
     assert out["objective"] == pytest.approx(fref, rel=1e-6)
     objs = [t["objective"] for t in out["trace"]]
@@ -168,7 +168,7 @@ def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partition
     """Every round's epoch where it runs: on the driver over the union of the working sets (the default for small
     working sets), in the partitions with the bias held (serial_nnz 0), or mixed (400 nonzeros: partitions with
     larger working sets run their own)."""
-    import dufs.methods.mmfs as mod
+    import dufs.methods.mmfs_solver as mod
 
     if serial_nnz is not None:
         monkeypatch.setattr(mod, "_SERIAL_NNZ", serial_nnz * n_partitions)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import os
+
 import dask
 import numpy as np
 import pytest
 from scipy.optimize import minimize
 
 from dufs.data.datasets import load
-from dufs.engine.matrix import Matrix, as_matrix
+from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs_kernel import MAX_KERNEL_FEATURES, mmfs_kernel, solve_kernel
 from dufs.testing.references import labelled_problem as _problem
 from dufs.testing.references import mmfs_features as _features
+
+
+def _pid(block):
+    """The process a block's task runs in (mapped over the blocks; as tests/engine/test_matrix_props.py)."""
+    return os.getpid()
 
 
 def _kernel(F, kind, rbf_gamma=None):
@@ -166,6 +173,8 @@ def test_gamma_path_reaches_the_requested_support():
 
 
 def test_runs_on_a_process_cluster(cluster_client):
+    from distributed import get_task_stream
+
     X, y = _problem(3, n=120, d=48)
     F = _features(X, "scale")
     K = _kernel(F, "poly2")
@@ -173,6 +182,15 @@ def test_runs_on_a_process_cluster(cluster_client):
     fref = _qp(K, rho, 1.0, 0.2)
     with cluster_client.as_current():
         M = as_matrix(X, standardize="scale", block_width=12, persist=True)
-        out = solve_kernel(M, rho, kernel="poly2", C=1.0, gamma=0.2, tol=1e-9, max_epochs=200, batch_size=16)
+        assert M.residency["mode"] == "persisted", M.residency
+        n_blocks = M.n_blocks
+        with get_task_stream(cluster_client) as ts:
+            out = solve_kernel(M, rho, kernel="poly2", C=1.0, gamma=0.2, tol=1e-9, max_epochs=200, batch_size=16)
+        pids = M.map_blocks(_pid)
         M.release()
     _check(out, K, rho, 1.0, 0.2, fref)
+    # the work ran in the worker processes: the solver's passes are tasks the workers ran (on the driver they would
+    # leave the task stream empty), and the blocks' tasks run in the workers' processes, not in this one
+    pid_of = cluster_client.run(os.getpid)  # worker address -> its process id
+    assert len(ts.data) >= n_blocks and {t["worker"] for t in ts.data} <= set(pid_of)
+    assert os.getpid() not in pid_of.values() and len(pids) == n_blocks and set(pids) <= set(pid_of.values())

@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 import dufs
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.mmfs import class_relevance, encode_labels, geometry, mmfs, relevance
 from dufs.testing.references import label_relevance, mmfs_features

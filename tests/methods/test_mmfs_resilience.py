@@ -20,9 +20,9 @@ import scipy.sparse as sp
 from scipy.optimize import minimize
 
 import dufs
-from dufs.engine.matrix import Matrix, as_matrix
+from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
-from dufs.methods import mmfs as mmfs_module
+from dufs.methods import mmfs_solver as mmfs_module
 from dufs.methods.mmfs import mmfs
 
 GAMMA = 0.2
@@ -71,6 +71,7 @@ def _matches(d, fref, tol):
     assert d["objective"] == pytest.approx(fref, rel=2 * tol)
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem):
     distributed = pytest.importorskip("distributed")
 
@@ -87,7 +88,7 @@ def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem)
                 os.kill(self.pid, signal.SIGKILL)
 
     tol = 1e-6
-    lg = logging.getLogger("dufs.methods.mmfs")
+    lg = logging.getLogger("dufs.methods.mmfs_solver")  # the solver logs its rounds
     with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=50) as cluster,
           distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
@@ -144,14 +145,14 @@ def test_killed_driver_resumes_from_the_checkpoint(problem, tmp_path):
     script = textwrap.dedent(f"""
         import logging, time
         import dask
-        from dufs.engine.matrix import Matrix
+        from dufs.engine import Matrix
         from dufs.methods.mmfs import mmfs
 
         class Slow(logging.Handler):
             def emit(self, record):
                 time.sleep(0.03)
 
-        lg = logging.getLogger("dufs.methods.mmfs")
+        lg = logging.getLogger("dufs.methods.mmfs_solver")  # the solver logs its rounds
         lg.setLevel(logging.DEBUG)
         lg.addHandler(Slow())
         with dask.config.set(scheduler="sync"):

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import dask
 import numpy as np
 import pytest
 from scipy.optimize import minimize
 
 from dufs.data.datasets import load
-from dufs.engine.matrix import Matrix, as_matrix
+from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.qpfs import qpfs, solve_simplex
 from dufs.testing.references import label_relevance as _relevance
 from dufs.testing.references import labelled_problem as _problem
 from dufs.testing.references import mmfs_features as _features
+
+
+def _pid(block):
+    """The process a block's task runs in (mapped over the blocks; as tests/engine/test_matrix_props.py)."""
+    return os.getpid()
 
 
 def _ref(Q, r, a):
@@ -114,12 +121,23 @@ def test_parameters_are_checked():
 
 
 def test_runs_on_a_process_cluster(cluster_client):
+    from distributed import get_task_stream
+
     X, y = _problem(4, n=120, d=48)
     F = _features(X, "scale")
     Q = F.T @ F
     r = _relevance(F, y)
     with cluster_client.as_current():
         M = as_matrix(X, standardize="scale", block_width=12, persist=True)
-        res = qpfs(M, y, alpha_mix=0.4, tol=1e-10)
+        assert M.residency["mode"] == "persisted", M.residency
+        n_blocks = M.n_blocks
+        with get_task_stream(cluster_client) as ts:
+            res = qpfs(M, y, alpha_mix=0.4, tol=1e-10)
+        pids = M.map_blocks(_pid)
         M.release()
     _check(res, Q, r, 0.4, _ref(Q, r, 0.4))
+    # the work ran in the worker processes: the solver's passes are tasks the workers ran (on the driver they would
+    # leave the task stream empty), and the blocks' tasks run in the workers' processes, not in this one
+    pid_of = cluster_client.run(os.getpid)  # worker address -> its process id
+    assert len(ts.data) >= n_blocks and {t["worker"] for t in ts.data} <= set(pid_of)
+    assert os.getpid() not in pid_of.values() and len(pids) == n_blocks and set(pids) <= set(pid_of.values())

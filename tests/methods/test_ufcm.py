@@ -12,7 +12,7 @@ import scipy.sparse as sp
 from scipy.linalg import subspace_angles
 from threadpoolctl import threadpool_limits
 
-from dufs.engine.matrix import Matrix
+from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods import ufcm as U
 from dufs.methods.ufcm import ufcm

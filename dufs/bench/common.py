@@ -1,0 +1,176 @@
+"""What the benchmarks share: memory samplers, the local process cluster they run on, the synthetic store they
+measure on (built once and reused), the median and the plain-pass reference every figure is a ratio against."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+class _Sampler:
+    """A thread sampling the resident memory of some processes every ``interval`` seconds: ``peak_max`` is the
+    largest single process seen, ``peak_sum`` the largest total."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval = interval
+        self.peak_max = 0
+        self.peak_sum = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def processes(self) -> list[psutil.Process]:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = []
+            with contextlib.suppress(psutil.Error):
+                for p in self.processes():
+                    with contextlib.suppress(psutil.Error):
+                        rss.append(p.memory_info().rss)
+            self.peak_max = max(self.peak_max, max(rss, default=0))
+            self.peak_sum = max(self.peak_sum, sum(rss))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+
+class PeakRSS(_Sampler):
+    """This process and its children."""
+
+    def processes(self) -> list[psutil.Process]:
+        me = psutil.Process()
+        return [me, *me.children(recursive=True)]
+
+
+
+class WorkerPeak(_Sampler):
+    """The cluster's worker processes (found by pid); ``peak`` is the largest one."""
+
+    def __init__(self, client: Any, interval: float = 0.02):
+        super().__init__(interval)
+        pids = list(client.run(os.getpid).values()) if client is not None else [os.getpid()]
+        self._procs = [psutil.Process(p) for p in pids]
+
+    def processes(self) -> list[psutil.Process]:
+        return self._procs
+
+    @property
+    def peak(self) -> int:
+        return self.peak_max
+
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+
+def plain_pass_seconds(M: Any, v: Any, repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` plain ``M.rmatvec(v)`` passes after one warm-up (the method benches' reference)."""
+    M.rmatvec(v)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        M.rmatvec(v)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+
+@contextlib.contextmanager
+def local_cluster(n_workers: int) -> Iterator[Any]:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=40) as lc, Client(lc, direct_to_workers=True) as client:
+        yield client
+
+
+
+def _store_spec(spec: Any) -> dict:
+    """What identifies a synthetic store: compared with a store's ground truth before reusing it."""
+    gt = spec.ground_truth()
+    return {k: gt[k] for k in ("generator", "seed", "n_rows", "n_features", "nnz_per_row", "zipf_exponent",
+                               "label_noise")}
+
+
+
+def ensure_synthetic_store(path: Path, spec: Any, *, say: Any = print, n_workers: int = 2) -> Any:
+    """The synthetic store of ``spec`` at ``path``: reused when one with the same spec is there, else (re)built
+    on a local cluster of ``n_workers``. Returns the opened store."""
+    from dufs.data import open_store
+    from dufs.data.writers import make_synthetic
+    from dufs.errors import DufsError
+
+    want = _store_spec(spec)
+    try:
+        st = open_store(str(path))
+        gt = st.ground_truth or {}
+        if {k: gt.get(k) for k in want} == want:
+            say(f"store: reusing {path}")
+            return st
+        say(f"store: {path} holds another data set; rebuilding it")
+    except DufsError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"store: building {spec.n_rows:,} x {spec.n_features:,}, {spec.nnz_per_row} nonzeros a row into {path} "
+        f"(once; later runs reuse it)")
+    t0 = time.perf_counter()
+    with local_cluster(n_workers) as client:
+        st = make_synthetic(str(path), spec, overwrite=True, client=client)
+    say(f"store: built in {time.perf_counter() - t0:.1f} s")
+    return st
+
+
+
+def describe(st: Any, what: str, say: Any) -> dict[str, Any]:
+    """Print the store's one-line summary with ``what`` the benchmark runs and the machine's load; return the
+    result dict the benchmark fills."""
+    n, d = st.shape
+    nnz = int(st.nnz)
+    say(f"data: {n:,} x {d:,}, {nnz / 1e6:.1f}M nonzeros ({st.dtype}), {st.n_blocks('csc')} feature blocks; {what}; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    return {"n_rows": n, "n_features": d, "nnz": nnz, "n_blocks": st.n_blocks("csc")}
+
+
+
+def bench_store(rows: int, features: int, nnz_per_row: int, seed: int, work_dir: Path | None,
+                 store: Path | None, say: Any) -> Any:
+    """The synthetic store the pass and MMFS benchmarks share: ``store``, else one named by its spec under
+    ``work_dir`` (default a temp dir), built once and reused."""
+    from dufs.data.synthetic import SyntheticSpec
+
+    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row, seed=seed)
+    if store is None:
+        root = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "dufs-bench"
+        store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}.zarr"
+    return ensure_synthetic_store(Path(store), spec, say=say)
+
+
+
+def worker_blocks_bytes(dask_worker: Any) -> int:
+    from dufs.engine import FeatureBlock
+
+    return int(sum(b.nbytes for b in list(dask_worker.data.values()) if isinstance(b, FeatureBlock)))
+
+
+def rss() -> int:
+    """This process's resident memory (bytes); run in the workers with ``client.run(rss)``."""
+    return psutil.Process().memory_info().rss

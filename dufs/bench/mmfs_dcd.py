@@ -1,0 +1,346 @@
+"""``dufs bench mmfs``: MMFS-DCD on the kddb-like store: our DCD epoch against LIBLINEAR ``-s 3``, the visit
+orders, ``mmfs`` to a duality gap with 1 and 2 workers, and peak memory per worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dufs.bench.common import WorkerPeak, bench_store, describe, local_cluster, median, rss, worker_blocks_bytes
+
+
+class _Serial:
+    """Serial DCD (bias moving) over feature blocks held in this process: the epoch loop of ``mmfs`` with one
+    partition per block, run back to back on one shared w (LIBLINEAR's setting, per-block shrinking)."""
+
+    def __init__(self, blocks: list, geo: dict, rho: np.ndarray, *, m: int, C: float, gamma: float, seed: int = 0):
+        self.blocks, self.m, self.C, self.gamma = blocks, m, C, gamma
+        self.st = []
+        for i, b in enumerate(blocks):
+            sl = slice(b.start, b.stop)
+            self.st.append({k: np.ascontiguousarray(geo[k][sl], dtype=np.float64)
+                            for k in ("coef", "shift", "colsum", "qii")})
+            s = self.st[-1]
+            s.update(rho=np.ascontiguousarray(rho[sl], dtype=np.float64), alpha=np.zeros(b.width),
+                     index=np.arange(b.width, dtype=np.int64), n_active=b.width, pg=np.array([np.inf, -np.inf]),
+                     pg_eps=0.1, rng=np.array([np.uint64(seed * 1000003 + i) * np.uint64(2) + np.uint64(1)],
+                                              dtype=np.uint64))
+        self.ws, self.wt, self.bias = np.zeros(m), np.zeros(2), np.zeros(1)
+
+    def epoch(self, order: int = 0) -> float:
+        """One epoch over every block; returns its seconds (the kernel calls and their bookkeeping only)."""
+        from dufs.kernels.dcd import dcd_epoch
+
+        t0 = time.perf_counter()
+        for b, s in zip(self.blocks, self.st, strict=True):
+            n_act, pgmax, pgmin, _ = dcd_epoch(b.indptr, b.indices, b.data, s["coef"], s["shift"], s["colsum"],
+                                               s["qii"], s["rho"], s["alpha"], self.C, self.gamma, self.ws, self.wt,
+                                               float(self.m), self.bias, True, s["index"], s["n_active"], s["pg"],
+                                               s["rng"], order)
+            if pgmax - pgmin <= s["pg_eps"]:  # LIBLINEAR's shrinking bookkeeping, as mmfs._round
+                if n_act < b.width:
+                    n_act = b.width
+                else:
+                    s["pg_eps"] *= 0.1
+                s["pg"] = np.array([np.inf, -np.inf])
+            else:
+                s["pg"] = np.array([pgmax if pgmax > 0 else np.inf, pgmin if pgmin < 0 else -np.inf])
+            s["n_active"] = int(n_act)
+        return time.perf_counter() - t0
+
+    def gap(self) -> tuple[float, float]:
+        """``(dual objective D, relative duality gap)`` at the current alphas (one gradient pass, untimed)."""
+        from dufs.kernels.dcd import dcd_gradient, gap_terms
+
+        b = float(self.bias[0])
+        gap = ra = 0.0
+        for blk, s in zip(self.blocks, self.st, strict=True):
+            g = np.empty(blk.width)
+            dcd_gradient(blk.indptr, blk.indices, blk.data, s["coef"], s["shift"], s["colsum"], self.ws, self.wt,
+                         float(self.m), b, g)
+            gp, _, r = gap_terms(g, s["rho"], s["alpha"], self.C)
+            gap += gp
+            ra += r
+        w = self.ws + self.wt[0]
+        obj = 0.5 * float(w @ w) + b * b / (2.0 * self.gamma) - ra
+        return obj, gap / max(abs(obj), 1e-300)
+
+
+
+@contextlib.contextmanager
+def _capture_fd1() -> Iterator[list]:
+    """What C code prints on file descriptor 1 inside the block (LIBLINEAR's ``#iter = N``), as one string in the
+    yielded list after the block."""
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    got: list = []
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            yield got
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            f.seek(0)
+            got.append(f.read().decode(errors="replace"))
+
+
+
+def _liblinear(blocks: list, geo: dict, n: int, d: int, *, C: float, gamma: float, eps: tuple[float, ...],
+               say: Any) -> dict:
+    """LIBLINEAR ``-s 3`` on the transposed problem (features as instances, labels +1, the same scaled columns;
+    ``-B sqrt(gamma)`` is MMFS's bias term): seconds and iterations for each stopping tolerance in ``eps``."""
+    import re
+
+    import scipy.sparse as sp
+
+    try:
+        from liblinear.liblinearutil import problem, train
+    except ImportError as e:
+        say(f"LIBLINEAR: not measured (liblinear-official is not installed: {e}; pip install 'dufs\\[bench]')")
+        return {}
+    # the transposed matrix in CSR is the CSC buffers; float64 values of the scaled columns f_i
+    ip = np.zeros(d + 1, np.int64)
+    ix = np.empty(sum(b.nnz for b in blocks), np.int32)
+    dt = np.empty(ix.shape[0], np.float64)
+    off = 0
+    for b in blocks:
+        k = b.nnz
+        ip[b.start + 1:b.stop + 1] = off + np.asarray(b.indptr[1:], np.int64)
+        ix[off:off + k] = b.indices
+        dt[off:off + k] = np.asarray(b.data, np.float64) * np.repeat(geo["coef"][b.start:b.stop], np.diff(b.indptr))
+        off += k
+    t0 = time.perf_counter()
+    prob = problem(np.ones(d), sp.csr_matrix((dt, ix, ip), shape=(d, n)))
+    build = time.perf_counter() - t0
+    del dt, ix, ip
+    out: dict[str, Any] = {"build_s": build, "runs": []}
+    for e in eps:
+        with _capture_fd1() as txt:
+            t0 = time.perf_counter()
+            train(prob, f"-s 3 -c {C!r} -B {float(np.sqrt(gamma))!r} -e {e!r}")
+            sec = time.perf_counter() - t0
+        it = re.search(r"#iter\s*=\s*(\d+)", txt[0])
+        ob = re.search(r"Objective value\s*=\s*(\S+)", txt[0])
+        out["runs"].append({"eps": e, "s": sec, "iters": int(it.group(1)) if it else 0,
+                            "objective": float(ob.group(1)) if ob else float("nan")})
+    del prob
+    return out
+
+
+
+def _orders_one_block(block: Any, geo: dict, rho: np.ndarray, *, m: int, C: float, gamma: float, tol: float,
+                      orders: tuple[int, ...], max_epochs: int, repeats: int = 3) -> list[dict]:
+    """Serial DCD on one block (its own MMFS problem, bias moving) in each visit order: seconds of the first (full)
+    epoch (median of ``repeats`` fresh starts), epochs and kernel seconds to a relative gap of ``tol``."""
+    res = []
+    for o in orders:
+        firsts = [_Serial([block], geo, rho, m=m, C=C, gamma=gamma, seed=k).epoch(o) for k in range(1, repeats)]
+        s = _Serial([block], geo, rho, m=m, C=C, gamma=gamma)
+        times = []
+        rel = np.inf
+        while len(times) < max_epochs:
+            times.append(s.epoch(o))
+            _, rel = s.gap()
+            if rel <= tol:
+                break
+        res.append({"order": o, "first_s": median([times[0], *firsts]), "epochs": len(times),
+                    "total_s": float(sum(times)), "rel_gap": rel})
+    return res
+
+
+
+def _serial_to_gap(blocks: list, geo: dict, rho: np.ndarray, *, m: int, C: float, gamma: float, tol: float,
+                   order: int, max_epochs: int) -> dict:
+    """Serial DCD over all the blocks in this process (one partition, bias moving): epochs and kernel seconds to
+    a relative gap of ``tol``; what one worker would do if its blocks shared one w."""
+    s = _Serial(blocks, geo, rho, m=m, C=C, gamma=gamma)
+    times = []
+    rel = np.inf
+    while len(times) < max_epochs:
+        times.append(s.epoch(order))
+        _, rel = s.gap()
+        if rel <= tol:
+            break
+    return {"order": order, "epochs": len(times), "total_s": float(sum(times)), "rel_gap": rel}
+
+
+
+def _order_name(o: int) -> str:
+    return "random (default)" if o == 0 else "storage order" if o < 0 else f"block-random, runs of {o}"
+
+
+
+def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
+         store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), seed: int = 0,
+         C: float = 1.0, gamma: float = 1.0, tol: float = 1e-3, ll_eps: tuple[float, ...] = (1.0, 0.1),
+         orders: tuple[int, ...] = (0, -1, 64, 256, 1024, 4096), max_epochs: int = 200) -> dict:
+    """MMFS-DCD on the kddb-like store: (a) our DCD epoch in this process against LIBLINEAR ``-s 3`` per iteration
+    on the same problem; visit orders on one block; (b) ``mmfs`` wall time to ``tol`` with 1 and 2 workers;
+    (c) peak memory per worker against its blocks plus O(n_samples) vectors."""
+    from dufs.engine import FeatureBlock, as_matrix
+    from dufs.methods.mmfs import geometry, relevance
+    from dufs.methods.mmfs import mmfs as run_mmfs
+
+    say = console.print if console is not None else print
+    st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    n, d = st.shape
+    nnz = int(st.nnz)
+    y = np.asarray(st.y, dtype=np.float64)
+    res: dict[str, Any] = describe(st, f"MMFS standardize='scale', C={C:g}, gamma={gamma:g}, tol={tol:g}", say)
+
+    # the MMFS geometry (per-feature scaling) and margins, computed once in this process
+    t0 = time.perf_counter()
+    M0 = as_matrix(st.path, standardize="scale", persist=False)
+    geo = geometry(M0)
+    rho = relevance(M0, y, geo)  # theta = 0.5: rho = r
+    res["geometry_s"] = time.perf_counter() - t0
+    blocks = []
+    for i in range(st.n_blocks("csc")):
+        b = st.block(i, "csc")
+        ip = np.asarray(b.indptr, dtype=np.int64)
+        blocks.append(FeatureBlock(int(b.start), int(b.stop), ip - ip[0], np.asarray(b.indices),
+                                   np.asarray(b.data)))
+    say(f"geometry and margins (column stats + relevance pass): {res['geometry_s']:.1f} s; blocks loaded")
+
+    # (a) LIBLINEAR -s 3 vs our epoch on the same problem (margins 1, the same scaled columns, C, gamma)
+    ll = _liblinear(blocks, geo, n, d, C=C, gamma=gamma, eps=ll_eps, say=say)
+    res["liblinear"] = ll
+    ones = np.ones(d)
+    n_ep = max([r["iters"] for r in ll.get("runs", [])] + [1]) if ll else 14
+    ours: dict[str, Any] = {}
+    for o in (0, 256):
+        _Serial(blocks[:1], geo, ones, m=n, C=C, gamma=gamma).epoch(o)  # warm: numba compiles or loads its cache
+        s = _Serial(blocks, geo, ones, m=n, C=C, gamma=gamma, seed=seed)
+        times = [s.epoch(o) for _ in range(n_ep)]
+        obj, rel = s.gap()
+        ours[o] = {"first_s": times[0], "mean_s": float(np.mean(times)), "epochs": n_ep, "objective": obj,
+                   "rel_gap": rel}
+    res["ours"] = ours
+
+    # visit orders on one block (its own MMFS problem: margins rho)
+    big = int(np.argmax([b.nnz for b in blocks]))
+    res["orders_block"] = big
+    res["orders"] = _orders_one_block(blocks[big], geo, rho, m=n, C=C, gamma=gamma, tol=tol, orders=orders,
+                                      max_epochs=max_epochs)
+    # the same MMFS problem as (b), solved serially over all blocks in this process (one partition)
+    res["serial"] = [_serial_to_gap(blocks, geo, rho, m=n, C=C, gamma=gamma, tol=tol, order=o, max_epochs=max_epochs)
+                     for o in (0, 1024)]
+    del blocks
+
+    # (b), (c): mmfs on a process cluster, blocks persisted
+    for w in workers:
+        with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            M = as_matrix(st.path, standardize="scale", persist=True)
+            if M.residency.get("mode") != "persisted":
+                say(f"warning: the blocks were not persisted ({M.residency.get('reason')})")
+            bb = max(client.run(worker_blocks_bytes).values())
+            t0 = time.perf_counter()
+            M.stats  # noqa: B018 - the statistics pass, timed apart from the solver
+            stats_s = time.perf_counter() - t0
+            # the process with its blocks resident and the engine imported, before the solver
+            idle = max(client.run(rss).values()) - bb
+            with WorkerPeak(client) as wp:
+                t0 = time.perf_counter()
+                r = run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
+                wall = time.perf_counter() - t0
+            M.release()
+        dg = r.diagnostics
+        # mmfs keeps 7 float64 arrays a feature in its per-block state (coef, shift, colsum, qii, rho, alpha, g); a
+        # round makes a new g and alpha and a working-set index (3 arrays of 8 bytes a feature, transient)
+        tr = dg["trace"]
+        K = dg["n_partitions"]
+        res[f"w{w}"] = {"state_bytes": 7 * 8 * -(-d // w), "transient_bytes": 3 * 8 * -(-d // w), "wall_s": wall,
+                        "stats_s": stats_s, "rounds": dg["rounds"], "converged": dg["converged"],
+                        "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": wp.peak, "idle": idle,
+                        "blocks_bytes": bb, "objective": dg["objective"], "n_partitions": K,
+                        "rules": {k: sum(t["rule"] == k for t in tr) for k in sorted({t["rule"] for t in tr})},
+                        "start_med": float(np.median([t["start_s"] / K for t in tr])),
+                        "map_med": float(np.median([t["map_s"] for t in tr])),
+                        "round_med": float(np.median([t["wall_s"] for t in tr]))}
+    _mmfs_table(res, workers, say, n, nnz, tol)
+    return res
+
+
+
+def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int, tol: float) -> None:
+    ll, ours = res["liblinear"], res["ours"]
+    say("(a) one epoch, in this process on the store's blocks (serial DCD, bias moving, shrinking), against "
+        "LIBLINEAR -s 3 on the transposed problem (features as instances, labels +1, margins 1, the same scaled "
+        "columns, -B sqrt(gamma)):")
+    per_it = None
+    if ll:
+        say(f"  LIBLINEAR problem built in {ll['build_s']:.1f} s (not counted)")
+        for r in ll["runs"]:
+            say(f"  LIBLINEAR -e {r['eps']:g}: {r['s']:.2f} s, {r['iters']} iterations, "
+                f"{r['s'] / max(r['iters'], 1):.3f} s/iteration (total / iterations), dual objective "
+                f"{r['objective']:.6g}")
+        rs = sorted(ll["runs"], key=lambda r: r["iters"])
+        per_it = rs[-1]["s"] / max(rs[-1]["iters"], 1)
+        if len(rs) >= 2 and rs[-1]["iters"] > rs[0]["iters"]:
+            diff = (rs[-1]["s"] - rs[0]["s"]) / (rs[-1]["iters"] - rs[0]["iters"])
+            say(f"  LIBLINEAR differential: {diff:.3f} s/iteration (iterations {rs[0]['iters'] + 1}-{rs[-1]['iters']},"
+                f" past its setup)")
+        res["liblinear_s_per_iter"] = per_it
+    for o, v in ours.items():
+        ratio = f", {v['mean_s'] / per_it:.2f}x LIBLINEAR (target <= 1.0)" if per_it else ""
+        say(f"  dufs dcd_epoch, {_order_name(o)}: {v['mean_s']:.3f} s/epoch over {v['epochs']} epochs (first, full "
+            f"epoch {v['first_s']:.3f} s; {nnz / v['first_s'] / 1e6:.0f} Mnnz/s){ratio}; dual objective "
+            f"{v['objective']:.6g}, relative gap {v['rel_gap']:.2e}")
+        if per_it:
+            res[f"ratio_order{o}"] = v["mean_s"] / per_it
+    say(f"visit orders, serial DCD on one block (block {res['orders_block']}, its own MMFS problem) to a relative "
+        f"gap of {tol:g}, in this process:")
+    base = res["orders"][0]
+    for r in res["orders"]:
+        say(f"  {_order_name(r['order']):28s}: first epoch {r['first_s'] * 1e3:7.1f} ms "
+            f"({base['first_s'] / r['first_s']:.2f}x random), {r['epochs']:3d} epochs, {r['total_s']:.2f} s to the "
+            f"gap ({base['total_s'] / r['total_s']:.2f}x random; reached {r['rel_gap']:.1e})")
+    say("(b) mmfs(as_matrix(store, standardize='scale', persist=True), y, gamma, tol) on a LocalCluster of processes "
+        "(1 thread each), column stats computed before (timed apart):")
+    for w in workers:
+        v = res[f"w{w}"]
+        say(f"  {w} worker{'s' if w > 1 else ' '}: {v['wall_s']:.1f} s to relative gap {v['rel_gap']:.1e} "
+            f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds in "
+            f"{v['n_partitions']} partition{'s' if v['n_partitions'] > 1 else ''} "
+            f"({', '.join(f'{n} {k}' for k, n in v['rules'].items())}), about {v['rounds'] + 1} passes over the "
+            f"data (a gradient a round, the epochs over working sets, one relevance pass); support "
+            f"{v['support']:,}; column stats {v['stats_s']:.1f} s")
+        say(f"    medians a round: {v['round_med']:.3f} s on the driver, {v['map_med']:.3f} s of it waiting for the "
+            f"partitions' tasks; a partition's step + gradient + gap terms {v['start_med']:.3f} s")
+    if 1 in workers and 2 in workers:
+        res["speedup_2w"] = res["w1"]["wall_s"] / res["w2"]["wall_s"]
+        res["gradient_scaling"] = res["w1"]["start_med"] / res["w2"]["start_med"]
+        say(f"  speed-up 2 workers vs 1: {res['speedup_2w']:.2f}x (target >= 1.6); the gradient pass alone "
+            f"(half the blocks per worker, both at once) {res['gradient_scaling']:.2f}x")
+    for r in res["serial"]:
+        say(f"  for comparison, serial DCD over all blocks in this process (one partition, bias moving, "
+            f"{_order_name(r['order'])}): {r['epochs']} epochs, {r['total_s']:.1f} s of kernel to relative gap "
+            f"{r['rel_gap']:.1e}")
+    say("(c) peak RSS per worker during mmfs against its persisted blocks, the solver's per-feature state (7 arrays "
+        "of 8 bytes a feature, and 3 made during a round) and O(n_samples) float64 vectors:")
+    vec = n * 8
+    for w in workers:
+        v = res[f"w{w}"]
+        st = v["state_bytes"] + v["transient_bytes"]
+        say(f"  {w} worker{'s' if w > 1 else ' '}: per-feature state {v['state_bytes'] / 1e6:.0f} MB + "
+            f"{v['transient_bytes'] / 1e6:.0f} MB during a round")
+        extra = v["peak"] - v["idle"] - v["blocks_bytes"] - st
+        k = -(-v["n_partitions"] // w) + 8  # its partitions' results, held until summed, + a task's copies
+        bound = v["idle"] + v["blocks_bytes"] + st + k * vec
+        say(f"  {w} worker{'s' if w > 1 else ' '}: peak {v['peak'] / 1e6:.0f} MB = idle process {v['idle'] / 1e6:.0f} "
+            f"MB (after persist and column stats, less its blocks) + blocks {v['blocks_bytes'] / 1e6:.0f} MB + "
+            f"state + {extra / 1e6:.0f} MB = {extra / vec:.1f} vectors of n_samples float64 ({vec / 1e6:.0f} MB "
+            f"each); bound idle + blocks + state + {k} vectors (partitions on it + 8) = {bound / 1e6:.0f} MB: "
+            f"{'within' if v['peak'] <= bound else 'OVER'}")

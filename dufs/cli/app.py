@@ -1,0 +1,218 @@
+"""The ``dufs`` command line's frame: the typer app and its group (usage errors in one line), the error boundary
+every command runs in (``error: ...``, exit 2; ``--debug`` for tracebacks), the checks of output paths, and the
+cluster a command runs on (``--scheduler``, ``--workers``, or an embedded ``LocalCluster``)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
+
+from dufs.errors import DufsError, ParameterError
+
+# no emoji codes: "file.svm:100:" must not print as "file.svm💯"
+console = Console(stderr=True, emoji=False)
+out = Console(emoji=False)
+
+
+# click's exception classes as this typer uses them (recent typer releases vendor their own click)
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_NoArgsIsHelp = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
+
+
+class _Group(TyperGroup):
+    """The ``dufs`` group: usage errors (a missing option, a value of the wrong type, an unknown command) are one
+    line, ``error: ... (see dufs CMD --help)``, exit 2, like every other error of the command line."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NoArgsIsHelp as e:
+            out.print(e.ctx.get_help(), highlight=False, markup=False)
+            sys.exit(2)
+        except _UsageError as e:
+            where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+            console.print(f"[bold red]error:[/] {escape(' '.join(e.format_message().split()))}{escape(where)}",
+                          highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except _ClickException as e:
+            console.print(f"[bold red]error:[/] {escape(' '.join(e.format_message().split()))}", highlight=False,
+                          soft_wrap=True)
+            sys.exit(e.exit_code)
+        except (typer.Abort, KeyboardInterrupt):
+            console.print("interrupted", highlight=False)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dufs: distributed, out-of-core feature selection for huge sparse data.")
+
+SchedulerOpt = typer.Option(None, "--scheduler", help="Address of a running dask scheduler (tcp://host:8786).")
+WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded LocalCluster (default: one a core; "
+                                                   "0: local threads, no cluster).")
+
+
+_DEBUG = {"on": bool(os.environ.get("DUFS_DEBUG"))}
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks instead of one-line errors "
+                                                             "(also DUFS_DEBUG=1).")) -> None:
+    _DEBUG["on"] = debug or bool(os.environ.get("DUFS_DEBUG"))
+
+
+def command(*args: Any, **kwargs: Any) -> Any:
+    """``app.command`` whose failures end in one line on stderr and exit 2 (bad input: a DufsError, an OSError, a
+    ValueError, a truncated stream) or 1 (anything else, an internal error), never a traceback, unless ``--debug``.
+    """
+    def deco(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            try:
+                return fn(*a, **k)
+            except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the command line's boundary
+                if _DEBUG["on"] or isinstance(exc, _ClickException):
+                    raise
+                fail(exc)
+        return app.command(*args, **kwargs)(wrapper)
+    return deco
+
+
+def one_line(exc: BaseException) -> str:
+    """What a user reads: the message of an error (an OSError as ``path: reason``), on one line."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror}"
+        if exc.filename2 is not None:
+            text += f" (-> {exc.filename2})"
+    elif isinstance(exc, DufsError | OSError | ValueError | EOFError):
+        text = str(exc) or type(exc).__name__
+    else:
+        text = f"internal error ({type(exc).__name__}: {exc}); run with --debug for the traceback"
+    return " ".join(text.split())
+
+
+def check_output_file(path: Path | None, option: str) -> None:
+    """Before any work: a file can be written at ``path`` (its folder exists and is writable; it is no folder)."""
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ParameterError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise ParameterError(f"{option} {path}: the folder {parent} does not exist")
+    _check_writable(parent, f"{option} {path}")
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """A file can be made in ``folder`` (tried, not guessed from permission bits: root passes those everywhere)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dufs-write-check-"):
+            pass
+    except OSError as exc:
+        raise ParameterError(f"{what}: cannot write in the folder {folder} ({exc.strerror or exc})") from None
+
+
+def check_output_dir(path: str | Path, what: str) -> None:
+    """Before any work: a store (a folder) can be made at a local ``path``: its parent folder exists and is
+    writable (URLs are checked by the store layer)."""
+    if "://" in str(path):
+        return
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise ParameterError(f"{what} {path}: {parent} is not a folder")
+    if not parent.is_dir():
+        raise ParameterError(f"{what} {path}: the folder {parent} does not exist")
+    _check_writable(parent, f"{what} {path}")
+
+
+@contextlib.contextmanager
+def cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
+    """A distributed Client on ``scheduler``, or on an embedded LocalCluster of processes; None for threads.
+
+    A ``scheduler`` that cannot be reached (or is no address) is a :class:`DufsError` naming it, after at most
+    ``dufs.cluster.connect-timeout`` (default 10 s), instead of distributed's traceback after 30 s.
+    """
+    from dufs.engine.cluster import get_client
+
+    if scheduler:
+        _probe_scheduler(scheduler)
+    with contextlib.ExitStack() as stack:
+        try:
+            c = stack.enter_context(get_client(scheduler_address=scheduler, n_workers=workers,
+                                               synchronous=workers == 0 and not scheduler))
+        except (OSError, ValueError) as exc:
+            if not scheduler or isinstance(exc, DufsError):
+                raise
+            raise _scheduler_error(scheduler, exc) from None
+        yield c
+
+
+def _scheduler_error(address: str, exc: BaseException) -> DufsError:
+    why = " ".join(str(exc).split()) or type(exc).__name__  # one line
+    return DufsError(f"cannot connect to the Dask scheduler at {address}: {why}")
+
+
+def _probe_scheduler(address: str) -> None:
+    """Open and close one connection to ``address`` within the connect timeout (the Client itself then connects
+    with distributed's own timeouts, which its later calls also use)."""
+    import asyncio
+
+    import dask.utils
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    from dufs import config
+
+    timeout = dask.utils.parse_timedelta(config.get("cluster.connect-timeout", "10s"), "s")
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout, **Security().get_connection_args("client"))
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, ValueError, TypeError) as exc:
+        raise _scheduler_error(address, exc) from None
+
+
+def fail(exc: BaseException) -> None:
+    if _DEBUG["on"]:  # --debug: the traceback (a DufsError the command caught itself included)
+        raise exc
+    user = isinstance(exc, DufsError | OSError | ValueError | EOFError)
+    console.print(f"[bold red]error:[/] {escape(one_line(exc))}", highlight=False, soft_wrap=True)  # no wrapping
+    raise typer.Exit(2 if user else 1)
+
+
+def bytes_progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
+                    disable=not console.is_terminal and not os.environ.get("DUFS_PROGRESS"))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)
+

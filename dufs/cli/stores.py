@@ -1,0 +1,239 @@
+"""``dufs convert``, ``info``, ``verify`` and ``make-synthetic``: making stores and looking at them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from dufs.cli.app import (
+    SchedulerOpt,
+    WorkersOpt,
+    bytes_progress,
+    check_output_dir,
+    cluster,
+    command,
+    console,
+    fail,
+    one_line,
+    out,
+)
+from dufs.errors import DufsError, ParameterError
+
+
+@command()
+def convert(
+    inputs: list[Path] = typer.Argument(..., help="libsvm/svmlight files (plain, .bz2, .gz, .xz), then OUT."),
+    each: bool = typer.Option(False, "--each", help="One store per input (OUT is a directory); the stores "
+                                                    "share the index base and n_features."),
+    zero_based: str = typer.Option("auto", "--zero-based", help="auto, true or false (as scikit-learn)."),
+    n_features: int | None = typer.Option(None, "--n-features", help="Number of features (default: the "
+                                                                        "largest index + 1)."),
+    on_error: str = typer.Option("raise", "--on-error", help="raise: stop at the first bad line; skip: skip "
+                                                             "bad lines and report them."),
+    dtype: str = typer.Option("float32", "--dtype", help="Value dtype of the store."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted conversion."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing dufs store (never anything "
+                                                                 "else); discard an interrupted build."),
+    block_bytes: str | None = typer.Option(None, "--block-bytes", help="Text bytes per row block (32MiB)."),
+    scheduler: str | None = SchedulerOpt,
+    workers: int | None = WorkersOpt,
+) -> None:
+    """Convert libsvm text into a dufs store: `dufs convert train.bz2 train.zarr`."""
+    from dufs.data.convert import convert_libsvm
+
+    if len(inputs) < 2:
+        fail(DufsError("give at least one input and the output: dufs convert IN... OUT"))
+    *ins, dest = inputs
+    zb: Any = {"auto": "auto", "true": True, "false": False}.get(zero_based.lower())
+    if zb is None:
+        fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
+    for p in ins:  # before any cluster starts (URLs are checked by the converter)
+        if "://" not in str(p) and not p.exists():
+            fail(ParameterError(f"{p}: no such file"))
+        if "://" not in str(p) and p.is_dir():
+            fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
+    check_output_dir(dest, "OUT")
+    if block_bytes is not None:
+        import dask.utils
+
+        try:
+            dask.utils.parse_bytes(block_bytes)
+        except ValueError:
+            fail(ParameterError(f"--block-bytes must be a size like 32MiB or 8000000; got {block_bytes!r}"))
+    outs: Any = [dest / (p.name.split(".")[0] + ".zarr") for p in ins] if each else dest
+    made_dest = each and not dest.exists()
+    if each:
+        dest.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        with cluster(scheduler, workers) as client, bytes_progress() as bar:
+            task = bar.add_task("parse", total=None, rate="")
+
+            def progress(ev: dict) -> None:
+                el = max(time.perf_counter() - t0, 1e-9)
+                if ev["stage"] == "parse":
+                    bar.update(task, completed=ev["bytes"], total=ev["total_bytes"],
+                               rate=f"{ev['rows'] / el:,.0f} rows/s  {ev['bytes'] / el / 1e6:,.1f} MB/s")
+                else:
+                    bar.update(task, description=ev["stage"], advance=0, rate=f"{ev['total']} blocks")
+
+            stores, rep = convert_libsvm([str(p) for p in ins], [str(o) for o in outs] if each else str(outs),
+                                         zero_based=zb, n_features=n_features, on_error=on_error,
+                                         value_dtype=dtype, resume=resume, overwrite=overwrite,
+                                         block_bytes=block_bytes, client=client, progress=progress)
+    except DufsError as exc:
+        if made_dest and not any(dest.iterdir()):
+            dest.rmdir()  # leave no output behind
+        fail(exc)
+    dt = time.perf_counter() - t0
+    # one line (never wrapped: a wrapped tail read "lines 0, comment lines 1"); the data lines are the rows written
+    console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
+                  f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s "
+                  f"({rep.bytes / dt / 1e6:,.1f} MB/s); data lines {rep.rows:,}, blank lines {rep.blank_lines:,}, "
+                  f"comment lines {rep.comment_lines:,}"
+                  + (f", qid fields ignored on {rep.qid_lines:,} lines" if getattr(rep, "qid_lines", 0) else ""),
+                  highlight=False, soft_wrap=True)
+    if rep.skipped_lines:
+        console.print(f"[yellow]skipped {rep.skipped_lines} bad lines[/]; first ones:", highlight=False)
+        for f, line, off, why in rep.skipped:
+            console.print(f"  {f}:{line}: {why} (byte offset {off})", highlight=False, soft_wrap=True,
+                          markup=False)
+    for s in (stores if isinstance(stores, list) else [stores]):
+        out.print(s.path, highlight=False, soft_wrap=True, markup=False)  # a path for scripts: as it is
+
+
+@command()
+def info(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+         top: int = typer.Option(10, "--top", min=0, help="How many most frequent features to list."),
+         verify: bool = typer.Option(False, "--verify", help="Also read every chunk (as dufs verify) and fail, "
+                                                              "naming the damage, if any is missing or corrupt.")
+         ) -> None:
+    """Shape, nonzeros, density, blocks, label counts, top features by frequency, provenance."""
+    from dufs.data import open_store
+
+    try:
+        st = open_store(store)
+        d = st.info(top=top)
+        if verify:
+            d["verified"] = _verify(store)
+    except DufsError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps(d))
+        return
+    print_info(d)
+    if verify:
+        console.print(str(d["verified"]["summary"]), highlight=False, soft_wrap=True, markup=False)
+
+
+@command()
+def verify(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
+           max_damage: int = typer.Option(100, "--max-damage", min=1, help="Stop after this many damaged chunks."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON (the damage, on failure, too).")) -> None:
+    """Read and check every chunk of a store (checksums, missing or truncated chunks, the completion marker): exit 0
+    and a summary when it is intact, else exit 2 naming what is damaged."""
+    from dufs.errors import CorruptChunkError
+
+    try:
+        rep = _verify(store, max_damage)
+    except CorruptChunkError as exc:
+        if as_json:
+            out.print_json(json.dumps({"path": store, "intact": False, "error": one_line(exc),
+                                       "damage": [list(d) for d in exc.damage]}))
+            raise typer.Exit(2) from None
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rep))
+        return
+    out.print(rep["summary"], highlight=False, soft_wrap=True, markup=False)
+
+
+def _verify(store: str, max_damage: int = 100) -> dict:
+    """:func:`dufs.data.verify_store` with a rich progress-free summary (it raises on damage)."""
+    import dataclasses
+
+    from dufs.data import verify_store
+
+    t0 = time.perf_counter()
+    rep = verify_store(store, max_damage=max_damage)
+    return {**dataclasses.asdict(rep), "intact": True, "seconds": round(time.perf_counter() - t0, 3),
+            "summary": str(rep)}
+
+
+def print_info(d: dict) -> None:
+    t = Table(title=escape(d["path"]), show_header=False, title_justify="left")
+    n, m = d["shape"]
+    t.add_row("shape", f"{n:,} rows x {m:,} features")
+    t.add_row("nonzeros", f"{d['nnz']:,} ({d['nnz_per_row']:.1f} a row, density {d['density']:.3g})")
+    t.add_row("dtype", d["dtype"])
+    t.add_row("blocks", f"{d['row_blocks']} row blocks (largest {d['max_block_nnz']['csr']:,} nnz), "
+                        f"{d['feature_blocks']} feature blocks (largest {d['max_block_nnz']['csc']:,} nnz)")
+    t.add_row("empty features", f"{d['empty_features']:,}")
+    if "labels" in d:
+        t.add_row("labels", ", ".join(f"{k}: {v:,}" for k, v in d["labels"].items()))
+    t.add_row("top features", ", ".join(f"{j} ({c:,})" for j, c in d["top_features"]))
+    prov = d.get("provenance") or {}
+    t.add_row("provenance", escape(", ".join(f"{k}={v}" for k, v in prov.items() if k != "options")))
+    if d.get("ground_truth"):
+        t.add_row("ground truth", f"informative features {d['ground_truth']['informative']}")
+    out.print(t)
+
+
+@command("make-synthetic")
+def make_synthetic_cmd(
+    output: str = typer.Argument(..., help="The store to write."),
+    rows: int = typer.Option(100_000, "--rows"),
+    features: int = typer.Option(1_000_000, "--features"),
+    nnz_per_row: int = typer.Option(30, "--nnz-per-row"),
+    informative: int = typer.Option(20, "--informative"),
+    seed: int = typer.Option(0, "--seed"),
+    label_noise: float = typer.Option(0.05, "--label-noise"),
+    row_block: int | None = typer.Option(None, "--row-block", help="Rows per row block."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing dufs store (never anything "
+                                                                 "else); discard an interrupted build."),
+    resume: bool = typer.Option(False, "--resume"),
+    scheduler: str | None = SchedulerOpt,
+    workers: int | None = WorkersOpt,
+) -> None:
+    """Write a kddb-like synthetic store (power-law binary features, sparse linear labels)."""
+    check_output_dir(output, "OUTPUT")
+    try:
+        make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
+                        overwrite, resume, scheduler, workers)
+    except DufsError as exc:
+        fail(exc)
+
+
+def make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
+                    overwrite, resume, scheduler, workers) -> Any:
+    from dufs.data.synthetic import SyntheticSpec
+    from dufs.data.writers import make_synthetic
+
+    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row,
+                         n_informative=informative, seed=seed, label_noise=label_noise)
+    t0 = time.perf_counter()
+    with cluster(scheduler, workers) as client, bytes_progress() as bar:
+        task = bar.add_task("generate", total=None, rate="")
+        nnz = [0]
+
+        def progress(ev: dict) -> None:
+            if ev["stage"] == "generate":
+                nnz[0] += ev["nnz"]
+                bar.update(task, advance=1, total=ev["total_blocks"],
+                           rate=f"{nnz[0] / max(time.perf_counter() - t0, 1e-9) / 1e6:,.1f} Mnnz/s")
+            else:
+                bar.update(task, description=ev["stage"], advance=0)
+
+        st = make_synthetic(output, spec, row_block=row_block, overwrite=overwrite, resume=resume,
+                            client=client, progress=progress)
+    console.print(f"wrote {st.shape[0]:,} x {st.shape[1]:,}, {st.nnz:,} nonzeros in "
+                  f"{time.perf_counter() - t0:.1f} s", highlight=False)
+    out.print(st.path, highlight=False, soft_wrap=True, markup=False)
+    return st

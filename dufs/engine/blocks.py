@@ -1,0 +1,246 @@
+"""Feature blocks and the per-block work of a pass.
+
+A block is features ``start:stop`` of X as CSC buffers (:class:`FeatureBlock`), or a reference to a store's block
+(:class:`StoreBlock`, read where the task runs, cached per process), or a future of a persisted block. The
+functions here are what one task of a pass runs on one block (or a partition's blocks); they know nothing of Dask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dask.sizeof import sizeof
+
+from dufs import config
+from dufs.errors import ParameterError
+from dufs.kernels.blockops import csc_matvec, csc_rmatvec
+
+__all__ = ["BlockInfo", "BlockState", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
+           "block_rmatvec", "block_topk", "gather_block", "local_topk", "map_group", "map_one", "map_state",
+           "materialize", "nnz_of", "resolve"]
+
+
+@dataclass(frozen=True)
+class FeatureBlock:
+    """Features ``start:stop`` of X as CSC buffers: ``indptr`` (int64, local), ``indices`` (row numbers), ``data``."""
+
+    start: int
+    stop: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.indptr.nbytes + self.indices.nbytes + self.data.nbytes)
+
+    def to_scipy(self, n_rows: int) -> Any:
+        """The block as a SciPy ``csc_array`` (n_rows x width), sharing the buffers."""
+        import scipy.sparse as sp
+
+        return sp.csc_array((self.data, self.indices, self.indptr), shape=(n_rows, self.width))
+
+
+@sizeof.register(FeatureBlock)
+def _sizeof_block(b: FeatureBlock) -> int:
+    return b.nbytes + 64
+
+
+@dataclass(frozen=True)
+class StoreBlock:
+    """Feature block ``index`` of the store at ``path``: a reference, loaded where the task runs (on a worker),
+    once per process and store, so the driver never holds the data."""
+
+    start: int
+    stop: int
+    nnz: int
+    path: str
+    index: int
+    created: str | None = None
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+    def read(self) -> FeatureBlock:
+        """Read the block from the store (no caching); a store replaced since the matrix was built is refused."""
+        from dufs.data import read_block
+
+        b = read_block(self.path, "csc", self.index, created=self.created)
+        return FeatureBlock(b.start, b.stop, np.asarray(b.indptr, dtype=np.int64), b.indices, b.data)
+
+    def load(self) -> FeatureBlock:
+        """The block, read once per process and kept in the least-recently-used cache ``_LOADED``."""
+        key = (self.path, self.created, self.index)
+        got = _LOADED.get(key)
+        if got is None:
+            got = self.read()
+            _LOADED.put(key, got)
+        return got
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Where a block sits in X: features ``start:stop``, ``nnz`` nonzeros (-1 until known)."""
+
+    start: int
+    stop: int
+    nnz: int = -1
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+
+class _BlockCache:
+    """Blocks loaded in this process, least recently used dropped beyond ``dufs.engine.cache-bytes``."""
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self._d: OrderedDict = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple) -> FeatureBlock | None:
+        b = self._d.get(key)
+        if b is not None:
+            self._d.move_to_end(key)
+        return b
+
+    def put(self, key: tuple, b: FeatureBlock) -> None:
+        limit = config.parse_bytes(config.get("engine.cache-bytes"))
+        self._d[key] = b
+        self._bytes += b.nbytes
+        while self._bytes > limit and len(self._d) > 1:
+            _, old = self._d.popitem(last=False)
+            self._bytes -= old.nbytes
+
+
+_LOADED = _BlockCache()
+
+
+def resolve(b: Any) -> FeatureBlock:
+    """The buffers of a block (loading a store block where this runs)."""
+    return b.load() if isinstance(b, StoreBlock) else b
+
+
+def materialize(b: Any) -> FeatureBlock:
+    """A block's buffers for persisting: a store block is read afresh (not through the cache, so it is held once)."""
+    return b.read() if isinstance(b, StoreBlock) else b
+
+
+@dataclass(frozen=True)
+class PerBlock:
+    """An argument of :meth:`Matrix.map_blocks` given block by block: an array over features is sliced to each
+    block's ``start:stop`` (along axis 0); a list or tuple with one item per block gives each block its item."""
+
+    value: Any
+
+
+class BlockState:
+    """Per-block state of :meth:`Matrix.map_blocks`, one item per block, kept where the blocks are (futures on
+    the workers under a distributed client, plain values otherwise). ``gather()`` brings it to the driver."""
+
+    def __init__(self, items: list, client: Any = None):
+        self.items = list(items)
+        self._client = client
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def gather(self) -> list:
+        if self._client is not None:
+            return list(self._client.gather(self.items))
+        return list(self.items)
+
+    def release(self) -> None:
+        """Drop the state (frees the workers' memory)."""
+        if self._client is not None:
+            for f in self.items:
+                f.release()
+        self.items = []
+
+
+def block_rmatvec(src, V, vsum, tf):
+    mu, inv = tf
+    b = resolve(src)
+    out = np.empty((b.indptr.shape[0] - 1, V.shape[1]), dtype=np.float64)
+    csc_rmatvec(b.indptr, b.indices, b.data, V, out)
+    if mu is not None:
+        out -= mu[:, None] * vsum[None, :]
+    if inv is not None:
+        out *= inv[:, None]
+    return out
+
+
+def block_matvec(src, W, n_rows):
+    b = resolve(src)
+    out = np.zeros((n_rows, W.shape[1]), dtype=np.float64)
+    csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
+    return out
+
+
+def block_columns(src, local):
+    """Columns ``local`` (block-local positions) of a block as (indptr, indices, data)."""
+    b = resolve(src)
+    lo, hi = b.indptr[local], b.indptr[local + 1]
+    counts = hi - lo
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    runs = [np.arange(a, c) for a, c in zip(lo, hi, strict=True)]
+    take = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+    return indptr, b.indices[take], b.data[take]
+
+
+def block_topk(src, fn, k, largest, args, kwargs, start):
+    s = np.asarray(fn(resolve(src), *args, **kwargs), dtype=np.float64).ravel()
+    return local_topk(s, k, largest, start)
+
+
+def local_topk(s: np.ndarray, k: int, largest: bool, start: int) -> tuple[np.ndarray, np.ndarray]:
+    key = np.where(np.isnan(s), np.inf, -s if largest else s)
+    ids = np.arange(s.shape[0], dtype=np.int64)
+    kk = min(k, s.shape[0])
+    if kk < s.shape[0]:
+        part = np.argpartition(key, kk - 1)[:kk + 0]
+        # keep every feature tied with the k-th, so the global tie-break (lower index first) is exact
+        kth = key[part].max()
+        part = np.flatnonzero(key <= kth)
+    else:
+        part = ids
+    # NaN after every number (an infinite score in the worst direction included), then the key, then the index
+    order = np.lexsort((part, key[part], np.isnan(s[part])))[:kk]
+    sel = part[order]
+    return sel + start, s[sel]
+
+
+def nnz_of(b: FeatureBlock) -> tuple[int, int]:
+    return b.nnz, b.nbytes
+
+
+def gather_block(b: FeatureBlock) -> FeatureBlock:
+    return b
+
+
+def map_one(fn, src, args, kwargs):
+    return fn(resolve(src), *args, **kwargs)
+
+
+def map_group(fn, srcs, args, kwargs):
+    return fn([resolve(s) for s in srcs], *args, **kwargs)
+
+
+def map_state(fn, src, state, args, kwargs):
+    out = fn([resolve(s) for s in src] if isinstance(src, list) else resolve(src), state, *args, **kwargs)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ParameterError("a map_blocks function given state= must return (new_state, result)")
+    return out

@@ -1,0 +1,132 @@
+"""How a pass over the blocks runs: the one place that decides between a Dask graph and running inline, and how
+large arguments travel.
+
+- A pass is a list of per-block tasks made with :func:`delayed`, summed with :func:`tree_sum` when a reduction is
+  wanted, and computed with :func:`compute` (``dufs.engine.progress.run_pass`` reports its progress).
+- **Inline**: inside :func:`inline_pass` ``(True)``, the "tasks" are the block results themselves, computed as the
+  pass is built, in this process, with no Dask graph (a small matrix and no distributed client: a pass then takes
+  about what Dask would spend building and running its graph). ``delayed`` returns the function itself,
+  ``share``/``tree_sum``/``compute`` act on values.
+- **Large arguments**: :func:`share` makes an array one key of the pass (scattered to the current client, or a
+  graph key), so it is shipped once, not once a task; :func:`shipped` scatters for the duration of a ``with``
+  block and releases afterwards. A literal array in a graph is kept by the scheduler after the pass (measured with
+  distributed 2026.8), hence keys.
+- **Which client**: :func:`dufs.scheduling.current_client`, which honours ``dask.config``'s ``scheduler``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dufs.scheduling import current_client
+
+__all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "share", "shipped", "tree_sum",
+           "tree_sum_values"]
+
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
+
+
+@contextlib.contextmanager
+def inline_pass(on: bool) -> Iterator[None]:
+    """Passes built inside the block run inline (``on``) or as Dask graphs."""
+    token = _INLINE.set(bool(on))
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+def is_inline() -> bool:
+    """Whether the pass being built runs inline (see the module docstring)."""
+    return _INLINE.get()
+
+
+def delayed(fn: Callable, pure: bool = False) -> Callable:
+    """``dask.delayed(fn)``, or ``fn`` itself inline."""
+    if _INLINE.get():
+        return fn
+    import dask
+
+    return dask.delayed(fn, pure=pure)
+
+
+def share(x: Any) -> Any:
+    """A large argument (an array of 64 KiB or more, or a SciPy sparse matrix) as one key, so a pass ships it once:
+    under a distributed client a scattered future (released with the pass's last reference to it), else a graph
+    key; small arguments and inline passes take ``x`` as it is."""
+    if _INLINE.get():
+        return x
+    if isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x):
+        client = current_client()
+        if client is not None:
+            return client.scatter(x, hash=False)
+        import dask
+
+        return dask.delayed(x, name=f"dufs-arg-{uuid.uuid4().hex}", pure=False)
+    return x
+
+
+@contextlib.contextmanager
+def shipped(x: Any) -> Iterator[Any]:
+    """``x`` (an array, or a list sent item by item) scattered to the current client for the block and released
+    after; without a client, ``x`` itself."""
+    client = current_client()
+    if client is None or x is None:
+        yield x
+        return
+    futs = client.scatter(x, hash=False)
+    try:
+        yield futs
+    finally:
+        for f in futs if isinstance(futs, list) else [futs]:
+            f.release()
+
+
+def _add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def tree_sum(parts: list) -> Any:
+    """The sum of delayed values pairwise in a fixed tree (the order depends only on the number of parts), so that
+    floating-point sums repeat exactly; inline, of the values."""
+    if _INLINE.get():
+        return tree_sum_values(parts)
+    import dask
+
+    add = dask.delayed(_add, pure=True)
+    while len(parts) > 1:
+        nxt = [add(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        if len(parts) % 2:
+            nxt.append(parts[-1])
+        parts = nxt
+    return parts[0]
+
+
+def tree_sum_values(vals: list) -> Any:
+    """:func:`tree_sum` of computed values, in the same order."""
+    vals = list(vals)
+    while len(vals) > 1:
+        nxt = [vals[i] + vals[i + 1] for i in range(0, len(vals) - 1, 2)]
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0] if vals else None
+
+
+def compute(tasks: list) -> list:
+    """The values of ``tasks`` (``dask.compute``; inline, the tasks are their values)."""
+    if _INLINE.get():
+        return list(tasks)
+    import dask
+
+    return list(dask.compute(*tasks)) if tasks else []
+
+
+def _is_scipy(x: Any) -> bool:
+    return type(x).__module__.startswith("scipy.sparse")

@@ -1,0 +1,39 @@
+"""Which Dask client runs a computation: the one place this is decided (every layer asks here).
+
+Two questions, two answers:
+
+- :func:`distributed_client`: is a ``distributed.Client`` active (``Client.current()``)? Whatever ``dask.config``
+  says: whether there is a cluster to use before starting one (``dufs.engine.get_client``).
+- :func:`current_client`: on which client does a computation started now run? The active client, unless
+  ``dask.config``'s ``scheduler`` names a local one (``"sync"``, ``"threads"``, ``"processes"``, ... or a
+  callable): inside ``dask.config.set(scheduler="sync")`` nothing may be scattered to, or computed on, a
+  client that happens to be active (``dufs.fit(..., client=False)`` inside a ``with Client(...)`` block).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["current_client", "distributed_client"]
+
+_DISTRIBUTED = (None, "dask.distributed", "distributed")
+
+
+def distributed_client() -> Any | None:
+    """The active ``distributed.Client``, or None (distributed not installed, or no client)."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def current_client() -> Any | None:
+    """The client a computation started now runs on: :func:`distributed_client`, or None when ``dask.config``'s
+    ``scheduler`` is set to a local scheduler."""
+    import dask
+
+    if dask.config.get("scheduler", None) not in _DISTRIBUTED:
+        return None
+    return distributed_client()

@@ -1,0 +1,164 @@
+"""The greedy selectors' kernels (``dufs.kernels.greedy``) on their own, against dense NumPy references.
+
+The per-candidate update is driven here by a dense driver written in NumPy (the driver's side of
+``dufs.methods.greedy``): after every step the kernel's numbers must equal, for every unselected candidate g, the
+dense formulas of docs/methods.md on G = Z^T B Z + lambda2 I and H = G_SS: the Schur complement
+s_g = G_gg - G_gS H^-1 G_Sg, and v_g = ||H^-1 G_Sg||^2 (LapAOFS) or ||E_g||^2 with E = Z^T Y - G_.S H^-1 Z_S^T Y
+(JCFS).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, score, xwx_anchor, xwx_graph
+
+TOL = {"rtol": 1e-9, "atol": 1e-9}
+
+
+def _block(seed, n=40, d=25, density=0.3):
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((n, d), density=density, format="csc", dtype=np.float32, rng=rng)
+    A.sort_indices()
+    coef = rng.uniform(0.5, 2.0, d)
+    shift = rng.uniform(-0.3, 0.3, d)
+    Z = (A.toarray().astype(np.float64) - shift) * coef
+    return (A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data), coef, shift, Z, rng
+
+
+def _graph(rng, n, density=0.2):
+    """A symmetric non-negative n x n affinity with an empty diagonal (SciPy CSR) and its dense Laplacian."""
+    D = np.triu(rng.random((n, n)) * (rng.random((n, n)) < density), 1)
+    D = D + D.T
+    return sp.csr_array(D), np.diag(D.sum(axis=1)) - D
+
+
+def _dense_numbers(G, Z, Y, S, mode):
+    """(s, v) of every feature for the selected list S, from the dense G."""
+    d = G.shape[0]
+    if not S:
+        s = np.diag(G).copy()
+        v = (Z.T @ Y) ** 2 @ np.ones(Y.shape[1]) if mode == JCFS else np.zeros(d)
+        return s, v
+    H = G[np.ix_(S, S)]
+    HinvGS = np.linalg.solve(H, G[S, :])
+    s = np.diag(G) - np.einsum("ij,ij->j", G[S, :], HinvGS)
+    if mode == A_OPTIMAL:
+        v = (HinvGS**2).sum(axis=0)
+    elif mode == JCFS:
+        E = Z.T @ Y - HinvGS.T @ (Z[:, S].T @ Y)
+        v = (E**2).sum(axis=1)
+    else:
+        v = np.zeros(d)
+    return s, v
+
+
+def _dense_best(mode, s, v, selected, tiny):
+    with np.errstate(divide="ignore", invalid="ignore"):  # the selected ones: s = 0
+        sc = {A_OPTIMAL: -(1.0 + v) / s, D_OPTIMAL: s, JCFS: v / s}[mode]
+    sc = np.where(s > tiny, sc, -np.inf)
+    sc[selected] = np.nan
+    free = np.flatnonzero(~selected)
+    j = free[np.argmax(sc[free])]  # the first maximum: ties to the lower index
+    return j, sc[j]
+
+
+@pytest.mark.parametrize("mode", [A_OPTIMAL, D_OPTIMAL, JCFS])
+def test_greedy_update_keeps_the_dense_schur_complements(mode):
+    buf, coef, shift, Z, rng = _block(mode)
+    n, d = Z.shape
+    if mode == JCFS:  # B = I, lambda2 = gamma
+        Bm, lam2, Y = np.eye(n), 0.5, rng.standard_normal((n, 3))
+    else:  # B = I + lambda1 L
+        _, L = _graph(rng, n)
+        Bm, lam2, Y = np.eye(n) + 0.3 * L, 0.1, np.zeros((n, 1))
+    G = Z.T @ Bm @ Z + lam2 * np.eye(d)
+    s, v = _dense_numbers(G, Z, Y, [], mode)
+    selected = np.zeros(d, dtype=np.bool_)
+    tiny = 1e-12 * s
+    p, _ = _dense_best(mode, s, v, selected, tiny)
+    S: list[int] = []
+    for _ in range(8):
+        # the driver's part, dense: c = H^-1 G_Sp, s_p, r = z_p - Z_S c and the update vectors
+        c = np.linalg.solve(G[np.ix_(S, S)], G[S, p]) if S else np.zeros(0)
+        s_p = G[p, p] - G[S, p] @ c
+        r = Z[:, p] - Z[:, S] @ c
+        if mode == A_OPTIMAL:
+            d_ = np.linalg.solve(G[np.ix_(S, S)], c) if S else np.zeros(0)
+            V, c2 = np.column_stack([Bm @ r, Bm @ (Z[:, S] @ d_)]), float(c @ c) + 1.0
+        elif mode == D_OPTIMAL:
+            V, c2 = (Bm @ r)[:, None], 0.0
+        else:
+            RS = Z[:, S].T @ Y
+            Ep = Z[:, p] @ Y - c @ RS
+            q = Y @ Ep - Z[:, S] @ (np.linalg.solve(G[np.ix_(S, S)], RS @ Ep) if S else np.zeros(0))
+            V, c2 = np.column_stack([r, q]), float(Ep @ Ep)
+        V = np.ascontiguousarray(V)
+        selected[p] = True
+        S.append(p)
+        v_before = v.copy()
+        j, sc = greedy_update(*buf, coef, shift, V, V.sum(axis=0), s_p, c2, s, v, selected, mode, tiny)
+        s_ref, v_ref = _dense_numbers(G, Z, Y, S, mode)
+        np.testing.assert_allclose(s[~selected], s_ref[~selected], **TOL)
+        if mode == D_OPTIMAL:
+            assert np.array_equal(v, v_before)  # LapDOFS keeps s only
+        else:
+            np.testing.assert_allclose(v[~selected], v_ref[~selected], **TOL)
+        jr, scr = _dense_best(mode, s_ref, v_ref, selected, tiny)
+        assert j == jr and sc == pytest.approx(scr, rel=1e-9)
+        p = j
+
+
+def test_greedy_update_two_vectors_is_the_documented_formula():
+    """With a_j = z_j^T V[:, 0], b_j = z_j^T V[:, 1], l = a_j / sqrt(sp), e = l / sqrt(sp): s_j -= l^2 and
+    v_j += -2 e b_j + e^2 c2 for every unselected j; the selected ones are left alone."""
+    buf, coef, shift, Z, rng = _block(7)
+    n, d = Z.shape
+    V = rng.standard_normal((n, 2))
+    s0, v0 = rng.uniform(1.0, 2.0, d), rng.uniform(0.0, 1.0, d)
+    selected = rng.random(d) < 0.3
+    sp_, c2 = 1.7, 0.6
+    for mode in (A_OPTIMAL, JCFS, D_OPTIMAL):
+        s, v = s0.copy(), v0.copy()
+        greedy_update(*buf, coef, shift, V, V.sum(axis=0), sp_, c2, s, v, selected, mode, np.zeros(d))
+        a, b = Z.T @ V[:, 0], Z.T @ V[:, 1]
+        e = a / sp_
+        np.testing.assert_allclose(s, np.where(selected, s0, s0 - a * a / sp_), **TOL)
+        want_v = v0 if mode == D_OPTIMAL else np.where(selected, v0, v0 - 2 * e * b + e * e * c2)
+        np.testing.assert_allclose(v, want_v, **TOL)
+
+
+def test_score_and_best():
+    inf = np.inf
+    assert score(A_OPTIMAL, 2.0, 3.0, 0.0) == -2.0
+    assert score(D_OPTIMAL, 2.0, 3.0, 0.0) == 2.0
+    assert score(JCFS, 2.0, 3.0, 0.0) == 1.5
+    for mode in (A_OPTIMAL, D_OPTIMAL, JCFS):
+        assert score(mode, 1e-20, 3.0, 1e-12) == -inf  # in the span of the selected ones, to rounding
+        assert score(mode, 1e-12, 3.0, 1e-12) == -inf
+        assert score(mode, np.nan, 3.0, 1e-12) == -inf
+    s = np.array([1.0, 3.0, 3.0, 3.0, 2.0])
+    v, tiny = np.zeros(5), np.zeros(5)
+    assert best(D_OPTIMAL, s, v, np.zeros(5, np.bool_), tiny) == (1, 3.0)  # ties to the lower index
+    assert best(D_OPTIMAL, s, v, np.array([0, 1, 0, 0, 0], np.bool_), tiny) == (2, 3.0)
+    assert best(D_OPTIMAL, s, v, np.ones(5, np.bool_), tiny) == (-1, -inf)
+    # every free candidate at -inf: the first free one, with -inf
+    assert best(D_OPTIMAL, s, v, np.array([1, 0, 0, 0, 0], np.bool_), np.full(5, 10.0)) == (1, -inf)
+
+
+def test_xwx_graph_and_anchor_match_the_dense_quadratic_forms():
+    buf, _, _, _, rng = _block(8, n=50, d=30)
+    n = 50
+    X = sp.csc_array((buf[2], buf[1], buf[0]), shape=(n, 30)).toarray().astype(np.float64)
+    W, _ = _graph(rng, n)
+    scratch = np.zeros(n)
+    got = xwx_graph(*buf, W.indptr, W.indices, W.data.astype(np.float64), scratch)
+    np.testing.assert_allclose(got, np.einsum("ij,ij->j", X, W.toarray() @ X), **TOL)
+    assert not scratch.any()  # left zeroed
+    Zh = sp.random_array((n, 12), density=0.25, format="csr", rng=rng)
+    lam_inv = rng.uniform(0.1, 2.0, 12)
+    got = xwx_anchor(*buf, Zh.indptr, Zh.indices, Zh.data.astype(np.float64), lam_inv)
+    Wa = Zh.toarray() @ np.diag(lam_inv) @ Zh.toarray().T
+    np.testing.assert_allclose(got, np.einsum("ij,ij->j", X, Wa @ X), **TOL)

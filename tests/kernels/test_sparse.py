@@ -1,0 +1,84 @@
+"""The out-of-core transpose kernels (``dufs.kernels.sparse``) on their own, against SciPy's transpose."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dufs.kernels.sparse import csr_to_spill, merge_spills
+from dufs.testing.strategies import sparse_matrices
+
+
+def _spill(X, granule):
+    return csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, granule)
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=40), granule=st.integers(1, 16))
+def test_csr_to_spill_is_scipys_transpose(X, granule):
+    """The entries sorted by (column, row) are the CSC of X (the CSR of X^T): SciPy's columns, row numbers and
+    values in its order; ``goff[g]`` counts the entries of the columns below ``g * granule``."""
+    n, d = X.shape
+    cols, rows, vals, goff = _spill(X, granule)
+    T = sp.csr_array(X.T)  # SciPy's transpose, its rows sorted
+    T.sort_indices()
+    np.testing.assert_array_equal(cols, np.repeat(np.arange(d), np.diff(T.indptr)))
+    np.testing.assert_array_equal(rows, T.indices)
+    np.testing.assert_array_equal(vals, T.data)
+    assert cols.dtype == np.int32 and rows.dtype == np.int32 and vals.dtype == X.dtype and goff.dtype == np.int64
+    n_gran = int(X.indices.max()) // granule + 1 if X.nnz else 0
+    np.testing.assert_array_equal(goff, T.indptr[np.minimum(np.arange(n_gran + 1) * granule, d)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=30, canonical=False), granule=st.integers(1, 8))
+def test_csr_to_spill_keeps_duplicates_and_zeros_in_storage_order(X, granule):
+    """A non-canonical block (duplicates, explicit zeros, unsorted columns): every stored entry comes out once,
+    sorted by (column, row), entries of one cell in their storage order (a stable sort, as NumPy's lexsort)."""
+    cols, rows, vals, _ = _spill(X, granule)
+    r = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+    order = np.lexsort((r, X.indices))
+    np.testing.assert_array_equal(cols, X.indices[order])
+    np.testing.assert_array_equal(rows, r[order])
+    np.testing.assert_array_equal(vals, X.data[order])
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=sparse_matrices(max_rows=40, max_cols=40), data=st.data())
+def test_spills_of_row_blocks_merge_into_scipys_column_blocks(X, data):
+    """The out-of-core transpose as the store builder runs it: each row block spilled, each feature block (on
+    granule bounds) merged from one slice of every spill in row-block order, is SciPy's CSC of those columns."""
+    n, d = X.shape
+    granule = data.draw(st.integers(1, 8), label="granule")
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=3), label="row cuts")))
+    row_bounds = [0, *[c for c in cuts if 0 < c < n], n]
+    spills = [_spill(sp.csr_array(X[a:b]), granule) for a, b in zip(row_bounds[:-1], row_bounds[1:], strict=True)]
+    col_bounds = list(range(0, d, granule * data.draw(st.integers(1, 3), label="granules a block"))) + [d]
+    ref = sp.csc_array(X)
+    ref.sort_indices()
+    for lo, hi in zip(col_bounds[:-1], col_bounds[1:], strict=True):
+        pc, pr, pv = [], [], []
+        for (cols, rows, vals, goff), r0 in zip(spills, row_bounds[:-1], strict=True):
+            g = np.minimum([lo // granule, -(-hi // granule)], goff.shape[0] - 1)
+            a, b = goff[g]
+            pc.append(cols[a:b].astype(np.int64) - lo)
+            pr.append(rows[a:b].astype(np.int64) + r0)
+            pv.append(vals[a:b])
+        indptr, indices, vals = merge_spills(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv), hi - lo)
+        want = ref[:, lo:hi]
+        np.testing.assert_array_equal(indptr, want.indptr)
+        np.testing.assert_array_equal(indices, want.indices)
+        np.testing.assert_array_equal(vals, want.data)
+        assert indptr.dtype == np.int64 and indices.dtype == np.int64 and vals.dtype == X.dtype
+
+
+def test_merge_spills_refuses_a_column_outside_the_block():
+    with pytest.raises(ValueError, match="column outside the block"):
+        merge_spills(np.array([0, 3]), np.array([0, 1]), np.array([1.0, 2.0]), 3)
+    with pytest.raises(ValueError, match="column outside the block"):
+        merge_spills(np.array([-1]), np.array([0]), np.array([1.0]), 3)
+    indptr, indices, data = merge_spills(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), 2)
+    assert indptr.tolist() == [0, 0, 0] and indices.size == 0 and data.size == 0
