@@ -21,9 +21,10 @@ from dufs.estimators import (  # noqa: E402
     LaplacianScore,
     VarianceSelector,
 )
-from dufs.selection import Selection  # noqa: E402
+from dufs.selection import Selection, load_selection  # noqa: E402
 
 open = open_store  # noqa: A001  (dufs.open(path), like zarr.open)
 
 __all__ = ["JCFS", "M3FS", "MMFS", "UFCM", "CorrelationSelector", "FisherScore", "LapAOFS", "LapDOFS", "LaplacianScore",
-           "Selection", "SparseStore", "VarianceSelector", "__version__", "fit", "open", "open_store", "write_store"]
+           "Selection", "SparseStore", "VarianceSelector", "__version__", "fit", "load_selection", "open", "open_store",
+           "write_store"]

@@ -67,7 +67,7 @@ _FIX = {"mmfs": "raise C, or give a smaller fixed gamma (the bias weight)",
         "correlation": "check the labels", "fisher": "check the labels"}
 
 
-def _degenerate(method: str, scores: Any, order: Any, diag: dict, params: dict) -> str | None:
+def _degenerate(method: str, scores: Any, by_scores: bool, diag: dict, params: dict) -> str | None:
     """What makes a result meaningless, or None: every score NaN, every score equal (the ranking is then by index
     alone), no feature in MMFS's support, every sample in one cluster (unless one was asked for)."""
     fix = _FIX.get(method, "change its parameters")
@@ -77,14 +77,17 @@ def _degenerate(method: str, scores: Any, order: Any, diag: dict, params: dict) 
         return f"{method}: every sample fell in one cluster, so the selection says nothing about clusters; {fix}"
     if method == "mmfs" and diag.get("support", 1) == 0:
         return f"mmfs: no feature entered the support (every alpha is 0); the ranking is the dual gradient's; {fix}"
-    if order is None and scores is not None:
-        s = np.asarray(scores, dtype=np.float64)
-        fin = s[np.isfinite(s)]
-        if s.size > 1 and fin.size == 0:
+    if by_scores and scores is not None:
+        s = np.asarray(scores)
+        finite = np.isfinite(s)  # one byte a feature; no copy of the scores
+        n_fin = int(finite.sum())
+        if s.size > 1 and n_fin == 0:
             return f"{method}: no feature has a finite score, so the ranking is by feature index alone; {fix}"
-        if fin.size > 1 and fin.size == s.size and np.ptp(fin) <= 1e-12 * max(1.0, float(np.abs(fin).max())):
-            return (f"{method}: every feature has the same score ({fin[0]:.6g}), so the ranking is by feature "
-                    f"index alone; {fix}")
+        if n_fin > 1 and n_fin == s.size:
+            lo, hi = float(s.min()), float(s.max())
+            if hi - lo <= 1e-12 * max(1.0, abs(lo), abs(hi)):
+                return (f"{method}: every feature has the same score ({lo:.6g}), so the ranking is by feature "
+                        f"index alone; {fix}")
     return None
 
 
@@ -165,13 +168,14 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
             with timer("score", timings, log):
                 res: MethodResult = spec.run(M, M.y, n_features=int(n_features), **params)
                 scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
+                by_scores = res.by_scores
             n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
             passes = M.passes
             if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
                 source["nnz"] = int(sum(b.nnz for b in M.blocks))
             feature_ids = M.feature_ids
             M.release()
-    problem = _degenerate(method, scores, order, method_diag, params)
+    problem = _degenerate(method, scores, by_scores, method_diag, params)
     if problem is not None:
         method_diag["degenerate"] = problem
         warnings.warn(problem, DufsWarning, stacklevel=2)

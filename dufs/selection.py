@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,11 +14,15 @@ import numpy as np
 
 from dufs.errors import ParameterError
 
-FORMAT = "dufs.selection/2"
+FORMAT = "dufs.selection/3"
 #: the formats :meth:`Selection.from_json` reads: 1 wrote a non-finite score as null (read back as NaN); 2 writes
-#: the strings "inf", "-inf" and "nan" and records the input's identity (``source``)
-FORMATS = ("dufs.selection/1", FORMAT)
+#: the strings "inf", "-inf" and "nan" and records the input's identity (``source``); 3 keeps the full per-feature
+#: scores and every large array of the diagnostics in binary sidecar files beside the JSON (or inline, in the text
+#: form of :meth:`Selection.to_json` without a path)
+FORMATS = ("dufs.selection/1", "dufs.selection/2", FORMAT)
 _NONFINITE = {"inf": np.inf, "-inf": -np.inf, "nan": np.nan}
+#: an array of the diagnostics with at least this many items goes to a sidecar file (per-sample labels, ...)
+SIDECAR_MIN_ITEMS = 1000
 
 
 @dataclass
@@ -29,9 +35,10 @@ class Selection:
         The method that made it (``"variance"``, ``"mmfs"``, ...).
     indices : ndarray of int64
         Selected feature indices, best first.
-    scores : ndarray of float64 or None
+    scores : ndarray of float64 (or float32) or None
         The method's own criterion for every feature (NaN where undefined); larger is better unless
-        ``higher_is_better`` is False (e.g. the Laplacian score).
+        ``higher_is_better`` is False (e.g. the Laplacian score). None when a selection file's sidecar of scores
+        is missing.
     n_features_in : int
         Number of features of the data it was fitted on.
     params : dict
@@ -46,6 +53,9 @@ class Selection:
         ``fingerprint_of``, the ``path`` of a store, and, for a store with feature ids, their digest
         (``feature_ids``) and the ids of the selected features (``selected_feature_ids``). None when unknown (a
         selection made by hand or read from an older file). :meth:`check_input` compares an input with it.
+    selected_scores : ndarray of float64
+        The scores of the selected features, in ``indices`` order (kept in the JSON itself, so they survive a
+        missing sidecar).
     """
 
     method: str
@@ -56,6 +66,7 @@ class Selection:
     diagnostics: dict = field(default_factory=dict)
     higher_is_better: bool = True
     source: dict | None = None
+    selected_scores: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.indices = np.asarray(self.indices, dtype=np.int64).ravel()
@@ -65,9 +76,16 @@ class Selection:
         if np.unique(self.indices).size != self.indices.size:
             raise ParameterError("selected indices must be distinct")
         if self.scores is not None:
-            self.scores = np.asarray(self.scores, dtype=np.float64).ravel()
+            s = np.asarray(self.scores)
+            self.scores = (s if s.dtype in (np.float32, np.float64) else s.astype(np.float64)).ravel()
             if self.scores.shape[0] != self.n_features_in:
                 raise ParameterError(f"scores has {self.scores.shape[0]} entries for {self.n_features_in} features")
+            self.selected_scores = self.scores[self.indices]
+        elif self.selected_scores is not None:
+            self.selected_scores = np.asarray(self.selected_scores, dtype=np.float64).ravel()
+            if self.selected_scores.shape != self.indices.shape:
+                raise ParameterError(f"selected_scores has {self.selected_scores.shape[0]} entries for "
+                                     f"{self.indices.shape[0]} selected features")
 
     @property
     def n_selected(self) -> int:
@@ -140,46 +158,84 @@ class Selection:
         return got
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict:
-        return {
-            "format": FORMAT, "method": self.method, "indices": self.indices.tolist(),
-            "scores": None if self.scores is None else [_score_out(v) for v in self.scores.tolist()],
-            "n_features_in": int(self.n_features_in), "params": _jsonable(self.params),
-            "diagnostics": _jsonable(self.diagnostics), "higher_is_better": bool(self.higher_is_better),
-            "source": _jsonable(self.source),
-        }
+    def to_dict(self, *, inline: bool = True) -> dict:
+        """The JSON document: with ``inline``, every score and array in it (the text form); without, the scores
+        and the large arrays of the diagnostics are left for sidecar files (see :meth:`to_json`)."""
+        diag, arrays = _split_diagnostics(self.diagnostics, inline)
+        d = {"format": FORMAT, "method": self.method, "n_features_in": int(self.n_features_in),
+             "higher_is_better": bool(self.higher_is_better), "indices": self.indices.tolist(),
+             "selected_scores": None if self.selected_scores is None else
+             [_score_out(float(v)) for v in self.selected_scores],
+             "params": _jsonable(self.params), "diagnostics": diag, "source": _jsonable(self.source)}
+        if inline and self.scores is not None:
+            d["scores"] = [_score_out(v) for v in self.scores.tolist()]
+            d["scores_dtype"] = str(self.scores.dtype)
+        d["_arrays"] = arrays  # taken out by to_json
+        return d
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
-        """Strict JSON text (``allow_nan=False``); with ``path``, also written there (to a temporary name, renamed
-        when complete). Non-finite scores are written as the strings "inf", "-inf" and "nan", so
-        :meth:`from_json` gives back bit-identical scores; other non-finite numbers (in ``params`` and
-        ``diagnostics``) become null."""
-        text = json.dumps(self.to_dict(), allow_nan=False)
-        if path is not None:
-            path = os.fspath(path)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+        """The selection as strict JSON (``allow_nan=False``; non-finite scores as the strings "inf", "-inf" and
+        "nan", so :meth:`from_json` gives back bit-identical scores).
+
+        Without ``path``: the text, every score inline (for small selections). With ``path`` (a local path or an
+        fsspec URL): a small JSON there (the selected features best first with their scores, the parameters, the
+        diagnostics without per-sample or per-feature arrays, the input's identity) and, beside it, one ``.npy``
+        sidecar for the full per-feature scores (``<name>.scores.npy``, their own dtype) and one for each large
+        array of the diagnostics (``<name>.<key>.npy``, e.g. the cluster labels), each with its crc32c in the
+        JSON; every file is written to a temporary name and renamed when complete (on local paths), the JSON
+        last. Returns the JSON's text."""
+        if path is None:
+            d = self.to_dict(inline=True)
+            d.pop("_arrays")
+            return json.dumps(d, allow_nan=False)
+        path = os.fspath(path)
+        d = self.to_dict(inline=False)
+        arrays = d.pop("_arrays")
+        if self.scores is not None:
+            arrays = {"scores": self.scores, **arrays}
+        d["sidecars"] = {key: _write_sidecar(path, key, np.asarray(a)) for key, a in arrays.items()}
+        text = json.dumps(d, allow_nan=False)
+        _write_bytes(path, text.encode())
         return text
 
     @classmethod
     def from_json(cls, text_or_path: str | os.PathLike) -> Selection:
-        """A selection from :meth:`to_json`'s text or file (formats ``dufs.selection/1`` and ``/2``)."""
+        """A selection from :meth:`to_json`'s text or file (formats ``dufs.selection/1`` to ``/3``).
+
+        A file's sidecars are read beside it (their crc32c checked). When the sidecar of scores is missing, the
+        selection still has its indices, the selected features' scores and ``transform``; ``scores`` is None, and a
+        :class:`~dufs.errors.DufsWarning` says so."""
         s = os.fspath(text_or_path)
+        path = None
         if not s.lstrip().startswith("{"):
-            with open(s) as f:
-                s = f.read()
+            path = s
+            s = _read_bytes(s).decode()
         d = json.loads(s)
         if not isinstance(d, dict) or d.get("format") not in FORMATS:
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
             raise ParameterError(f"not a dufs selection (format {got!r}; expected one of {list(FORMATS)})")
         scores = d.get("scores")
-        return cls(method=d["method"], indices=np.asarray(d["indices"], dtype=np.int64),
-                   scores=None if scores is None else np.array([_score_in(v) for v in scores], dtype=np.float64),
+        if scores is not None:
+            dtype = np.float32 if d.get("scores_dtype") == "float32" else np.float64
+            scores = np.array([_score_in(v) for v in scores], dtype=dtype)
+        loaded, missing = _read_sidecars(path, d.get("sidecars") or {})
+        scores = loaded.pop("scores", scores)
+        diagnostics = _join_diagnostics(d.get("diagnostics") or {}, loaded)
+        if missing:
+            import warnings
+
+            from dufs.errors import DufsWarning
+
+            what = "the full scores" if "scores" in missing else "arrays of the diagnostics"
+            warnings.warn(f"{path or 'the selection'}: {what} are missing ({', '.join(missing.values())} not "
+                          f"found); the indices, the selected features' scores and transform still work",
+                          DufsWarning, stacklevel=2)
+        sel_scores = d.get("selected_scores")
+        return cls(method=d["method"], indices=np.asarray(d["indices"], dtype=np.int64), scores=scores,
                    n_features_in=int(d["n_features_in"]), params=d.get("params") or {},
-                   diagnostics=d.get("diagnostics") or {}, higher_is_better=bool(d.get("higher_is_better", True)),
-                   source=d.get("source"))
+                   diagnostics=diagnostics, higher_is_better=bool(d.get("higher_is_better", True)),
+                   source=d.get("source"),
+                   selected_scores=None if sel_scores is None else np.array([_score_in(v) for v in sel_scores]))
 
     def plot(self, path: str | os.PathLike) -> str:
         """A PNG of the score distribution with the selected features marked. Returns the path."""
@@ -312,3 +368,155 @@ def _jsonable(obj: Any) -> Any:
     if obj is None or isinstance(obj, (str, int, bool)):
         return obj
     return str(obj)
+
+
+# ---------------------------------------------------------------------------------------------------- sidecars
+def _split_diagnostics(diag: dict, inline: bool) -> tuple[Any, dict]:
+    """The diagnostics as JSON values, and (unless ``inline``) the large arrays taken out of them: each replaced by
+    ``{"sidecar": key}``, the arrays keyed by their path of keys joined with "-" (e.g. ``labels``)."""
+    arrays: dict = {}
+
+    def walk(obj: Any, key: str) -> Any:
+        if isinstance(obj, dict):
+            return {str(k): walk(v, f"{key}-{k}" if key else str(k)) for k, v in obj.items()}
+        if not inline and _is_large_array(obj):
+            arrays[key] = np.asarray(obj)
+            return {"sidecar": key}
+        return _jsonable(obj)
+
+    return walk(diag, ""), arrays
+
+
+def _is_large_array(obj: Any) -> bool:
+    if isinstance(obj, np.ndarray):
+        return obj.size >= SIDECAR_MIN_ITEMS and obj.dtype.kind in "biuf"
+    if isinstance(obj, list | tuple) and len(obj) >= SIDECAR_MIN_ITEMS:
+        return all(isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool) for v in obj)
+    return False
+
+
+def _join_diagnostics(diag: Any, arrays: dict) -> Any:
+    """The diagnostics with every ``{"sidecar": key}`` replaced by its array (None when its file was missing)."""
+    if isinstance(diag, dict):
+        if set(diag) == {"sidecar"}:
+            return arrays.get(diag["sidecar"])
+        return {k: _join_diagnostics(v, arrays) for k, v in diag.items()}
+    return diag
+
+
+def sidecar_path(path: str, key: str) -> str:
+    """The sidecar file of ``key`` beside the selection file ``path``: ``sel.json`` -> ``sel.<key>.npy``."""
+    base = path[:-5] if path.endswith(".json") else path
+    return f"{base}.{key}.npy"
+
+
+def _write_sidecar(path: str, key: str, a: np.ndarray) -> dict:
+    """``a`` as ``.npy`` beside ``path``, streamed in slices (no second copy of it in memory), with its crc32c."""
+    import crc32c
+
+    a = np.ascontiguousarray(a)
+    target = sidecar_path(path, key)
+    crc = [0]
+
+    def write(f: Any) -> None:
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(a))
+        for piece in (head.getvalue(), *_slices(a)):
+            crc[0] = crc32c.crc32c(piece, crc[0])
+            f.write(piece)
+
+    _write_stream(target, write)
+    return {"file": target.replace("\\", "/").rsplit("/", 1)[-1], "dtype": str(a.dtype), "shape": list(a.shape),
+            "crc32c": f"{crc[0]:08x}"}
+
+
+def _slices(a: np.ndarray, size: int = 1 << 24) -> Iterator[memoryview]:
+    """The bytes of a contiguous array in slices of ``size`` bytes, without copying."""
+    view = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+    for i in range(0, len(view), size):
+        yield view[i:i + size]
+
+
+def _read_sidecars(path: str | None, sidecars: dict) -> tuple[dict, dict]:
+    """(key -> array) of the sidecars found, and (key -> file) of those missing; a sidecar whose bytes do not match
+    its recorded crc32c, shape or dtype is a :class:`ParameterError` naming it."""
+    import crc32c
+
+    found, missing = {}, {}
+    for key, meta in sidecars.items():
+        if path is None:
+            missing[key] = str(meta.get("file", key))
+            continue
+        target = sidecar_path(path, key)
+        try:
+            data = _read_bytes(target)
+        except FileNotFoundError:
+            missing[key] = target
+            continue
+        if meta.get("crc32c") and f"{crc32c.crc32c(data):08x}" != meta["crc32c"]:
+            raise ParameterError(f"{target} does not belong to {path} (its crc32c differs from the one recorded "
+                                 f"there: written by another run, or damaged); write the selection again")
+        a = _npy_from(data)
+        if list(a.shape) != list(meta.get("shape", a.shape)) or str(a.dtype) != meta.get("dtype", str(a.dtype)):
+            raise ParameterError(f"{target} holds a {a.dtype} array of shape {a.shape}; {path} records "
+                                 f"{meta.get('dtype')} {tuple(meta.get('shape', ()))}")
+        found[key] = a
+    return found, missing
+
+
+def _npy_from(data: bytearray) -> np.ndarray:
+    """The array of ``.npy`` bytes, over the same buffer (no copy)."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    if dtype.hasobject:
+        raise ParameterError("a selection's sidecar holds Python objects; refusing to load it")
+    n = int(np.prod(shape, dtype=np.int64))
+    a = np.frombuffer(data, dtype=dtype, count=n, offset=f.tell())
+    return a.reshape(shape, order="F" if fortran else "C")
+
+
+def _write_stream(path: str, write: Callable[[Any], None]) -> None:
+    """``write(file)`` to ``path``: locally under a temporary name renamed into place (a failure leaves no part);
+    to an fsspec URL as one object."""
+    if "://" in path and not path.startswith("file://"):
+        import fsspec
+
+        with fsspec.open(path, "wb") as f:
+            write(f)
+        return
+    path = path[len("file://"):] if path.startswith("file://") else path
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    """``data`` to ``path`` whole (:func:`_write_stream`)."""
+    _write_stream(path, lambda f: f.write(data))
+
+
+def _read_bytes(path: str) -> bytearray:
+    """The bytes of ``path`` in a writable buffer (arrays read from it are not copied again)."""
+    if "://" in path and not path.startswith("file://"):
+        import fsspec
+
+        with fsspec.open(path, "rb") as f:
+            return bytearray(f.read())
+    path = path[len("file://"):] if path.startswith("file://") else path
+    with open(path, "rb") as f:
+        buf = bytearray(os.fstat(f.fileno()).st_size)
+        n = f.readinto(buf)
+    return buf if n == len(buf) else buf[:n]
+
+
+def load_selection(path: str | os.PathLike) -> Selection:
+    """A selection file written by :meth:`Selection.to_json` (``dufs select -o``), with its sidecars."""
+    return Selection.from_json(os.fspath(path))

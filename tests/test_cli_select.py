@@ -36,6 +36,21 @@ def test_select_then_evaluate(tmp_path):
     cols = ref.indices
     acc = LinearSVC(C=1.0).fit(X[train][:, cols], y[train]).score(X[test][:, cols], y[test])
     assert f"{acc:.4f}" in r.output
+    # the JSON is small; every score is in the sidecar beside it; dufs info reads both
+    side = tmp_path / "sel.scores.npy"
+    assert out.stat().st_size < 20_000 and np.load(side).shape == (X.shape[1],)
+    np.testing.assert_array_equal(np.load(side), ref.scores)
+    r = CliRunner().invoke(app, ["info", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "fisher: 50 of" in r.output and str(ref.indices[0]) in r.output and "MISSING" not in r.output
+    # without the sidecar: dufs info says so, and evaluate still works from the indices
+    side.unlink()
+    r = CliRunner().invoke(app, ["info", str(out)])
+    assert r.exit_code == 0 and "MISSING" in r.output, r.output
+    r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "train.zarr"), str(out), "--test",
+                                 str(tmp_path / "test.zarr"), "--ks", "50"])
+    assert r.exit_code == 0, r.output
+    assert f"{acc:.4f}" in r.output
 
 
 def test_select_on_bad_method_exits_2(tmp_path):

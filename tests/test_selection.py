@@ -52,15 +52,62 @@ def test_transform_every_input_kind():
 def test_json_round_trip(tmp_path):
     s = _sel()
     path = tmp_path / "sel.json"
-    text = s.to_json(path)
-    json.loads(text, parse_constant=_no_constant)  # strict JSON: no NaN or Infinity literals
-    for src in (text, path):
+    small = s.to_json(path)
+    for text in (small, s.to_json()):
+        json.loads(text, parse_constant=_no_constant)  # strict JSON: no NaN or Infinity literals
+    assert "scores" not in json.loads(small) and json.loads(small)["sidecars"]["scores"]["file"] == "sel.scores.npy"
+    for src in (s.to_json(), path):  # the text form carries every score inline; the file, its sidecar
         t = Selection.from_json(src)
         assert t.method == s.method and t.indices.tolist() == [7, 2, 5] and t.n_features_in == 10
-        assert np.array_equal(np.isnan(t.scores), np.isnan(s.scores))
-        assert np.allclose(t.scores[~np.isnan(t.scores)], s.scores[~np.isnan(s.scores)])
+        _same_bits(t.scores, s.scores)
+        _same_bits(t.selected_scores, s.scores[[7, 2, 5]])
         assert t.params == {"k": 3, "arr": [0, 1]} and t.diagnostics == {"passes": 1, "trace": [1.5, None]}
-    assert [p.name for p in tmp_path.iterdir()] == ["sel.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sel.json", "sel.scores.npy"]
+    assert np.load(tmp_path / "sel.scores.npy").dtype == np.float64
+
+
+def test_a_file_without_its_sidecar_still_selects(tmp_path):
+    """The JSON alone: indices, the selected features' scores and transform; the full scores are None, with a
+    warning naming the missing file."""
+    s = _sel()
+    path = tmp_path / "sel.json"
+    s.to_json(path)
+    (tmp_path / "sel.scores.npy").unlink()
+    with pytest.warns(DufsWarning, match=r"the full scores are missing \(.*sel.scores.npy not found\)"):
+        t = Selection.from_json(path)
+    assert t.scores is None and t.indices.tolist() == [7, 2, 5]
+    _same_bits(t.selected_scores, s.scores[[7, 2, 5]])
+    X = np.arange(60.0).reshape(6, 10)
+    assert np.array_equal(t.transform(X), X[:, [7, 2, 5]])
+    with pytest.raises(ParameterError, match="has no scores to plot"):
+        t.plot(tmp_path / "s.png")
+
+
+def test_a_sidecar_of_another_selection_is_refused(tmp_path):
+    a, b = _sel(), Selection("variance", [1], np.arange(10.0), 10)
+    a.to_json(tmp_path / "a.json")
+    b.to_json(tmp_path / "b.json")
+    (tmp_path / "b.scores.npy").replace(tmp_path / "a.scores.npy")
+    with pytest.raises(ParameterError, match="a.scores.npy does not belong to .*a.json"):
+        Selection.from_json(tmp_path / "a.json")
+
+
+def test_large_arrays_of_the_diagnostics_go_to_sidecars(tmp_path):
+    """Per-sample arrays (cluster labels) leave the JSON for a sidecar and come back; short lists stay inline;
+    the JSON of a selection of 200 features out of 300,000 is a few kilobytes."""
+    d = 300_000
+    labels = np.arange(5000) % 3
+    s = Selection("ufcm", np.arange(200), np.linspace(0, 1, d, dtype=np.float32), d,
+                  diagnostics={"labels": labels.tolist(), "objective": [3.0, 2.0],
+                               "inner": {"trace": list(range(1500))}})
+    text = s.to_json(tmp_path / "u.json")
+    assert len(text) < 20_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u.inner-trace.npy", "u.json", "u.labels.npy",
+                                                           "u.scores.npy"]
+    t = Selection.from_json(tmp_path / "u.json")
+    assert np.array_equal(t.diagnostics["labels"], labels) and t.diagnostics["objective"] == [3.0, 2.0]
+    assert np.array_equal(t.diagnostics["inner"]["trace"], np.arange(1500))
+    assert t.scores.dtype == np.float32 and np.array_equal(t.scores, s.scores)
 
 
 def test_bad_selections_are_refused():
@@ -102,8 +149,8 @@ def test_every_method_round_trips_bit_for_bit(method, tmp_path):
     X, y = _small()
     sel = dufs.fit(X, y if METHODS[method].supervised else None, method=method, n_features=3)
     path = tmp_path / f"{method}.json"
-    text = sel.to_json(path)
-    json.loads(text, parse_constant=_no_constant)
+    json.loads(sel.to_json(path), parse_constant=_no_constant)
+    text = sel.to_json()
     for back in (Selection.from_json(text), Selection.from_json(path)):
         assert back.indices.tolist() == sel.indices.tolist() and back.method == method
         _same_bits(back.scores, sel.scores)
@@ -118,8 +165,10 @@ def test_non_finite_scores_are_strings_and_the_older_null_form_is_read():
     scores = np.array([1.5, np.inf, -np.inf, np.nan, -0.0, 5e-324])
     s = Selection("fisher", [1, 0], scores, 6)
     d = json.loads(s.to_json(), parse_constant=_no_constant)
-    assert d["scores"][:4] == [1.5, "inf", "-inf", "nan"] and d["format"] == "dufs.selection/2"
+    assert d["scores"][:4] == [1.5, "inf", "-inf", "nan"] and d["format"] == "dufs.selection/3"
     _same_bits(Selection.from_json(s.to_json()).scores, scores)
+    v2 = {k: v for k, v in d.items() if k not in ("selected_scores", "scores_dtype")} | {"format": "dufs.selection/2"}
+    _same_bits(Selection.from_json(json.dumps(v2)).scores, scores)
     old = dict(d, format="dufs.selection/1", scores=[1.5, None, None, None, -0.0, 5e-324])
     del old["source"]
     back = Selection.from_json(json.dumps(old))

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -70,7 +71,7 @@ def select(
     t.add_column("feature", justify="right")
     t.add_column("score", justify="right")
     for r, j in enumerate(sel.indices[:20], 1):
-        t.add_row(str(r), str(j), f"{sel.scores[j]:.6g}")
+        t.add_row(str(r), str(j), f"{sel.selected_scores[r - 1]:.6g}")
     out.print(t)
     d = sel.diagnostics
     console.print(f"{d['wall_time']:.2f} s on {d['n_workers']} workers, {d['n_blocks']} feature blocks "
@@ -148,7 +149,7 @@ def evaluate(
     try:
         kk = _parse_ks(ks)
         check_output_file(figure, "--figure")
-        sel = _load_selection(selection)
+        sel = load_selection_file(selection)
         st = dufs.open(store)
         if st.y is None:
             raise DufsError(f"{store} has no labels to evaluate against")
@@ -188,14 +189,23 @@ def _parse_ks(ks: str) -> list[int]:
     return kk
 
 
-def _load_selection(path: Path) -> Any:
+def load_selection_file(path: Path) -> Any:
     """A selection file, or a one-line error naming it (missing, not JSON, not a dufs selection)."""
     import dufs
 
     if not path.is_file():
         raise ParameterError(f"{path}: no such selection file" + (" (a directory)" if path.is_dir() else ""))
+    import warnings
+
+    from dufs.errors import DufsWarning
+
     try:
-        return dufs.Selection.from_json(path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DufsWarning)
+            sel = dufs.Selection.from_json(path)
+        for w in caught:  # a missing sidecar: a note, the indices still serve
+            console.print(f"[yellow]note:[/] {escape(str(w.message))}", highlight=False, soft_wrap=True)
+        return sel
     except json.JSONDecodeError as exc:
         raise ParameterError(f"{path} is not a dufs selection: not JSON ({exc.msg} at line {exc.lineno}, "
                              f"column {exc.colno})") from None

@@ -109,15 +109,19 @@ def convert(
 
 
 @command()
-def info(store: str = typer.Argument(..., help="A dufs store (path or URL)."),
+def info(store: str = typer.Argument(..., help="A dufs store (path or URL), or a selection file (dufs select -o)."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON."),
          top: int = typer.Option(10, "--top", min=0, help="How many most frequent features to list."),
          verify: bool = typer.Option(False, "--verify", help="Also read every chunk (as dufs verify) and fail, "
                                                               "naming the damage, if any is missing or corrupt.")
          ) -> None:
-    """Shape, nonzeros, density, blocks, label counts, top features by frequency, provenance."""
+    """Shape, nonzeros, density, blocks, label counts, top features by frequency, provenance; of a selection file:
+    its method, parameters, the best features with their scores, what it was fitted on and its sidecars."""
     from dufs.data import open_store
 
+    if store.endswith(".json") and Path(store).is_file():
+        _selection_info(Path(store), as_json, top)
+        return
     try:
         st = open_store(store)
         d = st.info(top=top)
@@ -165,6 +169,50 @@ def _verify(store: str, max_damage: int = 100) -> dict:
     rep = verify_store(store, max_damage=max_damage)
     return {**dataclasses.asdict(rep), "intact": True, "seconds": round(time.perf_counter() - t0, 3),
             "summary": str(rep)}
+
+
+def _selection_info(path: Path, as_json: bool, top: int) -> None:
+    import warnings
+
+    from dufs.cli.selecting import load_selection_file
+    from dufs.selection import sidecar_path
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the table says which sidecar is missing
+            sel = load_selection_file(path)
+    except DufsError as exc:
+        fail(exc)
+    raw = json.loads(path.read_text())
+    sidecars = {key: {**meta, "present": Path(sidecar_path(str(path), key)).is_file()}
+                for key, meta in (raw.get("sidecars") or {}).items()}
+    k = min(top, sel.indices.shape[0])
+    scores = sel.selected_scores
+    d = {"path": str(path), "format": raw.get("format"), "method": sel.method, "n_features_in": sel.n_features_in,
+         "n_selected": int(sel.indices.shape[0]), "params": raw.get("params") or {},
+         "best": [[int(i), None if scores is None else float(s)] for i, s in
+                  zip(sel.indices[:k], scores[:k] if scores is not None else [None] * k, strict=True)],
+         "source": raw.get("source"), "sidecars": sidecars,
+         "passes": (sel.diagnostics or {}).get("passes"), "wall_time": (sel.diagnostics or {}).get("wall_time")}
+    if as_json:
+        out.print_json(json.dumps(d))
+        return
+    t = Table(title=escape(d["path"]), show_header=False, title_justify="left")
+    t.add_row("selection", f"{d['method']}: {d['n_selected']:,} of {d['n_features_in']:,} features "
+                           f"({d['format']})")
+    t.add_row("params", escape(", ".join(f"{a}={b}" for a, b in d["params"].items())) or "defaults")
+    t.add_row(f"best {k}", ", ".join(f"{i} ({s:.4g})" if s is not None else str(i) for i, s in d["best"]))
+    src = d["source"] or {}
+    if src:
+        shape = src.get("shape") or ["?", "?"]
+        t.add_row("fitted on", escape(f"{src.get('kind', '?')} {src.get('path') or ''} {shape[0]:,} x {shape[1]:,}"
+                                      if all(isinstance(v, int) for v in shape) else str(src.get("kind"))))
+    for key, meta in sidecars.items():
+        t.add_row(f"sidecar {key}", escape(f"{meta.get('file')}: {meta.get('dtype')} {tuple(meta.get('shape', ()))}"
+                                           + ("" if meta["present"] else " MISSING")))
+    if d["passes"] is not None:
+        t.add_row("passes", str(d["passes"]))
+    out.print(t)
 
 
 def print_info(d: dict) -> None:

@@ -18,8 +18,8 @@ from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_matvec, csc_rmatvec
 
 __all__ = ["BlockInfo", "BlockState", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
-           "block_rmatvec", "block_topk", "gather_block", "local_topk", "map_group", "map_one", "map_state",
-           "materialize", "nnz_of", "resolve"]
+           "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
+           "map_state", "materialize", "nnz_of", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -204,6 +204,14 @@ def block_columns(src, local):
 def block_topk(src, fn, k, largest, args, kwargs, start):
     s = np.asarray(fn(resolve(src), *args, **kwargs), dtype=np.float64).ravel()
     return local_topk(s, k, largest, start)
+
+
+def block_scores_and_top(src, fn, k, largest, args, kwargs, start, dtype=np.float64):
+    """A block's scores by ``fn`` (sent as ``dtype``) and, unless ``k`` is None, its ``k`` best by their float64
+    values (:func:`local_topk`)."""
+    s = np.asarray(fn(resolve(src), *args, **kwargs), dtype=np.float64).ravel()
+    top = local_topk(s, k, largest, start) if k is not None else (None, None)
+    return s.astype(dtype, copy=False), top
 
 
 def local_topk(s: np.ndarray, k: int, largest: bool, start: int) -> tuple[np.ndarray, np.ndarray]:

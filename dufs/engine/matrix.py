@@ -35,6 +35,7 @@ from dufs.engine.blocks import (
     block_columns,
     block_matvec,
     block_rmatvec,
+    block_scores_and_top,
     block_topk,
     gather_block,
     local_topk,
@@ -69,12 +70,12 @@ from dufs.engine.inputs import (
     store_identity,
 )
 from dufs.engine.placement import partition, persist_blocks
-from dufs.engine.progress import run_pass
+from dufs.engine.progress import run_pass, run_pass_streaming
 from dufs.engine.stats import ColumnStats, block_stats
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 
-__all__ = ["STANDARDIZE", "Matrix", "Transform", "as_matrix"]
+__all__ = ["STANDARDIZE", "Matrix", "Transform", "as_matrix", "transform_of"]
 
 log = get_logger(__name__)
 
@@ -88,6 +89,19 @@ class Transform(NamedTuple):
 
     centre: np.ndarray | None
     inv_scale: np.ndarray | None
+
+
+def transform_of(stats: ColumnStats, standardize: str | None) -> Transform:
+    """The standardisation ``standardize`` of columns with these statistics (of a whole matrix or of one block:
+    every number is per feature)."""
+    if standardize is None:
+        return Transform(None, None)
+    sd = stats.std()
+    sd = np.where((sd > 0) & np.isfinite(sd), sd, 1.0)
+    inv = 1.0 / sd
+    if standardize == "scale":
+        return Transform(None, inv)
+    return Transform(np.nan_to_num(stats.mean(), nan=0.0), inv)
 
 
 def _inline_when_small(method):
@@ -324,13 +338,7 @@ class Matrix:
         undefined standard deviation is taken as 1)."""
         if self.standardize is None:
             return Transform(None, None)
-        st = self.stats
-        sd = st.std()
-        sd = np.where((sd > 0) & np.isfinite(sd), sd, 1.0)
-        inv = 1.0 / sd
-        if self.standardize == "scale":
-            return Transform(None, inv)
-        return Transform(np.nan_to_num(st.mean(), nan=0.0), inv)
+        return transform_of(self.stats, self.standardize)
 
     def _block_transform(self) -> list[Any]:
         """Per block ``(mu_b, inv_b)`` of the transform (None where it leaves that part out). Under a distributed
@@ -627,6 +635,45 @@ class Matrix:
         sc = np.concatenate([p[1] for p in parts])
         sel, _ = local_topk(sc, int(k), largest, 0)
         return ids[sel], sc[sel]
+
+    @_inline_when_small
+    def block_scores(self, fn: Any, *args: Any, k: int | None = None, largest: bool = True,
+                     dtype: Any = None, **kwargs: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every feature's score by ``fn(block, *args, **kwargs)`` (a score per feature of the block, computed where
+        the block lives), and, with ``k``, the ``k`` best features (NaN worst, ties to the lower index), in one
+        pass. The driver holds the scores (``dtype``) and one block's result at a time: each block's scores are
+        written into place as they arrive and its ``k`` best merged with the others' (``Matrix.topk``'s rule).
+        ``dtype`` (None: float64, float32 above ``dufs.engine.driver-features`` features) is the scores' type on
+        the driver; blocks compute and rank in float64 either way."""
+        d = self.shape[1]
+        if dtype is None:
+            dtype = np.float32 if d > int(config.get("engine.driver-features")) else np.float64
+        scores = np.empty(d, dtype=dtype)
+        shared = tuple(share(a) for a in args)
+        kw = {key: share(v) for key, v in kwargs.items()}
+        kk = None if k is None else int(k)
+        cand_ids: list = []
+        cand_sc: list = []
+
+        def consume(i: int, got: Any) -> None:
+            s, (ids, sc) = got
+            b = self.blocks[i]
+            scores[b.start:b.stop] = s
+            if kk is not None:
+                cand_ids.append(ids)
+                cand_sc.append(sc)
+
+        f = delayed(block_scores_and_top)
+        tasks = [f(s, fn, kk, largest, shared, kw, b.start, dtype) for s, b in self._pairs()]
+        self._passes[0] += 1
+        run_pass_streaming(_name(fn), tasks, consume, inline=is_inline())
+        if kk is None:
+            return scores, None
+        if not cand_ids:
+            return scores, np.zeros(0, np.int64)
+        ids = np.concatenate(cand_ids)
+        sel, _ = local_topk(np.concatenate(cand_sc), kk, largest, 0)
+        return scores, ids[sel]
 
     def argmax(self, fn: Any, *args: Any, **kwargs: Any) -> tuple[int, float]:
         """The feature with the largest ``fn`` score (see :meth:`topk`) and its score."""

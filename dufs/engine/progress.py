@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from dufs.scheduling import current_client
 
@@ -58,3 +59,45 @@ def run_pass(name: str, tasks: list, *, inline: bool = False) -> list:
         done += 1
         cb(name, done, total)
     return list(client.gather(futures))
+
+
+def run_pass_streaming(name: str, tasks: list, consume: Callable[[int, Any], None], *, inline: bool = False) -> None:
+    """Compute ``tasks`` and hand each result to ``consume(i, result)`` as it arrives, keeping none of them: the
+    driver holds one block's result at a time (under a distributed client, each future is released once consumed;
+    on local schedulers, tasks run in batches of the thread count). Progress is reported as in :func:`run_pass`."""
+    import os
+
+    import dask
+
+    total = len(tasks)
+    if not total:
+        return
+    cb = _CALLBACK.get()
+    if cb is not None:
+        cb(name, 0, total)
+    if inline:
+        for i, r in enumerate(tasks):
+            consume(i, r)
+        if cb is not None:
+            cb(name, total, total)
+        return
+    client = current_client()
+    if client is None:
+        step = max(1, os.cpu_count() or 1)
+        for a in range(0, total, step):
+            for j, r in enumerate(dask.compute(*tasks[a:a + step])):
+                consume(a + j, r)
+            if cb is not None:
+                cb(name, min(total, a + step), total)
+        return
+    from distributed import as_completed
+
+    futures = client.compute(tasks)
+    index = {f.key: i for i, f in enumerate(futures)}
+    done = 0
+    for fut in as_completed(futures):  # one result at a time (with_results would gather whole batches)
+        consume(index[fut.key], fut.result())
+        fut.release()
+        done += 1
+        if cb is not None:
+            cb(name, done, total)

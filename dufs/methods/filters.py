@@ -14,7 +14,9 @@ import scipy.sparse as sp
 
 from dufs.engine import Matrix
 from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph
+from dufs.engine.stats import block_stats
 from dufs.errors import ParameterError
+from dufs.kernels.blockops import csc_rmatvec
 from dufs.methods.labels import class_labels, labels_of, target_type
 from dufs.methods.params import GRAPH_PARAMS, Param, integer, table
 
@@ -25,12 +27,26 @@ FISHER_PARAMS: dict[str, Param] = {}
 LAPLACIAN_PARAMS = table(GRAPH_PARAMS.values(), Param("n_neighbors", 5, (integer(1),), "k of the kNN graph"))
 
 
+#: a filter's result: every feature's score and, when asked for, the best ``k`` features best first
+Ranked = tuple[np.ndarray, np.ndarray | None]
+
+
 def variance_scores(M: Matrix) -> np.ndarray:
     """Population variance of every raw feature (the transform is ignored: z-scored features all have variance 1).
 
     Larger is better.
     """
-    return M.column_stats().var()
+    return variance_ranked(M)[0]
+
+
+def variance_ranked(M: Matrix, k: int | None = None) -> Ranked:
+    """:func:`variance_scores` and the ``k`` best features, in one pass: each block scores its own features where
+    it lives, so the driver holds the scores and one block's result at a time."""
+    return M.with_standardize(None).block_scores(_variance_block, M.shape[0], k=k)
+
+
+def _variance_block(b: Any, n: int) -> np.ndarray:
+    return block_stats(b, n, None, 0).var()
 
 
 def correlation_scores(M: Matrix, y: Any = None) -> np.ndarray:
@@ -42,28 +58,40 @@ def correlation_scores(M: Matrix, y: Any = None) -> np.ndarray:
       eta_j = sqrt(sum_c n_c (mu_cj - mu_j)^2 / sum_s (x_sj - mu_j)^2) from one pass of per-class sums, which does
       not depend on how the classes are numbered (it equals |Pearson| on two classes).
     """
+    return correlation_ranked(M, y)[0]
+
+
+def correlation_ranked(M: Matrix, y: Any = None, k: int | None = None) -> Ranked:
+    """:func:`correlation_scores` and the ``k`` best features, in one pass over the blocks."""
     y = labels_of(M, y, "correlation")
-    if target_type(y) == "multiclass":
-        return correlation_ratio(M, y)
-    n = M.shape[0]
-    yc = y - y.mean()
-    sy = np.sqrt((yc @ yc) / n)
     raw = M.with_standardize(None)
-    cov = raw.rmatvec(yc).ravel() / n
-    sx = raw.column_stats().std()
-    out = np.zeros(M.shape[1])
+    n = M.shape[0]
+    if target_type(y) == "multiclass":
+        classes, codes = class_labels(y, "correlation")
+        counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
+        return raw.block_scores(_ratio_block, n, np.ascontiguousarray(codes, dtype=np.int64), counts, k=k)
+    yc = y - y.mean()
+    sy = float(np.sqrt((yc @ yc) / n))
+    return raw.block_scores(_correlation_block, n, yc, sy, k=k)
+
+
+def _correlation_block(b: Any, n: int, yc: np.ndarray, sy: float) -> np.ndarray:
+    cov = np.empty((b.width, 1))
+    csc_rmatvec(b.indptr, b.indices, b.data, yc[:, None], cov)
+    cov = cov[:, 0] / n
+    sx = block_stats(b, n, None, 0).std()
+    out = np.zeros(b.width)
     ok = (sx > 0) & (sy > 0)
     out[ok] = np.abs(cov[ok]) / (sx[ok] * sy)
     return out
 
 
-def _class_moments(M: Matrix, y: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, Any]:
-    """Per-class counts (n_classes, 1) and deviations of the class means mu_c - mu (n_classes x d), and the column
-    statistics, from one pass with the class codes of ``y``."""
-    classes, codes = class_labels(y, method)
-    st = M.with_standardize(None).column_stats(codes.astype(np.float64))
-    cnt = st.class_count.astype(np.float64)[:, None]
-    return cnt, st.class_sum / cnt - st.mean()[None, :], st
+def _class_block_stats(b: Any, n: int, codes: np.ndarray, counts: np.ndarray) -> Any:
+    """A block's column statistics with its per-class sums (``codes``: each sample's class, ``counts``: every
+    class's size)."""
+    st = block_stats(b, n, codes, counts.shape[0])
+    st.class_count = counts
+    return st
 
 
 def correlation_ratio(M: Matrix, y: Any = None) -> np.ndarray:
@@ -71,10 +99,19 @@ def correlation_ratio(M: Matrix, y: Any = None) -> np.ndarray:
     and T_j the total sum of squares; 0 for a constant feature. One pass. The per-class terms are summed in sorted
     order, so renumbering the classes gives bit-for-bit the same scores."""
     y = labels_of(M, y, "correlation")
-    cnt, dev, st = _class_moments(M, y, "correlation")
+    classes, codes = class_labels(y, "correlation")
+    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
+    codes = np.ascontiguousarray(codes, dtype=np.int64)
+    return M.with_standardize(None).block_scores(_ratio_block, M.shape[0], codes, counts)[0]
+
+
+def _ratio_block(b: Any, n: int, codes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    st = _class_block_stats(b, n, codes, counts)
+    cnt = counts[:, None]
+    dev = st.class_sum / cnt - st.mean()[None, :]
     between = np.sort(cnt * dev * dev, axis=0).sum(axis=0)
     total = np.maximum(np.asarray(st.m2, dtype=np.float64), 0.0)
-    out = np.zeros(M.shape[1])
+    out = np.zeros(b.width)
     ok = (total > 0) & (st.min != st.max)
     out[ok] = np.sqrt(np.minimum(np.maximum(between[ok], 0.0) / total[ok], 1.0))
     return out
@@ -88,25 +125,46 @@ def fisher_scores(M: Matrix, y: Any = None) -> np.ndarray:
     strings, booleans; a continuous target is an error); the per-class terms are summed in sorted order, so
     renumbering the classes gives bit-for-bit the same scores.
     """
+    return fisher_ranked(M, y)[0]
+
+
+def fisher_ranked(M: Matrix, y: Any = None, k: int | None = None) -> Ranked:
+    """:func:`fisher_scores` and the ``k`` best features, in one pass over the blocks."""
     y = labels_of(M, y, "fisher")
     classes, codes = class_labels(y, "fisher")
-    st = M.with_standardize(None).column_stats(codes.astype(np.float64))
-    cnt = st.class_count.astype(np.float64)[:, None]
+    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
+    codes = np.ascontiguousarray(codes, dtype=np.int64)
+    return M.with_standardize(None).block_scores(_fisher_block, M.shape[0], codes, counts, k=k)
+
+
+def _fisher_block(b: Any, n: int, codes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    return fisher_from_stats(_class_block_stats(b, n, codes, counts), counts, b.width)
+
+
+def fisher_from_stats(st: Any, counts: np.ndarray, width: int) -> np.ndarray:
+    """Fisher scores from column statistics with per-class sums (of one block, or of a whole matrix)."""
+    cnt = counts[:, None]
     mu_c = st.class_sum / cnt
     var_c = np.maximum(st.class_sumsq / cnt - mu_c ** 2, 0.0)
     mu = st.mean()
     sb = np.sort(cnt * (mu_c - mu[None, :]) ** 2, axis=0).sum(axis=0)
     sw = np.sort(cnt * var_c, axis=0).sum(axis=0)
-    out = np.zeros(M.shape[1])
+    out = np.zeros(width)
     pos = sw > 1e-12 * np.maximum(sb, 1.0)
     out[pos] = sb[pos] / sw[pos]
     out[~pos & (sb > 0)] = np.inf
     return out
 
 
-def laplacian_scores(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights: str = "binary",
+def laplacian_scores(M: Matrix, W: Any = None, **graph: Any) -> np.ndarray:
+    """Laplacian scores of every feature (smaller is better); see :func:`laplacian_ranked`."""
+    return laplacian_ranked(M, W, **graph)[0]
+
+
+def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights: str = "binary",
                      t: float | None = None, X_rows: Any = None, graph: str = "knn", n_anchors: int = 256,
-                     anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0) -> np.ndarray:
+                     anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
+                     k: int | None = None) -> Ranked:
     """Laplacian score L_r = f~^T L f~ / f~^T D f~ of every feature, f~ = f - (f^T D 1 / 1^T D 1) 1.
 
     Smaller is better; a constant feature scores +inf. ``W`` is the sample graph: a sparse n x n matrix or an
@@ -135,14 +193,12 @@ def laplacian_scores(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
         if W.shape != (n, n):
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
         d = W.degrees
-        parts = M.map_blocks(_laplacian_block, sp.csc_array(W.Zh), d, n, W.lam_inv)
-        return np.concatenate(parts) if parts else np.zeros(0)
+        return M.block_scores(_laplacian_block, sp.csc_array(W.Zh), d, n, W.lam_inv, k=k, largest=False)
     W = sp.csr_array(W)
     if W.shape != (n, n):
         raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
     d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
-    parts = M.map_blocks(_laplacian_block, W, d, n)
-    return np.concatenate(parts) if parts else np.zeros(0)
+    return M.block_scores(_laplacian_block, W, d, n, k=k, largest=False)
 
 
 def _laplacian_block(b: Any, W: Any, d: np.ndarray, n: int, lam_inv: np.ndarray | None = None) -> np.ndarray:

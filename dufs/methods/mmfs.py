@@ -29,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from dufs import config
 from dufs._logging import get_logger
-from dufs.engine import Matrix, check_labels
+from dufs.engine import Matrix, check_labels, transform_of
 from dufs.errors import ParameterError
+from dufs.kernels.blockops import csc_rmatvec
 from dufs.methods.labels import class_labels
-from dufs.methods.mmfs_solver import Checkpoint, primal, solve
+from dufs.methods.mmfs_solver import Checkpoint, margin_summary, mmfs_top, primal, solve
 from dufs.methods.params import (
     CHECKPOINT_PARAMS,
     SEED,
@@ -81,10 +83,11 @@ class MMFSResult:
     w: np.ndarray
     b: float
     gamma: float
-    r: np.ndarray
-    rho: np.ndarray
-    g: np.ndarray
+    r: np.ndarray | None
+    rho: np.ndarray | None
+    g: np.ndarray | None
     diagnostics: dict = field(default_factory=dict)
+    top: np.ndarray | None = None
 
     @property
     def support(self) -> np.ndarray:
@@ -94,7 +97,10 @@ class MMFSResult:
 
     def ranking(self) -> np.ndarray:
         """Every feature: the support by alpha, then the rest by their dual gradient g_i - rho_i, smallest first
-        (closest to entering the support)."""
+        (closest to entering the support). For many features (``r``, ``rho`` and ``g`` then stay on the workers)
+        the best ``n_features`` only, ranked the same way where the blocks live (``top``)."""
+        if self.g is None:
+            return self.top
         sup = self.support
         rest = np.flatnonzero(self.alpha <= 0)
         G = self.g[rest] - self.rho[rest]
@@ -105,10 +111,12 @@ class MMFSResult:
 def geometry(M: Matrix) -> dict[str, np.ndarray]:
     """Per-feature ``coef``, ``shift``, ``colsum`` and ``qii`` = ||f_i||^2 of the MMFS columns
     f_i = coef_i (x_i - shift_i 1): the engine's standardization divided by sqrt(m) (None: raw columns)."""
-    st = M.stats
-    m = M.shape[0]
-    mu, inv = M.transform
-    d = M.shape[1]
+    return _geometry_of(M.stats, M.shape[0], M.standardize, M.shape[1])
+
+
+def _geometry_of(st: Any, m: int, standardize: str | None, d: int) -> dict[str, np.ndarray]:
+    """:func:`geometry` from column statistics (of the whole matrix, or of one block: every number is per feature)."""
+    mu, inv = transform_of(st, standardize)
     shift = np.zeros(d) if mu is None else np.asarray(mu, dtype=np.float64)
     coef = np.ones(d) if inv is None else np.asarray(inv, dtype=np.float64) / np.sqrt(m)
     colsum = np.asarray(st.sum, dtype=np.float64)
@@ -149,14 +157,24 @@ def class_relevance(M: Matrix, codes: np.ndarray, n_classes: int, geo: dict, rul
     # the per-class terms are summed in sorted order: renumbering the classes permutes them, and the sum stays
     # bit-for-bit the same
     if rule == "ratio":
-        between = np.where(const, 0.0, np.sort(cnt * dev * dev, axis=0).sum(axis=0))
-        return geo["coef"] * np.sqrt(np.maximum(between, 0.0))
+        return _ratio(st, st.class_count.astype(np.float64), geo["coef"])
     if rule in ("ovr-max", "ovr-mean"):
         # x_i^T (e_c - n_c / n 1) = n_c (mu_c - mu), and the centred indicator has norm^2 n_c (n - n_c) / n
         per = np.abs(np.sqrt(cnt * n / (n - cnt)) * dev) * geo["coef"][None, :]
         per[:, const] = 0.0
         return per.max(axis=0) if rule == "ovr-max" else np.sort(per, axis=0).sum(axis=0) / n_classes
     raise ParameterError(f"The multi-class relevance rule must be 'ratio', 'ovr-max' or 'ovr-mean'; got {rule!r}.")
+
+
+def _ratio(st: Any, counts: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """``"ratio"``'s r = coef sqrt(B) from column statistics with per-class sums (whole matrix or one block)."""
+    cnt = counts[:, None]
+    dev = st.class_sum / cnt - st.mean()[None, :]  # mu_c - mu, (n_classes, d)
+    const = st.min == st.max
+    # the per-class terms are summed in sorted order: renumbering the classes permutes them, and the sum stays
+    # bit-for-bit the same
+    between = np.where(const, 0.0, np.sort(cnt * dev * dev, axis=0).sum(axis=0))
+    return coef * np.sqrt(np.maximum(between, 0.0))
 
 
 def relevance(M: Matrix, y: Any, geo: dict, kind: Any = "correlation") -> np.ndarray:
@@ -223,12 +241,97 @@ def margins(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> t
     return auto, geo, r, theta / (1.0 - theta) * r
 
 
-def _problem(M: Matrix, rho: np.ndarray, C: float, theta: float, gamma: Any, relevance_kind: Any) -> dict:
+@dataclass(frozen=True)
+class MarginSpec:
+    """How every feature block computes its MMFS geometry (:func:`geometry`'s coef, shift, colsum, qii) and margins
+    (rho = theta / (1 - theta) r, :func:`relevance`) where it lives, from the block itself and a few numbers
+    broadcast to all: the driver never holds a vector over the features (what :func:`margins` does for small
+    data, with the same values bit for bit).
+
+    ``kind``: "correlation" (two classes: ``yn``, the labels centred and scaled to unit norm), "ratio" (more
+    classes: ``codes``, ``counts``), "fisher" (``codes``, ``counts`` and ``scale``: Fisher scores divided by their
+    largest finite value), or "given" (``r``, a relevance computed on the driver by a callable)."""
+
+    m: int
+    standardize: str | None
+    theta: float
+    kind: str
+    yn: np.ndarray | None = None
+    codes: np.ndarray | None = None
+    counts: np.ndarray | None = None
+    scale: float = 1.0
+    r: np.ndarray | None = None
+
+
+def margin_spec(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> tuple[bool, MarginSpec]:
+    """Check ``theta``, ``gamma`` and the labels (as :func:`margins`); return (gamma is "auto", the recipe by which
+    each block computes its geometry and margins). A Fisher relevance takes one pass here (its largest finite
+    score); a callable's relevance is computed now, on the driver."""
+    check_params(MMFS_PARAMS, {"theta": theta, "gamma": gamma}, "mmfs")
+    auto = isinstance(gamma, str)
+    y = class_targets(M, y, "mmfs")
+    common = {"m": int(M.shape[0]), "standardize": M.standardize, "theta": float(theta)}
+    if callable(relevance_kind):
+        return auto, MarginSpec(kind="given", r=relevance(M, y, geometry(M), relevance_kind), **common)
+    y = np.asarray(y).ravel()
+    classes, codes = encode_labels(y)
+    if classes.shape[0] < 2:
+        raise ParameterError("MMFS: the labels are constant, so every feature's relevance is 0")
+    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
+    if relevance_kind == "fisher":
+        from dufs.methods.filters import fisher_scores
+
+        f = fisher_scores(M, y if y.dtype.kind in "biuf" else codes)
+        finite = np.isfinite(f)
+        top = float(f.max(where=finite, initial=-np.inf))
+        return auto, MarginSpec(kind="fisher", codes=codes, counts=counts, scale=top if top > 0 else 1.0, **common)
+    if relevance_kind != "correlation":
+        raise ParameterError(f"The 'relevance' parameter of mmfs must be 'correlation', 'fisher' or a callable; "
+                             f"got {relevance_kind!r}.")
+    if classes.shape[0] > 2:
+        return auto, MarginSpec(kind="ratio", codes=codes, counts=counts, **common)
+    yv = np.asarray(y, dtype=np.float64) if y.dtype.kind in "biuf" else codes.astype(np.float64)
+    yc = yv - yv.mean()
+    nrm = np.linalg.norm(yc)
+    if nrm == 0:
+        raise ParameterError("MMFS: the labels are constant, so every feature's relevance is 0")
+    return auto, MarginSpec(kind="correlation", yn=yc / nrm, **common)
+
+
+def block_margins(b: Any, spec: MarginSpec, r_block: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """One feature block's ``coef``, ``shift``, ``colsum``, ``qii``, ``r`` and ``rho`` by ``spec`` (computed where
+    the block lives; the same values as :func:`geometry` and :func:`relevance` on the whole matrix). With
+    ``r_block``: the block's slice of a relevance computed on the driver ("given")."""
+    from dufs.engine.stats import block_stats
+
+    m = spec.m
+    classed = spec.kind in ("ratio", "fisher")
+    st = block_stats(b, m, spec.codes if classed else None, 0 if not classed else spec.counts.shape[0])
+    geo = _geometry_of(st, m, spec.standardize, b.width)
+    if spec.kind == "given":
+        r = np.asarray(r_block, dtype=np.float64)
+    elif spec.kind == "correlation":
+        raw = np.empty((b.width, 1))
+        csc_rmatvec(b.indptr, b.indices, b.data, spec.yn[:, None], raw)
+        r = np.abs(geo["coef"] * raw[:, 0])  # 1^T y~ = 0, so the shift drops out
+    elif spec.kind == "ratio":
+        st.class_count = spec.counts
+        r = _ratio(st, spec.counts, geo["coef"])
+    else:
+        from dufs.methods.filters import fisher_from_stats
+
+        st.class_count = spec.counts
+        f = fisher_from_stats(st, spec.counts, b.width)
+        r = np.where(np.isfinite(f), f / spec.scale, 1.0)
+    return {**geo, "r": r, "rho": spec.theta / (1.0 - spec.theta) * r}
+
+
+def _problem(M: Matrix, rho_summary: np.ndarray, C: float, theta: float, gamma: Any, relevance_kind: Any) -> dict:
     rel = relevance_kind if isinstance(relevance_kind, str) else \
         f"callable:{getattr(relevance_kind, '__qualname__', type(relevance_kind).__name__)}"
     return {"shape": [int(M.shape[0]), int(M.shape[1])], "nnz": int(M.nnz), "standardize": M.standardize,
             "C": float(C), "theta": float(theta), "gamma": gamma if isinstance(gamma, str) else float(gamma),
-            "relevance": rel, "rho": [float(rho.sum()), float(np.sqrt(rho @ rho)), float(rho.max(initial=0.0))]}
+            "relevance": rel, "rho": [float(v) for v in rho_summary]}
 
 
 def default_checkpoint(M: Matrix, problem: dict) -> str | None:
@@ -305,9 +408,18 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     if not (checkpoint is None or checkpoint == "auto" or isinstance(checkpoint, str | os.PathLike)):
         raise ParameterError(f"The 'checkpoint' parameter of mmfs must be a directory path, 'auto' or None; "
                              f"got {checkpoint!r}.")
-    auto, geo, r, rho = margins(M, y, theta, gamma, relevance_kind)
+    # above dufs.engine.driver-features the per-feature vectors (geometry, margins, the gradient) stay where the
+    # blocks live and the driver holds alpha only (MMFSResult.r, rho and g are then None)
+    on_blocks = M.shape[1] > int(config.get("engine.driver-features"))
+    if on_blocks:  # the geometry and the margins where the blocks live: no vector over the features here
+        auto, spec = margin_spec(M, y, theta, gamma, relevance_kind)
+        geo, r, rho = None, None, spec
+        rho_summary = margin_summary(M, spec)
+    else:
+        auto, geo, r, rho = margins(M, y, theta, gamma, relevance_kind)
+        rho_summary = np.array([float(rho.sum()), float(np.sqrt(rho @ rho)), float(rho.max(initial=0.0))])
     partitions = M.partition(auto_partitions(M) if n_partitions == "auto" else int(n_partitions))
-    problem = _problem(M, rho, C, theta, gamma, relevance_kind)
+    problem = _problem(M, rho_summary, C, theta, gamma, relevance_kind)
     directory = default_checkpoint(M, problem) if checkpoint == "auto" else checkpoint
     ck = None if directory is None else Checkpoint(directory, problem)
     if resume and ck is None:
@@ -341,7 +453,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         out = solve(M, rho, geo, C=float(C), gamma=gk, tol=float(tol), max_epochs=int(max_epochs),
                     random_state=int(random_state), partitions=partitions, state=state, w=w, trace=trace, alpha0=alpha0,
                     checkpoint=ck, checkpoint_every=int(checkpoint_every), checkpoint_meta={"gamma_index": k},
-                    recovery=recovery)
+                    recovery=recovery, gather_g=not on_blocks)
         state = out["state"]
         alpha0 = out["alpha"]
         w = (out["ws"], out["wt"], out["b"])
@@ -351,6 +463,9 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         if support >= want:
             break
     alpha, g = out["alpha"], out["g"]
+    top = None
+    if on_blocks:  # the ranking's head where the blocks live: (alpha, g - rho) stay there
+        top = mmfs_top(M, partitions, state, want)
     release(state)
     ws, wt, b = out["ws"], out["wt"], out["b"]
     diagnostics = {
@@ -369,4 +484,5 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         diagnostics["filled_by_gradient"] = int(n_features - support)
         log.info("the support holds %d features; the other %d are the closest to entering it (dual gradient)",
                  support, n_features - support)
-    return MMFSResult(alpha=alpha, w=ws + wt[0], b=float(b), gamma=gk, r=r, rho=rho, g=g, diagnostics=diagnostics)
+    return MMFSResult(alpha=alpha, w=ws + wt[0], b=float(b), gamma=gk, r=r, rho=None if on_blocks else rho, g=g,
+                      diagnostics=diagnostics, top=top)

@@ -49,6 +49,22 @@ def _init(blocks, state, coef, shift, colsum, qii, rho, alpha0, seed):
                         seed[q]) for q, blk in enumerate(blocks)], None
 
 
+def _init_from_spec(blocks, state, spec, r_given, alpha0, seed):
+    """The blocks' states with their geometry and margins computed here, from the blocks (``spec``: a
+    :class:`dufs.methods.mmfs.MarginSpec`), and the margins' (sum, sum of squares, largest) over the partition."""
+    from dufs.methods.mmfs import block_margins
+
+    out, summary = [], np.array([0.0, 0.0, 0.0])
+    for q, blk in enumerate(blocks):
+        g = block_margins(blk, spec, None if r_given is None else r_given[q])
+        out.append(_init_state(blk, g["coef"], g["shift"], g["colsum"], g["qii"], g["rho"],
+                               None if alpha0 is None else alpha0[q], seed[q]))
+        rho = g["rho"]
+        summary += [rho.sum(), rho @ rho, 0.0]
+        summary[2] = max(summary[2], float(rho.max(initial=0.0)))
+    return out, summary
+
+
 def _start(blk, st, ws, wt, b, step, m, C, dal=None):
     """A block's part of a round's start: apply last round's step (along ``dal`` when the driver ran the block's
     epoch), the exact gradient and the gap terms at (w, b). Returns (state, [gap, sum alpha, rho^T alpha])."""
@@ -278,14 +294,38 @@ def _take_alpha(blocks, states, with_g=True):
     return states, out
 
 
-def _init_blocks(M: Matrix, partitions: list, geo: dict, rho: np.ndarray, alpha0: np.ndarray | None,
+def _init_blocks(M: Matrix, partitions: list, geo: dict | None, rho: Any, alpha0: np.ndarray | None,
                  seed: int) -> Any:
+    """The partitions' states: from the driver's arrays (``geo``, ``rho``), or, when ``rho`` is a
+    :class:`~dufs.methods.mmfs.MarginSpec`, computed by each block where it lives."""
     state = [None] * len(partitions)
+    seeds = PerBlock([seed * 1000003 + i for i in range(M.n_blocks)])
+    a0 = None if alpha0 is None else PerBlock(alpha0)
+    if geo is None:
+        r_given = None if rho.r is None else PerBlock(rho.r)
+        _, state = M.map_blocks(_init_from_spec, rho, r_given, a0, seeds, state=state, partitions=partitions)
+        return state
     _, state = M.map_blocks(_init, PerBlock(geo["coef"]), PerBlock(geo["shift"]), PerBlock(geo["colsum"]),
-                            PerBlock(geo["qii"]), PerBlock(rho), None if alpha0 is None else PerBlock(alpha0),
-                            PerBlock([seed * 1000003 + i for i in range(M.n_blocks)]), state=state,
-                            partitions=partitions)
+                            PerBlock(geo["qii"]), PerBlock(rho), a0, seeds, state=state, partitions=partitions)
     return state
+
+
+def margin_summary(M: Matrix, spec: Any) -> np.ndarray:
+    """[sum, norm, largest] of the margins a :class:`~dufs.methods.mmfs.MarginSpec` gives, by one pass (each
+    block computes its own and returns three numbers)."""
+    parts = M.map_blocks(_margin_summary, spec, None if spec.r is None else PerBlock(spec.r))
+    s = np.array([0.0, 0.0, 0.0])
+    for p in parts:
+        s[:2] += p[:2]
+        s[2] = max(s[2], p[2])
+    return np.array([s[0], np.sqrt(s[1]), s[2]])
+
+
+def _margin_summary(blk, spec, r_given):
+    from dufs.methods.mmfs import block_margins
+
+    rho = block_margins(blk, spec, r_given)["rho"]
+    return np.array([rho.sum(), rho @ rho, float(rho.max(initial=0.0))])
 
 
 def _gather_alpha(M: Matrix, partitions: list, state: Any, with_g: bool = True) -> tuple[np.ndarray, Any, Any]:
@@ -366,14 +406,18 @@ class Checkpoint:
         return alpha, meta
 
 
-def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol: float, max_epochs: int,
+def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: float, tol: float, max_epochs: int,
           random_state: int = 0, partitions: list | None = None, state: Any = None, w: tuple | None = None,
           trace: list | None = None, alpha0: np.ndarray | None = None, checkpoint: Any = None,
           checkpoint_every: int = 5, checkpoint_meta: dict | None = None, recovery: dict | None = None,
-          rule: str = "auto") -> dict:
+          rule: str = "auto", gather_g: bool = True) -> dict:
     """Rounds of block DCD + line search until gap / |D| <= tol or ``max_epochs`` rounds. Returns a dict with the
     final ``state`` (per partition), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``, and
-    ``alpha`` and ``g`` gathered to the driver.
+    ``alpha`` and ``g`` gathered to the driver (``g`` unless ``gather_g`` is False).
+
+    The problem is ``rho`` and ``geo`` (the margins and :func:`~dufs.methods.mmfs.geometry`, on the driver), or
+    ``rho`` a :class:`~dufs.methods.mmfs.MarginSpec` and ``geo`` None: every block then computes its own where it
+    lives (and again after lost workers), and nothing over the features but alpha reaches the driver.
 
     ``partitions``: lists of block indices ( default: one partition of every block). With one
     partition a round is one serial DCD epoch, the bias moving. With K > 1 each partition runs its epoch with the
@@ -489,7 +533,7 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
             fresh = False
             if done or last or (snap_on and r % every == 0):
                 # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)
-                alpha, g, state = _gather_alpha(M, partitions, state, with_g=done or last)
+                alpha, g, state = _gather_alpha(M, partitions, state, with_g=gather_g and (done or last))
                 snap = (alpha, ws, wt, b, r - 1, len(trace))
                 fresh = True
                 watch()
@@ -545,3 +589,29 @@ def solve(M: Matrix, rho: np.ndarray, geo: dict, *, C: float, gamma: float, tol:
         b = b + gamma * step * ds
     return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
             "trace": trace, "alpha": alpha, "g": g}
+
+
+def mmfs_top(M: Matrix, partitions: list, state: Any, k: int) -> np.ndarray:
+    """The ``k`` best features by :meth:`~dufs.methods.mmfs.MMFSResult.ranking`'s rule (the support by alpha, then
+    the dual gradient g - rho, ties to the lower index), each partition proposing its own best from its state."""
+    parts, _ = M.map_blocks(_top_of_state, int(k), state=state, partitions=partitions)
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    grp = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    key = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0)
+    order = np.lexsort((ids, key, grp))[:k]
+    return ids[order]
+
+
+def _top_of_state(blocks, states, k):
+    ids, grp, key = [], [], []
+    for blk, st in zip(blocks, states, strict=True):
+        a = st["alpha"]
+        sup = a > 0
+        g = np.where(sup, 0.0, 1.0)  # the support first
+        kk = np.where(sup, -a, st["g"] - st["rho"])
+        i = np.arange(blk.width)
+        o = np.lexsort((i, kk, g))[:k]
+        ids.append(blk.start + i[o])
+        grp.append(g[o])
+        key.append(kk[o])
+    return states, (np.concatenate(ids), np.concatenate(grp), np.concatenate(key))

@@ -28,12 +28,15 @@ __all__ = ["METHODS", "MethodResult", "MethodSpec", "rank"]
 
 @dataclass
 class MethodResult:
-    """What every method returns to ``dufs.fit``: a score per feature (NaN where the method gives none), its own
-    ranking of the features when it has one (None: by the scores), and its diagnostics."""
+    """What every method returns to ``dufs.fit``: a score per feature (NaN where the method gives none), the
+    ranking of the features (at least the best ``n_features``, best first; None: by the scores), its diagnostics,
+    and whether the ranking is the scores' order (``by_scores``: equal scores then leave the choice to the
+    feature index)."""
 
     scores: np.ndarray
     ranking: np.ndarray | None = None
     diagnostics: dict = field(default_factory=dict)
+    by_scores: bool = True
 
 
 @dataclass(frozen=True)
@@ -59,19 +62,19 @@ def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------- entries
 def _variance(M: Any, y: Any, *, n_features: int) -> MethodResult:
-    return MethodResult(filters.variance_scores(M))
+    return MethodResult(*filters.variance_ranked(M, n_features))
 
 
 def _correlation(M: Any, y: Any, *, n_features: int) -> MethodResult:
-    return MethodResult(filters.correlation_scores(M, y))
+    return MethodResult(*filters.correlation_ranked(M, y, n_features))
 
 
 def _fisher(M: Any, y: Any, *, n_features: int) -> MethodResult:
-    return MethodResult(filters.fisher_scores(M, y))
+    return MethodResult(*filters.fisher_ranked(M, y, n_features))
 
 
 def _laplacian(M: Any, y: Any, *, n_features: int, **p: Any) -> MethodResult:
-    return MethodResult(filters.laplacian_scores(M, **p))
+    return MethodResult(*filters.laplacian_ranked(M, **p, k=n_features))
 
 
 def _mmfs(M: Any, y: Any, *, n_features: int, kernel: str = "linear", rbf_gamma: Any = None,
@@ -98,7 +101,7 @@ def _mmfs(M: Any, y: Any, *, n_features: int, kernel: str = "linear", rbf_gamma:
                           **p)
     d = dict(res.diagnostics)
     d.setdefault("kernel", kernel)
-    return MethodResult(res.alpha, res.ranking(), d)
+    return MethodResult(res.alpha, res.ranking(), d, by_scores=False)
 
 
 def _qpfs(M: Any, y: Any, *, n_features: int, **p: Any) -> MethodResult:
@@ -107,7 +110,7 @@ def _qpfs(M: Any, y: Any, *, n_features: int, **p: Any) -> MethodResult:
     if "relevance" in p:
         p["relevance_kind"] = p.pop("relevance")
     res = qpfs(M, y, **p)
-    return MethodResult(res.x, res.ranking(), dict(res.diagnostics))
+    return MethodResult(res.x, res.ranking(), dict(res.diagnostics), by_scores=False)
 
 
 def _greedy_result(res: Any, d: int) -> MethodResult:
@@ -116,7 +119,7 @@ def _greedy_result(res: Any, d: int) -> MethodResult:
     scores[res.indices] = res.criterion
     diag = dict(res.diagnostics)
     diag.update(criterion=res.criterion.tolist(), objective=res.objective.tolist())
-    return MethodResult(scores, res.indices, diag)
+    return MethodResult(scores, res.indices, diag, by_scores=False)
 
 
 def _lapofs(criterion: str) -> Callable[..., MethodResult]:
@@ -180,12 +183,12 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
     sigma = np.asarray(res.sigma, dtype=np.float64)
     head = np.asarray(res.selected, dtype=np.int64)
     rest = np.setdiff1d(rank(sigma, True), head, assume_unique=True)
-    return MethodResult(sigma, np.concatenate([head, rest]), diag)
+    return MethodResult(sigma, np.concatenate([head, rest]), diag, by_scores=False)
 
 
 METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("variance", _variance, filters.VARIANCE_PARAMS, True, False, None, 1),
-    MethodSpec("correlation", _correlation, filters.CORRELATION_PARAMS, True, True, "zscore", 2),
+    MethodSpec("correlation", _correlation, filters.CORRELATION_PARAMS, True, True, "zscore", 1),
     MethodSpec("fisher", _fisher, filters.FISHER_PARAMS, True, True, None, 1),
     MethodSpec("laplacian", _laplacian, filters.LAPLACIAN_PARAMS, False, False, None, 2),
     MethodSpec("mmfs", _mmfs, MMFS_PARAMS, True, True, "zscore"),

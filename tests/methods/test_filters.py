@@ -116,3 +116,29 @@ def test_laplacian_score_default_graph_on_continuous_data():
     fin = np.isfinite(want)
     assert np.array_equal(fin, np.isfinite(got))
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["variance", "correlation", "fisher"])
+def test_many_features_keep_float32_scores_and_rank_the_head_in_float64(real, method):
+    """Above dufs.engine.driver-features the driver holds the scores as float32, while the k best come from the
+    blocks' float64 scores merged on the driver: the head is the dense reference's, by its float64 values."""
+    import dask
+
+    from dufs.methods.filters import correlation_ranked, fisher_ranked, variance_ranked
+
+    X, Xd, y = real
+    if method == "variance":
+        want = Xd.var(axis=0)
+    elif method == "fisher":
+        want = np.asarray(fisher_scores(Matrix(X), y))  # checked against the dense formula in test_fisher
+    else:
+        want = _eta(Xd, y)
+    ranked = {"variance": lambda M: variance_ranked(M, 40), "correlation": lambda M: correlation_ranked(M, y, 40),
+              "fisher": lambda M: fisher_ranked(M, y, 40)}[method]
+    with dask.config.set({"dufs.engine.driver-features": 0}):
+        scores, top = ranked(Matrix(X, block_width=97, standardize="zscore"))
+    assert scores.dtype == np.float32
+    np.testing.assert_allclose(scores, want.astype(np.float32), rtol=1e-6, atol=1e-9)
+    key = np.where(np.isnan(want), -np.inf, want)
+    order = np.lexsort((np.arange(key.size), -np.round(key, 9)))
+    np.testing.assert_array_equal(np.sort(np.round(key[top], 9))[::-1], np.round(key[order[:40]], 9))

@@ -229,6 +229,32 @@ def test_fixed_gamma_fills_the_rest_by_the_dual_gradient():
     assert sel.indices[k:].tolist() == rest[:30 - k]
 
 
+@pytest.mark.parametrize(("multiclass", "width", "parts"), [(False, None, 1), (False, 9, 3), (True, 9, 2)])
+def test_many_features_path_keeps_vectors_on_the_blocks_and_ranks_the_same(multiclass, width, parts):
+    """Above dufs.engine.driver-features the per-feature geometry, margins and gradient stay where the blocks live
+    and the ranking's head is merged from per-partition candidates: alpha and the ranking are those of the QP."""
+    X, y = _problem(5, n=120, d=50)
+    if multiclass:
+        y = np.digitize(X[:, 3].toarray().ravel() + X[:, 4].toarray().ravel(), [0.3, 0.9])  # three classes
+    with dask.config.set(scheduler="sync"):
+        whole = mmfs(Matrix(X, standardize="zscore", block_width=width), y, n_features=30, gamma=1.0, tol=1e-8,
+                     n_partitions=parts)
+    with dask.config.set({"scheduler": "sync", "dufs.engine.driver-features": 0}):
+        blocks = mmfs(Matrix(X, standardize="zscore", block_width=width), y, n_features=30, gamma=1.0, tol=1e-8,
+                      n_partitions=parts)
+    assert blocks.g is None and blocks.rho is None and blocks.r is None
+    np.testing.assert_array_equal(blocks.alpha, whole.alpha)
+    assert blocks.diagnostics["objective"] == whole.diagnostics["objective"]
+    assert blocks.ranking().tolist() == whole.ranking()[:30].tolist()
+    if not multiclass:  # the head against the generic QP: the support by alpha, then the rest by F^T F a + b - rho
+        F = _features(X, "zscore")
+        _, aref, rho = _qp(F, y, 1.0, 1.0)
+        G = F.T @ (F @ aref) + aref.sum() - rho
+        k = int((blocks.alpha > 0).sum())
+        rest = [j for j in np.argsort(G, kind="stable") if aref[j] <= 1e-9]
+        assert blocks.ranking()[k:].tolist() == rest[:30 - k]
+
+
 def test_bad_parameters_are_named():
     X, y = _problem(6)
     for kw, name in [({"C": 0}, "'C'"), ({"theta": 1.0}, "'theta'"), ({"gamma": "big"}, "'gamma'"),
