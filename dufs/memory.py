@@ -9,12 +9,13 @@ Every figure is in bytes and counts what a job adds to its processes' start-up (
   re-read each pass instead: at most ``dufs.engine.cache-bytes`` of loaded blocks a worker, plus the block being
   read (compressed chunks and arrays of at most ``dufs.store.feature-block-nnz`` nonzeros).
 - **filters** (variance, correlation, Fisher): the driver holds the scores (4 bytes a feature above
-  ``dufs.engine.driver-features``, else 8), the labels (a few n-vectors), two blocks' results in flight and 8 MiB
-  of graph, messages and JSON; a
+  ``dufs.engine.driver-features``, else 8), the labels (six n-vectors at the peak: as read, sorted, encoded), two
+  blocks' results in flight and 8 MiB of graph, messages and JSON; a
   worker holds the labels and one block's per-feature statistics.
 - **MMFS** (linear): the workers hold seven float64 vectors a feature (alpha, geometry, margins, gradient, the
   visiting order) beside the blocks and four n-vectors a partition; the driver holds alpha (8 bytes a feature)
-  with a copy while it is checkpointed, and a few n-vectors (w, its parts, the labels).
+  with a copy while it is checkpointed and the selection's scores, and seven n-vectors (w, its parts, the labels
+  and their encodings).
 
 The unsupervised methods are not covered: their sample-space arrays (n x p dense) are still held in one piece.
 """
@@ -74,12 +75,14 @@ def memory_model(n_samples: int, n_features: int, nnz: int, method: str, *, n_wo
         data = P * (config.parse_bytes(config.get("engine.cache-bytes")) + one_block)
     score_bytes = 4 if d > int(config.get("engine.driver-features")) else 8
     if family == "filter":
-        # labels as read, their class codes and the centred or float copy; two blocks' float64 results in flight
-        driver = OVERHEAD_DRIVER + score_bytes * d + 3 * 8 * n + 2 * 8 * block_width
+        # the labels as read and checked, np.unique's sort and inverse, the class codes or the centred copy (six
+        # n-vectors at the peak, measured at kddb size); two blocks' float64 results in flight
+        driver = OVERHEAD_DRIVER + score_bytes * d + 6 * 8 * n + 2 * 8 * block_width
         # the shipped labels and their deserialised copy; a block's per-feature statistics (about 10 vectors)
         workers = data + P * (2 * 8 * n + 10 * 8 * block_width)
     else:
         parts = P if n_partitions is None else int(n_partitions)
-        driver = OVERHEAD_DRIVER + 2 * 8 * d + 6 * 8 * n
+        # alpha, its checkpointed copy and the selection's scores; w, its parts, the labels and their encodings
+        driver = OVERHEAD_DRIVER + 3 * 8 * d + 7 * 8 * n
         workers = data + 7 * 8 * d + parts * 4 * 8 * n + P * 2 * 8 * n
     return MemoryModel(driver=int(driver), workers=int(workers), blocks=int(blocks), n_workers=P)

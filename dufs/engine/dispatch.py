@@ -57,12 +57,13 @@ def delayed(fn: Callable, pure: bool = False) -> Callable:
 
 
 def share(x: Any) -> Any:
-    """A large argument (an array of 64 KiB or more, or a SciPy sparse matrix) as one key, so a pass ships it once:
+    """A large argument (an array of 64 KiB or more, a SciPy sparse matrix, or an object whose ``dufs_share`` is
+    true: one that holds such arrays) as one key, so a pass ships it once:
     under a distributed client a scattered future (released with the pass's last reference to it), else a graph
     key; small arguments and inline passes take ``x`` as it is."""
     if _INLINE.get():
         return x
-    if isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x):
+    if isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x) or getattr(x, "dufs_share", False):
         client = current_client()
         if client is not None:
             return client.scatter(x, hash=False)

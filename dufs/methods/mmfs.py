@@ -262,6 +262,8 @@ class MarginSpec:
     scale: float = 1.0
     r: np.ndarray | None = None
 
+    dufs_share = True  # it holds n-vectors: a pass ships it once (scattered), not inside each block's task
+
 
 def margin_spec(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> tuple[bool, MarginSpec]:
     """Check ``theta``, ``gamma`` and the labels (as :func:`margins`); return (gamma is "auto", the recipe by which
