@@ -230,7 +230,10 @@ def print_info(d: dict) -> None:
     prov = d.get("provenance") or {}
     t.add_row("provenance", escape(", ".join(f"{k}={v}" for k, v in prov.items() if k != "options")))
     if d.get("ground_truth"):
-        t.add_row("ground truth", f"informative features {d['ground_truth']['informative']}")
+        gt = d["ground_truth"]
+        t.add_row("ground truth", f"informative features {gt['informative']}" if not gt.get("n_clusters") else
+                  f"{gt['n_clusters']} clusters (the labels), each with {len(gt['cluster_features'][0])} features "
+                  f"of its own")
     out.print(t)
 
 
@@ -247,25 +250,31 @@ def make_synthetic_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing dufs store (never anything "
                                                                  "else); discard an interrupted build."),
     resume: bool = typer.Option(False, "--resume"),
+    clusters: int = typer.Option(0, "--clusters", help="Plant K latent clusters (each with features of its own); "
+                                                        "the labels are then the clusters."),
+    cluster_features: int = typer.Option(20, "--cluster-features", help="Features owned by each cluster."),
+    cluster_nnz: int = typer.Option(5, "--cluster-nnz", help="Nonzeros a row draws from its cluster's features."),
     scheduler: str | None = SchedulerOpt,
     workers: int | None = WorkersOpt,
 ) -> None:
-    """Write a kddb-like synthetic store (power-law binary features, sparse linear labels)."""
+    """Write a kddb-like synthetic store (power-law binary features, sparse linear labels; with --clusters, a
+    latent cluster structure for unsupervised selection)."""
     check_output_dir(output, "OUTPUT")
     try:
         make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
-                        overwrite, resume, scheduler, workers)
+                        overwrite, resume, scheduler, workers, clusters, cluster_features, cluster_nnz)
     except DufsError as exc:
         fail(exc)
 
 
 def make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
-                    overwrite, resume, scheduler, workers) -> Any:
+                    overwrite, resume, scheduler, workers, clusters=0, cluster_features=20, cluster_nnz=5) -> Any:
     from dufs.data.synthetic import SyntheticSpec
     from dufs.data.writers import make_synthetic
 
     spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row,
-                         n_informative=informative, seed=seed, label_noise=label_noise)
+                         n_informative=informative, seed=seed, label_noise=label_noise, n_clusters=clusters,
+                         cluster_features=cluster_features, cluster_nnz=cluster_nnz)
     t0 = time.perf_counter()
     with cluster(scheduler, workers) as client, bytes_progress() as bar:
         task = bar.add_task("generate", total=None, rate="")

@@ -28,6 +28,10 @@ The model
   scores among such splits at least 0.5 away from 0 (so that rows without any informative feature,
   ``x.w = 0``, are not near it). Finally a ``label_noise`` fraction of the labels is flipped (each
   row independently).
+- With ``n_clusters = K`` (``dufs make-synthetic --clusters K``), a latent cluster structure for unsupervised
+  selection: row i belongs to cluster c_i (uniform), each cluster owns ``cluster_features`` features (random ids,
+  none informative, disjoint), and row i draws ``cluster_nnz`` distinct features of its cluster's own on top of
+  its power-law ones. The labels are then the clusters, and the ground truth lists each cluster's features.
 
 Determinism
 -----------
@@ -61,7 +65,7 @@ NOISE_STD = 0.1
 
 _MAX_FEATURES = int(np.iinfo(np.int32).max)  # indices are int32
 _PILOT_CHUNKS = 4
-_TAG_ROWS, _TAG_PILOT, _TAG_MODEL, _TAG_MAP = 0, 1, 2, 3
+_TAG_ROWS, _TAG_PILOT, _TAG_MODEL, _TAG_MAP, _TAG_CLUSTERS = 0, 1, 2, 3, 4
 _MAX_DRAWS_FACTOR, _MAX_DRAWS_EXTRA = 4, 64
 # informative features: expected in [_FREQ_LO, _FREQ_HI] of the rows, ranks below _SKIP_TOP excluded
 _FREQ_LO, _FREQ_HI, _FREQ_FALLBACK, _SKIP_TOP = 0.03, 0.5, 0.01, 10
@@ -101,6 +105,11 @@ _CONSTRAINTS = {
     "seed": (int, lambda v, p: v >= 0, "an int in [0, inf)"),
     "zipf_exponent": (float, lambda v, p: math.isfinite(v) and v >= 0.0, "a float in [0, inf)"),
     "label_noise": (float, lambda v, p: 0.0 <= v < 0.5, "a float in [0, 0.5)"),
+    "n_clusters": (int, lambda v, p: v == 0 or 2 <= v <= 10_000, "0 (no clusters) or an int in [2, 10000]"),
+    "cluster_features": (int, lambda v, p: 1 <= v and (p["n_clusters"] * v + p["n_informative"]
+                                                        <= p["n_features"]),
+                         "an int >= 1 with n_clusters * cluster_features + n_informative <= n_features"),
+    "cluster_nnz": (int, lambda v, p: 1 <= v <= p["cluster_features"], "an int in [1, cluster_features]"),
 }
 
 
@@ -125,6 +134,15 @@ class SyntheticSpec:
         a few features in most rows and most features in almost none, as in kddb.
     label_noise : float, default 0.05
         Fraction of labels flipped, in ``[0, 0.5)``.
+    n_clusters : int, default 0
+        With ``K >= 2``, a latent cluster structure: each row belongs to one of K clusters (uniformly), each
+        cluster owns ``cluster_features`` features of its own, and a row draws ``cluster_nnz`` more nonzeros
+        from its cluster's features. The labels are then the clusters (0 .. K-1), and the ground truth lists
+        each cluster's features.
+    cluster_features : int, default 20
+        Features owned by each cluster.
+    cluster_nnz : int, default 5
+        Nonzeros a row draws from its cluster's features, in ``[1, cluster_features]``.
     """
 
     n_rows: int
@@ -134,6 +152,9 @@ class SyntheticSpec:
     seed: int = 0
     zipf_exponent: float = 1.1
     label_noise: float = 0.05
+    n_clusters: int = 0
+    cluster_features: int = 20
+    cluster_nnz: int = 5
 
     def __post_init__(self):
         valid: dict[str, Any] = {}
@@ -173,6 +194,9 @@ class SyntheticSpec:
             "informative_ranks": [int(v) for v in m.ranks],
             "rank_to_feature": {"multiplier": int(m.mult), "offset": int(m.offset)},
             "chunk_rows": CHUNK_ROWS,
+            **({} if not self.n_clusters else {
+                "labels": "clusters", "n_clusters": self.n_clusters, "cluster_nnz": self.cluster_nnz,
+                "cluster_features": [[int(v) for v in row] for row in _cluster_features(self)]}),
         }
 
 
@@ -326,7 +350,45 @@ def _chunk(spec: SyntheticSpec, chunk: int):
     score = row_dot_sparse_weights(indptr, indices, m.ids, m.weights)
     y = np.where(score + m.bias + NOISE_STD * noise > 0.0, 1.0, -1.0)
     y[flip_u < spec.label_noise] *= -1.0
+    if spec.n_clusters:
+        c, indptr, indices = _add_clusters(spec, chunk, indptr, indices)
+        y = c.astype(np.float64)
     return indptr, indices, y
+
+
+@functools.lru_cache(maxsize=64)
+def _cluster_features(spec: SyntheticSpec) -> np.ndarray:
+    """Each cluster's own features (n_clusters x cluster_features, ascending in each row), none of them
+    informative."""
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed, spawn_key=(_TAG_CLUSTERS,)))
+    taken = set(int(v) for v in _model(spec).ids)
+    need = spec.n_clusters * spec.cluster_features
+    out: list[int] = []
+    while len(out) < need:
+        for v in rng.choice(spec.n_features, size=min(spec.n_features, 2 * (need - len(out)) + 16), replace=False):
+            if int(v) not in taken:
+                taken.add(int(v))
+                out.append(int(v))
+                if len(out) == need:
+                    break
+    return np.sort(np.array(out, dtype=np.int64).reshape(spec.n_clusters, spec.cluster_features), axis=1)
+
+
+def _add_clusters(spec: SyntheticSpec, chunk: int, indptr: np.ndarray, indices: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's cluster, and its rows with ``cluster_nnz`` features of its cluster merged in (ids sorted)."""
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed, spawn_key=(_TAG_CLUSTERS, chunk)))
+    rows = indptr.shape[0] - 1
+    c = rng.integers(0, spec.n_clusters, size=rows)
+    pos = np.argsort(rng.random((rows, spec.cluster_features)), axis=1)[:, :spec.cluster_nnz]
+    extra = _cluster_features(spec)[c[:, None], pos].ravel()
+    r = np.concatenate([np.repeat(np.arange(rows), np.diff(indptr)), np.repeat(np.arange(rows), spec.cluster_nnz)])
+    f = np.concatenate([indices.astype(np.int64), extra])
+    key = np.unique(r * np.int64(spec.n_features) + f)
+    r, f = np.divmod(key, np.int64(spec.n_features))
+    new_ptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=rows), out=new_ptr[1:])
+    return c, new_ptr, f.astype(np.int32)
 
 
 def generate_rows(spec: SyntheticSpec, start: int, stop: int

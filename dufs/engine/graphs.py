@@ -25,8 +25,6 @@ W = Zh Lambda^-1 Zh^T with Lambda = diag(Zh^T 1): the Laplacian is a low-rank-pl
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -34,13 +32,13 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
 from dufs.errors import ParameterError
+from dufs.kernels.projection import projection_table
 
 __all__ = ["AnchorGraph", "anchor_graph", "knn_graph", "laplacian", "laplacian_operator", "projection_rows"]
 
 #: bytes of one n x block_rows float64 Gram block by default
 _GRAM_BYTES = 1 << 28
 #: features per chunk of the random projection (R is generated chunk by chunk, keyed by the chunk's index)
-PROJECTION_CHUNK = 4096
 #: above this many samples the anchors come from MiniBatchKMeans instead of KMeans
 _MINIBATCH_ABOVE = 50_000
 
@@ -101,27 +99,13 @@ def _sqnorm_block(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | N
 def projection_rows(start: int, stop: int, embed_dim: int, random_state: int = 0) -> np.ndarray:
     """Rows ``start:stop`` of the random projection R (n_features x embed_dim), dense float64.
 
-    Achlioptas' sparse sign projection: entries sqrt(3 / embed_dim) * {+1 with probability 1/6, 0 with 2/3,
-    -1 with 1/6} (zero mean, variance 1 / embed_dim, so E[||x R||^2] = ||x||^2). R is generated in chunks of
-    :data:`PROJECTION_CHUNK` features, chunk c from ``numpy.random.default_rng([random_state, c])``: any row
-    range gives the same rows, whatever the feature blocking.
+    Achlioptas' sparse sign projection: entries +-s with probability 0.16667 each and 0 otherwise (zero mean,
+    variance 1 / embed_dim, so E[||x R||^2] = ||x||^2), each from a counter-based hash of (``random_state``,
+    feature, column) (:mod:`dufs.kernels.projection`): any row range, any set of features, gives the same rows,
+    whatever the feature or row blocking.
     """
-    start, stop, e = int(start), int(stop), int(embed_dim)
-    out = np.empty((max(stop - start, 0), e), dtype=np.float64)
-    scale = math.sqrt(3.0 / e)
-    c0 = start // PROJECTION_CHUNK
-    pos = 0
-    c = c0
-    while start + pos < stop:
-        lo = c * PROJECTION_CHUNK
-        r = np.random.default_rng([int(random_state), c]).integers(0, 6, size=(PROJECTION_CHUNK, e), dtype=np.int8)
-        vals = np.where(r == 0, scale, np.where(r == 1, -scale, 0.0))
-        a = start + pos - lo
-        b = min(stop - lo, PROJECTION_CHUNK)
-        out[pos:pos + b - a] = vals[a:b]
-        pos += b - a
-        c += 1
-    return out
+    start, stop = int(start), int(stop)
+    return projection_table(np.arange(start, max(stop, start), dtype=np.int64), int(embed_dim), int(random_state))
 
 
 def _embed_block(block: Any, n: int, embed_dim: int, random_state: int, mu: np.ndarray | None,
@@ -294,14 +278,15 @@ def laplacian_operator(W: Any, *, normed: bool = False) -> LinearOperator:
 
 
 # ---------------------------------------------------------------------------------------------------- anchor graph
-@dataclass
 class AnchorGraph:
     """An anchor graph W = Zh Lambda^-1 Zh^T (Liu, He, Chang, ICML 2010), kept in factored form.
 
     Attributes
     ----------
     Zh : scipy.sparse.csr_array (n_samples x n_anchors)
-        Each row has exactly s nonzeros (its s nearest anchors), summing to 1.
+        Each row has exactly s nonzeros (its s nearest anchors), summing to 1. Built by row blocks, it stays in
+        row pieces beside them (``pieces``) and is assembled here only when asked for (refused above
+        ``dufs.engine.max-task-bytes``; :meth:`zh_shared` assembles it on a worker instead).
     anchors : (n_anchors, embed_dim) array
         The k-means centres in the random-projection embedding.
     embedding : (n_samples, embed_dim) array or None
@@ -311,19 +296,43 @@ class AnchorGraph:
         Zh^T 1, the diagonal of Lambda (an anchor no sample links to has 0 and is left out of W).
     """
 
-    Zh: sp.csr_array
-    anchors: np.ndarray
-    embedding: np.ndarray | None
-    lam: np.ndarray
+    def __init__(self, Zh: Any = None, anchors: Any = None, embedding: Any = None, lam: Any = None, *,
+                 pieces: Any = None, embedding_pieces: Any = None, n: int | None = None):
+        self._Zh = Zh
+        self.anchors = anchors
+        self._embedding = embedding
+        self.lam = lam
+        self.pieces = pieces
+        self.embedding_pieces = embedding_pieces
+        self._n = int(Zh.shape[0]) if Zh is not None else int(n)
+        self._degrees: np.ndarray | None = None
+
+    @property
+    def Zh(self) -> sp.csr_array:  # noqa: N802 (the paper's name)
+        if self._Zh is None:
+            self._Zh = sp.csr_array(self.pieces.gather("the anchor graph's Zh"))
+        return self._Zh
+
+    @property
+    def embedding(self) -> np.ndarray | None:
+        if self._embedding is None and self.embedding_pieces is not None:
+            self._embedding = np.asarray(self.embedding_pieces.gather("the anchor graph's embedding"))
+        return self._embedding
+
+    def zh_shared(self) -> Any:
+        """Zh whole where the work runs: this process's array, or (built by row blocks under a distributed client)
+        a future of it assembled on a worker, so the driver never holds it."""
+        if self._Zh is not None or self.pieces is None:
+            return self.Zh
+        return self.pieces.assembled()
 
     @property
     def shape(self) -> tuple[int, int]:
-        n = self.Zh.shape[0]
-        return n, n
+        return self._n, self._n
 
     @property
     def n_anchors(self) -> int:
-        return int(self.Zh.shape[1])
+        return int(self.anchors.shape[0])
 
     @property
     def lam_inv(self) -> np.ndarray:
@@ -343,7 +352,14 @@ class AnchorGraph:
     @property
     def degrees(self) -> np.ndarray:
         """W 1 = Zh Lambda^-1 Zh^T 1 (all ones when every row of Zh sums to 1 and every anchor is used)."""
-        return self.matvec_W(np.ones(self.shape[0]))
+        if self._degrees is None:
+            if self._Zh is None and self.pieces is not None:  # Zh (Lambda^-1 lam), piece by piece: an n-vector
+                w = self.lam_inv * self.lam
+                deg = self.pieces.rows.map(_rows_degrees, self.pieces, args=(w,), with_rows=False)
+                self._degrees = np.asarray(deg.gather("the degrees"), dtype=np.float64)
+            else:
+                self._degrees = self.matvec_W(np.ones(self.shape[0]))
+        return self._degrees
 
     def laplacian(self, normed: bool = False) -> LinearOperator:
         """L = D - W, or I - D^-1/2 W D^-1/2, as a SciPy ``LinearOperator`` (never an n x n matrix)."""
@@ -354,22 +370,36 @@ class AnchorGraph:
         Zd = self.Zh.toarray()
         return (Zd * self.lam_inv[None, :]) @ Zd.T
 
+    def release(self) -> None:
+        """Drop the row pieces held on the workers (after :attr:`Zh` or :attr:`embedding` was gathered, or when
+        done)."""
+        for p in (self.pieces, self.embedding_pieces):
+            if p is not None:
+                p.release()
+
 
 def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_dim: int = 64, random_state: int = 0,
                  keep_embedding: bool = True, block_rows: int | None = None) -> AnchorGraph:
     """Anchor graph of the samples of ``M`` (a :class:`~dufs.engine.Matrix`, its transformed rows Z).
 
-    1. E = Z R (n_samples x ``embed_dim``) in one ``map_blocks(..., reduce="sum")`` pass, R the sparse sign
-       projection of :func:`projection_rows`, generated on the workers block by block.
-    2. Anchors: the ``n_anchors`` k-means centres of E (scikit-learn ``KMeans``, ``MiniBatchKMeans`` above
-       50,000 samples; seeded with ``random_state``).
+    Built row block by row block (:class:`~dufs.engine.rows.Rows`: a store's CSR row blocks, or in-memory rows):
+
+    1. Each row block embeds its own rows, E_b = Z_b R (n_b x ``embed_dim``), R the sparse sign projection of
+       :func:`projection_rows` generated per nonzero from a hash (R is never formed; a standardization's centring
+       is the constant row (mu S^-1)^T R subtracted, the data are never centred). E stays in row pieces.
+    2. Anchors: the ``n_anchors`` k-means centres of E (seeded with ``random_state``): for at most
+       :data:`KMEANS_SAMPLE` samples, scikit-learn's ``KMeans`` on all of E; above, ``KMeans`` (k-means++) on a
+       uniform sample of that many rows, then :data:`LLOYD_STEPS` Lloyd steps over all rows as map-reduce (each
+       row block returns per-anchor sums and counts).
     3. Each sample i is linked to its s = ``n_neighbors`` nearest anchors <i> (ties: lower anchor index) with
        Liu et al.'s kernel weights Zh_ik = K(e_i, u_k) / sum_{k' in <i>} K(e_i, u_k'), K the heat kernel
        exp(-||e_i - u_k||^2 / sigma_i) whose width sigma_i is sample i's mean squared distance to its s anchors
        (per sample, so the weights do not depend on the data's scale; all weights 1/s when that mean is 0). Every
-       weight is at least exp(-s) / s > 0: each row has exactly s nonzeros and sums to 1.
+       weight is at least exp(-s) / s > 0: each row has exactly s nonzeros and sums to 1. Zh stays in row pieces.
 
-    ``block_rows`` bounds the rows of the n x n_anchors distance blocks of step 3.
+    A matrix whose rows are neither in a store nor in this process (a Dask array's blocks, persisted) is embedded
+    by feature blocks instead (one ``map_blocks(..., reduce="sum")`` pass of n x ``embed_dim`` partials): for
+    moderate n_samples only. ``block_rows`` bounds the rows of the distance blocks of step 3.
 
     References
     ----------
@@ -386,14 +416,127 @@ def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_di
                              f"got {n_neighbors!r}.")
     if not isinstance(embed_dim, int | np.integer) or embed_dim < 1:
         raise ParameterError(f"The 'embed_dim' parameter of anchor_graph must be an int >= 1; got {embed_dim!r}.")
-    from dufs.engine.blocks import PerBlock
+    from dufs.engine.rows import Rows
+
+    p, seed, m, s = int(embed_dim), int(random_state), int(n_anchors), int(n_neighbors)
+    try:
+        rows = Rows.of(M)
+    except ParameterError:
+        return _anchor_graph_by_features(M, m, s, p, seed, keep_embedding, block_rows)
+    from dufs.engine.rows import max_task_bytes
 
     mu, inv = M.transform
-    E = M.map_blocks(_embed_block, n, int(embed_dim), int(random_state), None if mu is None else PerBlock(mu),
+    shift = None if mu is None else _projected(np.asarray(mu) * inv, p, seed)
+    # E in float64 while it could be held whole; beyond, float32 pieces (half the workers' memory; k-means and
+    # the anchor weights need no more)
+    single = n * p * 8 > max_task_bytes()
+    E = rows.map(_rows_embed, args=(p, seed, inv, shift, single), width=p, itemsize=4 if single else 8)
+    anchors = _kmeans_rows(rows, E, m, seed)
+    Zh = rows.map(_rows_weights, E, args=(anchors, s, block_rows), width=s, itemsize=12, with_rows=False)
+    lam = np.asarray(rows.reduce(_rows_colsum, Zh, args=(m,), with_rows=False), dtype=np.float64)
+    if not keep_embedding:
+        E.release()
+        E = None
+    return AnchorGraph(anchors=anchors, lam=lam, pieces=Zh, embedding_pieces=E, n=n)
+
+
+#: k-means on all rows up to this many samples; above, on a uniform sample of this many, then Lloyd steps
+KMEANS_SAMPLE = 50_000
+#: Lloyd steps over all rows after the sample's k-means (above KMEANS_SAMPLE samples)
+LLOYD_STEPS = 3
+
+
+def _projected(v: np.ndarray, p: int, seed: int, chunk: int = 1 << 16) -> np.ndarray:
+    """v^T R (a p-vector) with R's rows generated chunk by chunk (never whole)."""
+    out = np.zeros(p)
+    nz = np.flatnonzero(v)
+    for a in range(0, nz.shape[0], chunk):
+        f = nz[a:a + chunk]
+        out += v[f] @ projection_table(f, p, seed)
+    return out
+
+
+def _rows_embed(X: Any, start: int, p: int, seed: int, inv: Any, shift: Any, single: bool = False) -> np.ndarray:
+    from dufs.kernels.projection import csr_embed
+
+    E = csr_embed(X.indptr, X.indices, X.data, p, seed, inv)
+    if shift is not None:
+        E -= shift[None, :]
+    return E.astype(np.float32) if single else E
+
+
+def _rows_sample(X: Any, start: int, E: np.ndarray, rate: float, seed: int) -> np.ndarray:
+    keep = np.random.default_rng([seed, start]).random(E.shape[0]) < rate
+    return E[keep]
+
+
+def _nearest(E: np.ndarray, U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's nearest centre (ties: the lower index) and its squared distance."""
+    D = np.einsum("ij,ij->i", E, E)[:, None] + np.einsum("ij,ij->i", U, U)[None, :] - 2.0 * (E @ U.T)
+    np.maximum(D, 0.0, out=D)
+    lab = np.argmin(D, axis=1)
+    return lab, D[np.arange(E.shape[0]), lab]
+
+
+def _rows_lloyd(X: Any, start: int, E: np.ndarray, U: np.ndarray) -> tuple:
+    m, p = U.shape
+    sums = np.zeros((m, p))
+    counts = np.zeros(m)
+    inertia = np.zeros(1)
+    for a in range(0, E.shape[0], 16384):
+        Eb = np.asarray(E[a:a + 16384], dtype=np.float64)
+        lab, dist = _nearest(Eb, U)
+        np.add.at(sums, lab, Eb)
+        counts += np.bincount(lab, minlength=m)
+        inertia += dist.sum()
+    return sums, counts, inertia
+
+
+def _kmeans_rows(rows: Any, E: Any, m: int, seed: int) -> np.ndarray:
+    from dufs.engine.rows import max_task_bytes
+
+    n = rows.n
+    if n <= KMEANS_SAMPLE and E.nbytes <= max_task_bytes():
+        return _kmeans(np.asarray(E.gather("the embedding")), m, seed)
+    take = min(KMEANS_SAMPLE, max(m, max_task_bytes() // (8 * E.width)))
+    sample = rows.map(_rows_sample, E, args=(min(1.0, take / n), seed), width=E.width, n_rows=take,
+                      with_rows=False)
+    S = np.asarray(sample.gather("the k-means sample"))
+    sample.release()
+    U = _kmeans(S, min(m, S.shape[0]), seed)
+    if U.shape[0] < m:  # a sample smaller than the anchors asked for: pad with its rows
+        U = np.vstack([U, S[:m - U.shape[0]]])
+    for _ in range(LLOYD_STEPS):
+        sums, counts, _inertia = rows.reduce(_rows_lloyd, E, args=(U,), with_rows=False)
+        used = counts > 0
+        U = U.copy()
+        U[used] = sums[used] / counts[used, None]  # an anchor without rows keeps its place
+    return U
+
+
+def _rows_weights(X: Any, start: int, E: np.ndarray, U: np.ndarray, s: int, block_rows: Any) -> sp.csr_array:
+    return _anchor_weights(E, U, s, block_rows)
+
+
+def _rows_colsum(X: Any, start: int, Z: Any, m: int) -> np.ndarray:
+    return np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() if Z.shape[0] else np.zeros(m)
+
+
+def _rows_degrees(X: Any, start: int, Z: Any, w: np.ndarray) -> np.ndarray:
+    return np.asarray(Z @ w, dtype=np.float64)
+
+
+def _anchor_graph_by_features(M: Any, m: int, s: int, p: int, seed: int, keep_embedding: bool,
+                              block_rows: Any) -> AnchorGraph:
+    from dufs.engine.blocks import PerBlock
+
+    n = M.shape[0]
+    mu, inv = M.transform
+    E = M.map_blocks(_embed_block, n, p, seed, None if mu is None else PerBlock(mu),
                      None if inv is None else PerBlock(inv), reduce="sum")
-    E = np.zeros((n, int(embed_dim))) if E is None else np.asarray(E, dtype=np.float64)
-    anchors = _kmeans(E, int(n_anchors), int(random_state))
-    Zh = _anchor_weights(E, anchors, int(n_neighbors), block_rows)
+    E = np.zeros((n, p)) if E is None else np.asarray(E, dtype=np.float64)
+    anchors = _kmeans(E, m, seed)
+    Zh = _anchor_weights(E, anchors, s, block_rows)
     lam = np.asarray(Zh.sum(axis=0), dtype=np.float64).ravel()
     return AnchorGraph(Zh=Zh, anchors=anchors, embedding=E if keep_embedding else None, lam=lam)
 
@@ -421,7 +564,7 @@ def _anchor_weights(E: np.ndarray, U: np.ndarray, s: int, block_rows: int | None
     vals = np.empty((n, s), dtype=np.float64)
     for a in range(0, n, br):
         b = min(n, a + br)
-        Eb = E[a:b]
+        Eb = np.asarray(E[a:b], dtype=np.float64)
         D = np.einsum("ij,ij->i", Eb, Eb)[:, None] + ue[None, :] - 2.0 * (Eb @ U.T)
         np.maximum(D, 0.0, out=D)
         part, pd = _k_smallest(D, s)
@@ -431,7 +574,9 @@ def _anchor_weights(E: np.ndarray, U: np.ndarray, s: int, block_rows: int | None
         K[pos] = np.exp(-pd[pos] / sigma[pos, None])
         cols[a:b] = part
         vals[a:b] = K / K.sum(axis=1, keepdims=True)
-    indptr = np.arange(0, n * s + 1, s, dtype=np.int64)
-    Zh = sp.csr_array((vals.ravel(), cols.ravel(), indptr), shape=(n, m))
+    small = n * s < 2 ** 31 - 1 and m < 2 ** 31 - 1  # int32 indices: 12 bytes a link, not 16
+    itype = np.int32 if small else np.int64
+    indptr = np.arange(0, n * s + 1, s, dtype=itype)
+    Zh = sp.csr_array((vals.ravel(), cols.ravel().astype(itype), indptr), shape=(n, m))
     Zh.sort_indices()
     return Zh

@@ -221,6 +221,20 @@ class Matrix:
         if self.residency.get("bytes") is None:
             self.residency["bytes"] = int(sum(nb for _, nb in got))
 
+    def rows_in_memory(self) -> Any:
+        """The raw rows as one SciPy ``csr_array`` in this process, from in-memory blocks (for a store, read its CSR
+        row blocks instead: :class:`dufs.engine.rows.Rows`)."""
+        if self.residency["mode"] != "driver":
+            raise ParameterError(f"the rows of a {self.residency['mode']} matrix are not in this process; give a "
+                                 f"store or an in-memory matrix")
+        import scipy.sparse as sp
+
+        n = self.shape[0]
+        parts = [sp.csc_array((b.data, b.indices, b.indptr), shape=(n, b.width)) for b in self._src]
+        if not parts:
+            return sp.csr_array((n, 0))
+        return sp.hstack(parts, format="csr")
+
     def with_standardize(self, standardize: str | None) -> Matrix:
         """The same blocks (shared, not copied) and statistics under another standardization."""
         check_standardize(standardize)

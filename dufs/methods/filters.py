@@ -184,16 +184,22 @@ def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
     n = M.shape[0]
     if graph not in ("knn", "anchor"):
         raise ParameterError(f"The 'graph' parameter of laplacian_scores must be 'knn' or 'anchor'; got {graph!r}.")
+    built = W is None
     if W is None:
         if graph == "anchor":
-            W = anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+            W = anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
+                             keep_embedding=False)
         else:
             W = knn_graph(X_rows if X_rows is not None else M, n_neighbors, weights=weights, t=t)
     if isinstance(W, AnchorGraph):
         if W.shape != (n, n):
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
         d = W.degrees
-        return M.block_scores(_laplacian_block, sp.csc_array(W.Zh), d, n, W.lam_inv, k=k, largest=False)
+        try:
+            return M.block_scores(_laplacian_block, W.zh_shared(), d, n, W.lam_inv, k=k, largest=False)
+        finally:
+            if built:
+                W.release()  # the graph's row pieces on the workers
     W = sp.csr_array(W)
     if W.shape != (n, n):
         raise ParameterError(f"W must be {n} x {n}; got {W.shape}")

@@ -221,3 +221,39 @@ def test_bad_row_range(start, stop, name):
     spec = SyntheticSpec(n_rows=10, n_features=100)
     with pytest.raises(ParameterError, match=f"The '{name}' parameter of generate_rows"):
         generate_rows(spec, start, stop)
+
+
+def test_clusters_plant_features_of_their_own_and_label_the_rows():
+    """Each row's label is its cluster; it holds cluster_nnz distinct features of its cluster's own (more only by
+    a power-law draw landing there); the clusters' features are disjoint and none is informative; any row range
+    gives the same rows."""
+    import scipy.sparse as sp
+
+    spec = SyntheticSpec(n_rows=6000, n_features=50_000, n_clusters=3, cluster_features=8, cluster_nnz=4,
+                         n_informative=5, seed=3)
+    indptr, indices, data, y = generate_rows(spec, 0, spec.n_rows)
+    X = sp.csr_array((data, indices, indptr), shape=(spec.n_rows, spec.n_features))
+    gt = spec.ground_truth()
+    cf = np.array(gt["cluster_features"])
+    assert gt["labels"] == "clusters" and cf.shape == (3, 8)
+    assert len(np.unique(cf)) == 24 and not set(cf.ravel()) & set(gt["informative"])
+    assert set(np.unique(y)) == {0.0, 1.0, 2.0}
+    assert np.all(np.diff(indices[indptr[0]:indptr[1]]) > 0)  # ids sorted and distinct within a row
+    for c in range(3):
+        own = X[:, cf[c]].toarray()
+        mine = y == c
+        assert np.all(own[mine].sum(1) >= 4)
+        assert own[~mine].mean() < 0.01  # only by chance elsewhere
+        assert abs(mine.mean() - 1 / 3) < 0.03
+    ip2, ix2, _, y2 = generate_rows(spec, 1234, 4321)
+    np.testing.assert_array_equal(ix2, indices[indptr[1234]:indptr[4321]])
+    np.testing.assert_array_equal(y2, y[1234:4321])
+
+
+def test_cluster_parameters_are_checked():
+    with pytest.raises(ParameterError, match="n_clusters"):
+        SyntheticSpec(n_rows=10, n_features=100, n_clusters=1)
+    with pytest.raises(ParameterError, match="cluster_nnz"):
+        SyntheticSpec(n_rows=10, n_features=100, n_clusters=2, cluster_features=3, cluster_nnz=4)
+    with pytest.raises(ParameterError, match="cluster_features"):
+        SyntheticSpec(n_rows=10, n_features=100, n_clusters=20, cluster_features=5)

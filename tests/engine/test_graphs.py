@@ -12,6 +12,7 @@ from dufs.data.datasets import load
 from dufs.engine import Matrix
 from dufs.engine.graphs import anchor_graph, knn_graph, laplacian, laplacian_operator, projection_rows
 from dufs.errors import ParameterError
+from dufs.kernels.projection import projection_scale
 from dufs.methods.filters import laplacian_scores
 
 
@@ -136,9 +137,10 @@ def test_embedding_equals_dense_z_times_r(anchor_case):
     np.testing.assert_allclose(G.embedding, _dense_z(X.toarray(), "zscore") @ R, rtol=1e-10, atol=1e-10)
     # R is the same rows whatever the range asked for, and the blocking does not matter
     np.testing.assert_array_equal(projection_rows(3, 9000, 8, 5)[:42], R[3:45])
-    assert set(np.unique(R * np.sqrt(8 / 3)).round(12)) <= {-1.0, 0.0, 1.0}
+    assert set(np.unique(R / projection_scale(8)).round(12)) <= {-1.0, 0.0, 1.0}
     R2 = projection_rows(0, 5000, 8, 5)
-    assert abs((R2 != 0).mean() - 1 / 3) < 0.02
+    assert abs((R2 != 0).mean() - 1 / 3) < 0.02 and abs((R2 > 0).mean() - 1 / 6) < 0.02
+    assert abs(R2.var() * 8 - 1.0) < 0.05  # variance 1 / embed_dim
 
 
 def test_anchor_weights_are_the_s_nearest_and_sum_to_one(anchor_case):
@@ -258,3 +260,106 @@ def test_ties_go_to_the_lower_index():
             # 0's two nearest are 1 and 2 (lower indices among the four tied); 1..4 all have 0 as nearest
             assert A[0].tolist() == [0, 1, 1, 1, 1, 0]
             assert A[5, 1] == 1 and A[5, 2] == 1 and A[5].sum() == 2
+
+
+# ---------------------------------------------------------------------------------------------------- by row blocks
+@pytest.fixture(scope="module")
+def row_store(tmp_path_factory):
+    """A store of several CSR row blocks (row-block 64) and its dense copy."""
+    import dask
+
+    import dufs
+
+    X = _sparse_data(300, 37, seed=13)
+    path = str(tmp_path_factory.mktemp("rows") / "s.zarr")
+    with dask.config.set({"dufs.store.row-block": 64}):
+        dufs.write_store(X, path)
+    return X, path
+
+
+@pytest.mark.parametrize("standardize", [None, "zscore"])
+def test_anchor_graph_of_a_store_by_row_blocks_on_the_cluster(cluster_client, row_store, monkeypatch, standardize):
+    """Rows embedded block by block on the workers (R hashed per nonzero) equal dense Z R; k-means over the row
+    pieces (sample, then Lloyd map-reduce steps); Zh's rows are each sample's s nearest anchors, never whole on
+    the driver until asked for; the Laplacian scores equal eq. (3) with that graph densely."""
+    import dufs.engine.graphs as graphs
+    from dufs.engine.rows import Pieces
+
+    monkeypatch.setattr(graphs, "KMEANS_SAMPLE", 120)  # 300 samples: the sample-then-Lloyd route
+    X, path = row_store
+    Zd = _dense_z(X.toarray(), standardize) if standardize else X.toarray()
+    with cluster_client.as_current():
+        M = Matrix(path, standardize=standardize)
+        G = anchor_graph(M, n_anchors=12, n_neighbors=3, embed_dim=8, random_state=2)
+        assert isinstance(G.pieces, Pieces) and len(G.pieces.items) == 5  # 300 rows in blocks of 64
+        assert G._Zh is None  # noqa: SLF001 (not gathered yet)
+        E = G.embedding
+        np.testing.assert_allclose(E, Zd @ projection_rows(0, X.shape[1], 8, 2), rtol=1e-10, atol=1e-10)
+        # the anchors are a fixed point of one more Lloyd step or close to it; Zh links each row to its 3 nearest
+        Zdense = G.Zh.toarray()
+        got = laplacian_scores(M, G)
+    U = G.anchors
+    D = ((E[:, None, :] - U[None, :, :]) ** 2).sum(-1)
+    for i in range(E.shape[0]):
+        assert set(np.flatnonzero(Zdense[i])) == set(np.argsort(D[i], kind="stable")[:3])
+    np.testing.assert_allclose(Zdense.sum(1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(G.lam, Zdense.sum(0), rtol=1e-12)
+    lam = Zdense.sum(0)
+    Wd = Zdense @ np.diag(np.where(lam > 0, 1 / np.where(lam > 0, lam, 1), 0)) @ Zdense.T
+    want = _eq3_dense(X.toarray(), Wd)
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-9, atol=1e-12)
+
+
+def test_lloyd_step_over_row_pieces_equals_dense(cluster_client, row_store):
+    from dufs.engine.graphs import _rows_embed, _rows_lloyd
+    from dufs.engine.rows import Rows
+
+    X, path = row_store
+    rng = np.random.default_rng(0)
+    with cluster_client.as_current():
+        rows = Rows.of(Matrix(path))
+        E = rows.map(_rows_embed, args=(6, 1, None, None), width=6)
+        U = rng.standard_normal((7, 6))
+        sums, counts, inertia = rows.reduce(_rows_lloyd, E, args=(U,))
+        Ed = E.gather()
+    D = ((Ed[:, None, :] - U[None]) ** 2).sum(-1)
+    lab = D.argmin(1)
+    np.testing.assert_array_equal(counts, np.bincount(lab, minlength=7))
+    np.testing.assert_allclose(sums, np.stack([Ed[lab == k].sum(0) for k in range(7)]), rtol=1e-10, atol=1e-12)
+    assert inertia[0] == pytest.approx(D.min(1).sum(), rel=1e-10)
+
+
+def test_row_pieces_are_never_gathered_over_the_task_bound(row_store):
+    import dask
+
+    X, path = row_store
+    with dask.config.set({"dufs.engine.max-task-bytes": 1000}):
+        G = anchor_graph(Matrix(path), n_anchors=5, n_neighbors=2, embed_dim=4, keep_embedding=False)
+        with pytest.raises(ParameterError, match="max-task-bytes"):
+            G.Zh  # noqa: B018
+        assert G.degrees.shape == (300,)  # an n-vector, piece by piece
+
+
+def test_no_task_of_the_anchor_laplacian_takes_more_than_the_bound(cluster_client, tmp_path):
+    """With dufs.engine.max-task-bytes below the n x p embedding, the Laplacian score on the anchor graph of a store
+    runs with no task receiving more than the bound (a scheduler plugin sums each task's inputs): the embedding and
+    the k-means steps stay in row pieces."""
+    import dask
+
+    import dufs
+    from dufs.testing.tasks import task_inputs
+
+    X = sp.random_array((3000, 40), density=0.05, rng=21, format="csr")  # the data blocks: 6,000 nonzeros
+    path = str(tmp_path / "s.zarr")
+    with dask.config.set({"dufs.store.row-block": 256}):
+        dufs.write_store(X, path)
+    bound = 256 * 1024  # E is 3000 x 32 x 8 = 768 KB; Zh 3000 x 2 x 12 = 72 KB; an n-vector 24 KB
+    params = {"graph": "anchor", "n_anchors": 16, "anchor_neighbors": 2, "embed_dim": 32}
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.max-task-bytes": bound}):
+        with task_inputs(cluster_client) as seen:
+            sel = dufs.fit(path, method="laplacian", n_features=5, **params)
+    assert seen.tasks > 12  # row blocks, k-means steps, the feature pass
+    assert seen.max_bytes <= bound, (seen.max_bytes, seen.max_key)
+    assert seen.max_bytes >= 3000 * 2 * 12  # what the plugin sees: Zh whole is an input of the feature pass
+    assert len(sel.indices) == 5 and np.isfinite(sel.selected_scores).all()

@@ -1,0 +1,140 @@
+"""Every method at kddb size, end to end, with the memory it took and the ground truth it found.
+
+Builds (or reuses) a synthetic kddb-like store with ``dufs make-synthetic`` (full kddb size by default:
+19,264,097 rows x 29,890,095 features, 30 nonzeros a row, about 578M nonzeros and a 3 GB store; ``--rows`` and
+``--features`` shrink it) with ``--clusters K`` latent clusters planted (each cluster owns 20 features; a row draws
+5 of its cluster's), so the labels are the clusters and every method, supervised or not, has a ground truth: the
+clusters' features. Then runs ``dufs select STORE --method M -k K`` for each method as a separate process on the
+embedded cluster (or ``--scheduler``), samples the resident memory of that process and its workers every 0.1 s,
+and prints one table: method, k, wall time, passes over the data, peak RSS of driver plus workers, and how many
+of the selected features are cluster features (of the k selected; the clusters own K x 20).
+
+A method that fails (memory, a task over the limits) is reported with its error and the run goes on.
+
+    python examples/kddb_scale.py                                # full size: about 10 minutes to build
+    python examples/kddb_scale.py --rows 200000 --features 300000 --methods fisher,laplacian
+    python examples/kddb_scale.py --store /tmp/kddb.zarr --reuse
+
+Parameters of the unsupervised methods are passed with ``-p method:name=value`` (for example
+``-p laplacian:graph=anchor``); ``laplacian`` runs on the anchor graph by default here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+METHODS = ["correlation", "fisher", "mmfs", "laplacian", "lapaofs", "lapdofs", "jcfs", "m3fs", "ufcm"]
+#: parameters each method gets here unless -p says otherwise (the anchor graph: kNN is for moderate n_samples)
+DEFAULTS = {"laplacian": {"graph": "anchor"}, "lapaofs": {"graph": "anchor"}, "lapdofs": {"graph": "anchor"},
+            "jcfs": {"graph": "anchor"}, "m3fs": {"solver": "alternating"}}
+
+
+def _peak_run(cmd: list[str], timeout: float | None) -> tuple[int, float, float, str]:
+    """Run ``cmd``; (exit code, wall seconds, peak RSS in bytes of it and its children, last stderr line)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        root = psutil.Process(p.pid)
+        peak = 0
+        while p.poll() is None:
+            total = 0
+            try:
+                for q in [root, *root.children(recursive=True)]:
+                    try:
+                        total += q.memory_info().rss
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                pass
+            peak = max(peak, total)
+            if timeout is not None and time.perf_counter() - t0 > timeout:
+                p.kill()
+            time.sleep(0.1)
+        err.seek(0)
+        lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+    return p.returncode, time.perf_counter() - t0, peak, lines[-1] if lines else ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=19_264_097)
+    ap.add_argument("--features", type=int, default=29_890_095)
+    ap.add_argument("--nnz-per-row", type=int, default=30)
+    ap.add_argument("--clusters", type=int, default=10)
+    ap.add_argument("-k", type=int, default=200, help="features to select (default 200)")
+    ap.add_argument("--store", type=Path, default=None, help="where the store is (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true", help="use --store as it is if it exists")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
+    ap.add_argument("-p", "--param", action="append", default=[], metavar="METHOD:NAME=VALUE")
+    ap.add_argument("--scheduler", default=None, help="a Dask scheduler address (default: an embedded cluster)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds before a method is stopped")
+    args = ap.parse_args()
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        ap.error(f"unknown methods {unknown}; choose among {METHODS}")
+    params = {m: dict(DEFAULTS.get(m, {})) for m in methods}
+    for p in args.param:
+        try:
+            m, kv = p.split(":", 1)
+            name, value = kv.split("=", 1)
+        except ValueError:
+            ap.error(f"-p takes METHOD:NAME=VALUE; got {p!r}")
+        params.setdefault(m, {})[name] = value
+
+    work = Path(tempfile.mkdtemp(prefix="dufs-kddb-"))
+    store = args.store or work / "kddb.zarr"
+    dufs = [sys.executable, "-m", "dufs.cli"]
+    sched = ["--scheduler", args.scheduler] if args.scheduler else []
+    if not (args.reuse and store.exists()):
+        t0 = time.perf_counter()
+        subprocess.run([*dufs, "make-synthetic", str(store), "--rows", str(args.rows), "--features",
+                        str(args.features), "--nnz-per-row", str(args.nnz_per_row), "--clusters", str(args.clusters),
+                        "--overwrite", *sched], check=True, stdout=subprocess.DEVNULL)
+        print(f"built {store} in {time.perf_counter() - t0:.0f} s", flush=True)
+    import dufs as _dufs
+
+    st = _dufs.open(store)
+    gt = st.ground_truth or {}
+    truth = set(np.asarray(gt.get("cluster_features", []), dtype=np.int64).ravel().tolist()) or \
+        set(gt.get("informative", []))
+    what = "cluster features" if gt.get("cluster_features") else "informative features"
+    print(f"{st.shape[0]:,} x {st.shape[1]:,}, {st.nnz:,} nonzeros; ground truth: {len(truth)} {what}", flush=True)
+
+    rows = []
+    for m in methods:
+        out = work / f"{m}.json"
+        cmd = [*dufs, "select", str(store), "--method", m, "-k", str(args.k), "-o", str(out), *sched]
+        for name, value in params.get(m, {}).items():
+            cmd += ["-p", f"{name}={value}"]
+        rc, wall, peak, last = _peak_run(cmd, args.timeout)
+        if rc == 0:
+            sel = json.loads(out.read_text())
+            idx = sel["indices"][:args.k]
+            found = len(set(idx) & truth)
+            rows.append((m, len(idx), f"{wall:,.0f}", str(sel["diagnostics"].get("passes", "")),
+                         f"{peak / 1e9:.1f}", f"{found} of {len(idx)}"))
+        else:
+            rows.append((m, args.k, f"{wall:,.0f}", "", f"{peak / 1e9:.1f}", f"failed: {last[:120]}"))
+        print(" | ".join(str(c) for c in rows[-1]), flush=True)
+
+    head = ("method", "k", "wall s", "passes", "peak RSS GB", f"{what} in the top k")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    print()
+    for r in [head, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()
