@@ -63,7 +63,22 @@ def get_client(client: Any = None, *, scheduler_address: str | None = None, n_wo
     with LocalCluster(n_workers=n, threads_per_worker=int(config.get("cluster.threads-per-worker")),
                       processes=True, dashboard_address=":0", silence_logs=40) as lc, \
             Client(lc, direct_to_workers=True) as c:
-        yield c
+        try:
+            yield c
+        finally:
+            _workers_first(lc, c)
+
+
+def _workers_first(cluster: Any, client: Any, timeout: float = 10.0) -> None:
+    """Close the workers while the scheduler still runs, then let the cluster close it: closed the other way round,
+    a worker's heartbeat in flight when the scheduler goes logs a "Failed to communicate with scheduler" error."""
+    import time
+
+    with contextlib.suppress(Exception):
+        cluster.scale(0)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and client.scheduler_info(n_workers=-1).get("workers"):
+            time.sleep(0.05)
 
 
 _LOST_NAMES = {"FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError", "FutureLostError",
