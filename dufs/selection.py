@@ -478,24 +478,17 @@ def _npy_from(data: bytearray) -> np.ndarray:
 
 
 def _write_stream(path: str, write: Callable[[Any], None]) -> None:
-    """``write(file)`` to ``path``: locally under a temporary name renamed into place (a failure leaves no part);
-    to an fsspec URL as one object."""
+    """``write(file)`` to ``path``: locally through :func:`~dufs.methods.solver.atomic_write` (a temporary name
+    renamed into place; a failure leaves no part); to an fsspec URL as one object."""
     if "://" in path and not path.startswith("file://"):
         import fsspec
 
         with fsspec.open(path, "wb") as f:
             write(f)
         return
-    path = path[len("file://"):] if path.startswith("file://") else path
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from dufs.methods.solver import atomic_write
+
+    atomic_write(path[len("file://"):] if path.startswith("file://") else path, write, fsync=False)
 
 
 def _write_bytes(path: str, data: bytes) -> None:

@@ -1,6 +1,7 @@
 """The repository stands alone: a clone has everything its documentation and its package point to.
 
-- No file holds an absolute path of one machine (``/work/...``, ``/home/...``, ``/Users/...``, ``C:\\Users\\...``).
+- No file holds an absolute path of one machine (a work, home or Users folder at the root of a path; see
+  ``ABSOLUTE``).
 - What users read or install — README.md, docs/, the package ``dufs/`` and pyproject.toml — points to nothing
   outside the repository: no ``../shared``, no design notes or papers that only sit beside a checkout. The examples
   may name their default data folder (``shared/data`` beside the clone, overridden by ``--data DIR``), but not the

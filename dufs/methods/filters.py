@@ -67,9 +67,8 @@ def correlation_ranked(M: Matrix, y: Any = None, k: int | None = None) -> Ranked
     raw = M.with_standardize(None)
     n = M.shape[0]
     if target_type(y) == "multiclass":
-        classes, codes = class_labels(y, "correlation")
-        counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
-        return raw.block_scores(_ratio_block, n, np.ascontiguousarray(codes, dtype=np.int64), counts, k=k)
+        codes, counts = _codes_and_counts(y, "correlation")
+        return raw.block_scores(_ratio_block, n, codes, counts, k=k)
     yc = y - y.mean()
     sy = float(np.sqrt((yc @ yc) / n))
     return raw.block_scores(_correlation_block, n, yc, sy, k=k)
@@ -86,6 +85,13 @@ def _correlation_block(b: Any, n: int, yc: np.ndarray, sy: float) -> np.ndarray:
     return out
 
 
+def _codes_and_counts(y: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's class index (int64, contiguous) and every class's size (float64), for per-block statistics."""
+    classes, codes = class_labels(y, method)
+    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
+    return np.ascontiguousarray(codes, dtype=np.int64), counts
+
+
 def _class_block_stats(b: Any, n: int, codes: np.ndarray, counts: np.ndarray) -> Any:
     """A block's column statistics with its per-class sums (``codes``: each sample's class, ``counts``: every
     class's size)."""
@@ -99,9 +105,7 @@ def correlation_ratio(M: Matrix, y: Any = None) -> np.ndarray:
     and T_j the total sum of squares; 0 for a constant feature. One pass. The per-class terms are summed in sorted
     order, so renumbering the classes gives bit-for-bit the same scores."""
     y = labels_of(M, y, "correlation")
-    classes, codes = class_labels(y, "correlation")
-    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
-    codes = np.ascontiguousarray(codes, dtype=np.int64)
+    codes, counts = _codes_and_counts(y, "correlation")
     return M.with_standardize(None).block_scores(_ratio_block, M.shape[0], codes, counts)[0]
 
 
@@ -131,9 +135,7 @@ def fisher_scores(M: Matrix, y: Any = None) -> np.ndarray:
 def fisher_ranked(M: Matrix, y: Any = None, k: int | None = None) -> Ranked:
     """:func:`fisher_scores` and the ``k`` best features, in one pass over the blocks."""
     y = labels_of(M, y, "fisher")
-    classes, codes = class_labels(y, "fisher")
-    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
-    codes = np.ascontiguousarray(codes, dtype=np.int64)
+    codes, counts = _codes_and_counts(y, "fisher")
     return M.with_standardize(None).block_scores(_fisher_block, M.shape[0], codes, counts, k=k)
 
 
