@@ -345,6 +345,12 @@ def test_make_synthetic_and_info(tmp_path):
     assert len(d["ground_truth"]["informative"]) == 20 and d["ground_truth"]["seed"] == 0
     res = run("make-synthetic", out, "--rows", "2000", "--features", "5000", "--workers", "0", code=2)
     assert "exists" in res.stderr
+    clu = tmp_path / "clu.zarr"
+    run("make-synthetic", clu, "--rows", "2000", "--features", "5000", "--clusters", "3", "--workers", "0")
+    assert "3 clusters (the labels), each with 20 features of its own" in run("info", clu).stdout
+    d = json.loads(run("info", clu, "--json").stdout)["ground_truth"]
+    assert d["cluster_features"] == dufs.open(clu).ground_truth["cluster_features"] and len(d["cluster_features"]) == 3
+    assert sorted(set(dufs.open(clu).y.tolist())) == [0.0, 1.0, 2.0]
 
 
 @pytest.mark.slow

@@ -390,6 +390,8 @@ class SparseStore:
         if self.ground_truth:
             gt = self.ground_truth
             out["ground_truth"] = {"informative": gt.get("informative"), "seed": gt.get("seed")}
+            if gt.get("n_clusters"):
+                out["ground_truth"].update(n_clusters=gt["n_clusters"], cluster_features=gt.get("cluster_features"))
         return out
 
 
