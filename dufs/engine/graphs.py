@@ -365,6 +365,43 @@ class AnchorGraph:
         """L = D - W, or I - D^-1/2 W D^-1/2, as a SciPy ``LinearOperator`` (never an n x n matrix)."""
         return _laplacian_op(self.shape[0], self.matvec_W, self.degrees, normed)
 
+    # ------------------------------------------------------------ the normalised graph's factor
+    def _used(self) -> np.ndarray:
+        return (self.lam > 0).astype(np.float64)
+
+    def normalized_grams(self, XS: Any = None, shift: Any = None, coef: Any = None) -> tuple[np.ndarray, Any]:
+        """With B = D^-1/2 Zh Lambda^-1/2 (so that D^-1/2 W D^-1/2 = B B^T, an anchor without samples left out):
+        B^T B (n_anchors x n_anchors) and, for the columns ``XS`` (n x k sparse, raw) of Z_S = (XS - 1 shift^T)
+        diag(coef), B^T Z_S (n_anchors x k; None without ``XS``). Row piece by row piece: each block sends
+        n_anchors x (n_anchors + k + 1) numbers, and gets only its own rows of ``XS``."""
+        w = self._used()
+        k = 0 if XS is None else XS.shape[1]
+        if self._Zh is None and self.pieces is not None:
+            rows = self.pieces.rows
+            xs = rows.split(XS) if XS is not None else None
+            args = (w, xs) if xs is not None else (w, None)
+            G, P, c = rows.reduce(_rows_normalized_gram, self.pieces, args=args, with_rows=False)
+        else:
+            G, P, c = _rows_normalized_gram(None, 0, self.Zh, w, None if XS is None else sp.csr_array(XS))
+        li = np.sqrt(self.lam_inv)
+        BtB = li[:, None] * G * li[None, :]
+        if not k:
+            return BtB, None
+        P = P - np.outer(c, np.zeros(k) if shift is None else shift)
+        if coef is not None:
+            P = P * np.asarray(coef)[None, :]
+        return BtB, li[:, None] * P
+
+    def normalized_apply(self, A: np.ndarray) -> Any:
+        """B A = D^-1/2 Zh Lambda^-1/2 A for an n_anchors x p ``A``: row pieces (:class:`~dufs.engine.rows.Pieces`)
+        when the graph is in pieces, else an n x p array."""
+        A = np.sqrt(self.lam_inv)[:, None] * np.asarray(A, dtype=np.float64)
+        w = self._used()
+        if self._Zh is None and self.pieces is not None:
+            return self.pieces.rows.map(_rows_normalized_apply, self.pieces, args=(w, A), width=A.shape[1],
+                                        with_rows=False)
+        return _rows_normalized_apply(None, 0, self.Zh, w, A)
+
     def toarray(self) -> np.ndarray:
         """W as a dense n x n array: for small graphs and tests only."""
         Zd = self.Zh.toarray()
@@ -524,6 +561,25 @@ def _rows_colsum(X: Any, start: int, Z: Any, m: int) -> np.ndarray:
 
 def _rows_degrees(X: Any, start: int, Z: Any, w: np.ndarray) -> np.ndarray:
     return np.asarray(Z @ w, dtype=np.float64)
+
+
+def _inv_sqrt_degrees(Z: Any, w: np.ndarray) -> np.ndarray:
+    return _inv_sqrt(np.asarray(Z @ w, dtype=np.float64))
+
+
+def _rows_normalized_gram(X: Any, start: int, Z: Any, w: np.ndarray, XS: Any) -> tuple:
+    """Zh_b^T D_b^-1 Zh_b, and with this block's rows ``XS`` of the selected columns Zh_b^T D_b^-1/2 XS and
+    Zh_b^T D_b^-1/2 1 (for their centring)."""
+    Zs = sp.csr_array(sp.diags_array(_inv_sqrt_degrees(Z, w)) @ Z)
+    G = np.asarray((Zs.T @ Zs).toarray(), dtype=np.float64)
+    if XS is None:
+        return G, np.zeros((Z.shape[1], 0)), np.zeros(Z.shape[1])
+    P = np.asarray((Zs.T @ sp.csr_array(XS, dtype=np.float64)).toarray(), dtype=np.float64)
+    return G, P, np.asarray(Zs.sum(axis=0), dtype=np.float64).ravel()
+
+
+def _rows_normalized_apply(X: Any, start: int, Z: Any, w: np.ndarray, A: np.ndarray) -> np.ndarray:
+    return _inv_sqrt_degrees(Z, w)[:, None] * np.asarray(Z @ A, dtype=np.float64)
 
 
 def _anchor_graph_by_features(M: Any, m: int, s: int, p: int, seed: int, keep_embedding: bool,

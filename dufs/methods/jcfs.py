@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dufs.engine import Matrix
-from dufs.engine.graphs import laplacian_operator
+from dufs.engine.graphs import AnchorGraph, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import JCFS
 from dufs.methods.greedy import (
@@ -61,7 +61,9 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
 
     The inverse is applied by Woodbury through the k x k system Z_S^T Z_S + gamma I. Below ``dense_below``
     samples the operator is formed and solved densely; above, matrix-free Lanczos (``eigsh``) on
-    sigma I - A with sigma = 2 + lambda_ / gamma >= the largest eigenvalue (nothing n x n is formed)."""
+    sigma I - A with sigma = 2 + lambda_ / gamma >= the largest eigenvalue (nothing n x n is formed). On an
+    :class:`~dufs.engine.graphs.AnchorGraph` (any n) the problem is low rank plus identity and is solved exactly
+    through an (n_anchors + k)-square eigenproblem (:func:`_anchor_embedding`), by row pieces at kddb size."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     n = M.shape[0]
@@ -81,6 +83,8 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
             sel.append(p, (cols.indices[a:b], cols.data[a:b]), 1.0 if inv is None else float(inv[p]),
                        0.0 if mu is None else float(mu[p]))
         sel.H = sel.gram() + gamma * np.eye(len(S))
+    if isinstance(W, AnchorGraph):
+        return _anchor_embedding(W, sel, c, lam, gamma)
     L = laplacian_operator(W, normed=True)
 
     def A(V: np.ndarray) -> np.ndarray:
@@ -106,6 +110,54 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
     vals, vecs = eigsh(op, k=c, which="LA", tol=tol, v0=rng.standard_normal(n))
     order = np.argsort(-vals)
     return vecs[:, order], sigma - vals[order]
+
+
+def _anchor_embedding(G: AnchorGraph, sel: SelectedColumns, c: int, lam: float, gamma: float
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """The Y-step on an anchor graph, exactly, without an eigensolver over n_samples.
+
+    With B = D^-1/2 Zh Lambda^-1/2 the normalised Laplacian is I - B B^T, and by Woodbury
+    lambda_ (Z_S Z_S^T + gamma I)^-1 = lambda_/gamma (I - Z_S H^-1 Z_S^T), H = Z_S^T Z_S + gamma I. So
+    A = (1 + lambda_/gamma) I - F K F^T with F = [B, Z_S] (n x (m + k)) and K = diag(I, lambda_/gamma H^-1): the
+    smallest eigenpairs of A are the largest of F K F^T, whose nonzero ones come from the (m + k) x (m + k)
+    matrix T = K^1/2 F^T F K^1/2 = U diag(t) U^T: y = F K^1/2 u / sqrt(t), eigenvalue 1 + lambda_/gamma - t.
+    F^T F is one reduction over the graph's row pieces; Y (n x c) comes back whole (c plain n-vectors)."""
+    from dufs.engine.rows import max_task_bytes
+
+    n, k = G.shape[0], sel.k
+    if n * c * 8 > max_task_bytes():
+        raise ParameterError(f"jcfs: the embedding Y is {n:,} x {c} (n_clusters) float64, over "
+                             f"dufs.engine.max-task-bytes; use fewer clusters or raise the bound")
+    XS = sel.X() if k else None
+    BtB, BtZ = G.normalized_grams(XS, sel.shift, sel.coef)
+    used = np.flatnonzero(G.lam > 0)
+    m = used.size
+    r = lam / gamma
+    if k and r > 0:
+        hv, hV = np.linalg.eigh(0.5 * (sel.H + sel.H.T))
+        Hh = (hV / np.sqrt(hv)[None, :]) @ hV.T  # H^-1/2
+        ZtZ = sel.gram()
+        T = np.empty((m + k, m + k))
+        T[:m, :m] = BtB[np.ix_(used, used)]
+        T[:m, m:] = np.sqrt(r) * (BtZ[used] @ Hh)
+        T[m:, :m] = T[:m, m:].T
+        T[m:, m:] = r * (Hh @ ZtZ @ Hh)
+    else:
+        Hh = None
+        T = BtB[np.ix_(used, used)]
+    T = 0.5 * (T + T.T)
+    t, U = np.linalg.eigh(T)
+    t, U = t[::-1][:c], U[:, ::-1][:, :c]
+    if c > t.size or t[-1] <= 1e-12 * max(t[0], 1.0):
+        raise ParameterError(f"jcfs: the anchor graph has rank {int(np.sum(t > 1e-12 * max(t[0], 1.0)))} with "
+                             f"the selected features; n_clusters = {c} needs more anchors (n_anchors)")
+    a = np.zeros((G.n_anchors, c))
+    a[used] = U[:m] / np.sqrt(t)[None, :]
+    Y = G.normalized_apply(a)
+    Y = np.array(Y.gather("the embedding Y") if hasattr(Y, "gather") else Y, dtype=np.float64)
+    if Hh is not None:
+        Y += sel.apply(np.sqrt(r) * (Hh @ U[m:]) / np.sqrt(t)[None, :])
+    return Y, 1.0 + r - t
 
 
 def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,

@@ -1,0 +1,124 @@
+"""The greedy selectors and JCFS on an anchor graph built by row blocks (the route at kddb size): the same picks as on
+the same graph given densely, JCFS's exact low-rank Y-step against a dense eigendecomposition of eq. (9), and no
+task taking more than ``dufs.engine.max-task-bytes`` of inputs."""
+
+from __future__ import annotations
+
+import functools
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.linalg import subspace_angles
+
+import dufs
+from dufs.engine import Matrix
+from dufs.engine.graphs import anchor_graph
+from dufs.methods import jcfs as jcfs_module
+from tests.methods.greedy_paper import jcfs_embedding_dense, lapaofs_paper, lapdofs_paper
+
+REF = {"lapaofs": lapaofs_paper, "lapdofs": lapdofs_paper}
+
+
+def _clustered(n=300, d=40, n_clusters=3, seed=3):
+    """Sparse nonnegative data with ``n_clusters`` groups of rows, each raising its own five features."""
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.08, rng=seed, format="lil")
+    lab = rng.integers(0, n_clusters, size=n)
+    for i in range(n):
+        for f in range(5 * lab[i], 5 * lab[i] + 5):
+            if rng.random() < 0.6:
+                X[i, f] = 1.0 + rng.random()
+    return sp.csr_array(X)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    X = _clustered()
+    path = str(tmp_path_factory.mktemp("anchor") / "s.zarr")
+    with dask.config.set({"dufs.store.row-block": 64}):
+        dufs.write_store(X, path)
+    return X, path
+
+
+@functools.cache
+def _wdense(G):
+    return sp.csr_array(G.toarray())
+
+
+def _graph(M):
+    return anchor_graph(M, n_anchors=24, n_neighbors=3, embed_dim=8, random_state=1)
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_lap_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_client, store, method):
+    """The same W, once as the anchor graph's row pieces (products Zh Lambda^-1 Zh^T v, x^T W x by the anchor
+    kernel) and once as an explicit sparse n x n matrix: the same sequence, criterion and objective, and the papers'
+    sample-space algorithm on that W picks the same."""
+    X, path = store
+    with cluster_client.as_current():
+        M = Matrix(path, standardize=None)
+        G = _graph(M)
+        assert G.pieces is not None and len(G.pieces.items) == 5
+        got = dufs.fit(path, method=method, n_features=12, standardize=None, W=G, client=cluster_client)
+        Wd = _wdense(G)
+        dense = dufs.fit(path, method=method, n_features=12, standardize=None, W=Wd, client=cluster_client)
+    np.testing.assert_array_equal(got.indices, dense.indices)
+    np.testing.assert_allclose(got.diagnostics["criterion"], dense.diagnostics["criterion"], rtol=1e-10)
+    np.testing.assert_allclose(got.diagnostics["objective"], dense.diagnostics["objective"], rtol=1e-10)
+    ref = REF[method](X.toarray(), Wd.toarray(), 12, 0.01, 0.01)
+    np.testing.assert_array_equal(got.indices, ref.order)
+
+
+@pytest.mark.parametrize("lam", [1e-6, 1e-2])
+def test_jcfs_y_step_on_an_anchor_graph_equals_dense_eigh(cluster_client, store, lam):
+    """Eq. (9) on the anchor graph solved exactly through the (n_anchors + k)-square matrix of its factor and the
+    selected columns, against numpy.linalg.eigh of L_norm + lambda (X_S X_S^T + gamma I)^-1 formed densely: the
+    same eigenvalues and subspace, with and without selected features."""
+    X, path = store
+    gamma, c = 1e-4, 3
+    with cluster_client.as_current():
+        M = Matrix(path, standardize=None)
+        G = _graph(M)
+        Wd = _wdense(G).toarray()
+        for S in ([], [0, 5, 10, 17, 33]):
+            Y, vals = jcfs_module.jcfs_embedding(M, S, G, c, lam, gamma)
+            Yr, vr = jcfs_embedding_dense(X.toarray(), S, Wd, c + 1, lam, gamma)
+            assert vr[c] - vr[c - 1] > 1e-6  # the subspace is well defined
+            np.testing.assert_allclose(vals, vr[:c], rtol=1e-9, atol=1e-9)
+            assert subspace_angles(Y, Yr[:, :c]).max() < 1e-7
+            np.testing.assert_allclose(Y.T @ Y, np.eye(c), atol=1e-9)
+
+
+def test_jcfs_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_client, store):
+    X, path = store
+    params = {"n_clusters": 3, "lambda_": 1e-6, "gamma": 1e-4, "max_iter": 3, "standardize": None}
+    with cluster_client.as_current():
+        G = _graph(Matrix(path, standardize=None))
+        got = dufs.fit(path, method="jcfs", n_features=10, W=G, client=cluster_client, **params)
+        dense = dufs.fit(path, method="jcfs", n_features=10, W=_wdense(G), client=cluster_client, **params)
+    np.testing.assert_array_equal(got.indices, dense.indices)
+    assert got.diagnostics["iterations"] == dense.diagnostics["iterations"]
+
+
+@pytest.mark.parametrize("method,params", [
+    ("lapaofs", {}), ("lapdofs", {}), ("jcfs", {"n_clusters": 3, "max_iter": 2}),
+])
+def test_no_task_of_a_greedy_method_takes_more_than_the_bound(cluster_client, tmp_path, method, params):
+    """With dufs.engine.max-task-bytes below the n x embed_dim embedding, the method runs on the anchor graph of a
+    store with no task receiving more than the bound (a scheduler plugin sums each task's inputs)."""
+    from dufs.testing.tasks import task_inputs
+
+    X = sp.random_array((3000, 40), density=0.05, rng=21, format="csr")
+    path = str(tmp_path / "s.zarr")
+    with dask.config.set({"dufs.store.row-block": 256}):
+        dufs.write_store(X, path)
+    bound = 256 * 1024  # E is 3000 x 32 x 8 = 768 KB; Zh 3000 x 2 x 12 = 72 KB; an n-vector 24 KB
+    graph = {"graph": "anchor", "n_anchors": 16, "anchor_neighbors": 2, "embed_dim": 32}
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.max-task-bytes": bound}):
+        with task_inputs(cluster_client) as seen:
+            sel = dufs.fit(path, method=method, n_features=5, client=cluster_client, **graph, **params)
+    assert seen.tasks > 12
+    assert seen.max_bytes <= bound, (seen.max_bytes, seen.max_key)
+    assert len(sel.indices) == 5 and np.isfinite(sel.selected_scores).all()
