@@ -7,7 +7,8 @@ Builds (or reuses) a synthetic kddb-like store with ``dufs make-synthetic`` (ful
 clusters' features. Then runs ``dufs select STORE --method M -k K`` for each method as a separate process on the
 embedded cluster (or ``--scheduler``), samples the resident memory of that process and its workers every 0.1 s,
 and prints one table: method, k, wall time, passes over the data, peak RSS of driver plus workers, and how many
-of the selected features are cluster features (of the k selected; the clusters own K x 20).
+of the selected features are cluster features (of the k selected; the clusters own K x 20), beside the number a
+uniformly random choice of k features would find on average (k x K x 20 / n_features).
 
 A method that fails (memory, a task over the limits) is reported with its error and the run goes on.
 
@@ -34,7 +35,9 @@ import numpy as np
 METHODS = ["correlation", "fisher", "mmfs", "laplacian", "lapaofs", "lapdofs", "jcfs", "m3fs", "ufcm"]
 #: parameters each method gets here unless -p says otherwise (the anchor graph: kNN is for moderate n_samples)
 DEFAULTS = {"laplacian": {"graph": "anchor"}, "lapaofs": {"graph": "anchor"}, "lapdofs": {"graph": "anchor"},
-            "jcfs": {"graph": "anchor"}, "m3fs": {"solver": "alternating"}}
+            "jcfs": {"graph": "anchor"}, "m3fs": {"solver": "alternating", "graph": "anchor"}}
+#: k where it is not 200: LapAOFS and LapDOFS take one pass over the data per feature chosen
+K_DEFAULTS = {"lapaofs": 50, "lapdofs": 50}
 
 
 def _peak_run(cmd: list[str], timeout: float | None) -> tuple[int, float, float, str]:
@@ -71,7 +74,8 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=29_890_095)
     ap.add_argument("--nnz-per-row", type=int, default=30)
     ap.add_argument("--clusters", type=int, default=10)
-    ap.add_argument("-k", type=int, default=200, help="features to select (default 200)")
+    ap.add_argument("-k", type=int, default=None,
+                    help="features to select (default 200; 50 for the one-pass-a-feature greedy LapAOFS and LapDOFS)")
     ap.add_argument("--store", type=Path, default=None, help="where the store is (default: a temporary folder)")
     ap.add_argument("--reuse", action="store_true", help="use --store as it is if it exists")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
@@ -115,21 +119,22 @@ def main() -> None:
     rows = []
     for m in methods:
         out = work / f"{m}.json"
-        cmd = [*dufs, "select", str(store), "--method", m, "-k", str(args.k), "-o", str(out), *sched]
+        k = args.k if args.k is not None else K_DEFAULTS.get(m, 200)
+        cmd = [*dufs, "select", str(store), "--method", m, "-k", str(k), "-o", str(out), *sched]
         for name, value in params.get(m, {}).items():
             cmd += ["-p", f"{name}={value}"]
         rc, wall, peak, last = _peak_run(cmd, args.timeout)
         if rc == 0:
             sel = json.loads(out.read_text())
-            idx = sel["indices"][:args.k]
+            idx = sel["indices"][:k]
             found = len(set(idx) & truth)
             rows.append((m, len(idx), f"{wall:,.0f}", str(sel["diagnostics"].get("passes", "")),
-                         f"{peak / 1e9:.1f}", f"{found} of {len(idx)}"))
+                         f"{peak / 1e9:.1f}", f"{found} of {len(idx)}", f"{len(idx) * len(truth) / st.shape[1]:.2g}"))
         else:
-            rows.append((m, args.k, f"{wall:,.0f}", "", f"{peak / 1e9:.1f}", f"failed: {last[:120]}"))
+            rows.append((m, k, f"{wall:,.0f}", "", f"{peak / 1e9:.1f}", f"failed: {last[:120]}", ""))
         print(" | ".join(str(c) for c in rows[-1]), flush=True)
 
-    head = ("method", "k", "wall s", "passes", "peak RSS GB", f"{what} in the top k")
+    head = ("method", "k", "wall s", "passes", "peak RSS GB", f"{what} in the top k", "by chance")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     print()
     for r in [head, tuple("-" * w for w in widths), *rows]:

@@ -160,6 +160,13 @@ def _anchor_embedding(G: AnchorGraph, sel: SelectedColumns, c: int, lam: float, 
     return Y, 1.0 + r - t
 
 
+def anchor_spectral_embedding(G: AnchorGraph, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``c`` eigenvectors of smallest eigenvalue of the anchor graph's normalised Laplacian (n x c) and those
+    eigenvalues, ascending: exactly, from its n_anchors-square factor (:func:`_anchor_embedding` with no selected
+    features)."""
+    return _anchor_embedding(G, SelectedColumns(G.shape[0], 1.0), int(c), 0.0, 1.0)
+
+
 def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,
          graph: str = "knn", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
          n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,

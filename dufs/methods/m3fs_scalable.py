@@ -300,11 +300,13 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
 
 
 # ---------------------------------------------------------------------------------------------------- init
-def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_below: int) -> np.ndarray:
+def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_below: int,
+                 graph: Any = None) -> np.ndarray:
     """Labels in 0..k-1: given (an array), ``"random"`` (balanced, shuffled) or ``"spectral"`` (the faithful
     solver's: the k eigenvectors of smallest eigenvalue of L; two clusters split the second at its median, more
-    run k-means on the row-normalised eigenvectors; dense below ``dense_below`` samples, else Lanczos on
-    2 I - L, which never forms n x n)."""
+    run k-means on the row-normalised eigenvectors; on an anchor ``graph`` exactly through its n_anchors-square
+    factor (:func:`dufs.methods.jcfs.anchor_spectral_embedding`), else dense below ``dense_below`` samples, else
+    Lanczos on 2 I - L, which never forms n x n)."""
     n = M.shape[0]
     if isinstance(init, str):
         if init == "random":
@@ -314,6 +316,11 @@ def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_
                                  f"array of labels; got {init!r}.")
         from dufs.methods.m3fs import _spectral_init
 
+        if isinstance(graph, AnchorGraph):
+            from dufs.methods.jcfs import anchor_spectral_embedding
+
+            U, _ = anchor_spectral_embedding(graph, k)
+            return _split(U, k, random_state)
         if n <= dense_below:
             Ld = np.asarray(L @ np.eye(n)) if not isinstance(L, np.ndarray) else L
             return _spectral_init(Ld, k, random_state)
@@ -322,14 +329,7 @@ def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_
         op = LinearOperator((n, n), matvec=lambda x: 2.0 * x - L @ x, matmat=lambda X: 2.0 * X - L @ X,
                             dtype=np.float64)
         vals, U = eigsh(op, k=k, which="LA", v0=np.random.default_rng(random_state).standard_normal(n))
-        U = U[:, np.argsort(-vals)]
-        if k == 2:
-            e = U[:, 1]
-            return (e > np.median(e)).astype(np.int64)
-        from sklearn.cluster import KMeans
-
-        E = U / np.maximum(np.linalg.norm(U, axis=1, keepdims=True), 1e-12)
-        return KMeans(n_clusters=k, n_init=10, random_state=random_state).fit_predict(E).astype(np.int64)
+        return _split(U[:, np.argsort(-vals)], k, random_state)
     y = np.asarray(init).ravel()
     if y.shape != (n,):
         raise ParameterError(f"The 'init' parameter of m3fs_alternating must have n_samples = {n} labels; "
@@ -338,6 +338,18 @@ def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_
     if vals.shape[0] > k:
         raise ParameterError(f"The 'init' labels have {vals.shape[0]} values for n_clusters = {k}.")
     return np.searchsorted(vals, y).astype(np.int64)
+
+
+def _split(U: np.ndarray, k: int, random_state: int) -> np.ndarray:
+    """Labels from the k eigenvectors of smallest eigenvalue ``U`` (ascending): two clusters split the second at
+    its median, more run k-means on the row-normalised eigenvectors."""
+    if k == 2:
+        e = U[:, 1]
+        return (e > np.median(e)).astype(np.int64)
+    from sklearn.cluster import KMeans
+
+    E = U / np.maximum(np.linalg.norm(U, axis=1, keepdims=True), 1e-12)
+    return KMeans(n_clusters=k, n_init=10, random_state=random_state).fit_predict(E).astype(np.int64)
 
 
 def _check(name: str, value: Any, low: float = 0.0, *, strict: bool = False) -> float:
@@ -453,7 +465,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     if isinstance(Lop, np.ndarray) and n * d <= _LZ_MAX and lam != 0:
         LZ = np.ascontiguousarray(M.rmatvec(np.ascontiguousarray(Lop.T)).T)  # (Z^T L^T)^T = L Z, one pass
         L1 = Lop @ np.ones(n)
-    lab = _init_labels(M, Lop, init, k, random_state, int(dense_below))
+    lab = _init_labels(M, Lop, init, k, random_state, int(dense_below), Wg)
     timings["init"] = time.perf_counter() - t0
     p = 1 if binary else k
     hist, exact, iters, inner, it_s, it_passes = [], [], [], [], [], []

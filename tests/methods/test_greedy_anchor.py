@@ -122,3 +122,26 @@ def test_no_task_of_a_greedy_method_takes_more_than_the_bound(cluster_client, tm
     assert seen.tasks > 12
     assert seen.max_bytes <= bound, (seen.max_bytes, seen.max_key)
     assert len(sel.indices) == 5 and np.isfinite(sel.selected_scores).all()
+
+
+def test_m3fs_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_client, store):
+    """M3FS's spectral start on the anchor graph comes from the graph's factor (no eigensolver over the samples):
+    the same split as numpy.linalg.eigh of the dense normalised Laplacian (up to naming the two sides), and the
+    alternating solver then selects the same features as with the graph given densely."""
+    from dufs.engine.graphs import laplacian
+    from dufs.methods.m3fs_scalable import _init_labels, m3fs_alternating
+
+    X, path = store
+    with cluster_client.as_current():
+        M = Matrix(path, standardize="zscore")
+        G = _graph(M)
+        Wd = _wdense(G)
+        lab = _init_labels(M, None, "spectral", 2, 0, 3000, G)
+        Ln, _ = laplacian(Wd, normed=True)
+        _, U = np.linalg.eigh(Ln.toarray())
+        want = (U[:, 1] > np.median(U[:, 1])).astype(np.int64)
+        assert min(np.sum(lab != want), np.sum(lab == want)) == 0
+        got = m3fs_alternating(M, n_features=8, W=G, max_iter=5)
+        dense = m3fs_alternating(M, n_features=8, W=Wd, max_iter=5)
+    np.testing.assert_array_equal(np.sort(got.selected), np.sort(dense.selected))
+    np.testing.assert_allclose(got.objective, dense.objective, rtol=1e-6)
