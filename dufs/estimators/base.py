@@ -13,6 +13,7 @@ from sklearn.utils._param_validation import Interval, InvalidParameterError, Str
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
 from dufs.api import METHODS, fit, rank
+from dufs.engine.graphs import resolve_graph
 from dufs.errors import ParameterError
 from dufs.methods.params import ParameterConstraintError, constraints_of
 
@@ -169,9 +170,10 @@ class GreedySelector(DufsSelector):
 
     def _check_samples(self, X: Any) -> None:
         n = X.shape[0]
-        if self.W is None and self.graph == "knn" and n <= self.n_neighbors:
+        graph = resolve_graph(self.graph, n, type(self).__name__)
+        if self.W is None and graph == "knn" and n <= self.n_neighbors:
             raise ParameterError(f"{type(self).__name__} needs more samples than neighbours: got n_samples={n}, "
                              f"n_neighbors={self.n_neighbors}; lower n_neighbors or give more samples.")
-        if self.W is None and self.graph == "anchor" and n < self.n_anchors:
+        if self.W is None and graph == "anchor" and n < self.n_anchors:
             raise ParameterError(f"{type(self).__name__}(graph='anchor') needs at least n_anchors samples: got "
                              f"n_samples={n}, n_anchors={self.n_anchors}; lower n_anchors.")

@@ -100,8 +100,8 @@ class M3FS(DufsSelector):
         The cutting-plane tolerance of the faithful solver (None: 1e-2).
     graph : str or None, default None
         The sample graph: None for the solver's default (faithful: the paper's fully connected Gaussian graph;
-        alternating: a heat-kernel kNN graph), "gaussian" (faithful), "knn", or "anchor" (alternating, for large
-        n_samples).
+        alternating: a heat-kernel kNN graph up to 50,000 samples, the anchor graph above), "gaussian" (faithful),
+        "knn", or "anchor" (alternating, for large n_samples).
     n_neighbors : int or None, default None
         kNN graph neighbours (None: the solver's default, 10 faithful / 5 alternating).
     max_iter : int or None, default None

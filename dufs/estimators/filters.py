@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from dufs.api import METHODS
+from dufs.engine.graphs import resolve_graph
 from dufs.errors import ParameterError
 from dufs.estimators.base import BASE_CONSTRAINTS, DufsSelector, constraints, estimator_params
 
@@ -96,8 +97,9 @@ class LaplacianScore(DufsSelector):
     weights : {"binary", "heat"}, default "binary"
     t : float > 0 or None, default None
         Heat-kernel width; default the mean squared distance over the kNN edges.
-    graph : {"knn", "anchor"}, default "knn"
-        The exact kNN graph, or the scalable anchor graph (Liu et al. 2010) for large n_samples.
+    graph : {"auto", "knn", "anchor"}, default "auto"
+        The exact kNN graph, or the scalable anchor graph (Liu et al. 2010) for large n_samples; "auto": kNN up to
+        50,000 samples, the anchor graph above.
     n_anchors : int, default 256
         Anchors of the anchor graph (k-means centres in a random-projection embedding).
     anchor_neighbors : int, default 3
@@ -120,7 +122,7 @@ class LaplacianScore(DufsSelector):
     _parameter_constraints: ClassVar[dict] = {**BASE_CONSTRAINTS, **constraints("laplacian")}
 
     def __init__(self, n_features: int = 10, *, W: Any = None, n_neighbors: int = 5, weights: str = "binary",
-                 t: float | None = None, graph: str = "knn", n_anchors: int = 256, anchor_neighbors: int = 3,
+                 t: float | None = None, graph: str = "auto", n_anchors: int = 256, anchor_neighbors: int = 3,
                  embed_dim: int = 64, random_state: int = 0,
                  standardize: str | None = METHODS["laplacian"].standardize, client: Any = None):
         self.n_features = n_features
@@ -138,7 +140,7 @@ class LaplacianScore(DufsSelector):
 
     def _check_samples(self, X: Any) -> None:
         n = X.shape[0]
-        if self.graph == "anchor":
+        if resolve_graph(self.graph, n, type(self).__name__) == "anchor":
             if n < max(self.n_anchors, self.anchor_neighbors):
                 raise ParameterError(f"LaplacianScore(graph='anchor') needs at least n_anchors samples: got "
                                  f"n_samples={n}, n_anchors={self.n_anchors}; lower n_anchors.")

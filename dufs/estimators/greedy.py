@@ -27,7 +27,8 @@ class LapAOFS(GreedySelector):
         Ridge weight.
     W : sparse (n_samples, n_samples) or AnchorGraph, optional
         The sample graph; default built from ``graph``, ``n_neighbors``, ``weights``, ``t``.
-    graph : {"knn", "anchor"}, default "knn"
+    graph : {"auto", "knn", "anchor"}, default "auto"
+        kNN up to 50,000 samples, the anchor graph above ("auto"), or either.
     n_neighbors : int, default 4
         The paper's k.
     weights : {"binary", "heat"}, default "binary"
@@ -54,7 +55,7 @@ class LapAOFS(GreedySelector):
     _parameter_constraints: ClassVar[dict] = {**BASE_CONSTRAINTS, **constraints("lapaofs")}
 
     def __init__(self, n_features: int = 10, *, lambda1: float = 0.01, lambda2: float = 0.01, W: Any = None,
-                 graph: str = "knn", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
+                 graph: str = "auto", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
                  n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
                  standardize: str | None = None, client: Any = None):
         self.n_features = n_features
@@ -122,7 +123,7 @@ class JCFS(GreedySelector):
     _parameter_constraints: ClassVar[dict] = {**BASE_CONSTRAINTS, **constraints("jcfs")}
 
     def __init__(self, n_features: int = 10, *, n_clusters: int = 2, lambda_: float = 1e-6, gamma: float = 1e-4,
-                 W: Any = None, graph: str = "knn", n_neighbors: int = 5, weights: str = "binary",
+                 W: Any = None, graph: str = "auto", n_neighbors: int = 5, weights: str = "binary",
                  t: float | None = None, n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
                  max_iter: int = 10, random_state: int = 0, standardize: str | None = METHODS["jcfs"].standardize,
                  client: Any = None):

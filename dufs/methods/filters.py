@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs.engine import Matrix
-from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph
+from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, resolve_graph
 from dufs.engine.stats import block_stats
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
@@ -164,17 +164,18 @@ def laplacian_scores(M: Matrix, W: Any = None, **graph: Any) -> np.ndarray:
 
 
 def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights: str = "binary",
-                     t: float | None = None, X_rows: Any = None, graph: str = "knn", n_anchors: int = 256,
+                     t: float | None = None, X_rows: Any = None, graph: str = "auto", n_anchors: int = 256,
                      anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
                      k: int | None = None) -> Ranked:
     """Laplacian score L_r = f~^T L f~ / f~^T D f~ of every feature, f~ = f - (f^T D 1 / 1^T D 1) 1.
 
     Smaller is better; a constant feature scores +inf. ``W`` is the sample graph: a sparse n x n matrix or an
-    :class:`~dufs.engine.graphs.AnchorGraph`. By default (``graph="knn"``) it is the exact kNN graph with
+    :class:`~dufs.engine.graphs.AnchorGraph`. With ``graph="knn"`` it is the exact kNN graph with
     ``n_neighbors`` (``weights``, ``t``; He et al. eq. (2), no self-loops) of the rows of ``X_rows`` or, without it,
     of the matrix's own (transformed) rows, computed on the workers (:func:`~dufs.engine.graphs.knn_graph`).
     ``graph="anchor"`` uses the anchor graph W = Zh Lambda^-1 Zh^T of :func:`~dufs.engine.graphs.anchor_graph`
-    (``n_anchors``, s = ``anchor_neighbors``, ``embed_dim``, ``random_state``) for large n_samples: f^T W f is
+    (``n_anchors``, s = ``anchor_neighbors``, ``embed_dim``, ``random_state``) for large n_samples (the default,
+    ``"auto"``, takes kNN up to 50,000 samples and the anchor graph above): f^T W f is
     then ||Lambda^-1/2 Zh^T f||^2. Since L 1 = 0, the numerator is f^T L f = f^T D f - f^T W f, and the
     denominator f^T D f - (f^T d)^2 / 1^T d: one pass over the blocks (after the graph's passes).
 
@@ -184,8 +185,7 @@ def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
     Liu, He, Chang, ICML 2010 (anchor graphs).
     """
     n = M.shape[0]
-    if graph not in ("knn", "anchor"):
-        raise ParameterError(f"The 'graph' parameter of laplacian_scores must be 'knn' or 'anchor'; got {graph!r}.")
+    graph = resolve_graph(graph, n, "laplacian_scores")
     built = W is None
     if W is None:
         if graph == "anchor":

@@ -39,7 +39,7 @@ import scipy.sparse as sp
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock
 from dufs.engine.dispatch import shipped
-from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator
+from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator, resolve_graph
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums, csc_matvec, csc_rmatvec
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
@@ -515,12 +515,12 @@ def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
 
 
 # ---------------------------------------------------------------------------------------------------- graphs
-def sample_graph(M: Matrix, W: Any = None, *, graph: str = "knn", n_neighbors: int = 4, weights: str = "binary",
+def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: int = 4, weights: str = "binary",
                  t: float | None = None, n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
                  random_state: int = 0) -> Any:
     """``W`` as given (a sparse n x n affinity or an AnchorGraph), else the exact kNN graph of the rows of M
     (``graph="knn"``) or its anchor graph (``graph="anchor"``: a low-rank-plus-diagonal Laplacian for large
-    n_samples)."""
+    n_samples); ``"auto"``: kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above."""
     n = M.shape[0]
     if W is not None:
         if not isinstance(W, AnchorGraph):
@@ -528,16 +528,14 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "knn", n_neighbors: i
         if W.shape != (n, n):
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
         return W
-    if graph == "anchor":
+    if resolve_graph(graph, n) == "anchor":
         return anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
-    if graph != "knn":
-        raise ParameterError(f"The 'graph' parameter must be 'knn' or 'anchor'; got {graph!r}.")
     return knn_graph(M, n_neighbors, weights=weights, t=t)
 
 
 # ---------------------------------------------------------------------------------------------------- LapAOFS / LapDOFS
 def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float = 0.01, lambda2: float = 0.01,
-           W: Any = None, graph: str = "knn", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
+           W: Any = None, graph: str = "auto", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
            n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
            checkpoint: Any = "auto", checkpoint_every: int = 1, resume: bool = False) -> GreedyResult:
     """LapAOFS (``criterion="A"``) or LapDOFS (``"D"``) of He, Ji, Zhang, Bao (TPAMI 2011), sequential scheme:

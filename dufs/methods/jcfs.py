@@ -168,7 +168,7 @@ def anchor_spectral_embedding(G: AnchorGraph, c: int) -> tuple[np.ndarray, np.nd
 
 
 def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,
-         graph: str = "knn", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
+         graph: str = "auto", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
          n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,
          random_state: int = 0, dense_below: int = 3000, select_gamma: float | None = None) -> GreedyResult:
     """JCFS (Du, Shen): alternate the spectral step (:func:`jcfs_embedding`, normalised Laplacian of the kNN

@@ -372,7 +372,7 @@ def _colsum(M: Matrix) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------- the method
 def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: float = 1e-2, n_clusters: int = 2,
-                     l: float | None = None, graph: str = "knn", W: Any = None, L: Any = None, n_neighbors: int = 5,
+                     l: float | None = None, graph: str = "auto", W: Any = None, L: Any = None, n_neighbors: int = 5,
                      weights: str = "heat", n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
                      max_iter: int = 50, tol: float = 1e-4, smoothing: float = 1e-2, inner_tol: float = 1e-3,
                      inner_max_iter: int = 500, random_state: int = 0, init: Any = "spectral",
@@ -398,9 +398,9 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     graph, W, L, n_neighbors, weights, n_anchors, anchor_neighbors, embed_dim
         The sample graph: ``L`` (a normalised Laplacian: an n x n array, sparse matrix or LinearOperator, e.g. the
         faithful solver's :func:`dufs.methods.m3fs.m3fs_laplacian`), ``W`` (a sparse n x n affinity or an
-        :class:`AnchorGraph`) or built by
-        :func:`dufs.methods.greedy.sample_graph` (``"knn"``: exact kNN with heat weights; ``"anchor"``: the
-        anchor graph, for large n_samples). Its normalised Laplacian is used.
+        :class:`AnchorGraph`) or built by :func:`dufs.methods.greedy.sample_graph` (``"knn"``: exact kNN with
+        heat weights; ``"anchor"``: the anchor graph, for large n_samples; ``"auto"``, the default: kNN up to
+        50,000 samples, the anchor graph above). Its normalised Laplacian is used.
     smoothing : float
         mu of the smoothed hinge; J_mu is within C mu / 2 of J.
     inner_tol, inner_max_iter : the v-solver's stopping rule (:func:`v_step`).

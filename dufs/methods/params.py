@@ -106,7 +106,8 @@ SEED = Param("random_state", 0, (integer(0),), "seed (k-means, anchors, orders)"
 #: built from the rest; ``n_neighbors`` differs by method (its own table sets it)
 GRAPH_PARAMS = table(
     Param("W", None, ("no_validation",), "a precomputed n_samples x n_samples affinity or an AnchorGraph"),
-    Param("graph", "knn", (StrOptions({"knn", "anchor"}),), "exact kNN, or an anchor graph for large n_samples"),
+    Param("graph", "auto", (StrOptions({"auto", "knn", "anchor"}),),
+          "exact kNN, an anchor graph for large n_samples, or auto (kNN up to 50,000 samples)"),
     Param("weights", "binary", (StrOptions({"binary", "heat"}),), "kNN edge weights"),
     Param("t", None, (None, positive()), "heat kernel width (None: the mean squared kNN distance)"),
     Param("n_anchors", 256, (integer(1),), "anchors of the anchor graph"),

@@ -147,7 +147,7 @@ def _ufcm(M: Any, y: Any, *, n_features: int, n_clusters: Any = UFCM_PARAMS["n_c
             else n_clusters
     res = ufcm(M, n_clusters=n_clusters, n_components=n_components, **p)
     diag = dict(res.diagnostics)
-    diag.update(objective=np.asarray(res.objective).tolist(), labels=np.asarray(res.labels).tolist())
+    diag.update(objective=np.asarray(res.objective).tolist(), labels=np.asarray(res.labels, dtype=np.int64))
     return MethodResult(res.scores, None, diag)
 
 
@@ -179,7 +179,7 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
     res = run(M.dense_columns(np.arange(d)) if solver == "faithful" else M, n_features=n_features,
               n_clusters=n_clusters, **p)
     diag = dict(res.diagnostics)
-    diag.update(solver=solver, labels=np.asarray(res.labels).tolist())
+    diag.update(solver=solver, labels=np.asarray(res.labels, dtype=np.int64))
     sigma = np.asarray(res.sigma, dtype=np.float64)
     head = np.asarray(res.selected, dtype=np.int64)
     rest = np.setdiff1d(rank(sigma, True), head, assume_unique=True)

@@ -145,3 +145,25 @@ def test_m3fs_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_clie
         dense = m3fs_alternating(M, n_features=8, W=Wd, max_iter=5)
     np.testing.assert_array_equal(np.sort(got.selected), np.sort(dense.selected))
     np.testing.assert_allclose(got.objective, dense.objective, rtol=1e-6)
+
+
+def test_the_default_graph_is_knn_for_moderate_n_and_the_anchor_graph_above(monkeypatch, store):
+    """graph="auto" (the default): exact kNN up to KNN_MAX_SAMPLES samples, the anchor graph above (exact kNN at
+    kddb's 19 million samples would take millions of passes)."""
+    import dufs.engine.graphs as graphs
+    from dufs.errors import ParameterError
+
+    assert graphs.resolve_graph("auto", graphs.KNN_MAX_SAMPLES) == "knn"
+    assert graphs.resolve_graph("auto", graphs.KNN_MAX_SAMPLES + 1) == "anchor"
+    assert graphs.resolve_graph("knn", 10**8) == "knn"
+    with pytest.raises(ParameterError, match="'graph'.*'auto', 'knn' or 'anchor'"):
+        graphs.resolve_graph("nearest", 10)
+    X, path = store
+    small = {"n_anchors": 24, "embed_dim": 8}
+    got = dufs.fit(path, method="lapdofs", n_features=3, client=False, **small)
+    assert got.diagnostics["graph"] == "knn"
+    monkeypatch.setattr(graphs, "KNN_MAX_SAMPLES", 200)  # these 300 samples are "many"
+    got = dufs.fit(path, method="lapdofs", n_features=3, client=False, **small)
+    assert got.diagnostics["graph"] == "anchor"
+    want = dufs.fit(path, method="lapdofs", n_features=3, client=False, graph="anchor", **small)
+    np.testing.assert_array_equal(got.indices, want.indices)
