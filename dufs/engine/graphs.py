@@ -407,15 +407,15 @@ class AnchorGraph:
             P = P * np.asarray(coef)[None, :]
         return BtB, li[:, None] * P
 
-    def normalized_apply(self, A: np.ndarray) -> Any:
-        """B A = D^-1/2 Zh Lambda^-1/2 A for an n_anchors x p ``A``: row pieces (:class:`~dufs.engine.rows.Pieces`)
-        when the graph is in pieces, else an n x p array."""
+    def normalized_apply(self, A: np.ndarray, dtype: Any = np.float64) -> Any:
+        """B A = D^-1/2 Zh Lambda^-1/2 A for an n_anchors x p ``A`` (in ``dtype``): row pieces
+        (:class:`~dufs.engine.rows.Pieces`) when the graph is in pieces, else an n x p array."""
         A = np.sqrt(self.lam_inv)[:, None] * np.asarray(A, dtype=np.float64)
         w = self._used()
         if self._Zh is None and self.pieces is not None:
-            return self.pieces.rows.map(_rows_normalized_apply, self.pieces, args=(w, A), width=A.shape[1],
-                                        with_rows=False)
-        return _rows_normalized_apply(None, 0, self.Zh, w, A)
+            return self.pieces.rows.map(_rows_normalized_apply, self.pieces, args=(w, A, dtype), width=A.shape[1],
+                                        itemsize=np.dtype(dtype).itemsize, with_rows=False)
+        return _rows_normalized_apply(None, 0, self.Zh, w, A, dtype)
 
     def toarray(self) -> np.ndarray:
         """W as a dense n x n array: for small graphs and tests only."""
@@ -593,8 +593,9 @@ def _rows_normalized_gram(X: Any, start: int, Z: Any, w: np.ndarray, XS: Any) ->
     return G, P, np.asarray(Zs.sum(axis=0), dtype=np.float64).ravel()
 
 
-def _rows_normalized_apply(X: Any, start: int, Z: Any, w: np.ndarray, A: np.ndarray) -> np.ndarray:
-    return _inv_sqrt_degrees(Z, w)[:, None] * np.asarray(Z @ A, dtype=np.float64)
+def _rows_normalized_apply(X: Any, start: int, Z: Any, w: np.ndarray, A: np.ndarray,
+                           dtype: Any = np.float64) -> np.ndarray:
+    return (_inv_sqrt_degrees(Z, w)[:, None] * np.asarray(Z @ A, dtype=np.float64)).astype(dtype, copy=False)
 
 
 def _anchor_graph_by_features(M: Any, m: int, s: int, p: int, seed: int, keep_embedding: bool,

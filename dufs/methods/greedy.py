@@ -96,14 +96,15 @@ def _diag_terms(b, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode):
         xdx = (B.multiply(B)).T @ d
         # x^T W x per column by numba kernels, O(nnz x neighbours) (SciPy's W^T @ B over 2M rows took minutes)
         if lam_inv is None:
-            xwx = xwx_graph(b.indptr, b.indices, b.data, W.indptr, W.indices, W.data.astype(np.float64),
+            xwx = xwx_graph(b.indptr, b.indices, b.data, W.indptr, W.indices, np.asarray(W.data, dtype=np.float64),
                             np.zeros(n))
         else:
-            xwx = xwx_anchor(b.indptr, b.indices, b.data, W.indptr, W.indices, W.data.astype(np.float64),
+            xwx = xwx_anchor(b.indptr, b.indices, b.data, W.indptr, W.indices, np.asarray(W.data, dtype=np.float64),
                              np.asarray(lam_inv, dtype=np.float64))
         s = s + lam1 * coef * coef * (xdx - xwx)
-    if mode == JCFS:
-        R = coef[:, None] * (np.asarray(B.T @ Y) - shift[:, None] * Ysum[None, :])
+    if mode == JCFS:  # Z_b^T Y a column of Y at a time (Y may be float32: no whole float64 copy of it)
+        BY = np.column_stack([B.T @ np.asarray(Y[:, j], dtype=np.float64) for j in range(Y.shape[1])])
+        R = coef[:, None] * (BY - shift[:, None] * Ysum[None, :])
         v = np.einsum("ij,ij->i", R, R)
     else:
         v = np.zeros(b.width)
@@ -262,6 +263,17 @@ class SelectedColumns:
         self.append(p, col, coef, shift)
 
 
+def _ztY(Y: np.ndarray, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float, Ysum: np.ndarray
+         ) -> np.ndarray:
+    """z^T Y for z = coef (x - shift), x the sparse column ``col``: only x's rows of Y are read (in slices)."""
+    rows, vals = col
+    out = np.zeros(Y.shape[1])
+    for a in range(0, rows.shape[0], 1 << 20):
+        out += np.asarray(vals[a:a + (1 << 20)], dtype=np.float64) @ np.asarray(Y[rows[a:a + (1 << 20)]],
+                                                                                dtype=np.float64)
+    return coef * (out - shift * Ysum)
+
+
 def _dense_z(n: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float) -> np.ndarray:
     z = np.zeros(n)
     z[col[0]] = col[1]
@@ -287,6 +299,11 @@ class GreedyRun:
         self.objective: list[float] = []
         self.trace_obj = 0.0  # Tr(H^-1) (A) or log det H (D)
         self.RS = np.zeros((0, 0 if Y is None else Y.shape[1]))  # Z_S^T Y (JCFS)
+        # Y is float64, or float32 at kddb size (n x c, see jcfs._anchor_embedding): its sums are taken once, in
+        # float64, and products with it never make a float64 copy of it
+        self.Ysum = None if Y is None else col_sums(Y)
+        self.Ysq = 0.0 if Y is None else float(sum(np.dot(Y[:, j], Y[:, j].astype(np.float64))
+                                                   for j in range(Y.shape[1])))
         self.state: Any = None
         self.recoveries = 0
         self.replayed = 0
@@ -307,7 +324,7 @@ class GreedyRun:
         M = self.M
         W, d, lam_inv = self._graph_args()
         Y = self.Y
-        Ysum = None if Y is None else col_sums(Y)
+        Ysum = self.Ysum
         with shipped(W) as Wa, shipped(Y) as Ya:
             props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
                                              self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
@@ -355,17 +372,18 @@ class GreedyRun:
         c = S.solve(u)
         s_p = gpp - float(u @ c)
         if self.mode == JCFS:
-            Rp = z @ self.Y
+            Rp = _ztY(self.Y, col, self.coef[p], self.shift[p], self.Ysum)
             Ep = Rp - c @ self.RS
             e2 = float(Ep @ Ep)
             self.criterion.append(e2 / (self.lam2 * s_p))
             # for the next pass: r = z_p - Z_S c, q = Y E_p - Z_S H^-1 R_S E_p (one product with Z_S for both)
             P = S.apply(np.column_stack([c, S.solve(self.RS @ Ep)]))
-            V = np.column_stack([z - P[:, 0], self.Y @ Ep - P[:, 1]])
+            YE = self.Y @ Ep.astype(self.Y.dtype)
+            V = np.column_stack([z - P[:, 0], YE - P[:, 1]])
             S.add(p, col, self.coef[p], self.shift[p], u, gpp)
             self.RS = np.vstack([self.RS, Rp[None, :]])
             G = S.solve(self.RS)
-            self.objective.append(float(np.sum(self.Y * self.Y) - np.sum(self.RS * G)) / self.lam2)
+            self.objective.append(float(self.Ysq - np.sum(self.RS * G)) / self.lam2)
             return V, s_p, e2
         v_p = float(c @ c)
         if self.mode == A_OPTIMAL:
@@ -529,7 +547,8 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
         return W
     if resolve_graph(graph, n) == "anchor":
-        return anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+        return anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
+                            keep_embedding=False)  # the methods never use E: n x embed_dim floats on the workers
     return knn_graph(M, n_neighbors, weights=weights, t=t)
 
 

@@ -167,3 +167,27 @@ def test_the_default_graph_is_knn_for_moderate_n_and_the_anchor_graph_above(monk
     assert got.diagnostics["graph"] == "anchor"
     want = dufs.fit(path, method="lapdofs", n_features=3, client=False, graph="anchor", **small)
     np.testing.assert_array_equal(got.indices, want.indices)
+
+
+def test_jcfs_keeps_y_in_float32_above_the_bound(cluster_client, store):
+    """Y (n x n_clusters) comes to the driver whole: float64 while it fits dufs.engine.max-task-bytes, float32 above
+    (kddb with 10 clusters: 0.77 GB instead of 1.5), refused beyond even that; the picks do not change."""
+    from dufs.errors import ParameterError
+
+    X, path = store
+    params = {"n_clusters": 3, "lambda_": 1e-6, "gamma": 1e-4, "max_iter": 2, "standardize": None}
+    with cluster_client.as_current():
+        M = Matrix(path, standardize=None)
+        G = _graph(M)
+        Y64, v64 = jcfs_module.jcfs_embedding(M, [0, 5, 10], G, 3, 1e-6, 1e-4)
+        with dask.config.set({"dufs.engine.max-task-bytes": 300 * 3 * 6}):
+            Y32, v32 = jcfs_module.jcfs_embedding(M, [0, 5, 10], G, 3, 1e-6, 1e-4)
+            single = dufs.fit(path, method="jcfs", n_features=10, W=G, client=cluster_client, **params)
+        with dask.config.set({"dufs.engine.max-task-bytes": 300 * 3 * 3}), \
+                pytest.raises(ParameterError, match="n_clusters"):
+            jcfs_module.jcfs_embedding(M, [], G, 3, 1e-6, 1e-4)
+        double = dufs.fit(path, method="jcfs", n_features=10, W=G, client=cluster_client, **params)
+    assert Y64.dtype == np.float64 and Y32.dtype == np.float32
+    np.testing.assert_allclose(Y32, Y64, atol=1e-6)
+    np.testing.assert_allclose(v32, v64, rtol=1e-12)
+    np.testing.assert_array_equal(single.indices, double.indices)
