@@ -102,8 +102,9 @@ def _diag_terms(b, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode):
             xwx = xwx_anchor(b.indptr, b.indices, b.data, W.indptr, W.indices, np.asarray(W.data, dtype=np.float64),
                              np.asarray(lam_inv, dtype=np.float64))
         s = s + lam1 * coef * coef * (xdx - xwx)
-    if mode == JCFS:  # Z_b^T Y a column of Y at a time (Y may be float32: no whole float64 copy of it)
-        BY = np.column_stack([B.T @ np.asarray(Y[:, j], dtype=np.float64) for j in range(Y.shape[1])])
+    if mode == JCFS:  # X_b^T Y by the engine's kernel (Y float64 or float32, read in place: no copy of it)
+        BY = np.zeros((b.width, Y.shape[1]))
+        csc_rmatvec(b.indptr, b.indices, b.data, np.ascontiguousarray(Y), BY)
         R = coef[:, None] * (BY - shift[:, None] * Ysum[None, :])
         v = np.einsum("ij,ij->i", R, R)
     else:
