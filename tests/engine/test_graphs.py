@@ -340,26 +340,3 @@ def test_row_pieces_are_never_gathered_over_the_task_bound(row_store):
             G.Zh  # noqa: B018
         assert G.degrees.shape == (300,)  # an n-vector, piece by piece
 
-
-def test_no_task_of_the_anchor_laplacian_takes_more_than_the_bound(cluster_client, tmp_path):
-    """With dufs.engine.max-task-bytes below the n x p embedding, the Laplacian score on the anchor graph of a store
-    runs with no task receiving more than the bound (a scheduler plugin sums each task's inputs): the embedding and
-    the k-means steps stay in row pieces."""
-    import dask
-
-    import dufs
-    from dufs.testing.tasks import task_inputs
-
-    X = sp.random_array((3000, 40), density=0.05, rng=21, format="csr")  # the data blocks: 6,000 nonzeros
-    path = str(tmp_path / "s.zarr")
-    with dask.config.set({"dufs.store.row-block": 256}):
-        dufs.write_store(X, path)
-    bound = 256 * 1024  # E is 3000 x 32 x 8 = 768 KB; Zh 3000 x 2 x 12 = 72 KB; an n-vector 24 KB
-    params = {"graph": "anchor", "n_anchors": 16, "anchor_neighbors": 2, "embed_dim": 32}
-    with cluster_client.as_current(), dask.config.set({"dufs.engine.max-task-bytes": bound}):
-        with task_inputs(cluster_client) as seen:
-            sel = dufs.fit(path, method="laplacian", n_features=5, **params)
-    assert seen.tasks > 12  # row blocks, k-means steps, the feature pass
-    assert seen.max_bytes <= bound, (seen.max_bytes, seen.max_key)
-    assert seen.max_bytes >= 3000 * 2 * 12  # what the plugin sees: Zh whole is an input of the feature pass
-    assert len(sel.indices) == 5 and np.isfinite(sel.selected_scores).all()
