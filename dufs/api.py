@@ -71,6 +71,8 @@ def _degenerate(method: str, scores: Any, by_scores: bool, diag: dict, params: d
     """What makes a result meaningless, or None: every score NaN, every score equal (the ranking is then by index
     alone), no feature in MMFS's support, every sample in one cluster (unless one was asked for)."""
     fix = _FIX.get(method, "change its parameters")
+    if method == "m3fs" and diag.get("solver") == "alternating":
+        fix = "lower lambda_ (the manifold weight) or raise C"  # not "try the solver it ran"
     labels = diag.get("labels")
     if labels is not None and len(labels) > 1 and np.unique(np.asarray(labels)).size < 2 \
             and params.get("n_clusters", N_CLUSTERS) != 1:

@@ -40,32 +40,40 @@ DEFAULTS = {"laplacian": {"graph": "anchor"}, "lapaofs": {"graph": "anchor"}, "l
 K_DEFAULTS = {"lapaofs": 50, "lapdofs": 50}
 
 
-def _peak_run(cmd: list[str], timeout: float | None) -> tuple[int, float, float, str]:
-    """Run ``cmd``; (exit code, wall seconds, peak RSS in bytes of it and its children, last stderr line)."""
+def _peak_run(cmd: list[str], timeout: float | None) -> tuple[int, float, tuple, str]:
+    """Run ``cmd``; (exit code, wall seconds, (peak RSS in bytes of it and its children, the driver's RSS then, the
+    seconds after the start it came), last stderr line)."""
     import psutil
 
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         root = psutil.Process(p.pid)
-        peak = 0
+        peak = (0, 0, 0.0)
         while p.poll() is None:
-            total = 0
+            total = driver = 0
             try:
                 for q in [root, *root.children(recursive=True)]:
                     try:
-                        total += q.memory_info().rss
+                        rss = q.memory_info().rss
                     except psutil.Error:
-                        pass
+                        continue
+                    total += rss
+                    driver = rss if q.pid == root.pid else driver
             except psutil.Error:
                 pass
-            peak = max(peak, total)
+            if total > peak[0]:
+                peak = (total, driver, time.perf_counter() - t0)
             if timeout is not None and time.perf_counter() - t0 > timeout:
                 p.kill()
             time.sleep(0.1)
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
     return p.returncode, time.perf_counter() - t0, peak, lines[-1] if lines else ""
+
+
+def _gb(peak: tuple) -> str:
+    return f"{peak[0] / 1e9:.1f} ({peak[1] / 1e9:.1f}; {peak[2]:,.0f})"
 
 
 def main() -> None:
@@ -128,13 +136,13 @@ def main() -> None:
             sel = json.loads(out.read_text())
             idx = sel["indices"][:k]
             found = len(set(idx) & truth)
-            rows.append((m, len(idx), f"{wall:,.0f}", str(sel["diagnostics"].get("passes", "")),
-                         f"{peak / 1e9:.1f}", f"{found} of {len(idx)}", f"{len(idx) * len(truth) / st.shape[1]:.2g}"))
+            rows.append((m, len(idx), f"{wall:,.0f}", str(sel["diagnostics"].get("passes", "")), _gb(peak),
+                         f"{found} of {len(idx)}", f"{len(idx) * len(truth) / st.shape[1]:.2g}"))
         else:
-            rows.append((m, k, f"{wall:,.0f}", "", f"{peak / 1e9:.1f}", f"failed: {last[:120]}", ""))
+            rows.append((m, k, f"{wall:,.0f}", "", _gb(peak), f"failed: {last[:120]}", ""))
         print(" | ".join(str(c) for c in rows[-1]), flush=True)
 
-    head = ("method", "k", "wall s", "passes", "peak RSS GB", f"{what} in the top k", "by chance")
+    head = ("method", "k", "wall s", "passes", "peak RSS GB (driver; at s)", f"{what} in the top k", "by chance")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     print()
     for r in [head, tuple("-" * w for w in widths), *rows]:
