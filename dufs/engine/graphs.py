@@ -346,6 +346,11 @@ class AnchorGraph:
         return self._n, self._n
 
     @property
+    def in_pieces(self) -> bool:
+        """Whether products run piece by piece on the row blocks (built so, and Zh not gathered here)."""
+        return self._Zh is None and self.pieces is not None
+
+    @property
     def n_anchors(self) -> int:
         return int(self.anchors.shape[0])
 
@@ -384,38 +389,56 @@ class AnchorGraph:
     def _used(self) -> np.ndarray:
         return (self.lam > 0).astype(np.float64)
 
-    def normalized_grams(self, XS: Any = None, shift: Any = None, coef: Any = None) -> tuple[np.ndarray, Any]:
+    def normalized_grams(self, S: Any = None, shift: Any = None, coef: Any = None, XS: Any = None
+                         ) -> tuple[np.ndarray, Any, Any]:
         """With B = D^-1/2 Zh Lambda^-1/2 (so that D^-1/2 W D^-1/2 = B B^T, an anchor without samples left out):
-        B^T B (n_anchors x n_anchors) and, for the columns ``XS`` (n x k sparse, raw) of Z_S = (XS - 1 shift^T)
-        diag(coef), B^T Z_S (n_anchors x k; None without ``XS``). Row piece by row piece: each block sends
-        n_anchors x (n_anchors + k + 1) numbers, and gets only its own rows of ``XS``."""
+        B^T B (n_anchors x n_anchors) and, for the selected columns Z_S = (X_S - 1 shift^T) diag(coef), B^T Z_S
+        (n_anchors x k) and Z_S^T Z_S (k x k) (None without columns). X_S is ``XS`` (n x k, raw) when given, else
+        columns ``S`` of the matrix's rows, taken by each row block from its own CSR rows: nothing n-sized reaches
+        the driver, and each block sends n_anchors x (n_anchors + k + 1) + k x (k + 1) numbers."""
         w = self._used()
-        k = 0 if XS is None else XS.shape[1]
-        if self._Zh is None and self.pieces is not None:
+        S = None if S is None or len(S) == 0 else np.asarray(S, dtype=np.int64)
+        if self.in_pieces:
             rows = self.pieces.rows
             xs = rows.split(XS) if XS is not None else None
-            args = (w, xs) if xs is not None else (w, None)
-            G, P, c = rows.reduce(_rows_normalized_gram, self.pieces, args=args, with_rows=False)
+            G, P, c, XtX, cs = rows.reduce(_rows_normalized_gram, self.pieces, args=(w, S, xs),
+                                           with_rows=S is not None and XS is None)
         else:
-            G, P, c = _rows_normalized_gram(None, 0, self.Zh, w, None if XS is None else sp.csr_array(XS))
+            if XS is None and S is not None:
+                raise ParameterError("normalized_grams: a graph held whole needs the columns themselves (XS)")
+            G, P, c, XtX, cs = _rows_normalized_gram(None, 0, self.Zh, w, None, XS)
         li = np.sqrt(self.lam_inv)
         BtB = li[:, None] * G * li[None, :]
+        k = P.shape[1]
         if not k:
-            return BtB, None
-        P = P - np.outer(c, np.zeros(k) if shift is None else shift)
-        if coef is not None:
-            P = P * np.asarray(coef)[None, :]
-        return BtB, li[:, None] * P
+            return BtB, None, None
+        mu = np.zeros(k) if shift is None else np.asarray(shift, dtype=np.float64)
+        cf = np.ones(k) if coef is None else np.asarray(coef, dtype=np.float64)
+        BtZ = li[:, None] * (P - np.outer(c, mu)) * cf[None, :]
+        n = self.shape[0]
+        ZtZ = cf[:, None] * (XtX - np.outer(cs, mu) - np.outer(mu, cs) + n * np.outer(mu, mu)) * cf[None, :]
+        return BtB, BtZ, 0.5 * (ZtZ + ZtZ.T)
 
-    def normalized_apply(self, A: np.ndarray, dtype: Any = np.float64) -> Any:
-        """B A = D^-1/2 Zh Lambda^-1/2 A for an n_anchors x p ``A`` (in ``dtype``): row pieces
-        (:class:`~dufs.engine.rows.Pieces`) when the graph is in pieces, else an n x p array."""
+    def normalized_apply(self, A: np.ndarray, dtype: Any = np.float64, S: Any = None, shift: Any = None,
+                         coef: Any = None, C: Any = None, XS: Any = None) -> Any:
+        """B A + Z_S C (n x p, in ``dtype``) for an n_anchors x p ``A`` and, optionally, the selected columns as in
+        :meth:`normalized_grams` with a k x p ``C``: row pieces (:class:`~dufs.engine.rows.Pieces`) when the graph is
+        in pieces (each block takes its own rows of X_S), else an n x p array."""
         A = np.sqrt(self.lam_inv)[:, None] * np.asarray(A, dtype=np.float64)
         w = self._used()
-        if self._Zh is None and self.pieces is not None:
-            return self.pieces.rows.map(_rows_normalized_apply, self.pieces, args=(w, A, dtype), width=A.shape[1],
-                                        itemsize=np.dtype(dtype).itemsize, with_rows=False)
-        return _rows_normalized_apply(None, 0, self.Zh, w, A, dtype)
+        S = None if S is None or len(S) == 0 or C is None else np.asarray(S, dtype=np.int64)
+        cC = off = None
+        if C is not None and (S is not None or XS is not None):
+            k = np.asarray(C).shape[0]
+            cC = (np.ones(k) if coef is None else np.asarray(coef, dtype=np.float64))[:, None] * np.asarray(C)
+            off = (np.zeros(k) if shift is None else np.asarray(shift, dtype=np.float64)) @ cC
+        if self.in_pieces:
+            rows = self.pieces.rows
+            xs = rows.split(XS) if XS is not None and cC is not None else None
+            return rows.map(_rows_normalized_apply, self.pieces, args=(w, A, dtype, S, xs, cC, off),
+                            width=A.shape[1], itemsize=np.dtype(dtype).itemsize,
+                            with_rows=S is not None and xs is None)
+        return _rows_normalized_apply(None, 0, self.Zh, w, A, dtype, None, XS if cC is not None else None, cC, off)
 
     def toarray(self) -> np.ndarray:
         """W as a dense n x n array: for small graphs and tests only."""
@@ -582,20 +605,37 @@ def _inv_sqrt_degrees(Z: Any, w: np.ndarray) -> np.ndarray:
     return _inv_sqrt(np.asarray(Z @ w, dtype=np.float64))
 
 
-def _rows_normalized_gram(X: Any, start: int, Z: Any, w: np.ndarray, XS: Any) -> tuple:
-    """Zh_b^T D_b^-1 Zh_b, and with this block's rows ``XS`` of the selected columns Zh_b^T D_b^-1/2 XS and
-    Zh_b^T D_b^-1/2 1 (for their centring)."""
+def _selected_rows(X: Any, S: Any, XS: Any) -> Any:
+    """This block's rows of the selected columns: ``XS`` (its slice), else columns ``S`` of its CSR rows."""
+    if XS is not None:
+        return sp.csr_array(XS, dtype=np.float64)
+    if S is not None:
+        return sp.csr_array(sp.csc_array(X)[:, S], dtype=np.float64)
+    return None
+
+
+def _rows_normalized_gram(X: Any, start: int, Z: Any, w: np.ndarray, S: Any, XS: Any) -> tuple:
+    """Zh_b^T D_b^-1 Zh_b and, with this block's rows X_b of the selected columns, Zh_b^T D_b^-1/2 X_b,
+    Zh_b^T D_b^-1/2 1 (for their centring), X_b^T X_b and X_b^T 1."""
     Zs = sp.csr_array(sp.diags_array(_inv_sqrt_degrees(Z, w)) @ Z)
     G = np.asarray((Zs.T @ Zs).toarray(), dtype=np.float64)
-    if XS is None:
-        return G, np.zeros((Z.shape[1], 0)), np.zeros(Z.shape[1])
-    P = np.asarray((Zs.T @ sp.csr_array(XS, dtype=np.float64)).toarray(), dtype=np.float64)
-    return G, P, np.asarray(Zs.sum(axis=0), dtype=np.float64).ravel()
+    m = Z.shape[1]
+    Xb = _selected_rows(X, S, XS)
+    if Xb is None:
+        return G, np.zeros((m, 0)), np.zeros(m), np.zeros((0, 0)), np.zeros(0)
+    P = np.asarray((Zs.T @ Xb).toarray(), dtype=np.float64)
+    XtX = np.asarray((Xb.T @ Xb).toarray(), dtype=np.float64)
+    return (G, P, np.asarray(Zs.sum(axis=0), dtype=np.float64).ravel(), XtX,
+            np.asarray(Xb.sum(axis=0), dtype=np.float64).ravel())
 
 
-def _rows_normalized_apply(X: Any, start: int, Z: Any, w: np.ndarray, A: np.ndarray,
-                           dtype: Any = np.float64) -> np.ndarray:
-    return (_inv_sqrt_degrees(Z, w)[:, None] * np.asarray(Z @ A, dtype=np.float64)).astype(dtype, copy=False)
+def _rows_normalized_apply(X: Any, start: int, Z: Any, w: np.ndarray, A: np.ndarray, dtype: Any = np.float64,
+                           S: Any = None, XS: Any = None, cC: Any = None, off: Any = None) -> np.ndarray:
+    out = _inv_sqrt_degrees(Z, w)[:, None] * np.asarray(Z @ A, dtype=np.float64)
+    if cC is not None:
+        Xb = _selected_rows(X, S, XS)
+        out += np.asarray(Xb @ cC, dtype=np.float64) - off[None, :]
+    return out.astype(dtype, copy=False)
 
 
 def _anchor_graph_by_features(M: Any, m: int, s: int, p: int, seed: int, keep_embedding: bool,

@@ -77,6 +77,14 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
     check_params(JCFS_PARAMS, {"lambda_": lambda_, "gamma": gamma}, "jcfs")
     lam, gamma = float(lambda_), float(gamma)
     S = [int(i) for i in (S if S is not None else [])]
+    if isinstance(W, AnchorGraph):
+        mu, inv = M.transform
+        ids = np.asarray(S, dtype=np.int64)
+        coef = np.ones(len(S)) if inv is None else np.asarray(inv, dtype=np.float64)[ids]
+        shift = np.zeros(len(S)) if mu is None else np.asarray(mu, dtype=np.float64)[ids]
+        # a graph in row pieces takes the columns from the row blocks; one held whole needs them here
+        XS = M.columns(S) if S and not W.in_pieces else None
+        return _anchor_embedding(W, S, shift, coef, XS, c, lam, gamma)
     sel = SelectedColumns(n, gamma)
     if S:
         cols = M.columns(S)
@@ -86,8 +94,6 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
             sel.append(p, (cols.indices[a:b], cols.data[a:b]), 1.0 if inv is None else float(inv[p]),
                        0.0 if mu is None else float(mu[p]))
         sel.H = sel.gram() + gamma * np.eye(len(S))
-    if isinstance(W, AnchorGraph):
-        return _anchor_embedding(W, sel, c, lam, gamma)
     L = laplacian_operator(W, normed=True)
 
     def A(V: np.ndarray) -> np.ndarray:
@@ -115,8 +121,8 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
     return vecs[:, order], sigma - vals[order]
 
 
-def _anchor_embedding(G: AnchorGraph, sel: SelectedColumns, c: int, lam: float, gamma: float
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def _anchor_embedding(G: AnchorGraph, S: list, shift: np.ndarray, coef: np.ndarray, XS: Any, c: int, lam: float,
+                      gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """The Y-step on an anchor graph, exactly, without an eigensolver over n_samples.
 
     With B = D^-1/2 Zh Lambda^-1/2 the normalised Laplacian is I - B B^T, and by Woodbury
@@ -124,31 +130,31 @@ def _anchor_embedding(G: AnchorGraph, sel: SelectedColumns, c: int, lam: float, 
     A = (1 + lambda_/gamma) I - F K F^T with F = [B, Z_S] (n x (m + k)) and K = diag(I, lambda_/gamma H^-1): the
     smallest eigenpairs of A are the largest of F K F^T, whose nonzero ones come from the (m + k) x (m + k)
     matrix T = K^1/2 F^T F K^1/2 = U diag(t) U^T: y = F K^1/2 u / sqrt(t), eigenvalue 1 + lambda_/gamma - t.
-    F^T F is one reduction over the graph's row pieces; Y (n x c) comes back whole (c plain n-vectors)."""
+    F^T F is one reduction over the graph's row pieces, each row block taking the selected columns from its own
+    CSR rows (``XS``, the columns themselves, only for a graph held whole); Y (n x c) comes back whole (c plain
+    n-vectors: float32 above ``dufs.engine.max-task-bytes``)."""
     from dufs.engine.rows import max_task_bytes
 
-    n, k = G.shape[0], sel.k
-    # Y whole on the driver: float64 while it fits the bound, float32 above (kddb, 10 clusters: 0.77 GB)
+    n, k = G.shape[0], len(S)
     single = n * c * 8 > max_task_bytes()
     if n * c * 4 > max_task_bytes():
         raise ParameterError(f"jcfs: the embedding Y is {n:,} x {c} (n_clusters), over "
                              f"dufs.engine.max-task-bytes even in float32; use fewer clusters or raise the bound")
-    XS = sel.X() if k else None
-    BtB, BtZ = G.normalized_grams(XS, sel.shift, sel.coef)
+    r = lam / gamma
+    cols = {"S": S, "shift": shift, "coef": coef, "XS": XS} if k and r > 0 else {}
+    BtB, BtZ, ZtZ = G.normalized_grams(**cols)
     used = np.flatnonzero(G.lam > 0)
     m = used.size
-    r = lam / gamma
-    if k and r > 0:
-        hv, hV = np.linalg.eigh(0.5 * (sel.H + sel.H.T))
+    if cols:
+        H = ZtZ + gamma * np.eye(k)
+        hv, hV = np.linalg.eigh(0.5 * (H + H.T))
         Hh = (hV / np.sqrt(hv)[None, :]) @ hV.T  # H^-1/2
-        ZtZ = sel.gram()
         T = np.empty((m + k, m + k))
         T[:m, :m] = BtB[np.ix_(used, used)]
         T[:m, m:] = np.sqrt(r) * (BtZ[used] @ Hh)
         T[m:, :m] = T[:m, m:].T
         T[m:, m:] = r * (Hh @ ZtZ @ Hh)
     else:
-        Hh = None
         T = BtB[np.ix_(used, used)]
     T = 0.5 * (T + T.T)
     t, U = np.linalg.eigh(T)
@@ -158,12 +164,9 @@ def _anchor_embedding(G: AnchorGraph, sel: SelectedColumns, c: int, lam: float, 
                              f"the selected features; n_clusters = {c} needs more anchors (n_anchors)")
     a = np.zeros((G.n_anchors, c))
     a[used] = U[:m] / np.sqrt(t)[None, :]
-    Y = G.normalized_apply(a, np.float32 if single else np.float64)
+    C = np.sqrt(r) * (Hh @ U[m:]) / np.sqrt(t)[None, :] if cols else None
+    Y = G.normalized_apply(a, np.float32 if single else np.float64, C=C, **cols)
     Y = np.asarray(Y.gather("the embedding Y") if hasattr(Y, "gather") else Y)
-    if Hh is not None:
-        P = np.sqrt(r) * (Hh @ U[m:]) / np.sqrt(t)[None, :]
-        for j in range(c):  # a column at a time: n-vector temporaries only
-            Y[:, j] += sel.apply(P[:, j]).astype(Y.dtype)
     return Y, 1.0 + r - t
 
 
@@ -171,7 +174,7 @@ def anchor_spectral_embedding(G: AnchorGraph, c: int) -> tuple[np.ndarray, np.nd
     """The ``c`` eigenvectors of smallest eigenvalue of the anchor graph's normalised Laplacian (n x c) and those
     eigenvalues, ascending: exactly, from its n_anchors-square factor (:func:`_anchor_embedding` with no selected
     features)."""
-    return _anchor_embedding(G, SelectedColumns(G.shape[0], 1.0), int(c), 0.0, 1.0)
+    return _anchor_embedding(G, [], np.zeros(0), np.zeros(0), None, int(c), 0.0, 1.0)
 
 
 def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,

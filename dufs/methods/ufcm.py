@@ -115,7 +115,11 @@ class _Centred:
     def scatter(self) -> np.ndarray:
         """S_t = Zc^T Zc as a dense d x d matrix: two passes per chunk of columns."""
         d, n = self.d, self.n
-        k = max(1, min(d, _GRAM_BYTES // max(8 * n, 1)))
+        from dufs.engine.rows import max_task_bytes
+
+        # Z E is n x k dense: at most _GRAM_BYTES, and half of dufs.engine.max-task-bytes (the pass that takes it
+        # also takes its data block)
+        k = max(1, min(d, min(_GRAM_BYTES, max_task_bytes() // 2) // max(8 * n, 1)))
         S = np.empty((d, d))
         for a in range(0, d, k):
             E = np.zeros((d, min(k, d - a)))
