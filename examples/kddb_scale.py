@@ -130,7 +130,7 @@ def main() -> None:
         k = args.k if args.k is not None else K_DEFAULTS.get(m, 200)
         cmd = [*dufs, "select", str(store), "--method", m, "-k", str(k), "-o", str(out), *sched]
         for name, value in params.get(m, {}).items():
-            cmd += ["-p", f"{name}={value}"]
+            cmd += ["--standardize", value] if name == "standardize" else ["-p", f"{name}={value}"]
         rc, wall, peak, last = _peak_run(cmd, args.timeout)
         if rc == 0:
             sel = json.loads(out.read_text())
