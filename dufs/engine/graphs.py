@@ -393,16 +393,15 @@ class AnchorGraph:
                          ) -> tuple[np.ndarray, Any, Any]:
         """With B = D^-1/2 Zh Lambda^-1/2 (so that D^-1/2 W D^-1/2 = B B^T, an anchor without samples left out):
         B^T B (n_anchors x n_anchors) and, for the selected columns Z_S = (X_S - 1 shift^T) diag(coef), B^T Z_S
-        (n_anchors x k) and Z_S^T Z_S (k x k) (None without columns). X_S is ``XS`` (n x k, raw) when given, else
-        columns ``S`` of the matrix's rows, taken by each row block from its own CSR rows: nothing n-sized reaches
-        the driver, and each block sends n_anchors x (n_anchors + k + 1) + k x (k + 1) numbers."""
+        (n_anchors x k) and Z_S^T Z_S (k x k) (None without columns). X_S is columns ``S`` of the matrix's rows,
+        taken by each row block from its own CSR rows when the graph is in pieces (nothing n-sized reaches the
+        driver; each block sends n_anchors x (n_anchors + k + 1) + k x (k + 1) numbers), else ``XS`` (n x k,
+        raw), the columns themselves."""
         w = self._used()
         S = None if S is None or len(S) == 0 else np.asarray(S, dtype=np.int64)
-        if self.in_pieces:
-            rows = self.pieces.rows
-            xs = rows.split(XS) if XS is not None else None
-            G, P, c, XtX, cs = rows.reduce(_rows_normalized_gram, self.pieces, args=(w, S, xs),
-                                           with_rows=S is not None and XS is None)
+        if self.in_pieces:  # each row block takes columns S of its own rows
+            G, P, c, XtX, cs = self.pieces.rows.reduce(_rows_normalized_gram, self.pieces, args=(w, S, None),
+                                                       with_rows=S is not None)
         else:
             if XS is None and S is not None:
                 raise ParameterError("normalized_grams: a graph held whole needs the columns themselves (XS)")
@@ -432,12 +431,9 @@ class AnchorGraph:
             k = np.asarray(C).shape[0]
             cC = (np.ones(k) if coef is None else np.asarray(coef, dtype=np.float64))[:, None] * np.asarray(C)
             off = (np.zeros(k) if shift is None else np.asarray(shift, dtype=np.float64)) @ cC
-        if self.in_pieces:
-            rows = self.pieces.rows
-            xs = rows.split(XS) if XS is not None and cC is not None else None
-            return rows.map(_rows_normalized_apply, self.pieces, args=(w, A, dtype, S, xs, cC, off),
-                            width=A.shape[1], itemsize=np.dtype(dtype).itemsize,
-                            with_rows=S is not None and xs is None)
+        if self.in_pieces:  # each row block takes columns S of its own rows
+            return self.pieces.rows.map(_rows_normalized_apply, self.pieces, args=(w, A, dtype, S, None, cC, off),
+                                        width=A.shape[1], itemsize=np.dtype(dtype).itemsize, with_rows=S is not None)
         return _rows_normalized_apply(None, 0, self.Zh, w, A, dtype, None, XS if cC is not None else None, cC, off)
 
     def toarray(self) -> np.ndarray:

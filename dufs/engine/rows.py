@@ -23,7 +23,7 @@ from dufs import config
 from dufs.errors import ParameterError
 from dufs.scheduling import current_client
 
-__all__ = ["Each", "Pieces", "RowBlock", "Rows", "max_task_bytes"]
+__all__ = ["Pieces", "RowBlock", "Rows", "max_task_bytes"]
 
 
 def max_task_bytes() -> int:
@@ -86,11 +86,6 @@ def _concat(*parts: Any) -> Any:
     if parts and sp.issparse(parts[0]):
         return sp.vstack(parts, format="csr")
     return np.concatenate(parts)
-
-
-class Each(list):
-    """An argument of :meth:`Rows.map` given per row block: block i gets item i (a slice of a sample-space array
-    that only its own rows need, so no task receives the whole of it)."""
 
 
 class Pieces:
@@ -161,11 +156,6 @@ class Rows:
         return cls([RowBlock(a, min(n, a + step), csr=X[a:min(n, a + step)]) for a in range(0, max(n, 1), step)
                     if a < n], (n, d))
 
-    def split(self, X: Any) -> Each:
-        """``X`` (n x p, dense or sparse) cut into the row blocks, for :meth:`map`: block i gets its own rows."""
-        X = sp.csr_array(X) if sp.issparse(X) else X
-        return Each(X[b.start:b.stop] for b in self.blocks)
-
     def _share(self, x: Any) -> Any:
         if self.client is not None and (isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or sp.issparse(x)):
             return self.client.scatter(x, hash=False, broadcast=True)
@@ -173,18 +163,16 @@ class Rows:
 
     def map(self, fn: Any, *pieces: Pieces, args: tuple = (), width: int = 1, itemsize: int = 8,
             n_rows: int | None = None, with_rows: bool = True) -> Pieces:
-        """``fn(rows, start, *pieces_b, *args)`` on every row block; the results kept as pieces. An argument given
-        as :class:`Each` passes block i its item i. Without ``with_rows``, ``rows`` is None (work on the pieces
-        alone reads no data)."""
-        args = tuple(a if isinstance(a, Each) else self._share(a) for a in args)
+        """``fn(rows, start, *pieces_b, *args)`` on every row block; the results kept as pieces. Without
+        ``with_rows``, ``rows`` is None (work on the pieces alone reads no data)."""
+        args = tuple(self._share(a) for a in args)
         out = []
         for i, b in enumerate(self.blocks):
             parts = tuple(p.items[i] for p in pieces)
-            mine = tuple(a[i] if isinstance(a, Each) else a for a in args)
             if self.client is None:
-                out.append(_run(fn, b, self.n_features, parts, mine, with_rows))
+                out.append(_run(fn, b, self.n_features, parts, args, with_rows))
             else:
-                out.append(self.client.submit(_run, fn, b, self.n_features, parts, mine, with_rows, pure=False))
+                out.append(self.client.submit(_run, fn, b, self.n_features, parts, args, with_rows, pure=False))
         return Pieces(self, out, width=width, itemsize=itemsize, n_rows=n_rows)
 
     def reduce(self, fn: Any, *pieces: Pieces, args: tuple = (), with_rows: bool = True) -> Any:
