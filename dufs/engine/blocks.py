@@ -190,6 +190,17 @@ def block_matvec(src, W, n_rows):
     return out
 
 
+def group_matvec(srcs, Ws, n_rows):
+    """Sum over a group of blocks of X_b W_b, accumulated into one (n_rows, p) buffer (see Matrix.matvec)."""
+    out = None
+    for src, W in zip(srcs, Ws, strict=True):
+        b = resolve(src)
+        if out is None:
+            out = np.zeros((n_rows, W.shape[1]), dtype=np.float64)
+        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
+    return out
+
+
 def block_columns(src, local):
     """Columns ``local`` (block-local positions) of a block as (indptr, indices, data)."""
     b = resolve(src)

@@ -363,8 +363,17 @@ class AnchorGraph:
         return out
 
     def matvec_W(self, V: Any) -> np.ndarray:
-        """W V = Zh Lambda^-1 Zh^T V for V of shape (n,) or (n, p), without forming W."""
+        """W V = Zh Lambda^-1 Zh^T V for V of shape (n,) or (n, p), without forming W: piece by piece when the graph
+        is in pieces (V shared with the row blocks, one all-reduce of an n_anchors x p matrix, the result gathered:
+        n x p within ``dufs.engine.max-task-bytes``)."""
         V = np.asarray(V, dtype=np.float64)
+        if self.in_pieces:
+            rows = self.pieces.rows
+            P = rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
+            P = P * (self.lam_inv if P.ndim == 1 else self.lam_inv[:, None])
+            width = 1 if V.ndim == 1 else V.shape[1]
+            return np.asarray(rows.map(_rows_zp, self.pieces, args=(P,), width=width, with_rows=False)
+                              .gather("W V"))
         P = self.Zh.T @ V
         P = P * (self.lam_inv if P.ndim == 1 else self.lam_inv[:, None])
         return np.asarray(self.Zh @ P)
@@ -591,6 +600,16 @@ def _rows_weights(X: Any, start: int, E: np.ndarray, U: np.ndarray, s: int, bloc
 
 def _rows_colsum(X: Any, start: int, Z: Any, m: int) -> np.ndarray:
     return np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() if Z.shape[0] else np.zeros(m)
+
+
+def _rows_zt(X: Any, start: int, Z: Any, V: np.ndarray) -> np.ndarray:
+    """Zh_b^T V_b: this piece's share of Zh^T V (V whole, sliced to the piece's rows)."""
+    return np.asarray(Z.T @ V[start:start + Z.shape[0]], dtype=np.float64)
+
+
+def _rows_zp(X: Any, start: int, Z: Any, P: np.ndarray) -> np.ndarray:
+    """Zh_b P: this piece's rows of Zh P."""
+    return np.asarray(Z @ P, dtype=np.float64)
 
 
 def _rows_degrees(X: Any, start: int, Z: Any, w: np.ndarray) -> np.ndarray:

@@ -38,6 +38,7 @@ from dufs.engine.blocks import (
     block_scores_and_top,
     block_topk,
     gather_block,
+    group_matvec,
     local_topk,
     map_group,
     map_one,
@@ -442,12 +443,30 @@ class Matrix:
         if not self.blocks:
             out = np.zeros((n, U2.shape[1]))
         else:
-            f = delayed(block_matvec)
+            groups = self._matvec_groups(n * U2.shape[1] * 8)
             with shipped([np.ascontiguousarray(W[b.start:b.stop]) for b in self.blocks]) as Ws:
-                out = self._pass([tree_sum([f(s, Ws[i], n) for i, s in enumerate(self._src)])], "Z U")[0]
+                if groups is None:
+                    f = delayed(block_matvec)
+                    parts = [f(s, Ws[i], n) for i, s in enumerate(self._src)]
+                else:
+                    f = delayed(group_matvec)
+                    parts = [f([self._src[i] for i in g], [Ws[i] for i in g], n) for g in groups]
+                out = self._pass([tree_sum(parts)], "Z U")[0]
         if mu is not None:
             out = out - (mu @ W)[None, :]
         return out[:, 0] if one else out
+
+    def _matvec_groups(self, out_bytes: int) -> list[list[int]] | None:
+        """For a product Z U whose n_samples x p result is large (``out_bytes`` at least
+        ``dufs.engine.wide-product-bytes``) under a distributed client: the blocks in one group per worker (its
+        persisted blocks together), each group one task that accumulates its blocks into a single n x p buffer, so a
+        worker holds one such buffer at a time instead of a partial per block waiting for the tree. The sum then
+        depends on the number of workers (rounding only); below the bound, one partial per block in a fixed tree."""
+        client = current_client()
+        if client is None or out_bytes < config.parse_bytes(config.get("engine.wide-product-bytes")):
+            return None
+        n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+        return self.partition(n_workers)
 
     @_inline_when_small
     def columns(self, ids: Any) -> Any:

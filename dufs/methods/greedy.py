@@ -315,7 +315,9 @@ class GreedyRun:
         W, d, lam_inv = None, None, None
         if self.lam1 and self.W is not None:
             if isinstance(self.W, AnchorGraph):
-                W, d, lam_inv = sp.csr_array(self.W.Zh), self.W.degrees, self.W.lam_inv
+                # Zh whole for the blocks (x^T W x needs every row of a column), assembled on a worker when the
+                # graph is in row pieces: the driver never holds it
+                W, d, lam_inv = self.W.zh_shared(), self.W.degrees, self.W.lam_inv
             else:
                 W = sp.csr_array(self.W)
                 d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
@@ -588,8 +590,8 @@ def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float =
 
 
 def graph_key(W: Any) -> list:
-    if isinstance(W, AnchorGraph):
-        return ["anchor", int(W.Zh.nnz), float(W.Zh.data.sum())]
+    if isinstance(W, AnchorGraph):  # Zh's rows each sum to 1: its size, anchors and their weights name it
+        return ["anchor", int(W.shape[0]), int(W.n_anchors), float(np.sum(W.lam)), float(np.sum(W.anchors))]
     return ["sparse", int(W.nnz), float(W.data.sum())]
 
 

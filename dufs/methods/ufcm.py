@@ -27,9 +27,12 @@ the eigenproblem, which keeps the guarantee exact (a finite guard D_ii = p / (2 
 beta eps^p per such row).
 
 Below ``dense_below`` features the d x d matrix S_t is built once (2 passes per chunk of columns: Z E then Z^T)
-and each W step is a dense ``numpy.linalg.eigh``; above, the W step is Lanczos (``eigsh(which="LA")``) on a
-``LinearOperator`` whose product with a d x k block costs two passes (Zc V, then Zc^T of it). k-means runs on the
-n x d' projection in this process (scikit-learn), or with dask-ml above ``_DASK_KMEANS_ROWS`` samples.
+and each W step is a dense ``numpy.linalg.eigh``. Above, the PCA start is block subspace iteration (two passes an
+iteration: Zc V, then Zc^T of it); with alpha = 1 (the default) A = Q diag(1/n_k) Q^T - beta D is a diagonal plus
+a rank-c matrix and the W step solves its secular equation with c x c eigenproblems and no pass over the data;
+otherwise it is LOBPCG warm-started from the previous W on a ``LinearOperator`` whose product with a d x k block
+costs two passes. k-means runs on the n x d' projection in this process (scikit-learn); n x max(d', c) float64
+must fit ``dufs.engine.max-task-bytes`` (at kddb size, 19.3M samples and the default 1 GiB: up to 6).
 
 References
 ----------
@@ -71,8 +74,9 @@ UFCM_PARAMS = table(
 log = get_logger(__name__)
 
 _LOBPCG_MAXITER = 40  # block iterations of a matrix-free W step
+_PCA_MAXITER = 60  # block iterations of the matrix-free PCA start
+_PCA_TOL = 1e-3  # its residuals, relative to the largest eigenvalue
 _EPS = 1e-10  # a row of W (norms are <= 1 since W^T W = I) below this is held at zero
-_DASK_KMEANS_ROWS = 200_000  # k-means with dask-ml above this many samples
 _GRAM_BYTES = 256 << 20  # the n x k slab of columns of Z per chunk when S_t is built densely
 
 
@@ -151,15 +155,8 @@ def _km_term(Y: np.ndarray, labels: np.ndarray, C: np.ndarray) -> float:
 
 
 def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int) -> np.ndarray:
-    """Labels of one k-means run on Y (Lloyd), from ``init`` (centroids, c x d') or "k-means++"."""
-    if Y.shape[0] > _DASK_KMEANS_ROWS:
-        import dask.array as da
-        from dask_ml.cluster import KMeans as DKMeans
-
-        init_ = init if isinstance(init, np.ndarray) else "k-means||"
-        km = DKMeans(n_clusters=c, init=init_, random_state=seed, n_init=1, max_iter=300, tol=1e-4)
-        km.fit(da.from_array(Y, chunks=(max(1, Y.shape[0] // 16), Y.shape[1])))
-        return np.asarray(km.labels_, dtype=np.int64)
+    """Labels of one k-means run on Y (Lloyd, in this process: Y is n x d' with n x max(d', c) x 8 bytes within
+    ``dufs.engine.max-task-bytes``), from ``init`` (centroids, c x d') or "k-means++"."""
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
@@ -203,6 +200,136 @@ def _top_dense(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return vals[::-1][:k], vecs[:, ::-1][:, :k]
 
 
+_SECULAR_CHUNK = 1 << 20  # rows of Q per slab while M(lambda) is summed (bounds the temporaries to 8 c MiB)
+
+
+def _secular_m(Qa: np.ndarray, Da: np.ndarray, lam: float) -> np.ndarray:
+    """M(lambda) = Qa^T diag(1 / (lambda + Da)) Qa (c x c), summed in slabs of rows."""
+    c = Qa.shape[1]
+    M = np.zeros((c, c))
+    for a in range(0, Qa.shape[0], _SECULAR_CHUNK):
+        q = Qa[a:a + _SECULAR_CHUNK]
+        M += (q / (lam + Da[a:a + _SECULAR_CHUNK])[:, None]).T @ q
+    return 0.5 * (M + M.T)
+
+
+def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The largest ``k`` eigenpairs of A = Qa Qa^T - diag(Da) (Qa m x c, Da >= 0) without an eigensolver over m.
+
+    A diagonal plus a rank-c matrix: with M(t) = Qa^T (t I + diag(Da))^-1 Qa (c x c), Sylvester's law of inertia
+    on the block matrix [[-diag(Da) - t I, Qa], [Qa^T, -I]] gives the number of eigenvalues of A above t as
+    #{i: -Da_i > t} + #{eigenvalues of M(t) above 1}, for any t off the diagonal's values. The j-th eigenvalue is
+    where that count drops below j: found by bisection between the j-th largest -Da_i (A >= -diag(Da)) and
+    -min(Da) + ||Qa||_2^2, each step a c x c eigenproblem and one sweep over Qa. Its eigenvector is
+    (t I + diag(Da))^-1 Qa y, y the eigenvector of M(t) for the eigenvalue 1 (the secular equation). Rows of Qa that
+    are exactly zero are eigenvectors e_i (eigenvalue -Da_i) and are set apart first. Returns None when a residual
+    ||A v - t v|| is not at rounding level (the caller uses an iterative solver then)."""
+    m, c = Qa.shape
+    if m <= k:
+        return None
+    zero = ~np.any(Qa != 0.0, axis=1)
+    live = np.flatnonzero(~zero)
+    Ql, Dl = Qa[live], Da[live]
+    top = float(np.linalg.eigvalsh(_secular_m(Ql, np.zeros_like(Dl), 1.0))[-1]) if live.size else 0.0  # ||Qa||^2
+    scale = max(top, float(Da.max()), np.finfo(float).tiny)
+    cand_vals: list[float] = []
+    cand_vecs: list[np.ndarray] = []
+    if live.size and top > 0.0:
+        negD = np.sort(-Dl)[::-1]  # the diagonal's values, largest first
+        kk = min(k, live.size)
+
+        def count(t: float) -> int:
+            above = int(np.searchsorted(-negD, -t, side="left"))  # #{-D_i > t}
+            return above + int(np.sum(np.linalg.eigvalsh(_secular_m(Ql, Dl, t)) > 1.0))
+
+        hi0 = float(negD[0]) + top * (1.0 + 1e-9) + scale * 1e-12
+        eps = 4.0 * np.finfo(float).eps * scale
+        for j in range(1, kk + 1):
+            lo, hi = float(negD[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
+            while hi - lo > eps:
+                mid = 0.5 * (lo + hi)
+                if mid in (lo, hi):
+                    break
+                if np.any(mid + Dl == 0.0) or count(mid) >= j:
+                    lo = mid
+                else:
+                    hi = mid
+            t = 0.5 * (lo + hi)
+            w, Y = np.linalg.eigh(_secular_m(Ql, Dl, t))
+            # a repeated eigenvalue: the next eigenvector of M(t) near 1 not taken yet
+            same = sum(1 for v in cand_vals if abs(v - t) <= 1e3 * eps)
+            order = np.argsort(np.abs(w - 1.0))
+            y = Y[:, order[min(same, c - 1)]]
+            v = np.zeros(m)
+            for a in range(0, live.size, _SECULAR_CHUNK):
+                sl = slice(a, a + _SECULAR_CHUNK)
+                v[live[sl]] = (Ql[sl] @ y) / (t + Dl[sl])
+            cand_vals.append(t)
+            cand_vecs.append(v)
+    for i in np.flatnonzero(zero)[np.argsort(Da[zero])][:k]:
+        e = np.zeros(m)
+        e[i] = 1.0
+        cand_vals.append(-float(Da[i]))
+        cand_vecs.append(e)
+    if len(cand_vals) < k:
+        return None
+    order = np.argsort(-np.asarray(cand_vals), kind="stable")[:k]
+    vals = np.asarray(cand_vals)[order]
+    V = np.column_stack([cand_vecs[i] for i in order])
+    V, _ = np.linalg.qr(V)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
+    AV = Qa @ (Qa.T @ V) - Da[:, None] * V
+    res = np.sqrt(np.einsum("ij,ij->j", AV - V * vals, AV - V * vals))
+    if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
+        return None
+    return vals, V
+
+
+def _orth(S: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the columns of a tall S (d x b), by Cholesky QR twice: one b x b Gram and one d x b
+    array at a time (LAPACK's QR of a 30M x 6 array holds four copies of it). Falls back to ``numpy.linalg.qr`` when
+    the Gram is not numerically positive definite."""
+    Q = S
+    for _ in range(2):
+        G = Q.T @ Q
+        try:
+            Lc = np.linalg.cholesky(0.5 * (G + G.T))
+        except np.linalg.LinAlgError:
+            return np.linalg.qr(S)[0]
+        Q = Q @ np.linalg.inv(Lc).T
+    return Q
+
+
+def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float = _PCA_TOL,
+                 max_iter: int = _PCA_MAXITER) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    """The largest ``k`` eigenpairs of S_t = Zc^T Zc by block subspace iteration with Rayleigh-Ritz: a block of
+    k + max(4, k) columns, two passes an iteration (Zc V, then Zc^T of it), which holds two d x block arrays and one
+    n x block array (Lanczos over d would hold 20 d-vectors and make two passes per vector). Stops when every one
+    of the k residuals ||S v - theta v|| is below ``tol`` times the largest Ritz value. Returns (values, vectors,
+    products, converged)."""
+    d = Zc.d
+    b = min(d, k + max(4, k))
+    V = _orth(rng.standard_normal((d, b)))
+    products, converged = 0, False
+    theta = np.zeros(b)
+    for _ in range(max_iter):
+        T = Zc.matvec(V)  # n x b
+        G = T.T @ T
+        theta, R = np.linalg.eigh(0.5 * (G + G.T))
+        theta, R = theta[::-1], R[:, ::-1]
+        V = V @ R  # Ritz vectors
+        S = Zc.rmatvec(T @ R)  # S_t V, d x b
+        del T
+        products += b
+        res = np.array([np.linalg.norm(S[:, j] - theta[j] * V[:, j]) for j in range(k)])
+        if np.all(res <= tol * max(abs(theta[0]), np.finfo(float).tiny)):
+            converged = True
+            break
+        del V
+        V = _orth(S)
+        del S
+    return theta[:k], V[:, :k], products, converged
+
+
 def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarray, Dd: np.ndarray,
             active: np.ndarray, k: int, alpha: float, beta: float, *, tol: float = 0.0, v0: Any = None,
             X0: Any = None) -> tuple[np.ndarray, np.ndarray, int]:
@@ -225,6 +352,11 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
 
     nprod = [0]
     Qa, Da = Qs[idx], Dd[idx]
+    if alpha == 1.0:  # A = Q diag(1/n_k) Q^T - beta D: a diagonal plus rank c, solved without passes
+        got = _top_lowrank(Qa, beta * Da, k)
+        if got is not None:
+            W[idx] = got[1]
+            return got[0], W, 0
 
     def apply(X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -318,6 +450,13 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     seed = _int_param("random_state", random_state, 0, 2**32 - 1)
     if c > n - 1 or k > d - 1:
         raise ParameterError(f"ufcm needs n_clusters < n_samples and n_components < n_features; the data are {n} x {d}")
+    from dufs.engine.rows import max_task_bytes
+
+    if n * max(k, c) * 8 > max_task_bytes():
+        raise ParameterError(f"ufcm: Zc W and the cluster indicators are {n:,} x {max(k, c)} (n_components, "
+                             f"n_clusters) in float64, over dufs.engine.max-task-bytes "
+                             f"({max_task_bytes() / 2**30:.2f} GiB); use fewer clusters or components, or raise "
+                             f"the bound")
     rng = np.random.default_rng(seed)
 
     def seeds(m: int) -> list[int]:
@@ -329,11 +468,16 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     Zc = _Centred(M)
     dense = d < dense_below
     St = Zc.scatter() if dense else None
-    zero_q = np.zeros((d, c))
-    ones = np.ones(c)
     everyone = np.ones(d, dtype=bool)
     # step 3: W by PCA (the top d' eigenvectors of S_t)
-    _, W, nprod = _w_step(Zc, St, zero_q, ones, np.zeros(d), everyone, k, 0.0, 0.0, v0=rng.standard_normal(d))
+    pca_converged = True
+    if dense:
+        _, W, nprod = _w_step(Zc, St, np.zeros((d, c)), np.ones(c), np.zeros(d), everyone, k, 0.0, 0.0)
+    else:
+        _, W, nprod, pca_converged = _top_scatter(Zc, k, rng)
+        if not pca_converged:
+            log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
+                        "the subspace reached", _PCA_MAXITER)
     Y = Zc.matvec(W)
     # step 4: U by k-means on W^T x_i (the best of 1 + n_init runs by the k-means term)
     labels, _, _ = _best_partition(Y, c, [_kmeans(Y, c, "k-means++", s) for s in seeds(max(1, n_init))])
@@ -388,5 +532,6 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     scores = np.sqrt(np.einsum("ij,ij->i", W, W))
     diagnostics = {"iterations": len(history), "converged": converged, "timings": timings,
                    "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": dense,
+                   "pca_converged": pca_converged,
                    "operator_products": products, "history": history}
     return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)

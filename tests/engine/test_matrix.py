@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -114,6 +115,14 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
         M = Matrix(store, standardize="zscore")
         np.testing.assert_allclose(M.rmatvec(V), Z.T @ V, **TOL)
         np.testing.assert_allclose(M.matvec(U), Z @ U, **TOL)
+        # a wide product (n x p above dufs.engine.wide-product-bytes): one accumulating task per worker, persisted
+        # blocks or re-read ones
+        for Mw in (Matrix(X.tocsc(), standardize="zscore", block_width=16),
+                   Matrix(X.tocsc(), standardize="zscore", block_width=16).persist()):
+            with dask.config.set({"dufs.engine.wide-product-bytes": 1}):
+                assert len(Mw._matvec_groups(300 * 3 * 8)) == 2
+                np.testing.assert_allclose(Mw.matvec(U), Z @ U, **TOL)
+                np.testing.assert_allclose(Mw.matvec(U[:, 0]), Z @ U[:, 0], **TOL)
 
 
 def test_bad_parameters():

@@ -77,6 +77,7 @@ def _one_blas_thread():
     ("dense", {"alpha": 0.1, "beta": 10.0, "p": 1.5}, 0),
     ("sparse", {"alpha": 1.0, "beta": 1.0, "p": 1.0}, 2000),
     ("sparse", {"alpha": 2.0, "beta": 1.0, "p": 0.5}, 0),
+    ("sparse", {"alpha": 1.0, "beta": 1.0, "p": 1.0}, 0),  # the defaults matrix-free: the secular W step
     ("coil20", {"alpha": 1.0, "beta": 1.0, "p": 1.0}, 2000),
     ("coil20", {"alpha": 1e-1, "beta": 10.0, "p": 0.5}, 2000),
 ])
@@ -137,6 +138,81 @@ def test_matrix_free_w_step_is_dense_eigh(standardize, alpha, beta):
         assert np.max(subspace_angles(W[idx], ref_vecs)) < 1e-6
     if standardize is None:
         np.testing.assert_allclose(Zc.scatter(), St, atol=1e-9 * np.abs(St).max())
+
+
+@pytest.mark.parametrize("standardize", [None, "zscore"])
+@pytest.mark.parametrize("beta, k", [(1.0, 3), (0.05, 3), (0.0, 2)])  # beta = 0, k = 3: a null space, no unique 3rd
+def test_alpha_one_w_step_needs_no_pass(standardize, beta, k):
+    """With alpha = 1 (the default) S_t - S_w = S_b is rank c: the W step is a diagonal plus a rank-c matrix, solved
+    by its secular equation without touching the data, and equals the dense eigh of S_b - beta D."""
+    X = _data("sparse")
+    M = Matrix(X, standardize=standardize, block_width=25)
+    Xc = _centred(X, standardize)
+    n, d = Xc.shape
+    c = 3
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, c, size=n)
+    Dd = rng.uniform(0.2, 3.0, size=d)
+    active = np.ones(d, dtype=bool)
+    active[7] = False
+    idx = np.flatnonzero(active)
+    Uo = np.zeros((n, c))
+    Uo[np.arange(n), labels] = 1.0
+    Sb = Xc.T @ Uo @ np.linalg.inv(Uo.T @ Uo) @ Uo.T @ Xc  # S_t - S_w, formed explicitly
+    A = (Sb - beta * np.diag(Dd))[np.ix_(idx, idx)]
+    ref_vals, ref_vecs = np.linalg.eigh(A)
+    ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
+    Zc = U._Centred(M)
+    Q = Zc.rmatvec(Uo)
+    passes = M.passes
+    vals, W, nprod = U._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
+    assert nprod == 0 and M.passes == passes  # the secular solve, not LOBPCG
+    scale = max(1.0, np.abs(ref_vals).max())
+    np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-9 * scale)
+    assert np.all(W[~active] == 0.0)
+    np.testing.assert_allclose(W.T @ W, np.eye(k), atol=1e-10)
+    assert np.max(subspace_angles(W[idx], ref_vecs)) < 1e-7
+
+
+@pytest.mark.parametrize("case", ["below", "above", "zero_rows", "repeated"])
+def test_secular_eigenpairs_are_eigh(case):
+    """The secular solve against numpy's eigh of the dense diagonal-plus-rank-c matrix: eigenvalues above and
+    among the diagonal's values, rows of Q that are exactly zero, and a repeated diagonal value."""
+    rng = np.random.default_rng(1)
+    m, c, k = 60, 3, 4
+    Qa = rng.standard_normal((m, c)) * (1e-2 if case == "below" else 10.0)
+    Da = rng.uniform(1.0, 2.0, size=m)
+    if case == "zero_rows":
+        Qa[[3, 8]] = 0.0
+        Da[3] = 0.5  # an exact eigenvector e_3 with eigenvalue -0.5, the largest of the diagonal's
+    if case == "repeated":
+        Da[[4, 9]] = Da.min() - 0.5
+    got = U._top_lowrank(Qa, Da, k)
+    assert got is not None
+    vals, V = got
+    A = Qa @ Qa.T - np.diag(Da)
+    ref_vals, ref_vecs = np.linalg.eigh(A)
+    ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
+    np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-10 * max(1.0, np.abs(ref_vals).max()))
+    np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
+    np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * max(1.0, np.abs(ref_vals).max()))
+
+
+@pytest.mark.parametrize("standardize", [None, "zscore"])
+def test_matrix_free_pca_start_is_dense_eigh(standardize):
+    """The PCA start above ``dense_below`` (block subspace iteration, two passes an iteration) gives the top
+    eigenvectors of the explicitly centred S_t."""
+    X = _data("sparse")
+    M = Matrix(X, standardize=standardize, block_width=25)
+    Xc = _centred(X, standardize)
+    k = 4
+    ref_vals, ref_vecs = np.linalg.eigh(Xc.T @ Xc)
+    ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
+    vals, W, nprod, converged = U._top_scatter(U._Centred(M), k, np.random.default_rng(0), tol=1e-10,
+                                               max_iter=2000)
+    assert converged and nprod > 0
+    np.testing.assert_allclose(vals, ref_vals, rtol=1e-9)
+    assert np.max(subspace_angles(W, ref_vecs)) < 1e-6
 
 
 # ---------------------------------------------------------------------------------------------------- (c) eq. (6)
