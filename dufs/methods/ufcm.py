@@ -48,6 +48,7 @@ from numbers import Real
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix
@@ -76,6 +77,11 @@ log = get_logger(__name__)
 _LOBPCG_MAXITER = 40  # block iterations of a matrix-free W step
 _PCA_MAXITER = 60  # block iterations of the matrix-free PCA start
 _PCA_TOL = 1e-3  # its residuals, relative to the largest eigenvalue
+_PCA_SAMPLE_ABOVE = 1 << 20  # samples above which the PCA start is estimated on a sample of rows, then refined
+_PCA_SAMPLE = 1 << 17  # rows of that sample
+_PCA_REFINE = 2  # block iterations on all rows after it
+_KMEANS_SAMPLE_ABOVE = 1 << 20  # samples above which a random k-means start is first fitted on a sample
+_KMEANS_SAMPLE = 1 << 16  # rows of that sample
 _EPS = 1e-10  # a row of W (norms are <= 1 since W^T W = I) below this is held at zero
 _GRAM_BYTES = 256 << 20  # the n x k slab of columns of Z per chunk when S_t is built densely
 
@@ -142,8 +148,8 @@ def _onehot(labels: np.ndarray, c: int) -> np.ndarray:
 def _centroids(Y: np.ndarray, labels: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
     """Centroids (c x d') of the clusters of Y and their sizes (eq. (10) for one U)."""
     counts = np.bincount(labels, minlength=c).astype(np.float64)
-    sums = np.zeros((c, Y.shape[1]))
-    np.add.at(sums, labels, Y)
+    sums = np.column_stack([np.bincount(labels, weights=Y[:, j], minlength=c) for j in range(Y.shape[1])]) \
+        if Y.shape[1] else np.zeros((c, 0))
     with np.errstate(invalid="ignore", divide="ignore"):
         return sums / counts[:, None], counts
 
@@ -163,6 +169,12 @@ def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int) -> np.ndarray:
     # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (40x slower on a
     # loaded 2-core machine)
     with threadpool_limits(limits=1):
+        if isinstance(init, str) and Y.shape[0] > _KMEANS_SAMPLE_ABOVE:
+            # a random start on millions of rows: k-means++ and Lloyd on a uniform sample first, then Lloyd on all
+            # rows from its centres (the candidate is judged on all rows all the same)
+            pick = np.random.default_rng(seed).choice(Y.shape[0], size=_KMEANS_SAMPLE, replace=False)
+            init = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd").fit(
+                Y[np.sort(pick)]).cluster_centers_
         km = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd")
         km.fit(Y)
     return km.labels_.astype(np.int64)
@@ -300,15 +312,16 @@ def _orth(S: np.ndarray) -> np.ndarray:
 
 
 def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float = _PCA_TOL,
-                 max_iter: int = _PCA_MAXITER) -> tuple[np.ndarray, np.ndarray, int, bool]:
+                 max_iter: int = _PCA_MAXITER, V0: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """The largest ``k`` eigenpairs of S_t = Zc^T Zc by block subspace iteration with Rayleigh-Ritz: a block of
-    k + max(4, k) columns, two passes an iteration (Zc V, then Zc^T of it), which holds two d x block arrays and one
-    n x block array (Lanczos over d would hold 20 d-vectors and make two passes per vector). Stops when every one
-    of the k residuals ||S v - theta v|| is below ``tol`` times the largest Ritz value. Returns (values, vectors,
-    products, converged)."""
+    k + max(4, k) columns (or ``V0``'s, a start), two passes an iteration (Zc V, then Zc^T of it), which holds two
+    d x block arrays and one n x block array (Lanczos over d would hold 20 d-vectors and make two passes per
+    vector). Stops when every one of the k residuals ||S v - theta v|| is below ``tol`` times the largest Ritz
+    value. Returns (values, vectors, products, converged)."""
     d = Zc.d
-    b = min(d, k + max(4, k))
-    V = _orth(rng.standard_normal((d, b)))
+    b = min(d, k + max(4, k)) if V0 is None else V0.shape[1]
+    V = _orth(rng.standard_normal((d, b)) if V0 is None else V0)
     products, converged = 0, False
     theta = np.zeros(b)
     for _ in range(max_iter):
@@ -321,6 +334,9 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
         del T
         products += b
         res = np.array([np.linalg.norm(S[:, j] - theta[j] * V[:, j]) for j in range(k)])
+        log.info("ufcm: PCA start, block iteration %d: top eigenvalues %s, largest relative residual %.3g",
+                 products // b, np.array2string(theta[:k], precision=6),
+                 float(res.max()) / max(abs(theta[0]), np.finfo(float).tiny))
         if np.all(res <= tol * max(abs(theta[0]), np.finfo(float).tiny)):
             converged = True
             break
@@ -390,6 +406,53 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
     order = np.argsort(-vals)
     W[idx] = V[:, order]
     return vals[order], W, nprod[0]
+
+
+def _rows_take(X: Any, start: int, rate: float, seed: int) -> Any:
+    """A uniform sample of a row block's rows (each kept with probability ``rate``, seeded by the block)."""
+    keep = np.random.default_rng([seed, start]).random(X.shape[0]) < rate
+    return X[np.flatnonzero(keep)]
+
+
+def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random.Generator
+                      ) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    """The PCA start above ``_PCA_SAMPLE_ABOVE`` samples: the top k principal directions of a uniform sample of
+    ``_PCA_SAMPLE`` rows (taken by the row blocks, centred by its own means, in this process: every product is
+    in memory and only the features the sample holds take part), then ``_PCA_REFINE`` block iterations on all rows
+    from there (two passes each, k columns), which give every feature with data its row of W. A full-data
+    subspace iteration from random would take tens of iterations of two passes at kddb size (the top eigenvalues
+    of clustered sparse data are close together)."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    from dufs.engine.rows import Rows
+
+    n, d = Zc.n, Zc.d
+    rows = Rows.of(M)
+    rate = min(1.0, _PCA_SAMPLE / n)
+    Xs = sp.csr_array(rows.map(_rows_take, args=(rate, seed), n_rows=int(rate * n)).gather("the PCA sample"))
+    cols = np.unique(Xs.indices)
+    _, inv = M.transform
+    w = np.ones(cols.size) if inv is None else np.asarray(inv, dtype=np.float64)[cols]
+    Xc = sp.csc_array(Xs[:, cols] @ sp.diags_array(w)).astype(np.float64)
+    ns = Xc.shape[0]
+    mean = np.asarray(Xc.sum(axis=0)).ravel() / max(ns, 1)
+
+    def st(v: np.ndarray) -> np.ndarray:  # the sample's centred scatter, never formed
+        t = Xc @ v - mean @ v
+        return Xc.T @ t - mean * t.sum(axis=0)
+
+    kk = min(k, cols.size - 1)
+    V0 = rng.standard_normal((d, k))
+    if kk >= 1 and ns > 1:
+        op = LinearOperator((cols.size, cols.size), matvec=st, matmat=st, dtype=np.float64)
+        _, E = eigsh(op, k=kk, which="LA", v0=rng.standard_normal(cols.size))
+        V0[:] = 0.0
+        V0[cols, :kk] = E
+        if kk < k:
+            V0[:, kk:] = rng.standard_normal((d, k - kk))
+    log.info("ufcm: PCA start from a sample of %d rows (%d features), refined on all rows", ns, cols.size)
+    del Xs
+    return _top_scatter(Zc, k, rng, max_iter=_PCA_REFINE, V0=V0)
 
 
 # ---------------------------------------------------------------------------------------------------- validation
@@ -474,8 +537,9 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     if dense:
         _, W, nprod = _w_step(Zc, St, np.zeros((d, c)), np.ones(c), np.zeros(d), everyone, k, 0.0, 0.0)
     else:
-        _, W, nprod, pca_converged = _top_scatter(Zc, k, rng)
-        if not pca_converged:
+        start = _sample_pca_start if n > _PCA_SAMPLE_ABOVE else None
+        _, W, nprod, pca_converged = start(M, Zc, k, seed, rng) if start else _top_scatter(Zc, k, rng)
+        if not pca_converged and start is None:
             log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
                         "the subspace reached", _PCA_MAXITER)
     Y = Zc.matvec(W)
@@ -522,7 +586,8 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         history.append({"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
                         "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
                         "seconds": time.perf_counter() - t_it})
-        log.debug("ufcm iteration %d: objective %.10g (U candidate %d)", it + 1, f_new, chosen)
+        log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new, chosen,
+                 history[-1]["seconds"])
         rise = f_new - f
         f = f_new
         if abs(rise) <= tol * max(1.0, abs(f)):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -156,6 +157,27 @@ def test_anchor_weights_are_the_s_nearest_and_sum_to_one(anchor_case):
         sig = D[i, near].mean()
         k = np.exp(-D[i, near] / sig)
         np.testing.assert_allclose(Zd[i, near], k / k.sum(), rtol=1e-9)
+
+
+def test_anchor_products_in_row_pieces(cluster_client):
+    """W V, the degrees and the Laplacian computed piece by piece on the row blocks (the driver never gathers Zh)
+    equal the same graph's Zh formed densely afterwards."""
+    X = _sparse_data(300, 40, seed=3)
+    with cluster_client.as_current():
+        M = Matrix(X, standardize="zscore", block_width=9)
+        with dask.config.set({"dufs.store.row-block": 64}):
+            G = anchor_graph(M, n_anchors=12, n_neighbors=3, embed_dim=8, random_state=2, keep_embedding=False)
+        assert G.in_pieces and len(G.pieces.items) == 5
+        V = np.random.default_rng(1).standard_normal((300, 2))
+        WV, deg, LV = G.matvec_W(V), G.degrees, G.laplacian(normed=True) @ V[:, 0]
+        assert G.in_pieces  # nothing was gathered
+        Zd = G.Zh.toarray()
+    lam = Zd.sum(0)
+    Wd = Zd @ np.diag(np.where(lam > 0, 1 / np.where(lam > 0, lam, 1), 0)) @ Zd.T
+    np.testing.assert_allclose(WV, Wd @ V, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(deg, Wd.sum(1), rtol=1e-12)
+    Dm = np.diag(1 / np.sqrt(Wd.sum(1)))
+    np.testing.assert_allclose(LV, (np.eye(300) - Dm @ Wd @ Dm) @ V[:, 0], rtol=1e-10, atol=1e-12)
 
 
 def test_anchor_laplacian_operator_equals_dense(anchor_case):

@@ -215,6 +215,40 @@ def test_matrix_free_pca_start_is_dense_eigh(standardize):
     assert np.max(subspace_angles(W, ref_vecs)) < 1e-6
 
 
+def test_sampled_pca_start_above_the_row_bound(monkeypatch):
+    """Above ``_PCA_SAMPLE_ABOVE`` samples the PCA start comes from a sample of rows, refined on all rows: W is
+    orthonormal, every feature with data has a row (none is frozen at zero by the sample missing it), and its span
+    is the top principal subspace of the whole data (a clear eigengap here)."""
+    rng = np.random.default_rng(7)
+    n, d, k = 4000, 300, 2
+    X = sp.random(n, d, density=0.02, random_state=3, format="csr") * 1.0
+    X = sp.lil_array(X)
+    grp = rng.integers(0, 3, size=n)
+    for g in range(3):  # three clusters, each raising its own 10 features
+        rows = np.flatnonzero(grp == g)
+        for j in range(10 * g, 10 * g + 10):
+            X[rows, j] = 3.0 + rng.random(rows.size)
+    X = sp.csr_array(X)
+    M = Matrix(X.tocsc(), block_width=64)
+    Xc = _centred(X)
+    ref_vals, ref_vecs = np.linalg.eigh(Xc.T @ Xc)
+    ref_vecs = ref_vecs[:, ::-1][:, :k]
+    monkeypatch.setattr(U, "_PCA_SAMPLE_ABOVE", 1000)
+    monkeypatch.setattr(U, "_PCA_SAMPLE", 500)
+    Zc = U._Centred(M)  # the column statistics: one pass
+    passes = M.passes
+    vals, W, nprod, _ = U._sample_pca_start(M, Zc, k, 0, np.random.default_rng(0))
+    assert nprod == k * U._PCA_REFINE and M.passes - passes == 2 * U._PCA_REFINE  # k columns, two passes each
+    np.testing.assert_allclose(W.T @ W, np.eye(k), atol=1e-10)
+    has_data = np.asarray((X != 0).sum(axis=0)).ravel() > 0
+    assert np.all(np.linalg.norm(W, axis=1)[has_data] > 0)
+    assert np.max(subspace_angles(W, ref_vecs)) < 0.05
+    res = ufcm(M, n_clusters=3, n_components=k, max_iter=3, n_init=2, tol=0.0, dense_below=0)
+    assert np.all(np.diff(res.objective) >= -RISE_TOL * np.abs(res.objective[1:]))
+    np.testing.assert_allclose(res.W.T @ res.W, np.eye(k), atol=1e-8)
+    assert set(np.argsort(-res.scores)[:20]) <= set(range(30))  # the clusters' features rank first
+
+
 # ---------------------------------------------------------------------------------------------------- (c) eq. (6)
 @pytest.mark.parametrize("name, standardize, dense_below", [("dense", None, 2000), ("sparse", "zscore", 0),
                                                              ("sparse", None, 2000)])
