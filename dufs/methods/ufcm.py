@@ -42,6 +42,7 @@ eqs. (6)-(14), Algorithm 1, Proposition 1.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from numbers import Real
@@ -180,8 +181,9 @@ def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int) -> np.ndarray:
     return km.labels_.astype(np.int64)
 
 
-def _best_partition(Y: np.ndarray, c: int, candidates: list[np.ndarray]) -> tuple[np.ndarray, float, int]:
-    """The candidate of smallest k-means term (each with its own centroids); ties keep the earlier one."""
+def _best_partition(Y: np.ndarray, c: int, candidates: Any) -> tuple[np.ndarray, float, int]:
+    """The candidate of smallest k-means term (each with its own centroids); ties keep the earlier one.
+    ``candidates`` may be a generator: only the best so far and the one at hand are held (n-vectors each)."""
     best, best_v, best_j = None, np.inf, -1
     for j, lab in enumerate(candidates):
         if np.bincount(lab, minlength=c).min() == 0:
@@ -232,7 +234,8 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     on the block matrix [[-diag(Da) - t I, Qa], [Qa^T, -I]] gives the number of eigenvalues of A above t as
     #{i: -Da_i > t} + #{eigenvalues of M(t) above 1}, for any t off the diagonal's values. The j-th eigenvalue is
     where that count drops below j: found by bisection between the j-th largest -Da_i (A >= -diag(Da)) and
-    -min(Da) + ||Qa||_2^2, each step a c x c eigenproblem and one sweep over Qa. Its eigenvector is
+    -min(Da) + ||Qa||_2^2, each step a c x c eigenproblem and one sweep over Qa, finished by Brent's method on that
+    mu once no diagonal value is left inside the bracket. Its eigenvector is
     (t I + diag(Da))^-1 Qa y, y the eigenvector of M(t) for the eigenvalue 1 (the secular equation). Rows of Qa that
     are exactly zero are eigenvectors e_i (eigenvalue -Da_i) and are set apart first. Returns None when a residual
     ||A v - t v|| is not at rounding level (the caller uses an iterative solver then)."""
@@ -241,7 +244,7 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
         return None
     zero = ~np.any(Qa != 0.0, axis=1)
     live = np.flatnonzero(~zero)
-    Ql, Dl = Qa[live], Da[live]
+    Ql, Dl = (Qa, Da) if live.size == m else (Qa[live], Da[live])  # no copy when every row takes part
     top = float(np.linalg.eigvalsh(_secular_m(Ql, np.zeros_like(Dl), 1.0))[-1]) if live.size else 0.0  # ||Qa||^2
     scale = max(top, float(Da.max()), np.finfo(float).tiny)
     cand_vals: list[float] = []
@@ -250,15 +253,35 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
         negD = np.sort(-Dl)[::-1]  # the diagonal's values, largest first
         kk = min(k, live.size)
 
+        def poles(t: float) -> int:
+            return int(np.searchsorted(-negD, -t, side="left"))  # #{-D_i > t}
+
+        def mus(t: float) -> np.ndarray:
+            return np.linalg.eigvalsh(_secular_m(Ql, Dl, t))[::-1]
+
         def count(t: float) -> int:
-            above = int(np.searchsorted(-negD, -t, side="left"))  # #{-D_i > t}
-            return above + int(np.sum(np.linalg.eigvalsh(_secular_m(Ql, Dl, t)) > 1.0))
+            return poles(t) + int(np.sum(mus(t) > 1.0))
 
         hi0 = float(negD[0]) + top * (1.0 + 1e-9) + scale * 1e-12
         eps = 4.0 * np.finfo(float).eps * scale
         for j in range(1, kk + 1):
             lo, hi = float(negD[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
+            t = None
             while hi - lo > eps:
+                P = poles(hi)
+                if poles(lo) == P and 1 <= j - P <= c:
+                    # no diagonal value inside: the root is where the (j - P)-th mu crosses 1, a continuous
+                    # decreasing function here, so Brent's method finishes it in a few steps
+                    def g(x: float, i: int = j - P - 1) -> float:
+                        return float(mus(x)[i]) - 1.0
+
+                    glo, ghi = g(lo), g(hi)
+                    if glo >= 0.0 > ghi:
+                        from scipy.optimize import brentq
+
+                        t = brentq(g, lo, hi, xtol=eps, rtol=4 * np.finfo(float).eps, maxiter=200) \
+                            if glo > 0.0 else lo
+                        break
                 mid = 0.5 * (lo + hi)
                 if mid in (lo, hi):
                     break
@@ -266,7 +289,7 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
                     lo = mid
                 else:
                     hi = mid
-            t = 0.5 * (lo + hi)
+            t = 0.5 * (lo + hi) if t is None else t
             w, Y = np.linalg.eigh(_secular_m(Ql, Dl, t))
             # a repeated eigenvalue: the next eigenvector of M(t) near 1 not taken yet
             same = sum(1 for v in cand_vals if abs(v - t) <= 1e3 * eps)
@@ -289,8 +312,13 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     vals = np.asarray(cand_vals)[order]
     V = np.column_stack([cand_vecs[i] for i in order])
     V, _ = np.linalg.qr(V)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
-    AV = Qa @ (Qa.T @ V) - Da[:, None] * V
-    res = np.sqrt(np.einsum("ij,ij->j", AV - V * vals, AV - V * vals))
+    QtV = Qa.T @ V
+    res2 = np.zeros(k)
+    for a in range(0, m, _SECULAR_CHUNK):  # ||A v - t v|| in slabs (no d x k temporaries)
+        sl = slice(a, a + _SECULAR_CHUNK)
+        R = Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl]
+        res2 += np.einsum("ij,ij->j", R, R)
+    res = np.sqrt(res2)
     if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
         return None
     return vals, V
@@ -367,7 +395,7 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     nprod = [0]
-    Qa, Da = Qs[idx], Dd[idx]
+    Qa, Da = (Qs, Dd) if idx.size == d else (Qs[idx], Dd[idx])  # no copy when every feature is active
     if alpha == 1.0:  # A = Q diag(1/n_k) Q^T - beta D: a diagonal plus rank c, solved without passes
         got = _top_lowrank(Qa, beta * Da, k)
         if got is not None:
@@ -544,7 +572,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
                         "the subspace reached", _PCA_MAXITER)
     Y = Zc.matvec(W)
     # step 4: U by k-means on W^T x_i (the best of 1 + n_init runs by the k-means term)
-    labels, _, _ = _best_partition(Y, c, [_kmeans(Y, c, "k-means++", s) for s in seeds(max(1, n_init))])
+    labels, _, _ = _best_partition(Y, c, (_kmeans(Y, c, "k-means++", s) for s in seeds(max(1, n_init))))
     C, counts = _centroids(Y, labels, c)
     f = ufcm_objective(Y, W, labels, C.T, alpha, beta, p)
     timings["setup"] = time.perf_counter() - t0
@@ -563,16 +591,16 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
         # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
         t1 = time.perf_counter()
-        cands = [labels, _kmeans(Y, c, C, seeds(1)[0])] + [_kmeans(Y, c, "k-means++", s) for s in seeds(n_init)]
+        s1, ss = seeds(1)[0], seeds(n_init)
+        cands = itertools.chain([labels, _kmeans(Y, c, C, s1)], (_kmeans(Y, c, "k-means++", s) for s in ss))
         labels, km, chosen = _best_partition(Y, c, cands)
+        del cands
         timings["u_step"] += time.perf_counter() - t1
         # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
         t1 = time.perf_counter()
         counts = np.bincount(labels, minlength=c).astype(np.float64)
         Q = Zc.rmatvec(_onehot(labels, c))
-        v0 = W[active].sum(axis=1) + 1e-3 * rng.standard_normal(int(active.sum()))
-        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, v0=v0,
-                                 X0=None if dense else W[active])
+        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W[active])
         products += nprod
         timings["w_step"] += time.perf_counter() - t1
         # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
