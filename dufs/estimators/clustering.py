@@ -30,7 +30,7 @@ class UFCM(DufsSelector):
     n_init : int, default 10
         Random restarts of the cluster update.
     random_state : int, default 0
-    standardize : {"zscore", "scale"} or None, default None
+    standardize : {"zscore", "scale"} or None, default "zscore"
     client : distributed.Client, optional
 
     References
@@ -45,7 +45,7 @@ class UFCM(DufsSelector):
 
     def __init__(self, n_features: int = 10, *, n_clusters: int = 2, n_components: int | None = None,
                  alpha: float = 1.0, beta: float = 1.0, p: float = 1.0, max_iter: int = 30, n_init: int = 10,
-                 random_state: int = 0, standardize: str | None = None, client: Any = None):
+                 random_state: int = 0, standardize: str | None = "zscore", client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
         self.n_components = n_components

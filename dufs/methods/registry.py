@@ -198,6 +198,6 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("lapdofs", _lapofs("D"), {k: p for k, p in LAPOFS_PARAMS.items() if k != "criterion"}, True, False,
                None),
     MethodSpec("jcfs", _jcfs, JCFS_PARAMS, True, False, "zscore"),
-    MethodSpec("ufcm", _ufcm, UFCM_PARAMS, True, False, None),
+    MethodSpec("ufcm", _ufcm, UFCM_PARAMS, True, False, "zscore"),
     MethodSpec("m3fs", _m3fs, M3FS_PARAMS, True, False, "zscore"),
 )}

@@ -250,11 +250,15 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     cand_vals: list[float] = []
     cand_vecs: list[np.ndarray] = []
     if live.size and top > 0.0:
-        negD = np.sort(-Dl)[::-1]  # the diagonal's values, largest first
+        asc = np.sort(Dl)  # D ascending: -D_i > t iff D_i < -t
         kk = min(k, live.size)
 
         def poles(t: float) -> int:
-            return int(np.searchsorted(-negD, -t, side="left"))  # #{-D_i > t}
+            return int(np.searchsorted(asc, -t, side="left"))  # #{-D_i > t}
+
+        def on_pole(t: float) -> bool:
+            i = int(np.searchsorted(asc, -t, side="left"))
+            return i < asc.size and asc[i] == -t
 
         def mus(t: float) -> np.ndarray:
             return np.linalg.eigvalsh(_secular_m(Ql, Dl, t))[::-1]
@@ -262,10 +266,10 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
         def count(t: float) -> int:
             return poles(t) + int(np.sum(mus(t) > 1.0))
 
-        hi0 = float(negD[0]) + top * (1.0 + 1e-9) + scale * 1e-12
+        hi0 = -float(asc[0]) + top * (1.0 + 1e-9) + scale * 1e-12
         eps = 4.0 * np.finfo(float).eps * scale
         for j in range(1, kk + 1):
-            lo, hi = float(negD[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
+            lo, hi = -float(asc[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
             t = None
             while hi - lo > eps:
                 P = poles(hi)
@@ -285,7 +289,7 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
                 mid = 0.5 * (lo + hi)
                 if mid in (lo, hi):
                     break
-                if np.any(mid + Dl == 0.0) or count(mid) >= j:
+                if on_pole(mid) or count(mid) >= j:
                     lo = mid
                 else:
                     hi = mid
@@ -311,7 +315,7 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     order = np.argsort(-np.asarray(cand_vals), kind="stable")[:k]
     vals = np.asarray(cand_vals)[order]
     V = np.column_stack([cand_vecs[i] for i in order])
-    V, _ = np.linalg.qr(V)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
+    V = _orth(V)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
     QtV = Qa.T @ V
     res2 = np.zeros(k)
     for a in range(0, m, _SECULAR_CHUNK):  # ||A v - t v|| in slabs (no d x k temporaries)
