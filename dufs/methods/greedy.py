@@ -173,13 +173,14 @@ class SelectedColumns:
     """The selected columns on the driver (raw, sparse, in growable CSC buffers: appending one costs its own nnz)
     with their transform, and H = G_SS (k x k). Products with them run through the engine's numba kernels."""
 
-    def __init__(self, n: int, lam2: float):
+    def __init__(self, n: int, lam2: float, dtype: Any = np.float64):
         self.n = n
         self.lam2 = lam2
         self.ids: list[int] = []
         self.ptr = np.zeros(1, dtype=np.int64)
         self.ind = np.empty(1024, dtype=np.int32)
-        self.dat = np.empty(1024, dtype=np.float64)
+        # the values in the data's own dtype (float32 data stay float32, exactly: a kddb hub column has ~10M rows)
+        self.dat = np.empty(1024, dtype=dtype)
         self.coef = np.zeros(0)
         self.shift = np.zeros(0)
         self.H = np.zeros((0, 0))
@@ -194,7 +195,7 @@ class SelectedColumns:
 
     def head(self, t: int) -> SelectedColumns:
         """The first ``t`` selected columns (sharing this one's buffers)."""
-        part = SelectedColumns(self.n, self.lam2)
+        part = SelectedColumns(self.n, self.lam2, self.dat.dtype)
         part.ids, part.ptr, part.ind, part.dat = self.ids[:t], self.ptr[:t + 1], self.ind, self.dat
         part.coef, part.shift, part.H = self.coef[:t], self.shift[:t], self.H[:t, :t]
         return part
@@ -217,6 +218,7 @@ class SelectedColumns:
         """Z_S^T Z_S (k x k) from the sparse columns: coef_i coef_j (x_i^T x_j - mu_j 1^T x_i - mu_i 1^T x_j +
         n mu_i mu_j)."""
         X = self.X()
+        X = sp.csc_array((X.data.astype(np.float64), X.indices, X.indptr), shape=X.shape)  # float64 products
         G = np.asarray((X.T @ X).toarray(), dtype=np.float64)
         cs = np.asarray(X.sum(axis=0)).ravel()
         mu = self.shift
@@ -242,9 +244,9 @@ class SelectedColumns:
         """Add column ``p`` (its raw rows and values) with its transform; H is the caller's."""
         nnz, m = int(self.ptr[-1]), len(col[0])
         if nnz + m > self.ind.shape[0]:
-            cap = max(nnz + m, 2 * self.ind.shape[0])
+            cap = max(nnz + m, self.ind.shape[0] * 3 // 2)
             self.ind = np.concatenate([self.ind[:nnz], np.empty(cap - nnz, dtype=np.int32)])
-            self.dat = np.concatenate([self.dat[:nnz], np.empty(cap - nnz)])
+            self.dat = np.concatenate([self.dat[:nnz], np.empty(cap - nnz, dtype=self.dat.dtype)])
         self.ind[nnz:nnz + m] = col[0]
         self.dat[nnz:nnz + m] = col[1]
         self.ptr = np.append(self.ptr, nnz + m)
@@ -295,7 +297,7 @@ class GreedyRun:
         self.dir = checkpoint
         self.every = checkpoint_every
         self.problem = problem
-        self.sel = SelectedColumns(n, lam2)
+        self.sel = SelectedColumns(n, lam2, np.float32 if np.dtype(M.dtype) == np.float32 else np.float64)
         self.criterion: list[float] = []
         self.objective: list[float] = []
         self.trace_obj = 0.0  # Tr(H^-1) (A) or log det H (D)
