@@ -192,11 +192,9 @@ def block_matvec(src, W, n_rows):
 
 def group_matvec(srcs, Ws, n_rows):
     """Sum over a group of blocks of X_b W_b, accumulated into one (n_rows, p) buffer (see Matrix.matvec)."""
-    out = None
+    out = np.zeros((n_rows, Ws[0].shape[1]), dtype=np.float64)
     for src, W in zip(srcs, Ws, strict=True):
         b = resolve(src)
-        if out is None:
-            out = np.zeros((n_rows, W.shape[1]), dtype=np.float64)
         csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
     return out
 

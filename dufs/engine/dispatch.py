@@ -78,7 +78,9 @@ def shipped(x: Any) -> Iterator[Any]:
     """``x`` (an array, or a list sent item by item) scattered to the current client for the block and released
     after; without a client, or a ``distributed.Future`` already, ``x`` itself."""
     client = current_client()
-    if client is None or x is None or type(x).__name__ == "Future":  # a future is already where the work runs
+    from distributed import Future
+
+    if client is None or x is None or isinstance(x, Future):  # a future is already where the work runs
         yield x
         return
     futs = client.scatter(x, hash=False)

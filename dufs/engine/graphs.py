@@ -31,6 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
+from dufs import config
 from dufs.errors import ParameterError
 from dufs.kernels.projection import projection_table
 
@@ -367,20 +368,16 @@ class AnchorGraph:
         is in pieces of at least ``dufs.engine.wide-product-bytes`` (V shared with the row blocks, one all-reduce of
         an n_anchors x p matrix, the result gathered: n x p within ``dufs.engine.max-task-bytes``)."""
         V = np.asarray(V, dtype=np.float64)
-        from dufs import config
-
+        li = self.lam_inv if V.ndim == 1 else self.lam_inv[:, None]
         if self.in_pieces and self.pieces.nbytes >= config.parse_bytes(config.get("engine.wide-product-bytes")):
             # a large Zh (0.7 GB at kddb size) stays in pieces; a small one is gathered once, since a solver making
             # thousands of products (M3FS's) would otherwise pay two rounds of tasks for each
             rows = self.pieces.rows
-            P = rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
-            P = P * (self.lam_inv if P.ndim == 1 else self.lam_inv[:, None])
+            P = li * rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
             width = 1 if V.ndim == 1 else V.shape[1]
             return np.asarray(rows.map(_rows_zp, self.pieces, args=(P,), width=width, with_rows=False)
                               .gather("W V"))
-        P = self.Zh.T @ V
-        P = P * (self.lam_inv if P.ndim == 1 else self.lam_inv[:, None])
-        return np.asarray(self.Zh @ P)
+        return np.asarray(self.Zh @ (li * (self.Zh.T @ V)))
 
     @property
     def degrees(self) -> np.ndarray:

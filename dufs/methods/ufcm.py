@@ -217,6 +217,10 @@ def _top_dense(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 _SECULAR_CHUNK = 1 << 20  # rows of Q per slab while M(lambda) is summed (bounds the temporaries to 8 c MiB)
 
 
+def _slabs(Q: np.ndarray) -> Any:
+    return (Q[a:a + _SECULAR_CHUNK] for a in range(0, Q.shape[0], _SECULAR_CHUNK))
+
+
 def _secular_m(Qa: np.ndarray, Da: np.ndarray, lam: float) -> np.ndarray:
     """M(lambda) = Qa^T diag(1 / (lambda + Da)) Qa (c x c), summed in slabs of rows."""
     c = Qa.shape[1]
@@ -245,7 +249,7 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     zero = ~np.any(Qa != 0.0, axis=1)
     live = np.flatnonzero(~zero)
     Ql, Dl = (Qa, Da) if live.size == m else (Qa[live], Da[live])  # no copy when every row takes part
-    top = float(np.linalg.eigvalsh(_secular_m(Ql, np.zeros_like(Dl), 1.0))[-1]) if live.size else 0.0  # ||Qa||^2
+    top = float(np.linalg.eigvalsh(sum(q.T @ q for q in _slabs(Ql)))[-1]) if live.size else 0.0  # ||Qa||_2^2
     scale = max(top, float(Da.max()), np.finfo(float).tiny)
     cand_vals: list[float] = []
     cand_vecs: list[np.ndarray] = []
