@@ -35,7 +35,8 @@ import numpy as np
 METHODS = ["correlation", "fisher", "mmfs", "laplacian", "lapaofs", "lapdofs", "jcfs", "m3fs", "ufcm"]
 #: parameters each method gets here unless -p says otherwise (the anchor graph: kNN is for moderate n_samples)
 DEFAULTS = {"laplacian": {"graph": "anchor"}, "lapaofs": {"graph": "anchor"}, "lapdofs": {"graph": "anchor"},
-            "jcfs": {"graph": "anchor"}, "m3fs": {"solver": "alternating", "graph": "anchor"}}
+            "jcfs": {"graph": "anchor"},
+            "m3fs": {"solver": "alternating", "graph": "anchor", "max_passes": 150}}
 #: k where it is not 200: LapAOFS and LapDOFS take one pass over the data per feature chosen
 K_DEFAULTS = {"lapaofs": 50, "lapdofs": 50}
 

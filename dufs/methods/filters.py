@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs.engine import Matrix
-from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, resolve_graph
+from dufs.engine.graphs import AnchorGraph, anchor_graph, graph_rows, knn_graph, resolve_graph
 from dufs.engine.stats import block_stats
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
@@ -189,8 +189,8 @@ def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
     built = W is None
     if W is None:
         if graph == "anchor":
-            W = anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
-                             keep_embedding=False)
+            W = anchor_graph(graph_rows(M), n_anchors, anchor_neighbors, embed_dim=embed_dim,
+                             random_state=random_state, keep_embedding=False)
         else:
             W = knn_graph(X_rows if X_rows is not None else M, n_neighbors, weights=weights, t=t)
     if isinstance(W, AnchorGraph):

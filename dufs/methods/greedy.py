@@ -39,7 +39,14 @@ import scipy.sparse as sp
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock
 from dufs.engine.dispatch import shipped
-from dufs.engine.graphs import AnchorGraph, anchor_graph, knn_graph, laplacian_operator, resolve_graph
+from dufs.engine.graphs import (
+    AnchorGraph,
+    anchor_graph,
+    graph_rows,
+    knn_graph,
+    laplacian_operator,
+    resolve_graph,
+)
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums, csc_matvec, csc_rmatvec
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
@@ -543,7 +550,7 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
                  random_state: int = 0) -> Any:
     """``W`` as given (a sparse n x n affinity or an AnchorGraph), else the exact kNN graph of the rows of M
     (``graph="knn"``) or its anchor graph (``graph="anchor"``: a low-rank-plus-diagonal Laplacian for large
-    n_samples); ``"auto"``: kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above."""
+    n_samples; of the unstandardized rows when M is sparse, :func:`~dufs.engine.graphs.graph_rows`); ``"auto"``: kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above."""
     n = M.shape[0]
     if W is not None:
         if not isinstance(W, AnchorGraph):
@@ -551,9 +558,9 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
         if W.shape != (n, n):
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
         return W
-    if resolve_graph(graph, n) == "anchor":
-        return anchor_graph(M, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
-                            keep_embedding=False)  # the methods never use E: n x embed_dim floats on the workers
+    if resolve_graph(graph, n) == "anchor":  # sparse data: on the unstandardized rows (see graph_rows)
+        return anchor_graph(graph_rows(M), n_anchors, anchor_neighbors, embed_dim=embed_dim,
+                            random_state=random_state, keep_embedding=False)  # E unused: n x embed_dim floats
     return knn_graph(M, n_neighbors, weights=weights, t=t)
 
 

@@ -81,6 +81,8 @@ M3FS_PARAMS = table(
     Param("n_neighbors", None, (None, integer(1)), f"k of the graph ({_NONE_IS_THE_SOLVERS})"),
     Param("max_iter", None, (None, integer(1)), f"outer iterations, alternating ({_NONE_IS_THE_SOLVERS})"),
     Param("polish", None, (None, StrOptions({"auto"}), integer(0)), "label flips tried, alternating"),
+    Param("max_passes", None, (None, integer(1)), "budget of passes over the data, alternating (None: none)",
+          estimator=False),
     SEED,
     Param("sigma_width", None, (None, positive()), "Gaussian graph width, faithful", estimator=False),
     Param("L", None, ("no_validation",), "a precomputed Laplacian", estimator=False),
