@@ -35,8 +35,8 @@ from dufs import config
 from dufs.errors import ParameterError
 from dufs.kernels.projection import projection_table
 
-__all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "AnchorGraph", "anchor_graph", "graph_rows", "knn_graph", "laplacian", "laplacian_operator",
-           "projection_rows", "resolve_graph"]
+__all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "AnchorGraph", "anchor_graph", "graph_rows", "knn_graph",
+           "laplacian", "laplacian_operator", "projection_rows", "resolve_graph"]
 
 #: ``graph="auto"`` builds the exact kNN graph up to this many samples and the anchor graph above (exact kNN costs
 #: a pass over the data per n_samples x 256 MiB Gram block: 75 passes at 50,000 samples, 11 million at kddb's

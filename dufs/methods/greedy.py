@@ -550,7 +550,8 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
                  random_state: int = 0) -> Any:
     """``W`` as given (a sparse n x n affinity or an AnchorGraph), else the exact kNN graph of the rows of M
     (``graph="knn"``) or its anchor graph (``graph="anchor"``: a low-rank-plus-diagonal Laplacian for large
-    n_samples; of the unstandardized rows when M is sparse, :func:`~dufs.engine.graphs.graph_rows`); ``"auto"``: kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above."""
+    n_samples; of the unstandardized rows when M is sparse, :func:`~dufs.engine.graphs.graph_rows`); ``"auto"``:
+    kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above."""
     n = M.shape[0]
     if W is not None:
         if not isinstance(W, AnchorGraph):

@@ -221,9 +221,10 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
 
     FISTA in u = S^-1/2 v with backtracking (the Lipschitz estimate may also fall by 10% a step), function-value
     restart and the balance projection; stops when the gradient mapping's norm is at most ``tol`` times its first
-    value (or the step changes nothing), after ``max_iter`` iterations at most, or once it has made ``max_passes``
-    passes over the data (the iteration under way finishes; its best point is returned). Returns a dict with V (d, p), b,
-    F = Z v + b, the majoriser's value ``value``, ``iterations``, ``passes`` and the final ``lipschitz``.
+    value (or the step changes nothing), after ``max_iter`` iterations at most, or once it has made
+    ``max_passes`` passes over the data (the iteration under way finishes; its best point is returned). Returns a
+    dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``, ``iterations``, ``passes`` and the final
+    ``lipschitz``.
 
     ``LZ`` = L Z (n, d) and ``L1`` = L 1, when given, replace the products L F of the manifold term by
     L F = LZ S^1/2 U + b L1 (for a dense L of small n: see ``_LZ_MAX``)."""

@@ -363,3 +363,36 @@ def test_row_pieces_are_never_gathered_over_the_task_bound(row_store):
             G.Zh  # noqa: B018
         assert G.degrees.shape == (300,)  # an n-vector, piece by piece
 
+
+
+def test_anchor_graph_of_sparse_standardized_data_is_built_on_the_raw_rows():
+    """Standardizing sparse columns gives a feature seen in r of n rows values of order sqrt(n / r): the anchor
+    graph of those rows carries none of the samples' structure (scikit-learn's k-means on its spectral embedding
+    agrees with the planted clusters at chance level), that of the raw rows does. sample_graph therefore builds it
+    on the raw rows of sparse data (the same Zh as the unstandardized matrix's), and dense data keep theirs."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+
+    from dufs.data.synthetic import SyntheticSpec, generate_rows
+    from dufs.engine.graphs import graph_rows
+    from dufs.methods.greedy import sample_graph
+    from dufs.methods.jcfs import anchor_spectral_embedding
+
+    n, d = 4000, 20_000
+    ip, ix, da, y = generate_rows(SyntheticSpec(n_rows=n, n_features=d, n_clusters=4, seed=0), 0, n)
+    X = sp.csr_array((da, ix, ip), shape=(n, d))
+    M = Matrix(X, standardize="zscore")
+    assert graph_rows(M).standardize is None and graph_rows(M).passes == M.passes
+    dense = Matrix(np.random.default_rng(0).standard_normal((50, 4)), standardize="zscore")
+    assert graph_rows(dense) is dense
+
+    def ari(G):
+        U, _ = anchor_spectral_embedding(G, 4)
+        E = U / np.linalg.norm(U, axis=1, keepdims=True)
+        return adjusted_rand_score(y, KMeans(4, n_init=4, random_state=0).fit_predict(E))
+
+    G = sample_graph(M, graph="anchor", n_anchors=64, anchor_neighbors=3)
+    raw = anchor_graph(Matrix(X), 64, 3)
+    assert abs(G.Zh - raw.Zh).max() < 1e-12
+    standardized = anchor_graph(M, 64, 3)
+    assert ari(G) > 0.15 and abs(ari(standardized)) < 0.02

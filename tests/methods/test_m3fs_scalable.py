@@ -152,6 +152,27 @@ def test_bad_parameters():
         ms.m3fs_alternating(M, n_features=2, init="pca")
     with pytest.raises(ParameterError, match="'polish' parameter"):
         ms.m3fs_alternating(M, n_features=2, polish=-1)
+    with pytest.raises(ParameterError, match="'max_passes' parameter"):
+        ms.m3fs_alternating(M, n_features=2, max_passes=0)
+
+
+def test_max_passes_cuts_the_same_run_short():
+    """With a budget of passes the run is the unbudgeted one stopped early: the same first iteration, then the
+    v-step under way returns its best point, the sigma-step runs (sigma is the closed form at the returned v) and
+    the diagnostics say it stopped on the budget."""
+    X = _data(60, 15, seed=4)
+    kw = dict(n_features=4, n_clusters=2, C=10.0, n_neighbors=6, init="random", polish=0)
+    full = ms.m3fs_alternating(Matrix(X, standardize="zscore"), **kw)
+    assert full.diagnostics["stopped"] == "converged" and full.diagnostics["lambda_"] == 1e-2  # min(1e-2, 20/n)
+    first = full.diagnostics["passes_per_iteration"][0]
+    assert len(full.diagnostics["passes_per_iteration"]) >= 2
+    budget = first + 6
+    cut = ms.m3fs_alternating(Matrix(X, standardize="zscore"), max_passes=budget, **kw)
+    d = cut.diagnostics
+    assert d["stopped"] == "max_passes" and not d["converged"]
+    assert budget <= sum(d["passes_per_iteration"]) <= budget + 6  # the FISTA iteration under way finishes
+    assert cut.objective[0] == pytest.approx(full.objective[0], rel=1e-12)
+    np.testing.assert_allclose(cut.sigma, sigma_step(cut.v, 4), rtol=1e-12, atol=1e-15)
 
 
 # ---------------------------------------------------------------------------------------------------- (d) faithful
