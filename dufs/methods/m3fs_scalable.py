@@ -253,14 +253,15 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     LZs = None if LZ is None or lambda_ == 0 else LZ * s_half[None, :]
 
     def value(U: np.ndarray, b: float, F: np.ndarray) -> tuple[float, np.ndarray]:
-        lv, G1 = _loss(F, yy, smoothing, c)
+        lv, G = _loss(F, yy, smoothing, c)
         LF = None
         if LZs is not None:
             LF = LZs @ U
             if binary and b != 0.0:
                 LF += b * L1[:, None]
         mv, G2 = _manifold(L, F, lambda_, LF)
-        return 0.5 * float((U * U).sum()) + lv + mv, G1 + G2
+        G += G2  # _loss returns a fresh array; in place keeps one n x p array alive, not three
+        return 0.5 * float(np.vdot(U, U)) + lv + mv, G
 
     F = scores(U, b)
     Fx, Gx = value(U, b, F)
@@ -275,23 +276,36 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
         beta = (t - 1.0) / t_next  # Beck and Teboulle's momentum
         t = t_next
-        yU = x + beta * (x - xp)
+        # at kddb size a d-vector is 240 MB and an n-vector 154 MB: the updates below work in place so that the
+        # loop holds x, xp, y, the gradient, the trial point and its step (and their scores), not their temporaries
+        yU = x - xp
+        yU *= beta
+        yU += x
         yb = xb + beta * (xb - xpb)
-        yF = xF + beta * (xF - xpF)
+        yF = xF - xpF
+        yF *= beta
+        yF += xF
         Fy, R = value(yU, yb, yF)
-        gU = yU + s_half[:, None] * M.rmatvec(R).reshape(d, p)
         gb = float(R.sum()) if binary else 0.0
+        gU = s_half[:, None] * M.rmatvec(R).reshape(d, p)
+        del R
+        gU += yU
         Lip *= 0.9
         while True:
-            nU, nb = bal.project(yU - gU / Lip, yb - gb / Lip)
+            nU = gU * (-1.0 / Lip)
+            nU += yU
+            nU, nb = bal.project(nU, yb - gb / Lip)
             nF = scores(nU, nb)
-            Fn, _ = value(nU, nb, nF)
+            Fn = value(nU, nb, nF)[0]
             dU, db = nU - yU, nb - yb
-            quad = float((gU * dU).sum() + gb * db) + 0.5 * Lip * (float((dU * dU).sum()) + db * db)
+            dd = float(np.vdot(dU, dU)) + db * db
+            quad = float(np.vdot(gU, dU)) + gb * db + 0.5 * Lip * dd
             if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
                 break
+            del nU, nF, dU
             Lip *= 2.0
-        gm = Lip * np.sqrt(float((dU * dU).sum()) + db * db)
+        del yU, yF, gU, dU
+        gm = Lip * np.sqrt(dd)
         g0 = gm if g0 is None else g0
         if Fn > best[0]:  # restart the momentum from the best point
             t = 1.0
