@@ -28,7 +28,8 @@ from dufs.errors import DufsError, ParameterError
 
 @command()
 def convert(
-    inputs: list[Path] = typer.Argument(..., help="libsvm/svmlight files (plain, .bz2, .gz, .xz), then OUT."),
+    inputs: list[str] = typer.Argument(..., help="libsvm/svmlight files (plain, .bz2, .gz, .xz), then OUT; "
+                                                 "each a path or an fsspec URL (s3://bucket/train.bz2)."),
     each: bool = typer.Option(False, "--each", help="One store per input (OUT is a directory); the stores "
                                                     "share the index base and n_features."),
     zero_based: str = typer.Option("auto", "--zero-based", help="auto, true or false (as scikit-learn)."),
@@ -49,14 +50,15 @@ def convert(
 
     if len(inputs) < 2:
         fail(DufsError("give at least one input and the output: dufs convert IN... OUT"))
+    # strings, not Paths: a Path makes s3://bucket/x.zarr into s3:/bucket/x.zarr
     *ins, dest = inputs
     zb: Any = {"auto": "auto", "true": True, "false": False}.get(zero_based.lower())
     if zb is None:
         fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
     for p in ins:  # before any cluster starts (URLs are checked by the converter)
-        if "://" not in str(p) and not p.exists():
+        if "://" not in p and not Path(p).exists():
             fail(ParameterError(f"{p}: no such file"))
-        if "://" not in str(p) and p.is_dir():
+        if "://" not in p and Path(p).is_dir():
             fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
     check_output_dir(dest, "OUT")
     if block_bytes is not None:
@@ -66,10 +68,12 @@ def convert(
             dask.utils.parse_bytes(block_bytes)
         except ValueError:
             fail(ParameterError(f"--block-bytes must be a size like 32MiB or 8000000; got {block_bytes!r}"))
-    outs: Any = [dest / (p.name.split(".")[0] + ".zarr") for p in ins] if each else dest
-    made_dest = each and not dest.exists()
-    if each:
-        dest.mkdir(parents=True, exist_ok=True)
+    names = [p.rstrip("/").rsplit("/", 1)[-1].split(".")[0] + ".zarr" for p in ins]
+    outs: Any = [f"{dest.rstrip('/')}/{n}" if "://" in dest else str(Path(dest) / n) for n in names] if each else dest
+    local_dest = None if "://" in dest else Path(dest)  # an object store has no folders to make or remove
+    made_dest = each and local_dest is not None and not local_dest.exists()
+    if each and local_dest is not None:
+        local_dest.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
         with cluster(scheduler, workers) as client, bytes_progress() as bar:
@@ -83,13 +87,13 @@ def convert(
                 else:
                     bar.update(task, description=ev["stage"], advance=0, rate=f"{ev['total']} blocks")
 
-            stores, rep = convert_libsvm([str(p) for p in ins], [str(o) for o in outs] if each else str(outs),
+            stores, rep = convert_libsvm(list(ins), outs,
                                          zero_based=zb, n_features=n_features, on_error=on_error,
                                          value_dtype=dtype, resume=resume, overwrite=overwrite,
                                          block_bytes=block_bytes, client=client, progress=progress)
     except DufsError as exc:
-        if made_dest and not any(dest.iterdir()):
-            dest.rmdir()  # leave no output behind
+        if made_dest and not any(local_dest.iterdir()):
+            local_dest.rmdir()  # leave no output behind
         fail(exc)
     dt = time.perf_counter() - t0
     # one line (never wrapped: a wrapped tail read "lines 0, comment lines 1"); the data lines are the rows written

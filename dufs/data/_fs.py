@@ -99,9 +99,7 @@ class Location:
         if self.local:
             os.replace(self.url, dest.url)
         else:
-            self.fs.mv(self.fspath, dest.fspath, recursive=True)
-            if self.fs.exists(self.fspath):  # some filesystems copy and leave the source
-                self.fs.rm(self.fspath, recursive=True)
+            _move_objects(self.fs, self.fspath, dest.fspath)
 
     def exchange(self, other: Location) -> bool:
         """Swap this directory and ``other`` in one atomic step (local paths on Linux: ``renameat2`` with
@@ -141,6 +139,29 @@ class Location:
             fs, fp = fsspec.core.url_to_fs(p)
             with fs.open(fp, "w") as f:
                 json.dump(obj, f)
+
+
+#: the object a Zarr v3 group's metadata (and a finished store's completion marker) lives in
+_GROUP_METADATA = "zarr.json"
+
+
+def _move_objects(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
+    """Move the directory ``src`` to ``dst`` on a filesystem of URLs, object by object.
+
+    Object stores (S3, GCS, Azure) have no rename, and their "directories" are only key prefixes, which
+    ``fs.mv(recursive=True)`` tries to copy as objects (S3 answers NoSuchKey). So: copy every object (a server-side
+    copy on object stores), the top group's ``zarr.json`` (where a finished store keeps its completion marker) last,
+    so that ``dst`` never looks like a finished store before all of it is there; then delete ``src``.
+    """
+    src, dst = src.rstrip("/"), dst.rstrip("/")
+    files = [f.rstrip("/") for f in fs.find(src)]  # objects only, never the prefixes between them
+    marker = f"{src}/{_GROUP_METADATA}"
+    rest = [f for f in files if f != marker]
+    if rest:
+        fs.copy(rest, [dst + f[len(src):] for f in rest])
+    if marker in files:
+        fs.copy(marker, f"{dst}/{_GROUP_METADATA}")
+    fs.rm(src, recursive=True)
 
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2

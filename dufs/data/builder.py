@@ -182,7 +182,7 @@ class StoreBuilder:
             log.info("nothing to resume at %s: starting afresh", self.partial.url)
         acquire_lock(self.partial, what="build")
         self._locked = True
-        g = zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="a")
+        g = zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="a", zarr_format=3)
         key, record = layout.new_partial(_jsonable(self.options), str(self.value_dtype), self.granule)
         g.attrs[key] = record
         layout.create_build_groups(g)
@@ -197,7 +197,8 @@ class StoreBuilder:
         self._locked = False
 
     def _group(self) -> zarr.Group:
-        return zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="r+")
+        # the partial store is always Zarr v3: no probing for v2 metadata (.zgroup, .zattrs: requests on S3)
+        return zarr.open_group(store=self.partial.zarr_store(read_only=False), mode="r+", zarr_format=3)
 
     def finished_row_blocks(self) -> set[int]:
         """The row blocks written completely (their spill included)."""

@@ -1,0 +1,85 @@
+"""``deploy/local/dufs-cluster``: the README's commands on a scheduler and 2 worker processes of this machine, and a
+selection that survives a worker killed mid-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+import dufs
+from tests.deploy._support import WORKER_MEMORY, readme_line, selection, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_cluster_has_what_the_script_was_asked_for(cluster):
+    """2 workers of one thread and WORKER_MEMORY each, bound to 127.0.0.1, each with a log file and a spill
+    directory of its own under the state folder."""
+    import dask.utils
+
+    with cluster.client() as c:
+        info = c.scheduler_info(n_workers=-1)["workers"]
+        dirs = c.run(lambda dask_worker: dask_worker.local_directory)
+    assert len(info) == 2
+    assert {w["nthreads"] for w in info.values()} == {1}
+    assert {w["memory_limit"] for w in info.values()} == {dask.utils.parse_bytes(WORKER_MEMORY)}
+    assert all(a.startswith("tcp://127.0.0.1:") for a in info)
+    assert sorted(w["name"] for w in info.values()) == ["worker-1", "worker-2"]
+    spill = cluster.state / "spill"
+    assert all(os.path.realpath(d).startswith(os.path.realpath(spill)) for d in dirs.values()), dirs
+    logs = sorted(p.name for p in (cluster.state / "logs").iterdir())
+    assert logs == ["scheduler.log", "worker-1.log", "worker-2.log"]
+
+
+def test_selection_is_the_same_with_a_worker_killed_mid_run(cluster, train_store):
+    """The README's `dufs select` (MMFS) on the converted store; again, with the worker process that holds MMFS's
+    state SIGKILLed once the solver has started: the nanny restarts it and the selection is the same."""
+    select = readme_line("Local processes", "dufs select")
+    out = cluster.cwd / "train-mmfs.json"
+    res = subprocess.run(["bash", "-c", select], env=cluster.env, cwd=cluster.cwd, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    undisturbed = selection(out)
+    out.unlink()
+    assert undisturbed["diagnostics"]["n_workers"] == 2
+    assert undisturbed["diagnostics"]["blocks"]["mode"] == "persisted"
+
+    with cluster.client() as c:
+        pids = c.run(os.getpid)  # worker address -> pid of the worker process (the nanny's child)
+        proc = subprocess.Popen(["bash", "-c", select], env=cluster.env, cwd=cluster.cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            def state_holders():
+                """Workers holding MMFS's per-partition state: the solver has started its rounds."""
+                if proc.poll() is not None:
+                    return ["finished"]
+                return c.run_on_scheduler(lambda dask_scheduler: sorted(
+                    {ws.address for ts in dask_scheduler.tasks.values()
+                     if ts.prefix.name == "map_state" for ws in (ts.who_has or ())}))
+
+            holders = wait_until(state_holders, 240, "MMFS's state on a worker")
+            assert proc.poll() is None, "the selection finished before its solver state was seen on a worker"
+            victim = holders[0]
+            os.kill(pids[victim], signal.SIGKILL)
+            killed_while_running = proc.poll() is None
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, stderr
+        assert killed_while_running
+        # the nanny started a new worker process in place of the killed one
+        wait_until(lambda: len(c.scheduler_info(n_workers=-1)["workers"]) == 2, 120, "the restarted worker")
+        assert pids[victim] not in c.run(os.getpid).values()
+
+    killed = selection(out)
+    d = killed["diagnostics"]
+    assert d.get("workers_lost", 0) >= 1, d  # the solver saw the loss
+    assert killed["indices"] == undisturbed["indices"]
+    assert len(killed["indices"]) == 20
+    # and both agree with MMFS run in this process, without a cluster
+    local = dufs.fit(str(train_store), method="mmfs", n_features=20, client=False, checkpoint=None)
+    assert local.indices.tolist() == undisturbed["indices"]
