@@ -293,7 +293,12 @@ def _laplacian_op(n: int, matvec_W: Any, d: np.ndarray, normed: bool) -> LinearO
         def mm(V: np.ndarray) -> np.ndarray:
             V = np.asarray(V, dtype=np.float64)
             V2 = V.reshape(n, -1)
-            return (V2 - s[:, None] * matvec_W(s[:, None] * V2)).reshape(V.shape)
+            out = np.asarray(matvec_W(s[:, None] * V2), dtype=np.float64).reshape(V2.shape)
+            if not out.flags.writeable:
+                out = out.copy()
+            out *= -s[:, None]  # in place: at kddb size each n x p temporary is 154 MB a column
+            out += V2
+            return out.reshape(V.shape)
     else:
         def mm(V: np.ndarray) -> np.ndarray:
             V = np.asarray(V, dtype=np.float64)

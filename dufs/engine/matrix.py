@@ -353,7 +353,14 @@ class Matrix:
         undefined standard deviation is taken as 1)."""
         if self.standardize is None:
             return Transform(None, None)
-        return transform_of(self.stats, self.standardize)
+        # kept with the statistics it came from: every product reads it, and at kddb size making it anew is half a
+        # dozen temporary vectors over the features (240 MB each) a pass
+        st = self.stats
+        cached = self.__dict__.get("_transform")
+        if cached is None or cached[0] is not st or cached[1] != self.standardize:
+            cached = (st, self.standardize, transform_of(st, self.standardize))
+            self.__dict__["_transform"] = cached
+        return cached[2]
 
     def _block_transform(self) -> list[Any]:
         """Per block ``(mu_b, inv_b)`` of the transform (None where it leaves that part out). Under a distributed
@@ -439,12 +446,14 @@ class Matrix:
         n, d = self.shape
         U2, one = as_2d(U, d, "U", "n_features")
         mu, inv = self.transform
-        W = U2 * inv[:, None] if inv is not None else U2
+        # each block's rows of U diag(inv), scaled slice by slice (no whole scaled copy of U beside the slices)
+        Wb = [np.ascontiguousarray(U2[b.start:b.stop] * inv[b.start:b.stop, None] if inv is not None
+                                   else U2[b.start:b.stop]) for b in self.blocks]
         if not self.blocks:
             out = np.zeros((n, U2.shape[1]))
         else:
             groups = self._matvec_groups(n * U2.shape[1] * 8)
-            with shipped([np.ascontiguousarray(W[b.start:b.stop]) for b in self.blocks]) as Ws:
+            with shipped(Wb) as Ws:
                 if groups is None:
                     f = delayed(block_matvec)
                     parts = [f(s, Ws[i], n) for i, s in enumerate(self._src)]
@@ -453,7 +462,8 @@ class Matrix:
                     parts = [f([self._src[i] for i in g], [Ws[i] for i in g], n) for g in groups]
                 out = self._pass([tree_sum(parts)], "Z U")[0]
         if mu is not None:
-            out = out - (mu @ W)[None, :]
+            out = out - sum((mu[b.start:b.stop] @ w for b, w in zip(self.blocks, Wb, strict=True)),
+                       np.zeros(U2.shape[1]))[None, :]
         return out[:, 0] if one else out
 
     def _matvec_groups(self, out_bytes: int) -> list[list[int]] | None:

@@ -120,17 +120,25 @@ def _loss(F: np.ndarray, y: np.ndarray | None, mu: float, c: float) -> tuple[flo
 
     Two clusters: F (n, 1), y in {-1, +1}; M clusters: F (n, M), y in 0..M-1."""
     n, p = F.shape
-    if p == 1:
+    if p == 1:  # two n-vectors of temporaries (154 MB each at kddb size), in place
         f = F[:, 0]
-        t = 1.0 - (np.abs(f) if y is None else y * f)
+        t = np.abs(f) if y is None else y * f
+        np.subtract(1.0, t, out=t)
         if mu > 0:
-            a = np.clip(t / mu, 0.0, 1.0)
-            val = float((a * t - 0.5 * mu * a * a).sum())
+            a = t / mu
+            np.clip(a, 0.0, 1.0, out=a)
+            val = float(a @ t) - 0.5 * mu * float(a @ a)
         else:
             a = (t > 0).astype(np.float64)
-            val = float(np.maximum(t, 0.0).sum())
-        z = np.where(f >= 0, 1.0, -1.0) if y is None else y
-        return c * val, (-c * a * z)[:, None]
+            np.maximum(t, 0.0, out=t)
+            val = float(t.sum())
+        del t
+        a *= -c
+        if y is None:
+            a[f < 0] *= -1.0
+        else:
+            a *= y
+        return c * val, a[:, None]
     lab = np.argmax(F, axis=1) if y is None else y
     rows = np.arange(n)
     A = 1.0 - F[rows, lab][:, None] + F
@@ -160,7 +168,11 @@ def _manifold(L: Any, F: np.ndarray, lam: float, LF: np.ndarray | None = None) -
         return 0.0, np.zeros_like(F)
     if LF is None:
         LF = np.asarray(L @ F).reshape(F.shape)
-    return float(lam * (F * LF).sum()), 2.0 * lam * LF
+    val = float(lam * np.vdot(F, LF))
+    if not LF.flags.writeable or np.shares_memory(LF, F):
+        LF = LF.copy()
+    LF *= 2.0 * lam  # L F is this call's own array: scaled in place
+    return val, LF
 
 
 def objective(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: float, lambda_: float,
@@ -184,17 +196,18 @@ class _Balance:
     """The class-balance constraint on (U, b) in u-space, a = S^1/2 s: two clusters |a^T u + n b| <= l (a slab),
     M clusters max_p a^T u_p - min_p a^T u_p <= l; Euclidean projection."""
 
-    def __init__(self, a: np.ndarray, n: int, l: float, binary: bool):
+    def __init__(self, a: np.ndarray | None, n: int, l: float, binary: bool):
+        # a None is a = 0 (centred data): no vector over the features is kept (240 MB at kddb size)
         self.a, self.n, self.l, self.binary = a, float(n), float(l), binary
-        self.aa = float(a @ a)
+        self.aa = 0.0 if a is None else float(a @ a)
 
     def project(self, U: np.ndarray, b: float) -> tuple[np.ndarray, float]:
         if self.binary:
-            c = float(self.a @ U[:, 0]) + self.n * b
+            c = (0.0 if self.a is None else float(self.a @ U[:, 0])) + self.n * b
             if abs(c) <= self.l:
                 return U, b
             s = (c - np.clip(c, -self.l, self.l)) / (self.aa + self.n * self.n)
-            return U - s * self.a[:, None], b - s * self.n
+            return (U, b - s * self.n) if self.a is None else (U - s * self.a[:, None], b - s * self.n)
         if self.aa == 0:
             return U, b
         c = self.a @ U
@@ -234,8 +247,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     p = 1 if binary else int(n_clusters)
     yy = y.astype(np.float64) if binary else y.astype(np.int64)
     s_half = np.sqrt(np.maximum(sigma, 0.0))
-    colsum = np.zeros(d) if colsum is None else colsum
-    bal = _Balance(s_half * colsum, n, l, binary)
+    bal = _Balance(None if colsum is None else s_half * colsum, n, l, binary)
     c = C / n
     U = np.zeros((d, p))
     if V0 is not None:
@@ -287,8 +299,9 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         yF += xF
         Fy, R = value(yU, yb, yF)
         gb = float(R.sum()) if binary else 0.0
-        gU = s_half[:, None] * M.rmatvec(R).reshape(d, p)
+        gU = M.rmatvec(R).reshape(d, p)
         del R
+        gU *= s_half[:, None]
         gU += yU
         Lip *= 0.9
         while True:
@@ -385,10 +398,11 @@ def _check(name: str, value: Any, low: float = 0.0, *, strict: bool = False) -> 
     return float(value)
 
 
-def _colsum(M: Matrix) -> np.ndarray:
-    """s = Z^T 1 from the column statistics: 0 under "zscore", sum_i x_ik / std_k under "scale", raw sums."""
+def _colsum(M: Matrix) -> np.ndarray | None:
+    """s = Z^T 1 from the column statistics: None (zero) under "zscore", sum_i x_ik / std_k under "scale", raw
+    sums."""
     if M.standardize == "zscore":
-        return np.zeros(M.shape[1])
+        return None
     st = M.stats
     s = np.asarray(st.sum, dtype=np.float64)
     _, inv = M.transform
