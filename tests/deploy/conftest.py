@@ -80,6 +80,7 @@ def _cluster(work, s3) -> LocalCluster:
     environment; stopped by the README's stop line, which must leave no process behind."""
     if os.name != "posix":
         pytest.skip("deploy/local/dufs-cluster is a bash script")
+    _warm_kernels(work / "warm.zarr")
     env = tool_env(DUFS_CLUSTER_DIR=str(work / "dufs-cluster"), DUFS_CLUSTER_PORT="0",
                    DUFS_CLUSTER_DASHBOARD_PORT="0", DUFS_CLUSTER_IDLE_TIMEOUT="900s", WORKER_MEMORY=WORKER_MEMORY,
                    **SMALL_BLOCKS, **s3.env)
@@ -94,6 +95,22 @@ def _cluster(work, s3) -> LocalCluster:
         assert res.returncode == 0, res.stderr
         left = [p for p in pids if pid_alive(p)]
         assert not left, f"processes still running after `dufs-cluster stop`: {left}"
+
+
+def _warm_kernels(path: Path) -> None:
+    """Compile (or load) dufs' numba kernels here, writing their on-disk caches, before any worker starts: two
+    workers compiling the same kernel at once race on its cache files (see ``tests/conftest.py``). The
+    conversion's and the filters' kernels, then MMFS's on a float32 store, like the workers will run."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    import dufs
+    from tests.conftest import _warm_numba_caches
+
+    _warm_numba_caches()
+    X = sp.random_array((60, 12), density=0.3, rng=0, format="csr")
+    dufs.write_store(X, str(path), np.arange(60) % 2)
+    dufs.fit(str(path), method="mmfs", n_features=3, client=False, checkpoint=None)
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 import dufs
+from dufs.cli import app
 from tests.deploy._support import DEPLOY, ROOT, free_port, readme_blocks, stop_process, tool_env, which
-
-pytestmark = pytest.mark.slow
 
 COMPOSE = DEPLOY / "docker" / "compose.yaml"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
@@ -220,11 +220,23 @@ def test_dockerfile_installs_the_repository_as_a_non_root_user():
                 assert (ROOT / src).exists(), src
                 assert not ignored(src), f"{src} is excluded by Dockerfile.dockerignore"
     spec = yaml.safe_load(COMPOSE.read_text())
-    build = spec["x-dufs"]["build"]
-    assert (COMPOSE.parent / build["context"]).resolve() == ROOT
-    assert (ROOT / build["dockerfile"]).resolve() == DOCKERFILE
+    builds = [s["build"] for s in spec["services"].values() if "build" in s]
+    assert len(builds) == 1, "one service builds the image, the others use it"
+    assert (COMPOSE.parent / builds[0]["context"]).resolve() == ROOT
+    assert (ROOT / builds[0]["dockerfile"]).resolve() == DOCKERFILE
+    assert len({s["image"] for s in spec["services"].values()}) == 1
+    # the image's own dufs commands (the kernels' warm-up) use options the command line has
+    runner = CliRunner()
+    for k, rest in instructions:
+        for cmd in (c.strip() for c in rest.split("&&") if k.upper() == "RUN" and c.strip().startswith("dufs ")):
+            words = shlex.split(cmd)
+            res = runner.invoke(app, [words[1], "--help"], terminal_width=200)
+            assert res.exit_code == 0, (cmd, res.output)
+            for opt in (w for w in words[2:] if w.startswith("--")):
+                assert opt in res.output, f"{cmd}: dufs {words[1]} has no option {opt}"
 
 
+@pytest.mark.slow
 def test_compose_services_run_as_local_processes(tmp_path, train_svm, train_store):
     """The README's lines, in order: `up` the scheduler and 2 workers, `run` convert, `run` select, `down`. The
     store is the local one converted by `dufs convert`, and the selection is Fisher's on it."""
