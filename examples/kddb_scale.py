@@ -36,7 +36,7 @@ METHODS = ["correlation", "fisher", "mmfs", "laplacian", "lapaofs", "lapdofs", "
 #: parameters each method gets here unless -p says otherwise (the anchor graph: kNN is for moderate n_samples)
 DEFAULTS = {"laplacian": {"graph": "anchor"}, "lapaofs": {"graph": "anchor"}, "lapdofs": {"graph": "anchor"},
             "jcfs": {"graph": "anchor"},
-            "m3fs": {"solver": "alternating", "graph": "anchor", "max_passes": 150}}
+            "m3fs": {"solver": "alternating", "graph": "anchor", "max_passes": 120}}
 #: k where it is not 200: LapAOFS and LapDOFS take one pass over the data per feature chosen
 K_DEFAULTS = {"lapaofs": 50, "lapdofs": 50}
 
