@@ -108,20 +108,35 @@ class _Centred:
     def __init__(self, M: Matrix):
         self.M = M
         self.n, self.d = M.shape
-        st = M.stats
-        mu = np.nan_to_num(st.mean(), nan=0.0)
-        m = (mu - M.center) / M.scale
-        if M.standardize == "zscore":
-            m = np.zeros(self.d)  # centred by construction (exactly, not to rounding)
-        self.m = m
+        self.m: np.ndarray | None = None  # None: Z is centred by construction (zscore), exactly, not to rounding
+        if M.standardize != "zscore":
+            m = np.nan_to_num(M.stats.mean(), nan=0.0)
+            mu, inv = M.transform
+            if mu is not None:
+                m -= mu
+            if inv is not None:
+                m *= inv
+            self.m = m
 
     def matvec(self, V: np.ndarray) -> np.ndarray:
         """Zc V (n x k): one pass."""
-        return self.M.matvec(V) - (self.m @ V)[None, :]
+        out = self.M.matvec(V)
+        if self.m is not None:
+            out -= (self.m @ V)[None, :]
+        return out
 
     def rmatvec(self, T: np.ndarray) -> np.ndarray:
-        """Zc^T T (d x k): one pass."""
-        return self.M.rmatvec(T) - self.m[:, None] * col_sums(T)[None, :]
+        """Zc^T T (d x k): one pass. The centring is subtracted in place, column by column (at kddb size a d x k
+        temporary is 240 MB a column)."""
+        out = self.M.rmatvec(T)
+        if self.m is not None:
+            s = col_sums(T)
+            if out.ndim == 1:
+                out -= s * self.m
+            else:
+                for j in range(out.shape[1]):
+                    out[:, j] -= s[j] * self.m
+        return out
 
     def scatter(self) -> np.ndarray:
         """S_t = Zc^T Zc as a dense d x d matrix: two passes per chunk of columns."""
@@ -318,8 +333,12 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
         return None
     order = np.argsort(-np.asarray(cand_vals), kind="stable")[:k]
     vals = np.asarray(cand_vals)[order]
-    V = np.column_stack([cand_vecs[i] for i in order])
-    V = _orth(V)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
+    V = np.empty((m, k))
+    for j, i in enumerate(order):  # each candidate dropped once copied: never the candidates and V whole together
+        V[:, j] = cand_vecs[i]
+        cand_vecs[i] = None
+    del cand_vecs
+    V = _orth(V, inplace=True)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
     QtV = Qa.T @ V
     res2 = np.zeros(k)
     for a in range(0, m, _SECULAR_CHUNK):  # ||A v - t v|| in slabs (no d x k temporaries)
@@ -332,10 +351,11 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     return vals, V
 
 
-def _orth(S: np.ndarray) -> np.ndarray:
+def _orth(S: np.ndarray, *, inplace: bool = False) -> np.ndarray:
     """An orthonormal basis of the columns of a tall S (d x b), by Cholesky QR twice: one b x b Gram and one d x b
-    array at a time (LAPACK's QR of a 30M x 6 array holds four copies of it). Falls back to ``numpy.linalg.qr`` when
-    the Gram is not numerically positive definite."""
+    array at a time (LAPACK's QR of a 30M x 6 array holds four copies of it); ``inplace``: S itself is overwritten,
+    slab by slab, and no d x b array is made (unless the Gram is not numerically positive definite: then
+    ``numpy.linalg.qr``, as without ``inplace``)."""
     Q = S
     for _ in range(2):
         G = Q.T @ Q
@@ -343,7 +363,12 @@ def _orth(S: np.ndarray) -> np.ndarray:
             Lc = np.linalg.cholesky(0.5 * (G + G.T))
         except np.linalg.LinAlgError:
             return np.linalg.qr(S)[0]
-        Q = Q @ np.linalg.inv(Lc).T
+        T = np.linalg.inv(Lc).T
+        if inplace:
+            for a in range(0, Q.shape[0], _SECULAR_CHUNK):
+                Q[a:a + _SECULAR_CHUNK] = Q[a:a + _SECULAR_CHUNK] @ T
+        else:
+            Q = Q @ T
     return Q
 
 
@@ -384,20 +409,23 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
 
 def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarray, Dd: np.ndarray,
             active: np.ndarray, k: int, alpha: float, beta: float, *, tol: float = 0.0, v0: Any = None,
-            X0: Any = None) -> tuple[np.ndarray, np.ndarray, int]:
+            X0: Any = None, W0: Any = None, q_scaled: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
     """The largest ``k`` eigenpairs of A = (1 - alpha) S_t + alpha Q diag(1/n_k) Q^T - beta D on the ``active``
     features (the others held at zero): dense when ``St`` is given, else matrix-free with two passes per product:
     LOBPCG on blocks warm-started from ``X0`` (the previous W on the active features; its Rayleigh-Ritz step keeps
     trace(W^T A W) at least the start's, so the objective stays monotone), or Lanczos (``eigsh``) without ``X0``.
+    ``W0``: the previous W over all features instead of ``X0``, sliced only if LOBPCG runs (at kddb size the slice
+    is a d x k copy the secular solve does not need). ``q_scaled``: ``Q`` is already Q diag(1/sqrt(n_k)) (the
+    caller scaled it in place: no second d x c array).
     Returns (eigenvalues descending, W (d x k), products made)."""
     d = Zc.d
-    Qs = Q / np.sqrt(counts)[None, :]
+    Qs = Q if q_scaled else Q / np.sqrt(counts)[None, :]
     idx = np.flatnonzero(active)
-    W = np.zeros((d, k))
     if St is not None:
         A = (1.0 - alpha) * St[np.ix_(idx, idx)] + alpha * (Qs[idx] @ Qs[idx].T)
         A[np.diag_indices_from(A)] -= beta * Dd[idx]
         vals, V = _top_dense(A, k)
+        W = np.zeros((d, k))
         W[idx] = V
         return vals, W, 0
     from scipy.sparse.linalg import LinearOperator, eigsh
@@ -407,8 +435,13 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
     if alpha == 1.0:  # A = Q diag(1/n_k) Q^T - beta D: a diagonal plus rank c, solved without passes
         got = _top_lowrank(Qa, beta * Da, k)
         if got is not None:
+            if idx.size == d:
+                return got[0], got[1], 0
+            W = np.zeros((d, k))
             W[idx] = got[1]
             return got[0], W, 0
+    if X0 is None and W0 is not None:
+        X0 = W0 if idx.size == d else W0[idx]
 
     def apply(X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -436,10 +469,12 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
             warnings.simplefilter("ignore")  # "not reaching the requested tolerance": the best block is kept
             vals, V = lobpcg(op, X, largest=True, tol=tol or 1e-6, maxiter=_LOBPCG_MAXITER)
         order = np.argsort(-vals)[:k]
+        W = np.zeros((d, k))
         W[idx] = V[:, order]
         return vals[order], W, nprod[0]
     vals, V = eigsh(op, k=k, which="LA", tol=tol, v0=v0)
     order = np.argsort(-vals)
+    W = np.zeros((d, k))
     W[idx] = V[:, order]
     return vals[order], W, nprod[0]
 
@@ -608,12 +643,14 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         t1 = time.perf_counter()
         counts = np.bincount(labels, minlength=c).astype(np.float64)
         Q = Zc.rmatvec(_onehot(labels, c))
-        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W[active])
+        Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
+        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, W0=None if dense else W,
+                                 q_scaled=True)
         products += nprod
         timings["w_step"] += time.perf_counter() - t1
         # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
         t1 = time.perf_counter()
-        G = (W.T @ Q) / counts[None, :]
+        G = (W.T @ Q) / np.sqrt(counts)[None, :]
         Y = Zc.matvec(W)
         C = G.T
         timings["g_step"] += time.perf_counter() - t1
