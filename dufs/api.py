@@ -182,7 +182,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         method_diag["degenerate"] = problem
         warnings.warn(problem, DufsWarning, stacklevel=2)
     if order is None:
-        order = rank(scores, spec.higher_is_better)
+        order = rank(scores, spec.higher_is_better, k=int(n_features))
     sel = order[:n_features]
     if feature_ids is not None:  # the ids of the selected features, so that another input's can be compared
         source["selected_feature_ids"] = np.asarray(feature_ids)[sel].tolist()

@@ -240,6 +240,36 @@ def local_topk(s: np.ndarray, k: int, largest: bool, start: int) -> tuple[np.nda
     return sel + start, s[sel]
 
 
+_RANK_CHUNK = 1 << 20  # scores per slice in :func:`ranked_head` (its temporaries are a few of these)
+
+
+def ranked_head(scores: np.ndarray, k: int, higher_is_better: bool = True) -> np.ndarray:
+    """The first ``k`` of ``numpy.argsort(key, kind="stable")`` with ``key`` = -scores (or scores), NaN as +inf:
+    the best ``k`` features, ties to the lower index, NaN last. Exactly that order, with memory bounded by slices
+    of ``_RANK_CHUNK`` scores and ``k`` candidates a slice (a full argsort of kddb's 30M scores holds about 1 GB
+    of keys, indices and merge buffers on the driver)."""
+    s = np.asarray(scores).ravel()
+    d = s.shape[0]
+    k = max(0, min(int(k), d))
+    cand_i, cand_k = [], []
+    for a in range(0, d, _RANK_CHUNK):
+        key = np.asarray(s[a:a + _RANK_CHUNK], dtype=np.float64)
+        key = -key if higher_is_better else key.copy()
+        key[np.isnan(key)] = np.inf
+        if k < key.shape[0]:
+            kth = key[np.argpartition(key, k - 1)[k - 1]] if k else -np.inf
+            part = np.flatnonzero(key <= kth)  # every tie with the k-th: the index decides among them below
+        else:
+            part = np.arange(key.shape[0])
+        part = part[np.lexsort((part, key[part]))[:k]]
+        cand_i.append(part + a)
+        cand_k.append(key[part])
+    if not cand_i:
+        return np.zeros(0, dtype=np.int64)
+    ids, keys = np.concatenate(cand_i), np.concatenate(cand_k)
+    return ids[np.lexsort((ids, keys))[:k]].astype(np.int64, copy=False)
+
+
 def nnz_of(b: FeatureBlock) -> tuple[int, int]:
     return b.nnz, b.nbytes
 

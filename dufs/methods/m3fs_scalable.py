@@ -58,6 +58,7 @@ import numpy as np
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix
+from dufs.engine.blocks import ranked_head
 from dufs.engine.graphs import AnchorGraph, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.methods.m3fs import sigma_step
@@ -611,7 +612,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
             hist.append(J)
             exact.append(Je)
             log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
-    sel = np.lexsort((np.arange(d), -sigma))[:n_features]
+    sel = ranked_head(sigma, n_features)  # by sigma, ties to the lower index (no d-sized sort on the driver)
     diag = {"iterations": len(iters), "converged": converged, "passes": M.passes - passes0,
             "passes_per_iteration": it_passes, "iteration_seconds": it_s, "inner_iterations": inner,
             "history": iters, "timings": timings, "lipschitz": Lip, "smoothing": mu, "l": ll,

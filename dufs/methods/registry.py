@@ -52,8 +52,13 @@ class MethodSpec:
     passes: int = 0
 
 
-def rank(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
-    """Feature indices best first; NaN scores last; ties broken by the lower index."""
+def rank(scores: np.ndarray, higher_is_better: bool = True, k: int | None = None) -> np.ndarray:
+    """Feature indices best first; NaN scores last; ties broken by the lower index. ``k``: only the first ``k``
+    of that order, in memory bounded by slices of the scores (:func:`dufs.engine.blocks.ranked_head`)."""
+    if k is not None and k < np.asarray(scores).size:
+        from dufs.engine.blocks import ranked_head
+
+        return ranked_head(scores, k, higher_is_better)
     s = np.asarray(scores, dtype=np.float64)
     key = -s if higher_is_better else s
     key = np.where(np.isnan(key), np.inf, key)
@@ -182,8 +187,10 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
     diag.update(solver=solver, labels=np.asarray(res.labels, dtype=np.int64))
     sigma = np.asarray(res.sigma, dtype=np.float64)
     head = np.asarray(res.selected, dtype=np.int64)
-    rest = np.setdiff1d(rank(sigma, True), head, assume_unique=True)
-    return MethodResult(sigma, np.concatenate([head, rest]), diag, by_scores=False)
+    if head.size < n_features:  # the ranking holds at least the best n_features (by sigma after the selected)
+        rest = np.setdiff1d(rank(sigma, True, k=n_features + head.size), head, assume_unique=True)
+        head = np.concatenate([head, rest])[:n_features]
+    return MethodResult(sigma, head, diag, by_scores=False)
 
 
 METHODS: dict[str, MethodSpec] = {s.name: s for s in (

@@ -377,3 +377,22 @@ def test_work_runs_on_the_workers(cluster_client, tmp_path):
         finally:
             persisted.release()
             stored_persisted.release()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from([0.0, 1.0, -1.0, 2.5, np.nan, np.inf, -np.inf, 1e-300]) | st.floats(-5, 5),
+                min_size=0, max_size=60),
+       st.integers(0, 70), st.booleans(), st.sampled_from([1, 3, 7, 1 << 20]))
+def test_ranked_head_is_the_head_of_numpy_stable_argsort(monkeypatch, values, k, higher, chunk):
+    """The slice-by-slice top k equals the first k of NumPy's stable argsort of the key (NaN as +inf): ties to the
+    lower index, NaN last, across slice boundaries and ties that straddle them."""
+    from dufs.engine import blocks
+    from dufs.methods.registry import rank
+
+    monkeypatch.setattr(blocks, "_RANK_CHUNK", chunk)
+    s = np.asarray(values, dtype=np.float64)
+    key = -s if higher else s.copy()
+    key[np.isnan(key)] = np.inf
+    want = np.argsort(key, kind="stable")[:k]
+    np.testing.assert_array_equal(blocks.ranked_head(s, k, higher), want)
+    np.testing.assert_array_equal(rank(s, higher, k=k), want)
