@@ -65,6 +65,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     from distributed import get_task_stream
 
     from dufs.engine import as_matrix
+    from dufs.engine.blocks import block_rmatvec
 
     say = console.print if console is not None else print
     st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
@@ -104,7 +105,11 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
                     out = M.rmatvec(v)
                     times.append(time.perf_counter() - t0)
                     w1 = time.time()
-                c, first, last = _task_timeline(ts.data, "_block_rmatvec")
+                # the pass's task keys are named after its block function (dask.delayed's key prefix)
+                c, first, last = _task_timeline(ts.data, block_rmatvec.__name__)
+                if c <= 0.0:
+                    raise RuntimeError(f"no {block_rmatvec.__name__} task in the task stream: the breakdown would "
+                                       f"be empty (task keys: {sorted({str(r.get('key'))[:40] for r in ts.data})[:5]})")
                 comp.append(c)
                 lead.append(first - w0)
                 tail.append(w1 - last)
