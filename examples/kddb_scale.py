@@ -44,7 +44,7 @@ DEFAULTS = {"laplacian": {"graph": "anchor"}, "lapaofs": {"graph": "anchor"}, "l
             "jcfs": {"graph": "anchor"},
             "m3fs": {"solver": "alternating", "graph": "anchor", "max_passes": 120}}
 #: k where it is not 200: LapAOFS and LapDOFS take one pass over the data per feature chosen, JCFS about 21 s a
-#: feature at kddb size (its Y-steps too: k = 30 took 943 s)
+#: feature at kddb size (its Y-steps too: k = 30 took 760 s)
 K_DEFAULTS = {"lapaofs": 50, "lapdofs": 50, "jcfs": 30}
 
 
@@ -95,7 +95,8 @@ def main() -> None:
                     help="nonzeros a row draws from its cluster's features (15 of 20: the clusters carry variance, "
                          "their features are among the most frequent)")
     ap.add_argument("-k", type=int, default=None,
-                    help="features to select (default 200; 50 for the one-pass-a-feature greedy LapAOFS and LapDOFS)")
+                    help="features to select (default 200; 50 for the one-pass-a-feature greedy LapAOFS and LapDOFS, "
+                         "30 for JCFS)")
     ap.add_argument("--store", type=Path, default=None, help="where the store is (default: a temporary folder)")
     ap.add_argument("--reuse", action="store_true", help="use --store as it is if it exists")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")

@@ -249,23 +249,21 @@ def ranked_head(scores: np.ndarray, k: int, higher_is_better: bool = True) -> np
     of ``_RANK_CHUNK`` scores and ``k`` candidates a slice (a full argsort of kddb's 30M scores holds about 1 GB
     of keys, indices and merge buffers on the driver)."""
     s = np.asarray(scores).ravel()
-    d = s.shape[0]
-    k = max(0, min(int(k), d))
+    k = max(0, min(int(k), s.shape[0]))
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
     cand_i, cand_k = [], []
-    for a in range(0, d, _RANK_CHUNK):
-        key = np.asarray(s[a:a + _RANK_CHUNK], dtype=np.float64)
-        key = -key if higher_is_better else key.copy()
+    for a in range(0, s.shape[0], _RANK_CHUNK):
+        key = np.array(s[a:a + _RANK_CHUNK], dtype=np.float64)  # a copy, made the key in place
+        if higher_is_better:
+            np.negative(key, out=key)
         key[np.isnan(key)] = np.inf
-        if k < key.shape[0]:
-            kth = key[np.argpartition(key, k - 1)[k - 1]] if k else -np.inf
-            part = np.flatnonzero(key <= kth)  # every tie with the k-th: the index decides among them below
-        else:
-            part = np.arange(key.shape[0])
+        part = np.arange(key.shape[0])
+        if k < key.shape[0]:  # every tie with the k-th stays: the index decides among them
+            part = np.flatnonzero(key <= key[np.argpartition(key, k - 1)[k - 1]])
         part = part[np.lexsort((part, key[part]))[:k]]
         cand_i.append(part + a)
         cand_k.append(key[part])
-    if not cand_i:
-        return np.zeros(0, dtype=np.int64)
     ids, keys = np.concatenate(cand_i), np.concatenate(cand_k)
     return ids[np.lexsort((ids, keys))[:k]].astype(np.int64, copy=False)
 

@@ -409,13 +409,13 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
 
 def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarray, Dd: np.ndarray,
             active: np.ndarray, k: int, alpha: float, beta: float, *, tol: float = 0.0, v0: Any = None,
-            X0: Any = None, W0: Any = None, q_scaled: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+            X0: Any = None, q_scaled: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
     """The largest ``k`` eigenpairs of A = (1 - alpha) S_t + alpha Q diag(1/n_k) Q^T - beta D on the ``active``
     features (the others held at zero): dense when ``St`` is given, else matrix-free with two passes per product:
     LOBPCG on blocks warm-started from ``X0`` (the previous W on the active features; its Rayleigh-Ritz step keeps
     trace(W^T A W) at least the start's, so the objective stays monotone), or Lanczos (``eigsh``) without ``X0``.
-    ``W0``: the previous W over all features instead of ``X0``, sliced only if LOBPCG runs (at kddb size the slice
-    is a d x k copy the secular solve does not need). ``q_scaled``: ``Q`` is already Q diag(1/sqrt(n_k)) (the
+    ``X0`` may also be the previous W over all features: it is then sliced only if LOBPCG runs (at kddb size the
+    slice is a d x k copy the secular solve does not need). ``q_scaled``: ``Q`` is already Q diag(1/sqrt(n_k)) (the
     caller scaled it in place: no second d x c array).
     Returns (eigenvalues descending, W (d x k), products made)."""
     d = Zc.d
@@ -425,9 +425,7 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
         A = (1.0 - alpha) * St[np.ix_(idx, idx)] + alpha * (Qs[idx] @ Qs[idx].T)
         A[np.diag_indices_from(A)] -= beta * Dd[idx]
         vals, V = _top_dense(A, k)
-        W = np.zeros((d, k))
-        W[idx] = V
-        return vals, W, 0
+        return vals, _on_features(d, idx, V), 0
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     nprod = [0]
@@ -435,13 +433,9 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
     if alpha == 1.0:  # A = Q diag(1/n_k) Q^T - beta D: a diagonal plus rank c, solved without passes
         got = _top_lowrank(Qa, beta * Da, k)
         if got is not None:
-            if idx.size == d:
-                return got[0], got[1], 0
-            W = np.zeros((d, k))
-            W[idx] = got[1]
-            return got[0], W, 0
-    if X0 is None and W0 is not None:
-        X0 = W0 if idx.size == d else W0[idx]
+            return got[0], _on_features(d, idx, got[1]), 0
+    if X0 is not None and X0.shape[0] != idx.size:  # the previous W over all features
+        X0 = X0[idx]
 
     def apply(X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -469,14 +463,20 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
             warnings.simplefilter("ignore")  # "not reaching the requested tolerance": the best block is kept
             vals, V = lobpcg(op, X, largest=True, tol=tol or 1e-6, maxiter=_LOBPCG_MAXITER)
         order = np.argsort(-vals)[:k]
-        W = np.zeros((d, k))
-        W[idx] = V[:, order]
-        return vals[order], W, nprod[0]
+        return vals[order], _on_features(d, idx, V[:, order]), nprod[0]
     vals, V = eigsh(op, k=k, which="LA", tol=tol, v0=v0)
     order = np.argsort(-vals)
-    W = np.zeros((d, k))
-    W[idx] = V[:, order]
-    return vals[order], W, nprod[0]
+    return vals[order], _on_features(d, idx, V[:, order]), nprod[0]
+
+
+def _on_features(d: int, idx: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """W (d x k): ``V``'s rows on the features ``idx``, zero elsewhere (``V`` itself, contiguous, when ``idx`` is
+    every feature: no second d x k array at kddb size)."""
+    if idx.size == d:
+        return np.ascontiguousarray(V)
+    W = np.zeros((d, V.shape[1]))
+    W[idx] = V
+    return W
 
 
 def _rows_take(X: Any, start: int, rate: float, seed: int) -> Any:
@@ -644,7 +644,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         counts = np.bincount(labels, minlength=c).astype(np.float64)
         Q = Zc.rmatvec(_onehot(labels, c))
         Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
-        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, W0=None if dense else W,
+        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,
                                  q_scaled=True)
         products += nprod
         timings["w_step"] += time.perf_counter() - t1
