@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 
+from dufs.testing import patience
+
 
 @pytest.fixture
 def store_path(tmp_path):
@@ -49,7 +51,7 @@ def cluster_client(_session_cluster):
         import warnings
 
         warnings.warn(f"the test cluster had {n} of 2 workers before this test; waiting for them", stacklevel=1)
-        _session_cluster.wait_for_workers(2, timeout=120)
+        _session_cluster.wait_for_workers(2, timeout=patience(120))
     return _session_cluster
 
 

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dask
@@ -24,6 +23,7 @@ import dufs
 import dufs.cli.selecting
 from dufs.api import METHODS
 from dufs.cli import app
+from dufs.testing import patience
 
 ENV = {**os.environ, "DASK_DUFS__STORE__FEATURE_GRANULE": "16", "DASK_DUFS__STORE__FEATURE_BLOCK_NNZ": "1000"}
 
@@ -267,14 +267,13 @@ def test_select_help_lists_every_method():
     ("nonsense://x", "unknown address scheme 'nonsense'"),
 ])
 def test_unreachable_scheduler_is_one_line(stores, command, address, why):
-    """Within dufs.cluster.connect-timeout (here 1 s, not distributed's 30 s), and nothing is written."""
+    """Within dufs.cluster.connect-timeout (here 1 s, not distributed's 30 s: its message names the timeout it
+    used), and nothing is written."""
     args = {"select": [stores / "s.zarr", "-m", "fisher", "-k", "3"],
             "convert": [write(stores / "in.svm", b"1 1:1\n"), stores / "out.zarr"],
             "make-synthetic": [stores / "syn.zarr", "--rows", "100", "--features", "50"]}[command]
-    t0 = time.perf_counter()
     with dask.config.set({"dufs.cluster.connect-timeout": "1s"}):
         res = run(command, *args, "--scheduler", address, code=2)
-    assert time.perf_counter() - t0 < 15
     assert one_error_line(res).startswith(f"error: cannot connect to the Dask scheduler at {address}: {why}")
     assert not any(p.name.startswith(("out.zarr", "syn.zarr")) for p in stores.iterdir())
 
@@ -284,15 +283,14 @@ def test_unreachable_scheduler_in_a_process(tmp_path):
     """The real command: exit 2, one line on stderr, no traceback, the timeout from the environment."""
     X = sp.random_array((30, 10), density=0.3, rng=0, format="csr")
     dufs.write_store(X, tmp_path / "s.zarr", np.arange(30) % 2)
-    t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "select", str(tmp_path / "s.zarr"), "-m", "fisher",
-                          "-k", "3", "--scheduler", "tcp://127.0.0.1:1"], capture_output=True, timeout=120,
+                          "-k", "3", "--scheduler", "tcp://127.0.0.1:1"], capture_output=True, timeout=patience(120),
                          env={**ENV, "DASK_DUFS__CLUSTER__CONNECT_TIMEOUT": "2s"})
-    elapsed = time.perf_counter() - t0
     assert res.returncode == 2 and res.stdout == b""
+    # distributed names the timeout it used: the environment's 2 s, not its default 30 s (no wall-clock check: on a
+    # loaded machine the interpreter's start-up alone can take longer than that)
     assert res.stderr.decode() == ("error: cannot connect to the Dask scheduler at tcp://127.0.0.1:1: Timed out "
                                    "trying to connect to tcp://127.0.0.1:1 after 2 s\n")
-    assert elapsed < 30 + 2  # not distributed's 30 s (start-up included)
 
 
 @pytest.mark.slow
@@ -359,7 +357,7 @@ def test_convert_on_the_default_local_cluster(tmp_path, text):
     src = write(tmp_path / "in.svm", text)
     out = tmp_path / "out.zarr"
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "convert", str(src), str(out), "--block-bytes",
-                          "3000"], env=ENV, capture_output=True, timeout=300)
+                          "3000"], env=ENV, capture_output=True, timeout=patience(300))
     assert res.returncode == 0, res.stderr.decode()
     assert res.stdout.decode().strip() == str(out)
     assert_loads_as_sklearn(out, text)

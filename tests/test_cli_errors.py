@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 import dufs
 from dufs.cli import app
+from dufs.testing import patience
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +157,11 @@ def test_in_a_process(workspace, args, says, usage):
     """The installed entry point (``python -m dufs.cli``): the same one line and exit 2, and with DUFS_DEBUG=1 a
     traceback (a usage error, found before any code of ours runs, stays one line)."""
     cmd = [sys.executable, "-m", "dufs.cli", *[a.format(tmp=workspace) for a in args]]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=patience(120))
     assert res.returncode == 2 and res.stdout == ""
     assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("error: ") and says in res.stderr
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "DUFS_DEBUG": "1"})
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=patience(120),
+                         env={**os.environ, "DUFS_DEBUG": "1"})
     assert res.returncode != 0 and ("Traceback (most recent call last)" in res.stderr) != usage
 
 

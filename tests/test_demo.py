@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 import dufs
+from dufs.testing import patience
 
 
 @pytest.mark.slow
 def test_demo_runs_on_a_local_cluster(tmp_path):
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "demo", "--out", str(tmp_path), "--rows", "20000",
-                          "--features", "50000", "--workers", "2"], capture_output=True, text=True, timeout=300)
+                          "--features", "50000", "--workers", "2"], capture_output=True, text=True,
+                         timeout=patience(300))
     assert res.returncode == 0, res.stderr
     assert "20,000 rows x 50,000 features" in res.stdout
     sel = dufs.Selection.from_json(tmp_path / "fisher-50.json")
@@ -87,7 +89,7 @@ def test_config_namespace_and_env():
     code = ("from dufs import config; print(config.get('store.row-block'), "
             "config.parse_bytes(config.get('convert.block-bytes')), config.get('engine.persist-fraction'), "
             "config.get('store.chunk-elements'))")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=patience(120))
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["4096", str(3 * 2**20), "0.25", str(config.get("store.chunk-elements"))], res.stdout
     assert config.get("store.row-block") != 4096 and config.get("engine.persist-fraction") != 0.25

@@ -24,6 +24,8 @@ from urllib.parse import unquote
 
 import pytest
 
+from dufs.testing import patience
+
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
 
@@ -50,7 +52,7 @@ def _walk() -> list[Path]:
 def _repository_files() -> list[Path]:
     try:
         res = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True, timeout=60)
+                             capture_output=True, check=True, timeout=patience(60))
         paths = [ROOT / n for n in res.stdout.decode("utf-8", "surrogateescape").split("\0") if n]
     except (OSError, subprocess.SubprocessError):
         paths = []

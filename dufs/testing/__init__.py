@@ -7,6 +7,7 @@
   per-feature nnz).
 - :func:`lazy_sparse_dask`: a Dask array of ``sparse.COO`` chunks made by whichever process computes
   them, so a test can prove that a writer never materialises its input on the driver.
+- :func:`patience`: how long a test waits for a subprocess or a cluster before it calls it hung.
 
 >>> import scipy.sparse as sp
 >>> canonical(sp.coo_array(([1.0, 2.0, 0.0], ([0, 0, 1], [1, 1, 0])), shape=(2, 2))).toarray()
@@ -22,7 +23,17 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["DriverComputeError", "assert_store_matches", "canonical", "lazy_sparse_dask"]
+__all__ = ["DriverComputeError", "assert_store_matches", "canonical", "lazy_sparse_dask", "patience"]
+
+
+def patience(seconds: float) -> float:
+    """A test's wait limit for something that normally takes well under ``seconds`` on an idle machine (a
+    subprocess reaching a state, workers joining), times ``DUFS_TEST_PATIENCE`` (default 5).
+
+    These limits only tell a hang from slowness: on a loaded or oversubscribed machine, where starting Python with
+    dask, scikit-learn and numba can take most of a minute, the unscaled figures failed tests that were merely
+    slow. A hung test still fails, later."""
+    return float(seconds) * float(os.environ.get("DUFS_TEST_PATIENCE", "5"))
 
 
 def canonical(X: Any, fmt: str = "csr") -> Any:

@@ -35,7 +35,7 @@ from dufs.data.convert import convert_libsvm
 from dufs.data.synthetic import SyntheticSpec
 from dufs.data.writers import make_synthetic
 from dufs.errors import InputFormatError, ParameterError, StoreError
-from dufs.testing import assert_store_matches, canonical
+from dufs.testing import assert_store_matches, canonical, patience
 from dufs.testing.strategies import Blocking
 from tests.data.test_convert import _complete  # how many blocks of a partial store are complete
 
@@ -390,7 +390,7 @@ def _killed_at(src: Path, out: Path, side: str, k: int, *, resume: bool = False)
             if proc.poll() is not None:
                 pytest.fail(f"the conversion ended (rc {proc.returncode}) before {k} {side} blocks: "
                             f"{proc.communicate()[1].decode()[-2000:]}")
-            if time.monotonic() - t0 > 120:
+            if time.monotonic() - t0 > patience(120):
                 pytest.fail("timed out")
             time.sleep(0.005)
     finally:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dufs.testing import patience
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 README = ROOT / "README.md"
@@ -70,12 +72,12 @@ def tool_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def bash(line: str, env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def bash(line: str, env: dict[str, str], cwd: Path, timeout: float = patience(300)) -> subprocess.CompletedProcess:
     """Run a README line with bash, as written."""
     return subprocess.run(["bash", "-c", line], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def stop_process(p: subprocess.Popen, timeout: float = 20) -> None:
+def stop_process(p: subprocess.Popen, timeout: float = patience(20)) -> None:
     """SIGTERM ``p`` (and its process group when it leads one), SIGKILL after ``timeout`` seconds."""
     if p.poll() is not None:
         return
@@ -133,7 +135,7 @@ class LocalCluster:
         """A ``distributed.Client`` on the cluster (close it: ``with cluster.client() as c``)."""
         from distributed import Client
 
-        return Client(self.address, timeout=30)
+        return Client(self.address, timeout=patience(30))
 
     def worker_pids(self) -> list[int]:
         return [int((self.state / "run" / f).read_text()) for f in sorted(os.listdir(self.state / "run"))
@@ -142,7 +144,7 @@ class LocalCluster:
     def scheduler_pid(self) -> int:
         return int((self.state / "run" / "scheduler.pid").read_text())
 
-    def wait_for_workers(self, n: int = 2, timeout: float = 120) -> None:
+    def wait_for_workers(self, n: int = 2, timeout: float = patience(120)) -> None:
         with self.client() as c:
             c.wait_for_workers(n, timeout=timeout)
 
@@ -150,7 +152,7 @@ class LocalCluster:
 def start_cluster(cwd: Path, env: dict[str, str]) -> LocalCluster:
     """Run the README's start line in ``cwd`` (which links ``deploy/`` to the repository's) and return the cluster."""
     start = readme_line("Local processes", "dufs-cluster start")
-    res = bash(f'{start}\nprintf "%s" "$ADDR"', env, cwd, timeout=180)
+    res = bash(f'{start}\nprintf "%s" "$ADDR"', env, cwd, timeout=patience(180))
     assert res.returncode == 0 and res.stdout.startswith("tcp://127.0.0.1:"), (res.stdout, res.stderr)
     return LocalCluster(address=res.stdout, env={**env, "ADDR": res.stdout}, cwd=cwd,
                         state=Path(env["DUFS_CLUSTER_DIR"]))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dufs.testing import patience
 from tests.deploy._support import (
     SMALL_BLOCKS,
     WORKER_MEMORY,
@@ -91,7 +92,7 @@ def _cluster(work, s3) -> LocalCluster:
     finally:
         with contextlib.suppress(Exception), cluster.client() as c:
             pids += list(c.run(os.getpid).values())  # the worker processes themselves (the nannies' children)
-        res = bash(readme_line("Local processes", "dufs-cluster stop"), env, work, timeout=120)
+        res = bash(readme_line("Local processes", "dufs-cluster stop"), env, work, timeout=patience(120))
         assert res.returncode == 0, res.stderr
         left = [p for p in pids if pid_alive(p)]
         assert not left, f"processes still running after `dufs-cluster stop`: {left}"

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 import dufs
 from dufs.cli import app
+from dufs.testing import patience
 from tests.deploy._support import DEPLOY, ROOT, free_port, readme_blocks, stop_process, tool_env, which
 
 COMPOSE = DEPLOY / "docker" / "compose.yaml"
@@ -124,7 +125,7 @@ class LocalCompose:
     def run(self, name: str, extra: dict[str, str]) -> subprocess.CompletedProcess:
         self.vars = {**self.vars, **extra}
         return subprocess.run(self.argv(name), env=self.env(name, extra), capture_output=True, text=True,
-                              cwd=self.scratch, timeout=300)
+                              cwd=self.scratch, timeout=patience(300))
 
     def down(self) -> None:
         for p in reversed(self.procs):
@@ -156,13 +157,13 @@ def test_compose_file_is_valid_against_the_compose_specification(tmp_path):
     if exe is None:
         pytest.skip("check-jsonschema is not installed (pip install -e '.[test]')")
     res = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=patience(120))
     assert res.returncode == 0, res.stdout + res.stderr
     # the check is real: a misspelt key of a service is refused
     bad = tmp_path / "compose.yaml"
     bad.write_text(COMPOSE.read_text().replace("    command:", "    comand:", 1))
     res = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(bad)], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=patience(120))
     assert res.returncode != 0 and "comand" in res.stdout + res.stderr
 
 

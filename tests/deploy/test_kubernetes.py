@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import dufs
+from dufs.testing import patience
 from tests.deploy._support import DEPLOY, ROOT, readme_line, tool_env, which
 
 KUBE = DEPLOY / "kubernetes"
@@ -26,7 +27,8 @@ def _kustomize(directory: str) -> list[dict]:
     kubectl = which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed (kubectl kustomize renders the manifests offline)")
-    res = subprocess.run([kubectl, "kustomize", directory], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([kubectl, "kustomize", directory], cwd=ROOT, capture_output=True, text=True,
+                         timeout=patience(120))
     assert res.returncode == 0, res.stderr
     return [d for d in yaml.safe_load_all(res.stdout) if d]
 
@@ -172,7 +174,7 @@ def test_the_job_pod_runs_its_selection(rendered, cluster, train_store, tmp_path
     out = Path(argv[argv.index("-o") + 1])
     assert out.parent == train_store.parent and Path(argv[2]) == train_store
     res = subprocess.run(argv, env=tool_env(**{k: v for k, v in env.items() if not k.startswith("DASK_")}),
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=patience(300))
     assert res.returncode == 0, res.stderr
     sel = dufs.Selection.from_json(out)
     assert sel.diagnostics["n_workers"] == 2

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 import dufs
+from dufs.testing import patience
 from tests.deploy._support import WORKER_MEMORY, readme_line, selection, wait_until
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def test_selection_is_the_same_with_a_worker_killed_mid_run(cluster, train_store
     select = readme_line("Local processes", "dufs select")
     out = cluster.cwd / "train-mmfs.json"
     res = subprocess.run(["bash", "-c", select], env=cluster.env, cwd=cluster.cwd, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=patience(300))
     assert res.returncode == 0, res.stderr
     undisturbed = selection(out)
     out.unlink()
@@ -65,7 +66,7 @@ def test_selection_is_the_same_with_a_worker_killed_mid_run(cluster, train_store
             victim = holders[0]
             os.kill(pids[victim], signal.SIGKILL)
             killed_while_running = proc.poll() is None
-            stdout, stderr = proc.communicate(timeout=300)
+            stdout, stderr = proc.communicate(timeout=patience(300))
         finally:
             if proc.poll() is None:
                 proc.kill()

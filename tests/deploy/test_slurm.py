@@ -17,6 +17,7 @@ import dask.utils
 import pytest
 
 import dufs
+from dufs.testing import patience
 from tests.deploy._support import DEPLOY, ROOT, bash, readme_line, tool_env, wait_until
 
 LAUNCHER = DEPLOY / "slurm" / "dufs_slurm.py"
@@ -42,7 +43,7 @@ def test_dry_run_renders_the_job_script():
     worker processes of one thread and 8 GiB each, spilling to the node's own disk."""
     _launcher()
     line = readme_line(HEADING, "--dry-run")
-    res = bash(line.replace("python ", f"{shlex.quote(sys.executable)} ", 1), tool_env(), ROOT, timeout=120)
+    res = bash(line.replace("python ", f"{shlex.quote(sys.executable)} ", 1), tool_env(), ROOT, timeout=patience(120))
     assert res.returncode == 0, res.stderr
     script = res.stdout
     directives = dict(re.findall(r"^#SBATCH (\S+?)(?:[ =](\S+))?$", script, flags=re.M))
@@ -94,7 +95,7 @@ def test_the_job_script_runs_workers_for_the_launchers_selection(tmp_path, train
         finally:
             with contextlib.suppress(ProcessLookupError):  # the job's end, as scancel's SIGKILL: every process
                 os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=60)
+            job.wait(timeout=patience(60))
     sel = dufs.Selection.from_json(out)
     assert sel.diagnostics["n_workers"] == 2
     want = dufs.fit(str(train_store), method="fisher", n_features=50, client=False)

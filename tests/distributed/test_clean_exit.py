@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from dufs.testing import patience
+
 SCRIPT = textwrap.dedent("""
     import warnings
     import numpy as np, dask.array as da, sparse, dufs
@@ -27,7 +29,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_dask_input_exits_cleanly():
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=patience(300))
     assert res.returncode == 0, res.stderr
     assert [ln.split()[0] for ln in res.stdout.splitlines()] == ["fisher", "mmfs", "estimator"]
     for noise in ("leaked semaphore", "resource_tracker", "Exception ignored", "Traceback"):

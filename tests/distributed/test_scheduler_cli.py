@@ -16,6 +16,7 @@ import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 
 import dufs
+from dufs.testing import patience
 
 pytestmark = pytest.mark.slow
 
@@ -42,11 +43,11 @@ def dask_cluster_processes(tmp_path):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         from distributed import Client
 
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patience(60)
         while True:
             try:
-                with Client(addr, timeout=5) as c:
-                    c.wait_for_workers(2, timeout=60)
+                with Client(addr, timeout=patience(5)) as c:
+                    c.wait_for_workers(2, timeout=patience(60))
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -58,7 +59,7 @@ def dask_cluster_processes(tmp_path):
             p.terminate()
         for p in procs:
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=patience(20))
             except subprocess.TimeoutExpired:
                 p.kill()
 
@@ -75,7 +76,7 @@ def test_convert_runs_on_a_command_line_cluster(tmp_path, dask_cluster_processes
     out = tmp_path / "out.zarr"
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "convert", str(src), str(out), "--scheduler", addr,
                           "--dtype", "float64", "--block-bytes", "20000"], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=patience(300))
     assert res.returncode == 0, res.stderr
     st = dufs.open(out)
     Xs, ys = load_svmlight_file(str(src))
@@ -106,7 +107,7 @@ def test_select_runs_on_a_command_line_cluster(tmp_path, dask_cluster_processes)
         dufs.write_store(sp.csr_array(X), store, y, value_dtype=np.float64)
     out = tmp_path / "sel.json"
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "select", str(store), "--method", "fisher", "-k", "30",
-                          "--scheduler", addr, "-o", str(out)], capture_output=True, text=True, timeout=300)
+                          "--scheduler", addr, "-o", str(out)], capture_output=True, text=True, timeout=patience(300))
     assert res.returncode == 0, res.stderr
     sel = dufs.Selection.from_json(out)
     assert sel.diagnostics["n_workers"] == 2 and sel.diagnostics["blocks"]["mode"] == "persisted"

@@ -20,6 +20,7 @@ from dufs.data import write_store
 from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.greedy import lapofs
+from dufs.testing import patience
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + patience(90)
         while time.time() < deadline and proc.poll() is None and _steps(ck / "selection.json") < 15:
             time.sleep(0.02)
         assert proc.poll() is None, proc.communicate()

@@ -24,6 +24,7 @@ from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods import mmfs_solver as mmfs_module
 from dufs.methods.mmfs import mmfs
+from dufs.testing import patience
 
 GAMMA = 0.2
 STORE_CFG = {"dufs.store.feature-block-nnz": 200, "dufs.store.feature-granule": 8}
@@ -164,7 +165,7 @@ def test_killed_driver_resumes_from_the_checkpoint(problem, tmp_path):
     path = ck / "checkpoint.npz"
     k = 10
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + patience(60)
         while time.time() < deadline and proc.poll() is None:
             if path.exists() and _ckpt_round(path) >= k:
                 break
