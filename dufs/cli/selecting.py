@@ -15,7 +15,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dufs.api import METHODS, check_method
 from dufs.cli.app import (
     SchedulerOpt,
     WorkersOpt,
@@ -27,12 +26,13 @@ from dufs.cli.app import (
     out,
 )
 from dufs.errors import DufsError, ParameterError
+from dufs.methods import NAMES
 
 
 @command()
 def select(
     store: str = typer.Argument(..., help="A dufs store (path or URL)."),
-    method: str = typer.Option(..., "--method", "-m", help="One of: " + ", ".join(sorted(METHODS)) + "."),
+    method: str = typer.Option(..., "--method", "-m", help="One of: " + ", ".join(sorted(NAMES)) + "."),
     k: int = typer.Option(..., "-k", "--n-features", help="How many features to select."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the selection as JSON here."),
     standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale or none (default: "
@@ -84,6 +84,7 @@ def _check_select(store: str, method: str, k: int, standardize: str | None, para
     ``--standardize``, and (local paths) that the store is a finished dufs store with enough features and, for a
     supervised method, labels. URLs are opened by ``fit``."""
     import dufs
+    from dufs.api import check_method
 
     spec = check_method(method, params)
     if k < 1:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dufs.errors import ParameterError
-from dufs.methods import filters
+from dufs.methods import NAMES, filters
 from dufs.methods.greedy import LAPOFS_PARAMS
 from dufs.methods.jcfs import JCFS_PARAMS
 from dufs.methods.m3fs import M3FS_PARAMS
@@ -208,3 +208,5 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("ufcm", _ufcm, UFCM_PARAMS, True, False, "zscore"),
     MethodSpec("m3fs", _m3fs, M3FS_PARAMS, True, False, "zscore"),
 )}
+if tuple(METHODS) != NAMES:  # the light list the CLI names them by
+    raise ImportError(f"dufs.methods.NAMES {NAMES} is not the registry's {tuple(METHODS)}")
