@@ -14,12 +14,14 @@ import numpy as np
 from dask.sizeof import sizeof
 
 from dufs import config
+from dufs.engine.buffers import buffer
 from dufs.errors import ParameterError
+from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import csc_matvec, csc_rmatvec
 
 __all__ = ["BlockInfo", "BlockState", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
            "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
-           "map_state", "materialize", "nnz_of", "resolve"]
+           "map_state", "materialize", "nnz_of", "partition_rmatvec", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -172,14 +174,25 @@ class BlockState:
 
 
 def block_rmatvec(src, V, vsum, tf):
-    mu, inv = tf
+    """Z_b^T V of one block (float64 (width, p)), written into a pooled buffer (:func:`dufs.engine.buffers.buffer`)."""
     b = resolve(src)
-    out = np.empty((b.indptr.shape[0] - 1, V.shape[1]), dtype=np.float64)
+    out = buffer((b.indptr.shape[0] - 1, V.shape[1]))
     csc_rmatvec(b.indptr, b.indices, b.data, V, out)
-    if mu is not None:
-        out -= mu[:, None] * vsum[None, :]
-    if inv is not None:
-        out *= inv[:, None]
+    return standardize_rows(out, tf[0], vsum, tf[1])
+
+
+def partition_rmatvec(srcs, V, vsum, tfs):
+    """Z_b^T V of a partition's blocks, stacked in the order given into one pooled float64 (sum of widths, p)
+    buffer: one task and one result a partition."""
+    blocks = [resolve(s) for s in srcs]
+    out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), V.shape[1]))
+    o = 0
+    for b, (mu, inv) in zip(blocks, tfs, strict=True):
+        w = b.indptr.shape[0] - 1
+        part = out[o:o + w]
+        csc_rmatvec(b.indptr, b.indices, b.data, V, part)
+        standardize_rows(part, mu, vsum, inv)
+        o += w
     return out
 
 

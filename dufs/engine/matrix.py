@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +45,7 @@ from dufs.engine.blocks import (
     map_one,
     map_state,
     nnz_of,
+    partition_rmatvec,
 )
 from dufs.engine.dispatch import (
     compute,
@@ -82,6 +84,9 @@ log = get_logger(__name__)
 
 #: the accepted values of ``Matrix(standardize=...)``
 STANDARDIZE = ("zscore", "scale", None)
+
+#: seconds a gathered pass reuses the blocks' placement before it asks the scheduler again
+_PLACEMENT_TTL = 30.0
 
 
 class Transform(NamedTuple):
@@ -188,6 +193,7 @@ class Matrix:
         self.y, self.classes = (None, None) if labels is None else check_labels(labels, self.shape[0])
         self._stats: ColumnStats | None = None
         self._passes = [0]  # shared with the with_standardize() views of the same blocks
+        self._units: dict = {}  # client id -> (when, the partitions of a gathered pass) (_pass_partitions)
 
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:
@@ -242,6 +248,7 @@ class Matrix:
         out = object.__new__(Matrix)
         out.__dict__.update(self.__dict__)
         out.standardize = standardize
+        out._view = True
         return out
 
     # ------------------------------------------------------------------ residency
@@ -261,6 +268,7 @@ class Matrix:
             log.info("%s", self.residency["reason"])
             return self
         self._src = src
+        self._units = {}
         if self.residency["bytes"] is None or any(b.nnz < 0 for b in self.blocks):
             self._count()
         log.info("persisted %d feature blocks (%s MiB) on %d workers", self.n_blocks,
@@ -268,7 +276,12 @@ class Matrix:
         return self
 
     def release(self) -> None:
-        """Drop persisted blocks (and the scattered transform) from the workers."""
+        """Drop persisted blocks (and the scattered transform) from the workers.
+
+        A :meth:`with_standardize` view owns neither (they are its origin's, which a later call may still use:
+        ``dufs.fit`` is given a persisted Matrix and fits a view of it), so releasing a view drops nothing."""
+        if self.__dict__.get("_view"):
+            return
         for s in self._src:
             if hasattr(s, "release"):
                 s.release()
@@ -329,6 +342,11 @@ class Matrix:
     def _pass(self, tasks: list, name: str = "pass") -> list:
         self._passes[0] += 1
         return run_pass(name, tasks, inline=is_inline())
+
+    def _pass_streaming(self, tasks: list, name: str, consume: Any) -> None:
+        """A pass whose results go to ``consume(i, result)`` as they arrive (:func:`run_pass_streaming`)."""
+        self._passes[0] += 1
+        run_pass_streaming(name, tasks, consume, inline=is_inline())
 
     def _inline(self) -> bool:
         """Whether a pass runs inline: no distributed client, the blocks in this process or in a local store, and
@@ -414,15 +432,62 @@ class Matrix:
         V2, one = as_2d(V, n, "V", "n_samples", keep_float32=np.dtype(self.dtype) == np.float32)
         mu, inv = self.transform
         vsum = col_sums(V2) if mu is not None else None
-        f = delayed(block_rmatvec)
         tf = self._block_transform()
+        units = self._pass_partitions() if gather else None
         with shipped(V2) as Vs:
-            tasks = [f(s, Vs, vsum, tf[i]) for i, s in enumerate(self._src)]
-            if not gather:
-                return self._resident(tasks)
-            parts = self._pass(tasks, "Z^T V")
-        out = np.concatenate(parts, axis=0) if parts else np.zeros((d, V2.shape[1]))
+            if units is None:
+                f = delayed(block_rmatvec)
+                tasks = [f(s, Vs, vsum, tf[i]) for i, s in enumerate(self._src)]
+                if not gather:
+                    return self._resident(tasks)
+                units = [[i] for i in range(self.n_blocks)]
+            else:
+                f = delayed(partition_rmatvec)
+                tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u]) for u in units]
+            bounds = self.bounds
+            shape = (d, V2.shape[1])
+            # one partition holding every block in order (one worker) is the result as it is: taken, not copied (a
+            # copy of a 30M-feature result is 240 MB moved and, into a fresh array, its pages faulted in)
+            whole = len(units) == 1 and units[0] == list(range(self.n_blocks))
+            res: list[np.ndarray] = []
+
+            def place(u: int, got: np.ndarray) -> None:
+                if whole and got.shape == shape and got.dtype == np.float64 and got.flags.c_contiguous \
+                        and got.flags.writeable:
+                    res.append(got)
+                    return
+                if not res:
+                    res.append(np.empty(shape))
+                o = 0
+                for i in units[u]:
+                    a, b = bounds[i], bounds[i + 1]
+                    res[0][a:b] = got[o:o + b - a]
+                    o += b - a
+
+            self._pass_streaming(tasks, "Z^T V", place)
+            out = res[0] if res else np.empty(shape)
         return out[:, 0] if one else out
+
+    def _pass_partitions(self) -> list[list[int]] | None:
+        """The blocks grouped one partition a worker (a worker's persisted blocks together) for a pass whose
+        per-block results are gathered: one task and one result a worker instead of one a block (each task costs
+        the scheduler about a millisecond and each result a message). None when the blocks are not persisted on a
+        distributed cluster (blocks re-read each pass, or in this process: one task a block)."""
+        if self.residency.get("mode") != "persisted" or self.n_blocks < 2:
+            return None
+        client = current_client()
+        if client is None:
+            return None
+        # where the blocks live costs the scheduler a round trip: asked again only after _PLACEMENT_TTL seconds (a
+        # block moved since, by a lost worker or a rebalance, runs where its partition runs: correct, only slower)
+        now = time.monotonic()
+        got = self._units.get(client.id)
+        if got is None or now - got[0] > _PLACEMENT_TTL:
+            where = self.placement()
+            owners = {a for a in where if a is not None}
+            got = (now, None if not owners or None in where else self.partition(len(owners), where))
+            self._units = {client.id: got}
+        return got[1]
 
     def _resident(self, tasks: list) -> BlockState:
         """Run a pass whose per-block results stay on the workers (a BlockState of futures), or in this process."""
@@ -656,10 +721,10 @@ class Matrix:
         who = client.who_has(self._src)
         return [min(who.get(s.key) or [None], key=lambda a: a or "") for s in self._src]
 
-    def partition(self, n: int) -> list[list[int]]:
+    def partition(self, n: int, where: list[str | None] | None = None) -> list[list[int]]:
         """The blocks cut into ``n`` partitions, balanced by nonzeros, a worker's persisted blocks together
-        (:func:`dufs.engine.placement.partition`)."""
-        return partition([b.nnz for b in self.blocks], self.placement(), n)
+        (:func:`dufs.engine.placement.partition`; ``where``: :meth:`placement`, asked when not given)."""
+        return partition([b.nnz for b in self.blocks], self.placement() if where is None else where, n)
 
     @_inline_when_small
     def topk(self, fn: Any, k: int, *args: Any, largest: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -708,8 +773,7 @@ class Matrix:
 
         f = delayed(block_scores_and_top)
         tasks = [f(s, fn, kk, largest, shared, kw, b.start, dtype) for s, b in self._pairs()]
-        self._passes[0] += 1
-        run_pass_streaming(_name(fn), tasks, consume, inline=is_inline())
+        self._pass_streaming(tasks, _name(fn), consume)
         if kk is None:
             return scores, None
         if not cand_ids:

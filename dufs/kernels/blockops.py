@@ -88,78 +88,87 @@ def csc_class_stats(indptr, indices, data, codes, n_classes):
     return s, ss
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
-def _csc_rmatvec_1(indptr, indices, data, V, out):
-    """``csc_rmatvec`` for one vector (p == 1), the common case: a scalar accumulator."""
-    n_cols = indptr.shape[0] - 1
-    for j in range(n_cols):
-        acc = 0.0
+# ---------------------------------------------------------------------------------------------------- products
+# A product with p columns sweeps the nonzeros once: the p numbers of a row of V (or U) are read (or written)
+# together, and the p sums live in scalar accumulators the compiler keeps in registers. Numba cannot unroll a loop
+# over a run-time p into registers (an accumulator array of length p stays in memory, and its loads and stores cost
+# as much as the random read of V), so the kernels for each p up to _UNROLL are generated from one template,
+# compiled lazily and cached like hand-written ones; wider products run in groups of _UNROLL columns.
+_UNROLL = 16
+
+_RMATVEC_TEMPLATE = """
+def {name}(indptr, indices, data, V, out, q0):
+    for j in range(indptr.shape[0] - 1):
+{init}
         # unsigned positions: no negative-index wraparound checks in the inner loop (docs/architecture.md)
-        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
-            acc += np.float64(data[k]) * np.float64(V[np.uint64(indices[k]), 0])
-        out[j, 0] = acc
-    return out
-
-
-@numba.njit(nogil=True, cache=True, boundscheck=False)
-def _csc_rmatvec_p(indptr, indices, data, V, out):
-    n_cols = indptr.shape[0] - 1
-    p = V.shape[1]
-    acc = np.zeros(p, dtype=np.float64)
-    for j in range(n_cols):
-        acc[:] = 0.0
         for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
             r = np.uint64(indices[k])
             v = np.float64(data[k])
-            for q in range(p):
-                acc[q] += v * np.float64(V[r, q])
-        for q in range(p):
-            out[j, q] = acc[q]
+{body}
+{store}
     return out
+"""
+
+_MATVEC_TEMPLATE = """
+def {name}(indptr, indices, data, U, out, q0):
+    for j in range(indptr.shape[0] - 1):
+{init}
+        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            r = np.uint64(indices[k])
+            v = np.float64(data[k])
+{body}
+    return out
+"""
 
 
-@numba.njit(nogil=True, cache=True)
+def _generate(template: str, name: str, p: int, init: str, body: str, store: str = ""):
+    """Compile ``template`` for ``p`` columns: ``init``, ``body`` and ``store`` are per-column lines (``{q}`` the
+    column), joined into the template's slots. The source is compiled under this file's name, so numba caches it
+    on disk like the hand-written kernels."""
+    lines = {key: "\n".join(part.format(q=q) for q in range(p)) for key, part in
+             (("init", init), ("body", body), ("store", store))}
+    src = template.format(name=name, **lines)
+    namespace: dict = {}
+    exec(compile(src, __file__, "exec"), globals(), namespace)  # noqa: S102 (our own template, no input)
+    fn = namespace[name]
+    fn.__module__ = __name__
+    fn.__qualname__ = name
+    fn.__doc__ = f"The p = {p} columns ``q0 .. q0 + {p - 1}`` of a product (generated; see ``_generate``)."
+    return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+
+
+_RMATVEC = [None] + [_generate(_RMATVEC_TEMPLATE, f"_csc_rmatvec_{p}", p,
+                               "        a{q} = 0.0",
+                               "            a{q} += v * np.float64(V[r, q0 + {q}])",
+                               "        out[j, q0 + {q}] = a{q}") for p in range(1, _UNROLL + 1)]
+_MATVEC = [None] + [_generate(_MATVEC_TEMPLATE, f"_csc_matvec_{p}", p,
+                              "        u{q} = np.float64(U[j, q0 + {q}])",
+                              "            out[r, q0 + {q}] += v * u{q}") for p in range(1, _UNROLL + 1)]
+
+
+def _groups(p: int):
+    """Column groups (first column, width) of a p-column product: _UNROLL wide, then the rest."""
+    return [(q0, min(_UNROLL, p - q0)) for q0 in range(0, p, _UNROLL)]
+
+
 def csc_rmatvec(indptr, indices, data, V, out):
     """``out[:] = X_block^T V``: V ``(n_rows, p)`` float64 (or float32, half the memory traffic for the randomly
     read vector; products and sums are float64 either way), out float64 ``(n_cols_block, p)`` (overwritten).
 
-    Row indices must be in ``[0, n_rows)`` (they are not bounds-checked)."""
-    if V.shape[1] == 1:
-        return _csc_rmatvec_1(indptr, indices, data, V, out)
-    return _csc_rmatvec_p(indptr, indices, data, V, out)
-
-
-@numba.njit(nogil=True, cache=True, boundscheck=False)
-def _csc_matvec_12(indptr, indices, data, U, out):
-    n_cols = indptr.shape[0] - 1
-    two = U.shape[1] == 2
-    for j in range(n_cols):
-        u0 = U[j, 0]
-        u1 = U[j, 1] if two else 0.0
-        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
-            r = np.uint64(indices[k])
-            v = np.float64(data[k])
-            out[r, 0] += v * u0
-            if two:
-                out[r, 1] += v * u1
+    One sweep over the nonzeros for up to 16 columns (one more per further 16). Row indices must be in
+    ``[0, n_rows)`` (they are not bounds-checked)."""
+    for q0, w in _groups(V.shape[1]):
+        _RMATVEC[w](indptr, indices, data, V, out, q0)
     return out
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
 def csc_matvec(indptr, indices, data, U, out):
     """``out += X_block U``: U float64 ``(n_cols_block, p)``, out float64 ``(n_rows, p)`` (accumulated into).
 
-    Row indices must be in ``[0, n_rows)`` (they are not bounds-checked)."""
-    p = U.shape[1]
-    if p <= 2:
-        return _csc_matvec_12(indptr, indices, data, U, out)
-    n_cols = indptr.shape[0] - 1
-    for j in range(n_cols):
-        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
-            r = np.uint64(indices[k])
-            v = np.float64(data[k])
-            for q in range(p):
-                out[r, q] += v * U[j, q]
+    One sweep over the nonzeros for up to 16 columns (one more per further 16). Row indices must be in
+    ``[0, n_rows)`` (they are not bounds-checked)."""
+    for q0, w in _groups(U.shape[1]):
+        _MATVEC[w](indptr, indices, data, U, out, q0)
     return out
 
 
