@@ -165,6 +165,65 @@ def bench_store(rows: int, features: int, nnz_per_row: int, seed: int, work_dir:
 
 
 
+def _kernel_alone(dask_worker: Any, v: Any, repeats: int) -> float:
+    """Median seconds of ``csc_rmatvec`` (one float32 vector) over the blocks persisted on this worker, into
+    preallocated outputs (runs in the worker)."""
+    import numpy as np
+
+    from dufs.engine import FeatureBlock
+    from dufs.kernels.blockops import csc_rmatvec
+
+    blocks = [b for b in list(dask_worker.data.values()) if isinstance(b, FeatureBlock)]
+    V = np.ascontiguousarray(np.asarray(v, dtype=np.float32)[:, None])
+    outs = [np.empty((b.width, 1)) for b in blocks]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for b, o in zip(blocks, outs, strict=True):
+            csc_rmatvec(b.indptr, b.indices, b.data, V, o)
+        times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def kernel_alone_seconds(client: Any, v: Any, repeats: int) -> float:
+    """The machine's floor for one pass on this cluster: the numba kernel alone, no Dask, each worker looping over
+    its own persisted blocks, all workers at once (the slowest worker's median). Measured on a 1-worker and a
+    2-worker cluster, the ratio of the two is this machine's ceiling for the 2-worker speed-up of a pass
+    (:func:`say_ceiling`)."""
+    return float(max(client.run(_kernel_alone, v=v, repeats=repeats).values()))
+
+
+def say_ceiling(res: dict, say: Any, key: str = "kernel_s") -> float | None:
+    """Print (and store as ``res["ceiling_2w"]``) the 2-process ceiling from ``res["w1"][key]`` and
+    ``res["w2"][key]`` (or ``res["w1_<key>"]``, ``res["w2_<key>"]``), the kernel-alone seconds of
+    :func:`kernel_alone_seconds` on 1 and 2 workers."""
+    k1 = res.get("w1", {}).get(key) if isinstance(res.get("w1"), dict) else res.get(f"w1_{key}")
+    k2 = res.get("w2", {}).get(key) if isinstance(res.get("w2"), dict) else res.get(f"w2_{key}")
+    if not k1 or not k2:
+        return None
+    res["ceiling_2w"] = k1 / k2
+    say(f"machine ceiling, measured in this run: the kernel alone (no Dask, each worker over its own persisted "
+        f"blocks, all at once) 1 worker {k1 * 1e3:.1f} ms, 2 workers {k2 * 1e3:.1f} ms: a 2-worker speed-up of "
+        f"at most {k1 / k2:.2f}x on this machine")
+    return res["ceiling_2w"]
+
+
+def plain_pass_and_ceiling(client: Any, M: Any, v: Any, repeats: int) -> dict[str, float]:
+    """The method benches' two references on one cluster: the median of ``repeats`` plain ``M.rmatvec(v)`` passes
+    (``pass_s``) and the kernel alone over the same persisted blocks (``kernel_s``, :func:`kernel_alone_seconds`)."""
+    return {"pass_s": median(plain_pass_seconds(M, v, repeats)), "kernel_s": kernel_alone_seconds(client, v, repeats)}
+
+
+def say_speedup(res: dict, speedup: float, what: str, say: Any) -> None:
+    """Print the machine's 2-worker ceiling (:func:`say_ceiling`, from ``res["w1"]["kernel_s"]`` and
+    ``res["w2"]["kernel_s"]``) and the fraction of it that ``speedup`` (``what``'s, 2 workers vs 1) reaches."""
+    ceiling = say_ceiling(res, say)
+    if ceiling:
+        res["fraction_of_ceiling"] = speedup / ceiling
+        say(f"  {what}: 2-worker speed-up {speedup:.2f}x = {speedup / ceiling:.0%} of this machine's ceiling "
+            f"({ceiling:.2f}x)")
+
+
 def worker_blocks_bytes(dask_worker: Any) -> int:
     from dufs.engine import FeatureBlock
 

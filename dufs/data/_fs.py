@@ -9,6 +9,8 @@ import os
 import socket
 import sys
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +111,32 @@ class Location:
             return False
         return _renameat2_exchange(self.url, other.url)
 
+    # raw scratch files (the transpose's spill) --------------------------------------------------------
+    def write_parts(self, name: str, parts: Sequence[Any]) -> None:
+        """Write the buffers ``parts`` (bytes, C-contiguous arrays) one after another as the file ``name``, whole or
+        not at all: a local file under a temporary name (the pattern of zarr's own, which a resume removes), then
+        renamed; on an object store, one object in one request."""
+        p = self.child(name)
+        if self.local:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            tmp = f"{p}.{uuid.uuid4().hex}.partial"
+            try:
+                with open(tmp, "wb") as f:
+                    for part in parts:
+                        f.write(memoryview(part).cast("B"))
+                os.replace(tmp, p)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+        else:
+            fs, fp = fsspec.core.url_to_fs(p)
+            fs.pipe_file(fp, b"".join(memoryview(part).cast("B") for part in parts))
+
+    def reader(self, name: str) -> RangeReader:
+        """Reads byte ranges of the file ``name`` (a context manager)."""
+        return RangeReader(self.child(name), self.local)
+
     # small JSON side files (lock, checkpoints) --------------------------------------------------
     def read_json(self, name: str) -> Any | None:
         p = self.child(name)
@@ -139,6 +167,55 @@ class Location:
             fs, fp = fsspec.core.url_to_fs(p)
             with fs.open(fp, "w") as f:
                 json.dump(obj, f)
+
+
+class RangeReader:
+    """Byte ranges of one file into caller-given buffers: ``pread`` on a local file, range requests on a URL."""
+
+    def __init__(self, url: str, local: bool):
+        self.url = url
+        self._fd = os.open(url, os.O_RDONLY) if local else None
+        self._fs, self._path = (None, None) if local else fsspec.core.url_to_fs(url)
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size if self._fd is not None else int(self._fs.size(self._path))
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        out = bytearray(nbytes)
+        self.read_into(offset, out)
+        return bytes(out)
+
+    def read_into(self, offset: int, out: Any) -> None:
+        """Fill ``out`` (a writable C-contiguous buffer) with the bytes at ``offset``; a short file is an
+        ``EOFError``."""
+        view = memoryview(out).cast("B")
+        n = view.nbytes
+        if n == 0:
+            return
+        if self._fd is None:
+            got = self._fs.cat_file(self._path, start=offset, end=offset + n)
+            if len(got) != n:
+                raise EOFError(f"{self.url}: {n} bytes at {offset} asked for, {len(got)} there")
+            view[:] = got
+            return
+        done = 0
+        while done < n:
+            k = os.preadv(self._fd, [view[done:]], offset + done)
+            if k <= 0:
+                raise EOFError(f"{self.url}: {n} bytes at {offset} asked for, {done} there")
+            done += k
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 #: the object a Zarr v3 group's metadata (and a finished store's completion marker) lives in

@@ -19,9 +19,11 @@ an index base decided only at the end (libsvm's ``zero_based="auto"``): ``finali
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,7 @@ from dufs.data import layout
 from dufs.data._exec import Executor
 from dufs.data._fs import Location, acquire_lock, lock_is_live, release_lock
 from dufs.data.layout import FEATURES, FORMAT_VERSION, LOCK_NAME, ROWS, RowBlockMeta, StoreMeta
-from dufs.data.store import SparseStore, check_stored, compressors, read_array, store_kind, write_array
+from dufs.data.store import SparseStore, compressors, read_array, store_kind, write_array
 from dufs.errors import ParameterError, StoreError
 
 log = get_logger(__name__)
@@ -172,8 +174,11 @@ class StoreBuilder:
             was = started.settings
             if was != settings:
                 self.abort(remove=False)
-                raise StoreError(f"cannot resume {self.partial.url}: it was started with {was} (dtype and "
-                                 f"dufs.store.feature-granule); now {settings}. Resume with the same settings")
+                how = ("Resume with the same settings" if was["spill"] == settings["spill"] else
+                       "It was started by a dufs writing another spill format: finish it with that dufs, or start "
+                       "again with --overwrite")
+                raise StoreError(f"cannot resume {self.partial.url}: it was started with {was} (dtype, "
+                                 f"dufs.store.feature-granule, spill format); now {settings}. {how}")
             _remove_temp_files(self.partial)
             done = self.finished_row_blocks()
             log.info("resuming %s: %d row blocks already written", self.partial.url, len(done))
@@ -202,22 +207,27 @@ class StoreBuilder:
 
     def finished_row_blocks(self) -> set[int]:
         """The row blocks written completely (their spill included)."""
-        g = self._group()
-        return {i for i in layout.finished_blocks(g, ROWS) if layout.has_spill(g, i)}
+        spill = Location(self.partial.child(layout.SPILL))
+        spilled = {n for n in spill.names() if n.isdigit()} if spill.exists() else set()
+        return {i for i in layout.finished_blocks(self._group(), ROWS) if str(i) in spilled}
 
     # ------------------------------------------------------------------ step 1
     def write_row_block(self, i: int, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
                         y: np.ndarray | None = None, extra: dict | None = None, *,
-                        raw_indices: bool = False) -> RowBlockMeta:
+                        raw_indices: bool = False, timings: dict[str, float] | None = None) -> RowBlockMeta:
         """Write CSR row block ``i`` (indices sorted within rows) and its spill.
 
         With ``raw_indices=True`` the column indices carry an index base decided only at ``finalize``. The spill
         keeps them raw; the CSR block is written with a provisional base: one-based (``indices - 1``) unless the
         block holds an index 0. ``finalize(index_shift=...)`` rewrites only the blocks whose guess was wrong
         (for one-based files, none). ``extra``: what the writer records besides, returned by
-        :meth:`row_block_meta` (``.extra``) and :meth:`row_block_infos`.
+        :meth:`row_block_meta` (``.extra``) and :meth:`row_block_infos`. ``timings``: seconds of the phases
+        ``write rows`` (the CSR arrays into Zarr) and ``spill`` (bucketing the entries, writing the spill file) are
+        added to it.
         """
         from dufs.kernels.sparse import csr_to_spill
+
+        t0 = time.perf_counter()
 
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         n_rows = indptr.shape[0] - 1
@@ -242,12 +252,13 @@ class StoreBuilder:
             if y.shape[0] != n_rows:
                 raise ParameterError(f"row block {i}: {y.shape[0]} labels for {n_rows} rows")
             write_array(blk, layout.ROW_LABELS, y, chunk=self.chunk)
-        spill = csr_to_spill(indptr, indices, data, self.granule)  # cols, rows, vals, goff
-        sp = layout.new_spill_group(g, i)
-        spill_chunk = int(config.get("store.spill-chunk-elements"))
-        for name, values in zip(layout.SPILL_ARRAYS, spill[:3], strict=True):
-            write_array(sp, name, values, chunk=spill_chunk, sharded=True)
-        write_array(sp, layout.SPILL_OFFSETS, spill[3], chunk=8192)
+        t1 = time.perf_counter()
+        cols, rows, vals, goff = csr_to_spill(indptr, indices, data, self.granule)
+        head = layout.SpillHeader(int(goff.shape[0]), int(cols.shape[0]), self.value_dtype)
+        self.partial.write_parts(layout.spill_file(i), [head.encode(), goff, cols, rows, vals])
+        if timings is not None:
+            timings["write rows"] = timings.get("write rows", 0.0) + t1 - t0
+            timings["spill"] = timings.get("spill", 0.0) + time.perf_counter() - t1
         info = RowBlockMeta(i, n_rows, nnz, int(indices.min()) if nnz else -1, int(indices.max()) if nnz else -1,
                             has_y=y is not None, raw_indices=raw_indices, indices_shift=guess, extra=dict(extra or {}))
         # one write (zarr's attrs.update writes key by key): "complete" never lands without the counts
@@ -271,8 +282,19 @@ class StoreBuilder:
     def finalize(self, *, n_features: int | None = None, index_shift: int = 0, feature_ids: Any = None,
                  provenance: dict | None = None, ground_truth: dict | None = None,
                  executor: Executor | None = None, feature_block: int | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> SparseStore:
-        """Assemble the CSC side, write labels and attributes, mark complete and rename into place."""
+                 progress: Callable[[str, int, int], None] | None = None,
+                 timings: dict[str, float] | None = None) -> SparseStore:
+        """Assemble the CSC side, write labels and attributes, mark complete and rename into place.
+
+        The feature blocks are assembled by tasks (``executor``) while the driver writes the labels and then, as the
+        blocks finish in order, the per-feature nonzeros: each a chunk at a time, so the driver holds no array of the
+        data's size. ``timings``: seconds of the phases are added to it: the tasks' ``transpose read`` (the spill
+        slices), ``transpose merge`` and ``transpose write`` (the CSC arrays into Zarr), summed over tasks, and the
+        driver's ``finalize: plan``, ``finalize: labels``, ``finalize: feature nnz`` and ``finalize: close`` (spill
+        removed, marker written, moved into place), wall time.
+        """
+        timings = {} if timings is None else timings
+        t0 = time.perf_counter()
         infos = self.row_block_infos()
         n_rows_blk = np.array([b.n_rows for b in infos], dtype=np.int64)
         row_bounds = np.concatenate([[0], np.cumsum(n_rows_blk)]).astype(np.int64)
@@ -302,41 +324,47 @@ class StoreBuilder:
             bounds_raw = self._feature_bounds(len(infos), n_features, index_shift, feature_block)
             nb = len(bounds_raw) - 1
             done = layout.finished_blocks(g, FEATURES)
-            todo = [j for j in range(nb) if j not in done]
             prev_bounds = layout.read_partial(dict(g.attrs)).csc_bounds
             if prev_bounds is not None and prev_bounds != [int(x) for x in bounds_raw]:
-                done, todo = set(), list(range(nb))
+                done = set()
             g.attrs.put(layout.with_csc_bounds(dict(g.attrs), [int(x) for x in bounds_raw]))
             offsets = self._spill_offsets(len(infos), bounds_raw)
             row_nnz = [int(b.nnz) for b in infos]
-            ex.map_ordered(lambda j: self._assemble_feature_block(j, bounds_raw, row_bounds, index_shift,
-                                                                  n_features, offsets, row_nnz), todo,
-                           on_done=lambda _: progress and progress("transpose", 1, len(todo)))
+            csc_bounds = np.clip(bounds_raw - index_shift, 0, n_features)
+            csc_bounds[-1] = n_features
+            timings["finalize: plan"] = timings.get("finalize: plan", 0.0) + time.perf_counter() - t0
+            futures = {j: ex.submit(self._assemble_feature_block, j, bounds_raw, row_bounds, index_shift, n_features,
+                                    offsets, row_nnz) for j in range(nb) if j not in done}
+            try:
+                with _timed(timings, "finalize: labels"):  # while the workers transpose
+                    y_checksum = self._write_labels(g, infos, n_rows) if all(has_y) and infos else None
+                fnnz = _Streamed(_new_array(g, layout.FEATURE_NNZ, n_features, np.int64, self.chunk))
+                for j in range(nb):  # per-feature nonzeros, block by block as they finish, in order
+                    if j in futures:  # the task returns them: its indptr is not read back
+                        phases, nnz = futures.pop(j).result()
+                        for phase, dt in phases.items():
+                            timings[phase] = timings.get(phase, 0.0) + dt
+                        if progress:
+                            progress("transpose", 1, nb - len(done))
+                    with _timed(timings, "finalize: feature nnz"):
+                        if j in done:  # finished by an earlier run
+                            ip = read_array(layout.block_group(g, FEATURES, j)[layout.INDPTR], f"csc block {j}")
+                            nnz = np.diff(ip)
+                        if nnz.shape[0] != csc_bounds[j + 1] - csc_bounds[j]:
+                            raise StoreError(f"{self.partial.url}: csc block {j} holds {nnz.shape[0]} features, "
+                                             f"not {csc_bounds[j + 1] - csc_bounds[j]}")
+                        fnnz.append(nnz)
+                with _timed(timings, "finalize: feature nnz"):
+                    fnnz.close()
+            except BaseException:
+                ex.cancel(list(futures.values()))
+                raise
         finally:
             if executor is None:
                 ex.close()
-        csc_bounds = np.clip(bounds_raw - index_shift, 0, n_features)
-        csc_bounds[-1] = n_features
+        t1 = time.perf_counter()
         feature_blocks = [layout.read_feature_block(dict(layout.block_group(g, FEATURES, j).attrs))
                           for j in range(nb)]
-        # per-feature nnz and labels, streamed block by block
-        fnnz = np.zeros(n_features, dtype=np.int64)
-        for j in range(nb):
-            ip = read_array(layout.block_group(g, FEATURES, j)[layout.INDPTR], f"csc block {j}")
-            fnnz[csc_bounds[j]:csc_bounds[j + 1]] = np.diff(ip)
-        write_array(g, layout.FEATURE_NNZ, fnnz, chunk=self.chunk)
-        if all(has_y) and infos:
-            yarr = g.create_array(layout.LABELS, shape=(n_rows,), dtype="float64",
-                                  chunks=(max(1, min(self.chunk, n_rows)),), fill_value=0, overwrite=True,
-                                  compressors=compressors(),
-                                  config={"write_empty_chunks": True})
-            y_checksum = None
-            for i in range(len(infos)):
-                yi = read_array(layout.block_group(g, ROWS, i)[layout.ROW_LABELS], f"row block {i}").astype(np.float64)
-                yarr[row_bounds[i]:row_bounds[i + 1]] = yi
-                y_checksum = content_checksum(yi, start=y_checksum)  # of the whole vector, block by block
-        else:
-            y_checksum = None
         if feature_ids is not None:
             fid = np.asarray(feature_ids)
             if fid.shape != (n_features,):
@@ -366,13 +394,24 @@ class StoreBuilder:
             dufs_version=_dufs_version(),
         )
         # the spill is scratch: drop it before the marker goes in
-        if layout.SPILL in g:
-            Location(self.partial.child(layout.SPILL)).remove()
+        Location(self.partial.child(layout.SPILL)).remove()
         g = self._group()
         attrs = layout.finished_root_attrs(dict(g.attrs), meta)  # the completion marker, written last
         g.attrs.put(attrs) if hasattr(g.attrs, "put") else g.attrs.update(attrs)
         self._move_into_place()
+        timings["finalize: close"] = timings.get("finalize: close", 0.0) + time.perf_counter() - t1
         return SparseStore(self.final.url)
+
+    def _write_labels(self, g: zarr.Group, infos: list[RowBlockMeta], n_rows: int) -> str:
+        """Write the labels of every row block as one array, a chunk at a time; return their checksum."""
+        ys = _Streamed(_new_array(g, layout.LABELS, n_rows, np.float64, self.chunk))
+        y_checksum = None
+        for i in range(len(infos)):
+            yi = read_array(layout.block_group(g, ROWS, i)[layout.ROW_LABELS], f"row block {i}").astype(np.float64)
+            ys.append(yi)
+            y_checksum = content_checksum(yi, start=y_checksum)  # of the whole vector, block by block
+        ys.close()
+        return y_checksum
 
     def _move_into_place(self) -> None:
         """Put the finished partial store at the final path, the lock held until it is there.
@@ -415,9 +454,8 @@ class StoreBuilder:
             gb = list(range(0, n_gran, step)) + [n_gran]
         else:
             counts = np.zeros(n_gran, dtype=np.int64)
-            g = self._group()
             for i in range(n_row_blocks):
-                goff = read_array(layout.spill_group(g, i)[layout.SPILL_OFFSETS], f"spill {i}")
+                goff = self._spill_goff(i)
                 c = np.diff(goff)[:n_gran]
                 counts[:c.shape[0]] += c
             target = int(config.get("store.feature-block-nnz"))
@@ -460,19 +498,29 @@ class StoreBuilder:
             fix.rename_to(Location(self.partial.child(indices_path)))
         blk.attrs.put(layout.reindex_done_attrs(attrs))
 
-    def _spill_arrays(self, i: int, nnz: int) -> tuple:
-        """Row block ``i``'s spill arrays, opened (and checked complete) once per process and build."""
-        key = (self.partial.url, i, nnz)
-        got = _SPILL_CACHE.get(key)
-        if got is None:
-            if len(_SPILL_CACHE) > 4096:
-                _SPILL_CACHE.clear()
-            sp = layout.spill_group(self._group(), i)
-            got = tuple(sp[name] for name in layout.SPILL_ARRAYS)
-            for arr in got:  # a missing shard would read back as zeros: check it is there, once
-                check_stored(arr, f"spill {i}", range(arr.nchunks))
-            _SPILL_CACHE[key] = got
-        return got
+    def _spill_head(self, i: int) -> layout.SpillHeader:
+        """Row block ``i``'s spill header, the file checked whole."""
+        name = layout.spill_file(i)
+        where = self.partial.child(name)
+        try:
+            with self.partial.reader(name) as r:
+                head = layout.SpillHeader.decode(r.read(0, layout.SPILL_HEADER_BYTES), where)
+                size = r.size
+        except (FileNotFoundError, EOFError):
+            size, head = -1, None
+        if head is None or size != head.file_bytes or head.value_dtype != self.value_dtype:
+            raise StoreError(f"{where}: the spill file of row block {i} is missing or truncated: the partial build "
+                             f"is damaged; start again with --overwrite")
+        return head
+
+    def _spill_goff(self, i: int) -> np.ndarray:
+        """Row block ``i``'s spill offsets: where each granule of raw columns starts."""
+        head = self._spill_head(i)
+        at, dtype = head.sections()["goff"]
+        goff = np.empty(head.n_offsets, dtype=dtype)
+        with self.partial.reader(layout.spill_file(i)) as r:
+            r.read_into(at, goff)
+        return goff
 
     def _spill_offsets(self, n_row_blocks: int, bounds_raw: np.ndarray) -> np.ndarray:
         """``off[i, j]``: where feature block ``j`` starts in row block ``i``'s spill (one read of each offsets
@@ -480,53 +528,103 @@ class StoreBuilder:
         G = self.granule
         gb = np.asarray(bounds_raw, dtype=np.int64) // G
         gb[-1] = -(-int(bounds_raw[-1]) // G)
-        g = self._group()
         off = np.zeros((n_row_blocks, len(bounds_raw)), dtype=np.int64)
         for i in range(n_row_blocks):
-            goff = read_array(layout.spill_group(g, i)[layout.SPILL_OFFSETS], f"spill {i}")
+            goff = self._spill_goff(i)
             off[i] = goff[np.minimum(gb, goff.shape[0] - 1)]
         return off
 
     def _assemble_feature_block(self, j: int, bounds_raw: np.ndarray, row_bounds: np.ndarray, shift: int,
-                                n_features: int, offsets: np.ndarray, row_nnz: list) -> int:
+                                n_features: int, offsets: np.ndarray,
+                                row_nnz: list) -> tuple[dict[str, float], np.ndarray]:
+        """Task: feature block ``j`` from one slice of every row block's spill. Returns the seconds of its phases and
+        the block's nonzeros per feature (int32: a feature has at most ``n_rows`` < 2**31 of them)."""
         from dufs.kernels.sparse import merge_spills
 
-        g = self._group()
+        t0 = time.perf_counter()
         lo_raw, hi_raw = int(bounds_raw[j]), int(bounds_raw[j + 1])
-        pieces_c, pieces_r, pieces_v = [], [], []
-        for i in range(len(row_bounds) - 1):
-            lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
-            if hi <= lo:
-                continue
-            cols, rows, vals = self._spill_arrays(i, row_nnz[i])
-            where = f"spill {i}"
-            pieces_c.append(read_array(cols, where, slice(lo, hi), check_present=False))
-            pieces_r.append(read_array(rows, where, slice(lo, hi), check_present=False).astype(np.int64)
-                            + row_bounds[i])
-            pieces_v.append(read_array(vals, where, slice(lo, hi), check_present=False))
         lo_f = min(max(lo_raw - shift, 0), n_features)
         hi_f = min(hi_raw - shift, n_features) if j < len(bounds_raw) - 2 else n_features
         width = max(hi_f - lo_f, 0)
-        if pieces_c:
-            cols = np.concatenate(pieces_c).astype(np.int64) - shift - lo_f
-            rows = np.concatenate(pieces_r)
-            vals = np.concatenate(pieces_v)
-        else:
-            cols = np.empty(0, np.int64)
-            rows = np.empty(0, np.int64)
-            vals = np.empty(0, self.value_dtype)
-        indptr, indices, data = merge_spills(cols, rows, vals, width)
-        blk = layout.new_block_group(g, FEATURES, j)
+        count = offsets[:, j + 1] - offsets[:, j]
+        starts = np.concatenate([[0], np.cumsum(np.maximum(count, 0))])
+        cols = np.empty(int(starts[-1]), np.int32)
+        rows = np.empty(int(starts[-1]), np.int32)
+        vals = np.empty(int(starts[-1]), self.value_dtype)
+        for i in np.flatnonzero(count > 0).tolist():  # one slice of each section of row block i's spill
+            lo, a, b = int(offsets[i, j]), int(starts[i]), int(starts[i + 1])
+            head = self._spill_head(i)
+            if head.nnz != row_nnz[i] or offsets[i, j + 1] > head.nnz:
+                raise StoreError(f"{self.partial.child(layout.spill_file(i))}: the spill holds {head.nnz} entries, row "
+                                 f"block {i} {row_nnz[i]}: the partial build is damaged; start again with --overwrite")
+            with self.partial.reader(layout.spill_file(i)) as r:
+                for name, out in (("cols", cols), ("rows", rows), ("vals", vals)):
+                    at, dtype = head.sections()[name]
+                    r.read_into(at + lo * dtype.itemsize, out[a:b])
+        t1 = time.perf_counter()
+        c64 = cols.astype(np.int64)
+        c64 -= shift + lo_f
+        r64 = rows.astype(np.int64)
+        r64 += np.repeat(row_bounds[:-1], np.maximum(count, 0))  # rows within their row block -> rows of the store
+        indptr, indices, data = merge_spills(c64, r64, vals, width)
+        del c64, r64, cols, rows, vals
+        indices, data = indices.astype(np.int32), np.asarray(data, dtype=self.value_dtype)
+        t2 = time.perf_counter()
+        blk = layout.new_block_group(self._group(), FEATURES, j)
         blk.attrs.put(layout.unfinished_block_attrs())
-        indices, data = indices.astype(np.int32), data.astype(self.value_dtype)
         for name, values in zip(layout.BLOCK_ARRAYS, (indptr, indices, data), strict=True):
             write_array(blk, name, values, chunk=self.chunk)
         blk.attrs.put(layout.feature_block_attrs(layout.FeatureBlockMeta(
             int(indptr[-1]), lo_f, lo_f + width, content_checksum(indptr, indices, data))))  # one write
-        return int(indptr[-1])
+        phases = {"transpose read": t1 - t0, "transpose merge": t2 - t1, "transpose write": time.perf_counter() - t2}
+        return phases, np.diff(indptr).astype(np.int32)
 
 
-_SPILL_CACHE: dict = {}
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def _new_array(g: zarr.Group, name: str, n: int, dtype: Any, chunk: int) -> zarr.Array:
+    """An empty 1-D array of ``n`` items laid out as :func:`~dufs.data.store.write_array` writes one, to fill in
+    order (:class:`_Streamed`)."""
+    return g.create_array(name, shape=(n,), dtype=dtype, chunks=(max(1, min(chunk, n)),), fill_value=0,
+                          overwrite=True, compressors=compressors(), config={"write_empty_chunks": True})
+
+
+class _Streamed:
+    """Fills a 1-D Zarr array front to back from pieces of any size, storing each chunk once, whole: memory is one
+    chunk, whatever the array's length (no chunk is read back and written again, as a slice across chunks would)."""
+
+    def __init__(self, arr: zarr.Array):
+        self.arr = arr
+        self.chunk = int(arr.chunks[0])
+        self.buf = np.empty(min(self.chunk, arr.shape[0]), dtype=arr.dtype)
+        self.at = 0  # items written or buffered
+
+    def append(self, values: np.ndarray) -> None:
+        pos = 0
+        while pos < values.shape[0]:
+            k = self.at % self.chunk
+            take = min(self.chunk - k, values.shape[0] - pos)
+            self.buf[k:k + take] = values[pos:pos + take]
+            pos += take
+            self.at += take
+            if self.at % self.chunk == 0:
+                self.arr[self.at - self.chunk:self.at] = self.buf
+        if self.at > self.arr.shape[0]:
+            raise StoreError(f"{self.arr.path}: more than its {self.arr.shape[0]} items written")
+
+    def close(self) -> None:
+        if self.at != self.arr.shape[0]:
+            raise StoreError(f"{self.arr.path}: {self.at} items written of {self.arr.shape[0]}")
+        k = self.at % self.chunk
+        if k:
+            self.arr[self.at - k:self.at] = self.buf[:k]
 
 
 def content_checksum(*arrays: np.ndarray, start: str | None = None) -> str:

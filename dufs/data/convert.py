@@ -2,9 +2,11 @@
 
 Plain text is split into byte ranges at line boundaries and every range is read, parsed (a numba parser on raw
 bytes) and written as one row block by a task on the cluster, so memory is bounded by the block size whatever the
-file size. Compressed input (.bz2, .gz, .xz) is decompressed as one stream on the driver and cut into blocks of
-whole lines that are parsed on the cluster, a bounded number in flight. The CSC side is then built by the store
-builder's out-of-core transpose.
+file size. A .bz2 file is split into ranges of its bzip2 blocks that the tasks decompress themselves
+(:mod:`dufs.data.bz2blocks`; ``dufs.convert.parallel-bz2``). Other compressed input (.gz, .xz), and a .bz2 file
+that does not end with an end-of-stream marker (truncated), is decompressed as one stream on the driver and cut
+into blocks of whole lines that are parsed on the cluster, a bounded number in flight. The CSC side is then built
+by the store builder's out-of-core transpose.
 
 Every malformed line is reported as ``file:line: what is wrong (byte offset N)``, and a compressed stream that ends
 early (a truncated file) or does not decompress as ``file: ... after N bytes of data, line L``; the build is then
@@ -20,6 +22,7 @@ import bz2
 import gzip
 import lzma
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,9 +33,11 @@ import numpy as np
 
 from dufs import config
 from dufs._logging import get_logger
+from dufs.data import bz2blocks
 from dufs.data._exec import Executor
 from dufs.data._fs import Location
 from dufs.data.builder import StoreBuilder
+from dufs.data.bz2blocks import Bz2Range
 from dufs.data.layout import IngestRecord, RowBlockMeta
 from dufs.data.store import SparseStore
 from dufs.errors import InputFormatError, ParameterError
@@ -51,6 +56,9 @@ class Unit:
     start: int  # byte offset in the (decompressed) stream
     stop: int
     first_line: int = -1  # 1-based line of the block's first line, when known (compressed streams)
+    # a range of bzip2 blocks: start and stop are bit offsets in the compressed file, and the unit's decompressed
+    # offset and first line are those of the units before it (its task reports offsets within its own text)
+    relative: bool = False
 
 
 @dataclass
@@ -68,6 +76,11 @@ class ConvertReport:
     zero_based: bool = True
     n_features: int = 0
     qid_lines: int = 0  # data lines with a ``qid:N`` field (read and ignored, as scikit-learn's default)
+    # seconds by phase: the tasks' ``read`` (text read or decompressed), ``parse``, ``write rows`` and ``spill``,
+    # then the transpose's ``transpose read``, ``transpose merge`` and ``transpose write``, summed over tasks; the
+    # driver's ``driver: units`` (cutting the input; compressed text that the driver decompresses, its decompression)
+    # and ``finalize: ...`` phases (see StoreBuilder.finalize), wall time. Blocks done by an earlier run count 0.
+    timings: dict = field(default_factory=dict)
 
 
 def _compressed(path: str) -> bool:
@@ -180,13 +193,24 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
     """Task: parse one unit and write it as a row block. Returns counts, or the first error (nothing written)."""
     from dufs.kernels.libsvm import error_message, parse_block
 
+    t0 = time.perf_counter()
+    base = unit.start
+    if isinstance(payload, Bz2Range):
+        base = 0
+        try:
+            payload = bz2blocks.range_text(path, payload)
+        except (OSError, EOFError, ValueError) as exc:  # corrupt (or a block magic found by chance): see the driver
+            return {"block": unit.block, "unit": unit, "n_lines": 0, "n_blank": 0, "n_comment": 0, "n_skipped": 0,
+                    "bytes": 0, "skipped": [], "error": None, "decompress": " ".join(str(exc).split())}
     buf = _read_range(path, unit.start, unit.stop) if payload is None else np.frombuffer(payload, np.uint8)
+    t1 = time.perf_counter()
     pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX, allow_qid=True)
+    timings = {"read": t1 - t0, "parse": time.perf_counter() - t1}
     skipped = [(int(a), int(b), error_message(int(c))) for a, b, c in
                zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes, strict=True)]
     res = {"block": unit.block, "unit": unit, "n_lines": pb.n_lines, "n_blank": pb.n_blank,
            "n_comment": pb.n_comment, "n_skipped": pb.n_skipped, "bytes": int(buf.size),
-           "skipped": skipped, "error": None}
+           "skipped": skipped, "error": None, "timings": timings}
     with np.errstate(over="ignore", invalid="ignore"):
         data = pb.data.astype(builder.value_dtype)
     indptr, indices, labels, row_lines, row_qid = pb.indptr, pb.indices, pb.labels, pb.row_lines, pb.row_qid
@@ -195,10 +219,10 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
     if bad and not opts["skip"]:
         row = min(bad)
         line = int(row_lines[row])
-        res["error"] = (line, unit.start + _line_start(buf, line), bad[row])
+        res["error"] = (line, base + _line_start(buf, line), bad[row])
         return res
     if pb.error_code:
-        res["error"] = (int(pb.error_line), unit.start + int(pb.error_offset), error_message(int(pb.error_code)))
+        res["error"] = (int(pb.error_line), base + int(pb.error_offset), error_message(int(pb.error_code)))
         return res
     max_index_line = int(pb.max_index_line)
     if bad:  # on_error="skip": drop the rows that break the options, as the parser drops malformed lines
@@ -221,7 +245,7 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
         extra=IngestRecord(n_lines=pb.n_lines, n_blank=pb.n_blank, n_comment=pb.n_comment,
                            n_skipped=res["n_skipped"], n_qid=int(np.count_nonzero(row_qid)), bytes=int(buf.size),
                            max_index_line=max_index_line, skipped=[list(s) for s in skipped],
-                           unit=[unit.file, unit.start, unit.stop]).attrs())
+                           unit=[unit.file, unit.start, unit.stop]).attrs(), timings=timings)
     res.update(n_rows=info.n_rows, nnz=info.nnz, min_index=info.min_index, max_index=info.max_index,
                max_index_line=max_index_line, n_qid=int(np.count_nonzero(row_qid)))
     return res
@@ -340,10 +364,14 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
             raise ParameterError(f"{p}: no such file")
     store_of = list(range(len(ins))) if many else [0] * len(ins)
     opts = {"skip": on_error == "skip", "zero_based": zero_based, "n_features": n_features}
+    in_ranges = [_parallel_bz2(p, block_bytes) for p in ins]
     builders = []
     for s, out in enumerate(outs):
-        mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
-        options = {"inputs": [[Location.of(p).url, _file_size(p)] for p in mine], "zero_based": zero_based,
+        mine = [(p, r) for p, r, k in zip(ins, in_ranges, store_of, strict=False) if k == s]
+        # a .bz2 input read in ranges of its bzip2 blocks is cut into other row blocks than one decompressed on
+        # the driver: a resume must cut it the same way
+        options = {"inputs": [[Location.of(p).url, _file_size(p), *(["bz2 ranges"] * r)] for p, r in mine],
+                   "zero_based": zero_based,
                    "n_features": n_features, "on_error": on_error, "block_bytes": block_bytes,
                    "together_with": [Location.of(o).url for o in outs] if many else None}
         b = StoreBuilder(out, value_dtype=value_dtype, overwrite=overwrite, resume=resume, options=options)
@@ -364,7 +392,7 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
             if new:
                 fresh.append(b)
         total = sum(_file_size(p) for p in ins)
-        _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total)
+        _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total, in_ranges)
         # the index base and n_features, over every input together (as load_svmlight_files)
         infos = [b.row_block_infos() for b in builders]
         for s, inf in enumerate(infos):  # a store of no rows: empty input, or only comments and blank lines
@@ -397,7 +425,7 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
                             "zero_based": bool(zb), "lines": report.lines, "qid_lines": report.qid_lines,
                             "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},
                 progress=(lambda stage, k, n: progress({"stage": stage, "done": k, "total": n}))
-                if progress else None))
+                if progress else None, timings=report.timings))
         return (stores if many else stores[0]), report
     except InputFormatError:
         for b in begun:
@@ -424,12 +452,17 @@ def _global_line(b: StoreBuilder, infos: list[RowBlockMeta], blk: RowBlockMeta, 
     return ins[file_no], before + int(rec.max_index_line)
 
 
-def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total) -> None:
+def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total, in_ranges) -> None:
     next_block = [0] * len(builders)
     in_flight: dict = {}
     max_in_flight = max(2, ex.n_workers * int(config.get("convert.in-flight")))
-    lines_of: dict = {}  # (file, start) -> lines of that unit, to number skipped lines without re-reading
-    first_skipped: list = []  # the first few skipped lines by position: (file, offset, unit, path, line, why)
+    sizes: dict = {}  # (file, start) -> (lines, bytes) of that unit, to number lines without re-reading
+    first_skipped: list = []  # the first few skipped lines by position: (file, start, offset, unit, path, line, why)
+
+    def before(unit: Unit) -> tuple[int, int]:
+        """Lines and bytes of the units before ``unit`` in its file (every one of them has finished)."""
+        got = [v for (f, st), v in sizes.items() if f == unit.file and st < unit.start]
+        return sum(v[0] for v in got), sum(v[1] for v in got)
 
     def drain() -> list:
         """Wait for every task in flight; the (unit, path, result) of those that found a bad line."""
@@ -440,14 +473,16 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
                 rr = f.result()
             except BaseException:  # noqa: BLE001 - cancelled, or failed: either way it no longer writes
                 continue
-            if rr["error"] is not None:
+            if rr["error"] is not None or rr.get("decompress"):
                 errors.append((u, p, rr))
+            else:
+                sizes[(u.file, u.start)] = (rr["n_lines"], rr["bytes"])
         return errors
 
     def collect(fut) -> None:
         unit, path = in_flight.pop(fut)
         r = fut.result()
-        if r["error"] is not None:
+        if r["error"] is not None or r.get("decompress"):
             fail(unit, path, r)
         account(r, unit, path)
 
@@ -458,8 +493,14 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
             ex.cancel(list(in_flight))  # drops only the queued ones; a running thread cannot be stopped
         errors = [(unit, path, r), *drain()]
         unit, path, r = min(errors, key=lambda e: (e[0].file, e[0].start))
+        if r.get("decompress"):
+            _decompress_error(path, block_bytes, r["decompress"])
         line, offset, why = r["error"]
-        first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
+        if unit.relative:
+            lines, offset0 = before(unit)
+            first, offset = lines + 1, offset + offset0
+        else:
+            first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
         gl = first + line - 1
         where = f" (byte offset {offset})" if offset is not None else ""
         raise InputFormatError(f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset, reason=why)
@@ -473,19 +514,21 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
         report.skipped_lines += r["n_skipped"]
         report.qid_lines += r.get("n_qid", 0)
         report.bytes += r["bytes"]
-        lines_of[(unit.file, unit.start)] = r["n_lines"]
+        for phase, dt in r.get("timings", {}).items():
+            report.timings[phase] = report.timings.get(phase, 0.0) + dt
+        sizes[(unit.file, unit.start)] = (r["n_lines"], r["bytes"])
         if r["skipped"]:  # blocks finish in any order: keep the first few by position in the input
-            first_skipped.extend((unit.file, unit.start + off, unit, path, line, why)
+            first_skipped.extend((unit.file, unit.start, off, unit, path, line, why)
                                  for line, off, why in r["skipped"])
-            first_skipped.sort(key=lambda e: e[:2])
+            first_skipped.sort(key=lambda e: e[:3])
             del first_skipped[10:]
         if progress:
             progress({"stage": "parse", "rows": report.rows, "bytes": report.bytes, "total_bytes": total})
 
     def submit(unit: Unit, path: str, payload: Any) -> None:
-        # byte ranges of plain files carry no data (workers read them): queue them all on the scheduler;
-        # blocks of decompressed text are held in memory until parsed: keep only a few in flight
-        limit = max_in_flight if payload is not None else 64 * max_in_flight
+        # byte ranges of plain files and ranges of bzip2 blocks carry no data (workers read them): queue them all
+        # on the scheduler; blocks of decompressed text are held in memory until parsed: keep only a few in flight
+        limit = max_in_flight if isinstance(payload, bytes) else 64 * max_in_flight
         while len(in_flight) >= limit:
             collect(next(iter(ex.as_completed(list(in_flight)))))
         fut = ex.submit(_parse_and_write, builders[store_of[unit.file]], unit, path, payload, opts)
@@ -494,21 +537,18 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
     try:
         for k, path in enumerate(ins):
             s = store_of[k]
-            if _compressed(path):
-                for start, line, buf in _stream_blocks(path, block_bytes):
-                    u = Unit(next_block[s], k, start, start + len(buf), first_line=line)
-                    next_block[s] += 1
-                    if u.block in done[s]:
-                        account(_done_counts(builders[s], u.block), u, path)
-                        continue
-                    submit(u, path, buf)
-            else:
-                for u in _plain_units(path, k, block_bytes, next_block[s]):
-                    next_block[s] = u.block + 1
-                    if u.block in done[s]:
-                        account(_done_counts(builders[s], u.block), u, path)
-                        continue
-                    submit(u, path, None)
+            units = _units(path, k, block_bytes, next_block[s], in_ranges[k])
+            while True:
+                t0 = time.perf_counter()  # cutting the input; for compressed text, the driver's decompression
+                u, payload = next(units, (None, None))
+                report.timings["driver: units"] = report.timings.get("driver: units", 0.0) + time.perf_counter() - t0
+                if u is None:
+                    break
+                next_block[s] = u.block + 1
+                if u.block in done[s]:
+                    account(_done_counts(builders[s], u.block), u, path)
+                    continue
+                submit(u, path, payload)
         while in_flight:
             collect(next(iter(ex.as_completed(list(in_flight)))))
     except InputFormatError:
@@ -526,10 +566,64 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
         ex.cancel(list(in_flight))
         raise
     # every unit is done: number the skipped lines (the lines of the units before them, in the same file)
-    for file_no, offset, unit, path, line, why in first_skipped:
-        first = unit.first_line if unit.first_line > 0 else 1 + sum(
-            n for (f, st), n in lines_of.items() if f == file_no and st < unit.start)
+    for _, _, off, unit, path, line, why in first_skipped:
+        if unit.first_line > 0:
+            first, offset = unit.first_line, unit.start + off
+        else:
+            lines, base = before(unit)
+            first, offset = lines + 1, (base if unit.relative else unit.start) + off
         report.skipped.append((path, first + line - 1, offset, why))
+
+
+def _parallel_bz2(path: str, block_bytes: int) -> bool:
+    """Whether ``path`` is a .bz2 file to decompress in ranges of its blocks on the cluster: with
+    ``dufs.convert.parallel-bz2`` on, row blocks of ``block_bytes`` at least a bzip2 block (a range is one or
+    more of them), and a file that ends with an end-of-stream marker (a truncated one goes the sequential way,
+    which parses what there is and then says where it ends)."""
+    if os.path.splitext(path)[1].lower() != ".bz2" or not config.get("convert.parallel-bz2"):
+        return False
+    try:
+        big_enough = block_bytes >= bz2blocks.level(path) * 100_000
+    except ValueError:  # not a bzip2 stream: the sequential way says so
+        return False
+    return big_enough and bz2blocks.tail_is_complete(path, _file_size(path))
+
+
+def _units(path: str, file_no: int, block_bytes: int, first_block: int, in_ranges: bool) -> Iterator[tuple]:
+    """The units of an input from row block ``first_block`` on, each with what its task gets besides the path: a
+    range of bzip2 blocks (``in_ranges``), a block of text decompressed here (other compressed input), or nothing
+    (a byte range of a plain file, which the task reads)."""
+    if in_ranges:
+        yield from _bz2_units(path, file_no, block_bytes, first_block)
+    elif _compressed(path):
+        for k, (start, line, buf) in enumerate(_stream_blocks(path, block_bytes)):
+            yield Unit(first_block + k, file_no, start, start + len(buf), first_line=line), buf
+    else:
+        for u in _plain_units(path, file_no, block_bytes, first_block):
+            yield u, None
+
+
+def _bz2_units(path: str, file_no: int, block_bytes: int, first_block: int) -> Iterator[tuple[Unit, Bz2Range]]:
+    """The units of a .bz2 file, a range of its bzip2 blocks each (:func:`dufs.data.bz2blocks.ranges`)."""
+    size = _file_size(path)
+    try:
+        for k, r in enumerate(bz2blocks.ranges(path, size, block_bytes)):
+            yield Unit(first_block + k, file_no, r.blocks[0].start, r.blocks[-1].stop, relative=True), r
+    except ValueError as exc:
+        _decompress_error(path, block_bytes, str(exc))
+
+
+def _decompress_error(path: str, block_bytes: int, why: str) -> None:
+    """Raise the error of a .bz2 file whose blocks did not decompress on their own: decompressed as one stream it
+    says where the data is corrupt or ends (as the sequential way does). If it decompresses whole, a block magic
+    was found by chance inside compressed data: say so, and how to convert the file anyway."""
+    for _ in _stream_blocks(path, block_bytes):
+        pass
+    raise InputFormatError(
+        f"{path}: the file decompresses as a whole, but not in ranges of its bzip2 blocks ({why}): a block "
+        f"boundary was found by chance inside compressed data; convert it with the configuration "
+        f"dufs.convert.parallel-bz2 set to false (DASK_DUFS__CONVERT__PARALLEL_BZ2=false)",
+        path=path, reason="bzip2 block boundary")
 
 
 def _done_counts(b: StoreBuilder, i: int) -> dict:

@@ -14,10 +14,10 @@ store (one Zarr v3 group)::
     csc/<j>/...        feature block j: local indptr over its features, indices = row numbers, data
 
 A build writes under ``<path>.dufs-partial`` (attributes["dufs_partial"]: :class:`PartialMeta`), holding the lock
-file ``dufs.lock``; each row block's group records :class:`RowBlockMeta`, each feature
-block's :class:`FeatureBlockMeta`, and ``spill/<i>/{cols,rows,vals,goff}`` holds row block i's entries sorted by
-feature for the transpose (scratch, removed before the completion marker goes in). A replaced store waits under
-``<path>.dufs-old`` where an atomic exchange is not available.
+file ``dufs.lock``; each row block's group records :class:`RowBlockMeta`, each feature block's
+:class:`FeatureBlockMeta`, and the file ``spill/<i>`` holds row block i's entries bucketed by feature for the
+transpose (:class:`SpillHeader`: raw buffers, not Zarr; scratch, removed before the completion marker goes in). A
+replaced store waits under ``<path>.dufs-old`` where an atomic exchange is not available.
 
 Format versions: :data:`FORMAT_VERSION` is the one this dufs writes (:func:`meta_attrs`); :func:`read_meta` reads
 every version in ``_READERS`` (one reader a version: to add version 2, write ``_read_v2`` and register it) and
@@ -61,9 +61,9 @@ INDPTR, INDICES, DATA = "indptr", "indices", "data"
 BLOCK_ARRAYS = (INDPTR, INDICES, DATA)
 ROW_LABELS = "y"  # a row block's labels, written by the build (and left in the finished store)
 INDICES_FIX = "indices_fix"  # a row block's indices rewritten for the final index base, before they replace them
-SPILL = "spill"
-SPILL_ARRAYS = ("cols", "rows", "vals")
-SPILL_OFFSETS = "goff"
+SPILL = "spill"  # the directory of the transpose's spill files (not a Zarr node)
+#: the spill's format: a resume refuses a partial build whose spill files another format wrote
+SPILL_FORMAT = 2
 _CHUNK_PREFIX = "c"  # Zarr v3's default chunk key encoding: "<array>/c/<k>"
 
 # attributes
@@ -124,10 +124,9 @@ def old_location(final: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- nodes
 def create_build_groups(root: Any) -> None:
-    """The groups a new build starts with: both orientations and the spill."""
+    """The groups a new build starts with: both orientations."""
     root.require_group(ROWS)
     root.require_group(FEATURES)
-    root.require_group(SPILL)
 
 
 def block_group(root: Any, orientation: str, i: int) -> Any:
@@ -145,16 +144,55 @@ def finished_blocks(root: Any, orientation: str) -> set[int]:
     return {int(name) for name, sub in root[orientation].groups() if sub.attrs.get(_COMPLETE)}
 
 
-def has_spill(root: Any, i: int) -> bool:
-    return SPILL in root and str(i) in root[SPILL]
+def spill_file(i: int) -> str:
+    """Row block ``i``'s spill file, relative to the partial store."""
+    return f"{SPILL}/{i}"
 
 
-def spill_group(root: Any, i: int) -> Any:
-    return root[SPILL][str(i)]
+@dataclass(frozen=True)
+class SpillHeader:
+    """The head of a spill file: what its sections hold, so that a slice of any section is one read.
+
+    A spill file is this header (:data:`SPILL_HEADER_BYTES`), then ``goff`` (int64, ``n_offsets``: where each granule
+    of ``feature-granule`` raw columns starts), ``cols`` (int32 raw column indices, ``nnz``), ``rows`` (int32 rows
+    within the row block) and ``vals`` (``value_dtype``): the block's entries bucketed by granule, rows ascending in
+    each bucket. Raw little-endian buffers, no compression and no Zarr: the spill is scratch, written once, read in
+    slices once and removed.
+    """
+
+    n_offsets: int
+    nnz: int
+    value_dtype: np.dtype
+
+    def sections(self) -> dict[str, tuple[int, np.dtype]]:
+        """``{name: (byte offset, dtype)}`` of ``goff``, ``cols``, ``rows`` and ``vals``."""
+        out, at = {}, SPILL_HEADER_BYTES
+        for name, dtype, n in (("goff", np.dtype("<i8"), self.n_offsets), ("cols", np.dtype("<i4"), self.nnz),
+                               ("rows", np.dtype("<i4"), self.nnz), ("vals", self.value_dtype, self.nnz)):
+            out[name] = (at, dtype)
+            at += n * dtype.itemsize
+        return out
+
+    @property
+    def file_bytes(self) -> int:
+        """The size of the whole file."""
+        return SPILL_HEADER_BYTES + self.n_offsets * 8 + self.nnz * (8 + self.value_dtype.itemsize)
+
+    def encode(self) -> bytes:
+        dt = self.value_dtype.newbyteorder("<").str.encode()
+        return _SPILL_MAGIC + np.array([self.n_offsets, self.nnz], "<i8").tobytes() + dt.ljust(8, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str) -> SpillHeader:
+        if len(raw) < SPILL_HEADER_BYTES or raw[:8] != _SPILL_MAGIC:
+            raise StoreError(f"{where} is not a dufs spill file (format {SPILL_FORMAT}): the partial build is "
+                             f"damaged; start again with --overwrite")
+        n_offsets, nnz = (int(v) for v in np.frombuffer(raw[8:24], "<i8"))
+        return cls(n_offsets, nnz, np.dtype(raw[24:32].rstrip(b"\0").decode()))
 
 
-def new_spill_group(root: Any, i: int) -> Any:
-    return root[SPILL].require_group(str(i))
+SPILL_HEADER_BYTES = 32
+_SPILL_MAGIC = b"dufsspl" + bytes([SPILL_FORMAT])
 
 
 # ---------------------------------------------------------------------------------------------------- a finished store
@@ -335,15 +373,16 @@ class PartialMeta:
     value_dtype: str | None = None
     granule: int | None = None
     csc_bounds: list | None = None
+    spill: int | None = None  # the format of its spill files (None: the Zarr spill groups of earlier builds)
 
     @property
     def settings(self) -> dict:
-        return build_settings(self.value_dtype, self.granule)
+        return build_settings(self.value_dtype, self.granule, self.spill)
 
 
-def build_settings(value_dtype: str | None, granule: int | None) -> dict:
-    """The settings a resume must share with the build it continues."""
-    return {"value_dtype": value_dtype, "granule": granule}
+def build_settings(value_dtype: str | None, granule: int | None, spill: int | None = SPILL_FORMAT) -> dict:
+    """The settings a resume must share with the build it continues (``spill``: the spill files' format)."""
+    return {"value_dtype": value_dtype, "granule": granule, "spill": spill}
 
 
 def new_partial(options: Any, value_dtype: str, granule: int) -> tuple[str, dict]:
@@ -354,7 +393,7 @@ def new_partial(options: Any, value_dtype: str, granule: int) -> tuple[str, dict
 def read_partial(root_attrs: Mapping) -> PartialMeta:
     rec = root_attrs.get(_PARTIAL_ATTR, {})
     return PartialMeta(rec.get(_VERSION), rec.get("options"), rec.get("value_dtype"), rec.get("granule"),
-                       rec.get("csc_bounds"))
+                       rec.get("csc_bounds"), rec.get("spill"))
 
 
 def with_csc_bounds(root_attrs: Mapping, bounds: list[int]) -> dict:
