@@ -115,3 +115,20 @@ def test_n_features_beyond_the_input_keeps_all_with_a_warning(method):
     assert sorted(exact.indices.tolist()) == [0, 1, 2, 3, 4]
     assert more.indices.tolist() == exact.indices.tolist() == every.indices.tolist()
     assert more.params["n_features"] == 5
+
+
+def test_a_persisted_matrix_stays_usable_after_fits(cluster_client):
+    """``dufs.fit`` fits a view of a Matrix it is given and releases only what it made itself: the caller's
+    persisted blocks serve a second fit and another method (they were released after the first fit, and the next
+    one failed with "lost dependencies")."""
+    from dufs.engine import as_matrix
+
+    X = sp.random_array((100, 80), density=0.1, rng=1, format="csr")
+    ref = {m: dufs.fit(X, method=m, n_features=5, client=False).indices for m in ("variance", "laplacian")}
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=8, persist=True)
+        assert M.residency["mode"] == "persisted"
+        for m in ("variance", "laplacian", "variance"):
+            got = dufs.fit(M, method=m, n_features=5, client=cluster_client)
+            np.testing.assert_array_equal(got.indices, ref[m])
+        M.release()

@@ -68,5 +68,37 @@ def test_bench_greedy_prints_its_figures(tmp_path):
     out = res.output
     for label in ("anchor graph built once", "1 worker", "2 workers", "plain pass Z^T v", "LapAOFS step (k = 8)",
                   "of which the driver", "LapDOFS step", "checkpointed each step", "speed-up of a step",
-                  "k = 20: peak RSS per worker", "peak at k = 20 / peak at k = 8"):
+                  "k = 20: peak RSS per worker", "peak at k = 20 / peak at k = 8", "machine ceiling",
+                  "of this machine's ceiling"):
         assert label in out, (label, out)
+
+
+def test_ingest_file_is_kddb_shaped(tmp_path):
+    """The ingest bench's libsvm file has kddb's 30 nonzeros a row (about) and its features per row (29,890,095
+    features over 19,264,097 rows), read back by scikit-learn; ``n_features`` sets the features instead."""
+    from sklearn.datasets import load_svmlight_file
+
+    from dufs.bench import make_libsvm_file
+
+    f = tmp_path / "f.svm"
+    size = make_libsvm_file(f, 0.5)
+    X, _ = load_svmlight_file(str(f))
+    assert size == f.stat().st_size
+    assert X.nnz == pytest.approx(30 * X.shape[0], rel=0.01)  # a row drawing an index twice keeps it once
+    assert X.shape[1] == pytest.approx(X.shape[0] * 29_890_095 / 19_264_097, rel=0.01)
+    make_libsvm_file(f, 0.5, n_features=5_000_000)
+    X, _ = load_svmlight_file(str(f))
+    assert 4_900_000 < X.shape[1] <= 5_000_000
+
+
+def test_ingest_time_split_is_the_median_run():
+    """The split printed is the median run's: task phases over the workers, driver phases as they are, and the rest
+    of the wall time."""
+    from dufs.bench.convert import _time_split
+
+    runs = [(9.0, {"parse": 8.0, "finalize: close": 0.5}), (2.0, {"parse": 1.0, "finalize: close": 0.1}),
+            (5.0, {"parse": 4.0, "spill": 2.0, "finalize: close": 0.25})]
+    one = _time_split(runs, 1)
+    assert "5.00 s went" in one and "parse 4.00, spill 2.00, finalize: close 0.25, rest -1.25" in one
+    two = _time_split(runs, 2)
+    assert "parse 2.00, spill 1.00, finalize: close 0.25, rest 1.75" in two and "sum / 2" in two

@@ -15,7 +15,8 @@ from dufs.bench.common import (
     describe,
     local_cluster,
     median,
-    plain_pass_seconds,
+    plain_pass_and_ceiling,
+    say_speedup,
     worker_blocks_bytes,
 )
 
@@ -48,7 +49,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                 t0 = time.perf_counter()
                 Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
                 res["graph_s"] = time.perf_counter() - t0
-            passes = plain_pass_seconds(M, v, repeats)
+            ref = plain_pass_and_ceiling(client, M, v, repeats)
             bb = max(client.run(worker_blocks_bytes).values())
             with WorkerPeak(client) as wp:
                 t0 = time.perf_counter()
@@ -57,7 +58,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                 wall = time.perf_counter() - t0
             dg = r.diagnostics
             per_inner = [s / max(k, 1) for s, k in zip(dg["iteration_seconds"], dg["inner_iterations"], strict=True)]
-            res[f"w{w}"] = {"pass_s": median(passes), "iteration_s": median(dg["iteration_seconds"]),
+            res[f"w{w}"] = {**ref, "iteration_s": median(dg["iteration_seconds"]),
                             "inner_iteration_s": median(per_inner), "inner_iterations": dg["inner_iterations"],
                             "passes_per_iteration": dg["passes_per_iteration"], "wall_s": wall, "peak": wp.peak,
                             "blocks_bytes": bb, "objective": r.objective.tolist(),
@@ -67,11 +68,12 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     for w in workers:
         o = res[f"w{w}"]
         say(f"  {w} worker{'s' if w > 1 else ' '}: plain pass Z^T v {o['pass_s']:.3f} s; outer iteration "
-            f"{o['iteration_s']:.2f} s = {o['iteration_s'] / o['pass_s']:.1f} passes' time "
+            f"{o['iteration_s']:.2f} s = {o['iteration_s'] / o['pass_s']:.1f} passes' time (target <= 25) "
             f"({o['inner_iterations']} v-solver iterations, {o['passes_per_iteration']} passes); one v-solver "
             f"iteration {o['inner_iteration_s']:.3f} s = {o['inner_iteration_s'] / o['pass_s']:.2f}x a pass "
             f"(it makes 2); peak RSS per worker {o['peak'] / 1e6:.0f} MB (blocks {o['blocks_bytes'] / 1e6:.0f} MB)")
     if 1 in workers and 2 in workers:
         res["speedup_2w"] = res["w1"]["iteration_s"] / res["w2"]["iteration_s"]
         say(f"  speed-up of an outer iteration, 2 workers vs 1: {res['speedup_2w']:.2f}x")
+        say_speedup(res, res["speedup_2w"], "M3FS outer iteration", say)
     return res

@@ -38,7 +38,7 @@ import scipy.sparse as sp
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock
-from dufs.engine.dispatch import shipped
+from dufs.engine.dispatch import current_client, shipped
 from dufs.engine.graphs import (
     AnchorGraph,
     anchor_graph,
@@ -144,10 +144,20 @@ def _proposal(blk, st, mode, found=None):
     return (blk.start + int(j), float(sc), col)
 
 
+_SWAPPED = ("s", "v", "sel")  # the state a step changes
+
+
 def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
-    """Mark p selected (if it is this block's), update every candidate along V, propose the block's best."""
-    st = {"s": state["s"].copy(), "v": state["v"].copy(), "sel": state["sel"].copy(), "tiny": state["tiny"],
-          "step": state["step"] + 1, "coef": state["coef"], "shift": state["shift"]}
+    """Mark p selected (if it is this block's), update every candidate along V, propose the block's best.
+
+    The step writes into the state's spare arrays (a copy of the current ones, then the update) and the current
+    ones become the new state's spares: the state it was given stays as it was (a task may run again), and no
+    array is allocated (a fresh array's pages fault in again every step: 25 bytes a feature)."""
+    spare = state.get("spare") or {k: np.empty_like(state[k]) for k in _SWAPPED}
+    for k in _SWAPPED:
+        np.copyto(spare[k], state[k])
+    st = {**spare, "spare": {k: state[k] for k in _SWAPPED}, "tiny": state["tiny"], "step": state["step"] + 1,
+          "coef": state["coef"], "shift": state["shift"]}
     if blk.start <= p < blk.stop:
         st["sel"][p - blk.start] = True
     found = greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, st["s"],
@@ -173,6 +183,35 @@ def _load_blocks(blk, state, directory, step, coef, shift):
               "step": int(z["step"]), "coef": np.ascontiguousarray(coef, dtype=np.float64),
               "shift": np.ascontiguousarray(shift, dtype=np.float64)}
     return st, None
+
+
+def _in_partition(blks, states, fn, per_block, *args):
+    """``fn(block, state, *args)`` over the blocks of one partition, one task: ``states`` and the arguments at the
+    positions ``per_block`` (PerBlock) are lists with one item per block. Returns (states, proposals), as lists."""
+    states = [None] * len(blks) if states is None else states
+    new, props = [], []
+    for i, (blk, st) in enumerate(zip(blks, states, strict=True)):
+        out = fn(blk, st, *(a[i] if j in per_block else a for j, a in enumerate(args)))
+        new.append(out[0])
+        props.append(out[1])
+    return new, props
+
+
+def _partitions(M: Matrix) -> list[list[int]] | None:
+    """The feature blocks cut into one partition per worker thread, each on the worker holding its blocks
+    (:meth:`Matrix.partition`), when a distributed client runs the steps and there are more blocks than threads;
+    None (one task a block) otherwise. A step then costs a few tasks a thread, not a few a block: at kddb's
+    thousands of blocks the scheduler's per-task cost, paid every step, outweighed the step's own work."""
+    client = current_client()
+    if client is None or M.n_blocks <= 1:
+        return None
+    try:
+        threads = sum(client.nthreads().values())
+    except Exception:  # a client that cannot say: one task a block, as before
+        return None
+    if threads < 1 or threads >= M.n_blocks:
+        return None
+    return M.partition(threads)
 
 
 # ---------------------------------------------------------------------------------------------------- the driver
@@ -315,6 +354,7 @@ class GreedyRun:
         self.Ysq = 0.0 if Y is None else float(sum(np.dot(Y[:, j], Y[:, j].astype(np.float64))
                                                    for j in range(Y.shape[1])))
         self.state: Any = None
+        self.parts: list[list[int]] | None = None  # the partitions of the block state (None: one task a block)
         self.recoveries = 0
         self.replayed = 0
         self.resumed = 0
@@ -332,26 +372,43 @@ class GreedyRun:
                 d = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
         return W, d, lam_inv
 
+    def _map(self, fn: Any, *args: Any, per_block: tuple = (), state: Any) -> tuple[list, Any]:
+        """``M.map_blocks(fn, *args, state=state)``, by partition when :attr:`parts` is set (the arguments at the
+        positions ``per_block`` are PerBlock); the proposals come back one per block, in block order."""
+        if self.parts is None:
+            return self.M.map_blocks(fn, *args, state=state)
+        props, new = self.M.map_blocks(_in_partition, fn, per_block, *args, state=state, partitions=self.parts)
+        by_block: list = [None] * self.M.n_blocks
+        for part, got in zip(self.parts, props, strict=True):
+            for i, p in zip(part, got, strict=True):
+                by_block[i] = p
+        return by_block, new
+
+    def _fresh(self) -> list:
+        """An empty state, one item per block or partition (the partitions cut again: after a lost worker the
+        blocks may live elsewhere)."""
+        self.parts = _partitions(self.M)
+        return [None] * (self.M.n_blocks if self.parts is None else len(self.parts))
+
     def init_state(self, selected: list[int]) -> list:
-        M = self.M
         W, d, lam_inv = self._graph_args()
         Y = self.Y
         Ysum = self.Ysum
         with shipped(W) as Wa, shipped(Y) as Ya:
-            props, self.state = M.map_blocks(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
-                                             self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
-                                             state=[None] * M.n_blocks)
+            props, self.state = self._map(_init, self.n, PerBlock(self.coef), PerBlock(self.shift), self.lam2,
+                                          self.lam1, Wa, d, lam_inv, Ya, Ysum, self.mode, list(selected),
+                                          per_block=(1, 2), state=self._fresh())
         return props
 
     def load_state(self, step: int) -> None:
-        _, self.state = self.M.map_blocks(_load_blocks, self.dir, step, PerBlock(self.coef), PerBlock(self.shift),
-                                          state=[None] * self.M.n_blocks)
+        _, self.state = self._map(_load_blocks, self.dir, step, PerBlock(self.coef), PerBlock(self.shift),
+                                  per_block=(2, 3), state=self._fresh())
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V)
         with shipped(V) as Va:
-            props, new = self.M.map_blocks(_step, p, Va, col_sums(V), s_p, c2, self.mode,
-                                           self.dir if save else None, state=self.state)
+            props, new = self._map(_step, p, Va, col_sums(V), s_p, c2, self.mode, self.dir if save else None,
+                                   state=self.state)
         release(self.state)
         self.state = new
         return props
@@ -478,7 +535,7 @@ class GreedyRun:
             props = self.pass_(self.sel.ids[t], V, s_p, c2, save=self.save_at(t + 1))
             self.replayed += 1
         if props is None:  # loaded exactly at `done`: ask for the proposals without changing anything
-            props, _ = self.M.map_blocks(_propose, self.mode, state=self.state)
+            props, _ = self._map(_propose, self.mode, state=self.state)
         return props
 
     def save_at(self, step: int) -> bool:
@@ -487,6 +544,21 @@ class GreedyRun:
 
 def _propose(blk, state, mode):
     return state, _proposal(blk, state, mode)
+
+
+def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: str) -> list:
+    """The block state rebuilt after ``done`` passes, when ``exc`` is the loss of a worker; the rebuild may itself
+    meet the same loss (its first pass can start before the scheduler has removed the dead worker), so it is
+    tried again, all tries counted against :data:`MAX_RECOVERIES`. Anything else is raised."""
+    while True:
+        if not recoverable(exc, run.recoveries):
+            raise exc
+        run.recoveries += 1
+        log.warning("%s: the block state was lost (%s); rebuilding it", verbose_name, type(exc).__name__)
+        try:
+            return run.rebuild(done)
+        except Exception as e:
+            exc = e
 
 
 def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
@@ -519,11 +591,7 @@ def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
                 V, s_p, c2 = pending
                 props = run.pass_(run.sel.ids[t], V, s_p, c2, save=run.save_at(t + 1))
             except Exception as e:
-                if not recoverable(e, run.recoveries):
-                    raise
-                run.recoveries += 1
-                log.warning("%s: the block state was lost (%s); rebuilding it", verbose_name, type(e).__name__)
-                props = run.rebuild(t)
+                props = _rebuild_after(run, e, t, verbose_name)
                 continue
             done = t + 1
         p, col = run.choose(props)
