@@ -68,6 +68,11 @@ log = get_logger(__name__)
 __all__ = ["M3FSAlternatingResult", "m3fs_alternating", "objective", "v_step"]
 
 
+# the v-step stops once _STALL iterations in a row have not lowered its best value by _STALL_REL of it: a warm start
+# already at the optimum (a label-polishing trial, a last iteration whose labels did not change) has a first
+# gradient-mapping norm so small that ``tol`` times it is below what floating point resolves, and ran all its
+# ``max_iter`` iterations (500 of them, 1,072 passes, in each such v-step on 3000 samples)
+_STALL, _STALL_REL = 10, 1e-13
 _POLISH, _POLISH_MAX_N = 8, 5000  # polish="auto": label flips tried, up to this many samples
 # a dense L (n x n) with n * n_features at most this: L Z is formed once (one pass), so that the manifold term's
 # L f = (L Z) S^1/2 u + b L 1 costs n * n_features * p instead of n^2 * p per evaluation
@@ -235,10 +240,10 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
 
     FISTA in u = S^-1/2 v with backtracking (the Lipschitz estimate may also fall by 10% a step), function-value
     restart and the balance projection; stops when the gradient mapping's norm is at most ``tol`` times its first
-    value (or the step changes nothing), after ``max_iter`` iterations at most, or once it has made
-    ``max_passes`` passes over the data (the iteration under way finishes; its best point is returned). Returns a
-    dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``, ``iterations``, ``passes`` and the final
-    ``lipschitz``.
+    value (or the step changes nothing, or ten steps in a row have not lowered the best value), after ``max_iter``
+    iterations at most, or once it has made ``max_passes`` passes over the data (the iteration under way finishes;
+    its best point is returned). Returns a dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``,
+    ``iterations``, ``passes`` and the final ``lipschitz``.
 
     ``LZ`` = L Z (n, d) and ``L1`` = L 1, when given, replace the products L F of the manifold term by
     L F = LZ S^1/2 U + b L1 (for a dense L of small n: see ``_LZ_MAX``)."""
@@ -285,6 +290,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     g0 = None
     it = 0
     best = (Fx, x, xb, xF)
+    stalled = 0
     for it in range(1, int(max_iter) + 1):  # noqa: B007 (the count is returned)
         t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
         beta = (t - 1.0) / t_next  # Beck and Teboulle's momentum
@@ -321,6 +327,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         del yU, yF, gU, dU
         gm = Lip * np.sqrt(dd)
         g0 = gm if g0 is None else g0
+        stalled = stalled + 1 if Fn >= best[0] - _STALL_REL * max(1.0, abs(best[0])) else 0
         if Fn > best[0]:  # restart the momentum from the best point
             t = 1.0
             xp, xpb, xpF = best[1], best[2], best[3]
@@ -329,7 +336,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             xp, xpb, xpF = x, xb, xF
             x, xb, xF = nU, nb, nF
             best = (Fn, nU, nb, nF)
-        if gm <= tol * max(g0, 1e-300) or gm == 0.0:
+        if gm <= tol * max(g0, 1e-300) or gm == 0.0 or stalled >= _STALL:
             break
         if max_passes is not None and M.passes - passes0 >= max_passes:
             break

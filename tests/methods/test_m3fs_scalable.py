@@ -125,6 +125,24 @@ def test_v_step_matches_cvxpy(k, pre):
         assert abs(40 * out["b"]) <= l + 1e-9
 
 
+def test_a_v_step_started_at_its_optimum_stops_there():
+    """Warm at the optimum (CVXPY's), the v-step returns that point within 25 iterations: its first gradient
+    mapping is already tiny, and a tolerance relative to it alone is out of floating point's reach (such a start
+    ran all max_iter iterations, and label polishing made eight of them)."""
+    X = _data(40, 12, seed=2)
+    M = Matrix(X, standardize="zscore")
+    Z = (X - X.mean(0)) / X.std(0)
+    L = m3fs_laplacian(Z)
+    sigma = sigma_step(np.random.default_rng(3).standard_normal(12) * np.arange(12), 4.0)
+    y = np.where(np.arange(40) < 20, 1.0, -1.0)
+    C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
+    Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, 2)
+    out = ms.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, V0=Vc, b0=bc, tol=1e-7, max_iter=500)
+    assert out["iterations"] <= 25, out["iterations"]
+    assert out["value"] == pytest.approx(val, rel=1e-6)
+    np.testing.assert_allclose(out["V"], Vc.reshape(-1, 1), atol=2e-3)
+
+
 # ---------------------------------------------------------------------------------------------------- (c) descent
 @pytest.mark.parametrize("k", [2, 3])
 def test_objective_never_increases(k):
