@@ -102,3 +102,19 @@ def test_ingest_time_split_is_the_median_run():
     assert "5.00 s went" in one and "parse 4.00, spill 2.00, finalize: close 0.25, rest -1.25" in one
     two = _time_split(runs, 2)
     assert "parse 2.00, spill 1.00, finalize: close 0.25, rest 1.75" in two and "sum / 2" in two
+
+
+@pytest.mark.slow
+def test_bench_ingest_prints_its_figures(tmp_path):
+    """``dufs bench ingest`` at a tiny size, into a --dir that does not exist yet (made, as the other benches' is):
+    scikit-learn's rate, dufs on 1 and 2 workers with the time split, the parser-alone ceiling, .bz2, memory."""
+    where = tmp_path / "not" / "yet"
+    args = ["bench", "ingest", "--size-mb", "0.3", "--repeats", "1", "--dir", str(where)]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for label in ("sklearn load_svmlight_file", "dufs convert, 1 worker", "dufs convert, 2 workers", "went",
+                  "the numba parser alone", "machine ceiling", "single-threaded decompression alone",
+                  "dufs convert .bz2, 2 workers, ranges", ".bz2 on 2 workers", "peak worker memory 4x / 1x"):
+        assert label in out, (label, out)
+    assert where.is_dir() and not list(where.iterdir())  # its scratch files are removed

@@ -164,6 +164,8 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     from dufs.data.convert import convert_libsvm
 
     say = console.print if console is not None else print
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)  # as the other benches' --dir: made when missing
     tmp = tempfile.TemporaryDirectory(dir=work_dir)
     root = Path(tmp.name)
     f1 = root / "base.svm"
