@@ -66,7 +66,8 @@ def test_bench_greedy_prints_its_figures(tmp_path):
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     out = res.output
-    for label in ("anchor graph built once", "1 worker", "2 workers", "plain pass Z^T v", "LapAOFS step (k = 8)",
+    for label in ("anchor graph built on each cluster", "1 worker", "2 workers", "plain pass Z^T v",
+                  "LapAOFS step (k = 8)",
                   "of which the driver", "LapDOFS step", "checkpointed each step", "speed-up of a step",
                   "k = 20: peak RSS per worker", "peak at k = 20 / peak at k = 8", "machine ceiling",
                   "of this machine's ceiling"):

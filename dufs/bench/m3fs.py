@@ -39,16 +39,15 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     res: dict[str, Any] = describe(st, f"M3FS alternating, m = {n_features}, {max_iter} outer iterations, anchor "
                                         f"graph of {n_anchors} anchors", say)
     v = np.random.default_rng(seed).standard_normal(n)
-    Wg = None
     for w in workers:
         with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
             M = as_matrix(st.path, standardize="scale", persist=True)
             M.column_stats()
-            if Wg is None:
-                t0 = time.perf_counter()
-                Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
-                res["graph_s"] = time.perf_counter() - t0
+            # built on each cluster: the graph's row pieces live on the workers of the cluster that built it
+            t0 = time.perf_counter()
+            Wg = anchor_graph(M, n_anchors, 3, embed_dim=embed_dim, random_state=seed, keep_embedding=False)
+            res.setdefault("graph_s", time.perf_counter() - t0)
             ref = plain_pass_and_ceiling(client, M, v, repeats)
             bb = max(client.run(worker_blocks_bytes).values())
             with WorkerPeak(client) as wp:
@@ -64,7 +63,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                             "blocks_bytes": bb, "objective": r.objective.tolist(),
                             "selected": r.selected[:5].tolist()}
             M.release()
-    say(f"anchor graph built once: {res['graph_s']:.1f} s")
+    say(f"anchor graph built on each cluster (the same graph: a fixed seed), on the first in {res['graph_s']:.1f} s")
     for w in workers:
         o = res[f"w{w}"]
         say(f"  {w} worker{'s' if w > 1 else ' '}: plain pass Z^T v {o['pass_s']:.3f} s; outer iteration "

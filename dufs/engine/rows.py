@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs import config
-from dufs.errors import ParameterError
+from dufs.errors import DufsError, ParameterError
 from dufs.scheduling import current_client
 
 __all__ = ["Pieces", "RowBlock", "Rows", "max_task_bytes"]
@@ -110,14 +110,14 @@ class Pieces:
             raise ParameterError(f"{what} is {_size(self.nbytes)} ({self.n_rows:,} x {self.width}), over "
                                  f"dufs.engine.max-task-bytes ({_size(max_task_bytes())}): it stays in row pieces "
                                  f"on the workers")
-        client = self.rows.client
+        client = self.rows.live_client()
         items = client.gather(self.items) if client is not None else self.items
         return _concat(*items) if items else np.zeros((0, self.width))
 
     def assembled(self) -> Any:
         """The whole array as one value where the work runs: a future on a worker (never on the driver) under a
         distributed client, else the array; refused above ``dufs.engine.max-task-bytes``."""
-        client = self.rows.client
+        client = self.rows.live_client()
         if client is None:
             return self.gather()
         if self.width > 1 and self.nbytes > max_task_bytes():
@@ -156,6 +156,15 @@ class Rows:
         return cls([RowBlock(a, min(n, a + step), csr=X[a:min(n, a + step)]) for a in range(0, max(n, 1), step)
                     if a < n], (n, d))
 
+    def live_client(self) -> Any:
+        """The client these rows (and their pieces) were made under; an error that says so when that cluster has
+        been closed since (its pieces are gone with it), rather than distributed's "Client is closed"."""
+        c = self.client
+        if c is not None and getattr(c, "status", "running") in ("closing", "closed"):
+            raise DufsError("these row pieces (an anchor graph, an embedding or labels made by dufs) lived on a "
+                            "cluster that has been closed since: build them again under the current client")
+        return c
+
     def _share(self, x: Any) -> Any:
         if self.client is not None and (isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or sp.issparse(x)):
             return self.client.scatter(x, hash=False, broadcast=True)
@@ -165,6 +174,7 @@ class Rows:
             n_rows: int | None = None, with_rows: bool = True) -> Pieces:
         """``fn(rows, start, *pieces_b, *args)`` on every row block; the results kept as pieces. Without
         ``with_rows``, ``rows`` is None (work on the pieces alone reads no data)."""
+        self.live_client()
         args = tuple(self._share(a) for a in args)
         out = []
         for i, b in enumerate(self.blocks):

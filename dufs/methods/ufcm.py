@@ -246,6 +246,48 @@ def _secular_m(Qa: np.ndarray, Da: np.ndarray, lam: float) -> np.ndarray:
     return 0.5 * (M + M.T)
 
 
+def _secular_m_and_slope(Qa: np.ndarray, Da: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """M(lambda) and P(lambda) = Qa^T diag(1 / (lambda + Da)^2) Qa = -dM/dlambda, from one sweep over Qa."""
+    c = Qa.shape[1]
+    M, P = np.zeros((c, c)), np.zeros((c, c))
+    for a in range(0, Qa.shape[0], _SECULAR_CHUNK):
+        q = Qa[a:a + _SECULAR_CHUNK]
+        r = q / (lam + Da[a:a + _SECULAR_CHUNK])[:, None]
+        M += r.T @ q
+        P += r.T @ r
+    return 0.5 * (M + M.T), 0.5 * (P + P.T)
+
+
+def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, start: float | None = None) -> float:
+    """The t in [lo, hi] where the (i+1)-th largest eigenvalue mu_i(t) of M(t) crosses 1, with no diagonal value
+    -Dl inside the bracket (mu_i(lo) >= 1 > mu_i(hi)): safeguarded Newton, mu_i'(t) = -y^T P(t) y for its unit
+    eigenvector y (Hellmann-Feynman), a bisection step whenever Newton's leaves the bracket. Each step is one sweep
+    over Ql, and Newton's converge quadratically: about four sweeps a root where Brent's method took ten or more.
+    ``m_at(t)``: (M(t), P(t)) (:func:`_secular_m_and_slope`, cached by the caller); ``start``: where Newton starts
+    when inside the bracket (the previous, larger root: the next lies below it, often close), else at ``hi``."""
+    t = start if start is not None and lo < start < hi else hi
+    for _ in range(200):
+        M, P = m_at(t)
+        w, Y = np.linalg.eigh(M)
+        g = float(w[-1 - i]) - 1.0
+        if g >= 0.0:
+            lo = t
+        else:
+            hi = t
+        if g == 0.0 or hi - lo <= eps:
+            break
+        y = Y[:, -1 - i]
+        slope = -float(y @ P @ y)
+        nxt = t - g / slope if slope < 0.0 else None
+        if nxt is None or not lo < nxt < hi:
+            nxt = 0.5 * (lo + hi)
+        if abs(nxt - t) <= eps:
+            t = nxt
+            break
+        t = nxt
+    return t
+
+
 def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The largest ``k`` eigenpairs of A = Qa Qa^T - diag(Da) (Qa m x c, Da >= 0) without an eigensolver over m.
 
@@ -279,8 +321,18 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
             i = int(np.searchsorted(asc, -t, side="left"))
             return i < asc.size and asc[i] == -t
 
+        # each M(t) is a sweep over Ql (d x c: 80 MB at a million features), the eigenproblems c x c: every t
+        # evaluated is kept (c x c each), since the roots' brackets and searches meet the same points again
+        cache: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+        def m_at(t: float) -> tuple[np.ndarray, np.ndarray]:
+            got = cache.get(t)
+            if got is None:
+                got = cache[t] = _secular_m_and_slope(Ql, Dl, t)
+            return got
+
         def mus(t: float) -> np.ndarray:
-            return np.linalg.eigvalsh(_secular_m(Ql, Dl, t))[::-1]
+            return np.linalg.eigvalsh(m_at(t)[0])[::-1]
 
         def count(t: float) -> int:
             return poles(t) + int(np.sum(mus(t) > 1.0))
@@ -294,15 +346,11 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
                 P = poles(hi)
                 if poles(lo) == P and 1 <= j - P <= c:
                     # no diagonal value inside: the root is where the (j - P)-th mu crosses 1, a continuous
-                    # decreasing function here, so Brent's method finishes it in a few steps
-                    def g(x: float, i: int = j - P - 1) -> float:
-                        return float(mus(x)[i]) - 1.0
-
-                    glo, ghi = g(lo), g(hi)
+                    # decreasing function here, so Newton's method (safeguarded) finishes it in a few steps
+                    i = j - P - 1
+                    glo, ghi = float(mus(lo)[i]) - 1.0, float(mus(hi)[i]) - 1.0
                     if glo >= 0.0 > ghi:
-                        from scipy.optimize import brentq
-
-                        t = brentq(g, lo, hi, xtol=eps, rtol=4 * np.finfo(float).eps, maxiter=200) \
+                        t = _secular_root(m_at, i, lo, hi, eps, cand_vals[-1] if cand_vals else None) \
                             if glo > 0.0 else lo
                         break
                 mid = 0.5 * (lo + hi)
@@ -313,7 +361,7 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
                 else:
                     hi = mid
             t = 0.5 * (lo + hi) if t is None else t
-            w, Y = np.linalg.eigh(_secular_m(Ql, Dl, t))
+            w, Y = np.linalg.eigh(m_at(t)[0])
             # a repeated eigenvalue: the next eigenvector of M(t) near 1 not taken yet
             same = sum(1 for v in cand_vals if abs(v - t) <= 1e3 * eps)
             order = np.argsort(np.abs(w - 1.0))

@@ -334,6 +334,24 @@ def test_anchor_graph_of_a_store_by_row_blocks_on_the_cluster(cluster_client, ro
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
+def test_a_graph_from_a_closed_cluster_says_so(row_store):
+    """An anchor graph keeps its rows' pieces on the cluster that built it: used after that cluster is closed (a
+    benchmark once built it on its 1-worker cluster and reused it on the 2-worker one), it says what happened
+    instead of distributed's "Client is closed"."""
+    from distributed import Client, LocalCluster
+
+    from dufs.errors import DufsError
+
+    _, path = row_store
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
+            Client(lc) as client, client.as_current():
+        G = anchor_graph(Matrix(path), n_anchors=12, n_neighbors=3, embed_dim=8, random_state=2)
+        assert G.pieces is not None
+    with pytest.raises(DufsError, match="cluster that has been closed since"):
+        G.zh_shared()
+
+
 def test_lloyd_step_over_row_pieces_equals_dense(cluster_client, row_store):
     from dufs.engine.graphs import _rows_embed, _rows_lloyd
     from dufs.engine.rows import Rows
