@@ -393,13 +393,17 @@ class AnchorGraph:
 
     def matvec_W(self, V: Any) -> np.ndarray:
         """W V = Zh Lambda^-1 Zh^T V for V of shape (n,) or (n, p), without forming W: piece by piece when the graph
-        is in pieces of at least ``dufs.engine.wide-product-bytes`` (V shared with the row blocks, one all-reduce of
-        an n_anchors x p matrix, the result gathered: n x p within ``dufs.engine.max-task-bytes``)."""
+        is in pieces of at least ``dufs.engine.graph-driver-bytes`` or ``dufs.engine.max-task-bytes`` (V shared
+        with the row blocks, one all-reduce of an n_anchors x p matrix, the result gathered: n x p within
+        ``dufs.engine.max-task-bytes``)."""
+        from dufs.engine.rows import max_task_bytes
+
         V = np.asarray(V, dtype=np.float64)
         li = self.lam_inv if V.ndim == 1 else self.lam_inv[:, None]
-        if self.in_pieces and self.pieces.nbytes >= config.parse_bytes(config.get("engine.wide-product-bytes")):
-            # a large Zh (0.7 GB at kddb size) stays in pieces; a small one is gathered once, since a solver making
-            # thousands of products (M3FS's) would otherwise pay two rounds of tasks for each
+        if self.in_pieces and self.pieces.nbytes >= min(config.parse_bytes(config.get("engine.graph-driver-bytes")),
+                                                        max_task_bytes()):
+            # a large Zh (0.7 GB at kddb size) stays in pieces; a smaller one is gathered once, since a solver making
+            # thousands of products (M3FS's, a greedy step's two) would otherwise pay two rounds of tasks for each
             rows = self.pieces.rows
             P = li * rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
             width = 1 if V.ndim == 1 else V.shape[1]

@@ -161,7 +161,7 @@ def test_anchor_weights_are_the_s_nearest_and_sum_to_one(anchor_case):
 
 def test_anchor_products_in_row_pieces(cluster_client):
     """W V, the degrees and the Laplacian computed piece by piece on the row blocks (the driver never gathers Zh,
-    as for a Zh above dufs.engine.wide-product-bytes) equal the same graph's Zh formed densely afterwards."""
+    as for a Zh above dufs.engine.graph-driver-bytes) equal the same graph's Zh formed densely afterwards."""
     X = _sparse_data(300, 40, seed=3)
     with cluster_client.as_current():
         M = Matrix(X, standardize="zscore", block_width=9)
@@ -169,7 +169,7 @@ def test_anchor_products_in_row_pieces(cluster_client):
             G = anchor_graph(M, n_anchors=12, n_neighbors=3, embed_dim=8, random_state=2, keep_embedding=False)
         assert G.in_pieces and len(G.pieces.items) == 5
         V = np.random.default_rng(1).standard_normal((300, 2))
-        with dask.config.set({"dufs.engine.wide-product-bytes": 1}):  # as for a large Zh
+        with dask.config.set({"dufs.engine.graph-driver-bytes": 1}):  # as for a large Zh
             WV, deg, LV = G.matvec_W(V), G.degrees, G.laplacian(normed=True) @ V[:, 0]
         assert G.in_pieces  # nothing was gathered
         Zd = G.Zh.toarray()
