@@ -57,48 +57,70 @@ def best(mode, s, v, selected, tiny):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def _update2(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode):
+def _update2(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, s_out, v_out, selected, mode, tiny):
     rs = 1.0 / np.sqrt(sp)
+    arg = -1
+    top = -np.inf
     for j in range(s.shape[0]):
-        if selected[j]:
-            continue
-        a, b = _dot2(indptr, indices, data, j, V)
-        a = coef[j] * (a - shift[j] * vsum[0])
-        b = coef[j] * (b - shift[j] * vsum[1])
-        lj = a * rs
-        e = lj * rs
-        s[j] -= lj * lj
-        if mode != D_OPTIMAL:
-            v[j] += -2.0 * e * b + e * e * c2
+        sj = s[j]
+        vj = v[j]
+        if not selected[j]:
+            a, b = _dot2(indptr, indices, data, j, V)
+            a = coef[j] * (a - shift[j] * vsum[0])
+            b = coef[j] * (b - shift[j] * vsum[1])
+            lj = a * rs
+            e = lj * rs
+            sj -= lj * lj
+            if mode != D_OPTIMAL:
+                vj += -2.0 * e * b + e * e * c2
+            sc = score(mode, sj, vj, tiny[j])
+            if arg < 0 or sc > top:
+                arg = j
+                top = sc
+        s_out[j] = sj
+        v_out[j] = vj
+    return arg, top
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def _update1(indptr, indices, data, coef, shift, V, vsum, sp, s, selected):
+def _update1(indptr, indices, data, coef, shift, V, vsum, sp, s, v, s_out, v_out, selected, mode, tiny):
     rs = 1.0 / np.sqrt(sp)
+    arg = -1
+    top = -np.inf
     for j in range(s.shape[0]):
-        if selected[j]:
-            continue
-        a = 0.0
-        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
-            a += np.float64(data[k]) * V[np.uint64(indices[k]), 0]
-        lj = coef[j] * (a - shift[j] * vsum[0]) * rs
-        s[j] -= lj * lj
+        sj = s[j]
+        if not selected[j]:
+            a = 0.0
+            for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+                a += np.float64(data[k]) * V[np.uint64(indices[k]), 0]
+            lj = coef[j] * (a - shift[j] * vsum[0]) * rs
+            sj -= lj * lj
+            sc = score(mode, sj, v[j], tiny[j])
+            if arg < 0 or sc > top:
+                arg = j
+                top = sc
+        s_out[j] = sj
+        v_out[j] = v[j]
+    return arg, top
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
-def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode, tiny):
+def greedy_update(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode, tiny, s_out=None,
+                  v_out=None):
     """One greedy step over a block, after the driver picked feature p with Schur complement ``sp``.
 
     ``V`` (n x 2, float64): [B r, B X_S d] (LapAOFS) or [r, q] (JCFS), ``vsum`` their column sums; LapDOFS, which
     updates ``s`` only, passes [B r] (n x 1). With a_j = z_j^T V[:, 0] and b_j = z_j^T V[:, 1], for every
     unselected j: l = a_j / sqrt(sp), e = l / sqrt(sp); s_j -= l^2; and v_j += -2 e b_j + e^2 c2 (A: c2 = ||c||^2
     + 1; JCFS: v_j = ||E_j||^2, c2 = ||E_p||^2). Returns the block's best candidate after the update (local index,
-    score; ties to the lower index)."""
+    score; ties to the lower index).
+
+    ``s_out``, ``v_out``: where the updated (s, v) go (default: ``s`` and ``v`` themselves, in place); given, ``s``
+    and ``v`` are only read. One sweep over the block: the update, the copy and the choice of the best together."""
+    s_out = s if s_out is None else s_out
+    v_out = v if v_out is None else v_out
     if V.shape[1] == 1:
-        _update1(indptr, indices, data, coef, shift, V, vsum, sp, s, selected)
-    else:
-        _update2(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, selected, mode)
-    return best(mode, s, v, selected, tiny)
+        return _update1(indptr, indices, data, coef, shift, V, vsum, sp, s, v, s_out, v_out, selected, mode, tiny)
+    return _update2(indptr, indices, data, coef, shift, V, vsum, sp, c2, s, v, s_out, v_out, selected, mode, tiny)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

@@ -150,18 +150,18 @@ _SWAPPED = ("s", "v", "sel")  # the state a step changes
 def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
     """Mark p selected (if it is this block's), update every candidate along V, propose the block's best.
 
-    The step writes into the state's spare arrays (a copy of the current ones, then the update) and the current
-    ones become the new state's spares: the state it was given stays as it was (a task may run again), and no
-    array is allocated (a fresh array's pages fault in again every step: 25 bytes a feature)."""
+    The step writes into the state's spare arrays (the kernel reads the current s and v and writes the updated ones
+    there, in the same sweep that picks the best) and the current ones become the new state's spares: the state
+    it was given stays as it was (a task may run again), and no array is allocated (a fresh array's pages fault in
+    again every step: 25 bytes a feature)."""
     spare = state.get("spare") or {k: np.empty_like(state[k]) for k in _SWAPPED}
-    for k in _SWAPPED:
-        np.copyto(spare[k], state[k])
+    np.copyto(spare["sel"], state["sel"])  # s and v: the kernel reads the state's and writes the spares
     st = {**spare, "spare": {k: state[k] for k in _SWAPPED}, "tiny": state["tiny"], "step": state["step"] + 1,
           "coef": state["coef"], "shift": state["shift"]}
     if blk.start <= p < blk.stop:
         st["sel"][p - blk.start] = True
-    found = greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, st["s"],
-                          st["v"], st["sel"], mode, st["tiny"])
+    found = greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, state["s"],
+                          state["v"], st["sel"], mode, st["tiny"], st["s"], st["v"])
     if save is not None:
         _save_block(save, blk.start, st)
     return st, _proposal(blk, st, mode, found)

@@ -162,3 +162,31 @@ def test_xwx_graph_and_anchor_match_the_dense_quadratic_forms():
     got = xwx_anchor(*buf, Zh.indptr, Zh.indices, Zh.data.astype(np.float64), lam_inv)
     Wa = Zh.toarray() @ np.diag(lam_inv) @ Zh.toarray().T
     np.testing.assert_allclose(got, np.einsum("ij,ij->j", X, Wa @ X), **TOL)
+
+
+@pytest.mark.parametrize("cols", [1, 2])
+def test_greedy_update_into_other_arrays_leaves_its_inputs(cols):
+    """Given s_out and v_out, the step reads s and v and writes the documented update there (the selected
+    candidates copied through), leaving s and v as they were (a task that runs again sees the same state), and picks
+    the best candidate of the updated numbers (the dense choice)."""
+    buf, coef, shift, Z, rng = _block(11)
+    n, d = Z.shape
+    V = np.ascontiguousarray(rng.standard_normal((n, cols)))
+    s0, v0 = rng.uniform(1.0, 2.0, d), rng.uniform(0.0, 1.0, d)
+    selected = rng.random(d) < 0.3
+    sp_, c2 = 1.7, 0.6
+    for mode in ((D_OPTIMAL,) if cols == 1 else (A_OPTIMAL, JCFS, D_OPTIMAL)):
+        s, v = s0.copy(), v0.copy()
+        s_out, v_out = np.full(d, np.nan), np.full(d, np.nan)
+        j, sc = greedy_update(*buf, coef, shift, V, V.sum(axis=0), sp_, c2, s, v, selected, mode, np.zeros(d),
+                              s_out, v_out)
+        assert np.array_equal(s, s0) and np.array_equal(v, v0)
+        a = Z.T @ V[:, 0]
+        np.testing.assert_allclose(s_out, np.where(selected, s0, s0 - a * a / sp_), **TOL)
+        if mode == D_OPTIMAL:
+            assert np.array_equal(v_out, v0)
+        else:
+            b, e = Z.T @ V[:, 1], a / sp_
+            np.testing.assert_allclose(v_out, np.where(selected, v0, v0 - 2 * e * b + e * e * c2), **TOL)
+        jr, scr = _dense_best(mode, s_out, v_out, selected, np.zeros(d))
+        assert j == jr and sc == pytest.approx(scr, rel=1e-12)
