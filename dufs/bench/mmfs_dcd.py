@@ -176,6 +176,13 @@ def _serial_to_gap(blocks: list, geo: dict, rho: np.ndarray, *, m: int, C: float
 
 
 
+def _pooled(dask_worker=None) -> int:
+    """Bytes of pass outputs this worker keeps for reuse (:mod:`dufs.engine.buffers`)."""
+    from dufs.engine.buffers import pooled_bytes
+
+    return pooled_bytes()
+
+
 def _order_name(o: int) -> str:
     return "random (default)" if o == 0 else "storage order" if o < 0 else f"block-random, runs of {o}"
 
@@ -251,10 +258,12 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
             stats_s = time.perf_counter() - t0
             # the process with its blocks resident and the engine imported, before the solver
             idle = max(client.run(rss).values()) - bb
+            pool0 = max(client.run(_pooled).values())
             with WorkerPeak(client) as wp:
                 t0 = time.perf_counter()
                 r = run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
                 wall = time.perf_counter() - t0
+            pool = max(client.run(_pooled).values())
             M.release()
         dg = r.diagnostics
         # mmfs keeps 7 float64 arrays a feature in its per-block state (coef, shift, colsum, qii, rho, alpha, g); a
@@ -265,6 +274,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
                         "stats_s": stats_s, "rounds": dg["rounds"], "converged": dg["converged"],
                         "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": wp.peak, "idle": idle,
                         "blocks_bytes": bb, "objective": dg["objective"], "n_partitions": K,
+                        "pool_bytes": pool, "pool_growth": pool - pool0,
                         "rules": {k: sum(t["rule"] == k for t in tr) for k in sorted({t["rule"] for t in tr})},
                         "start_med": float(np.median([t["start_s"] / K for t in tr])),
                         "map_med": float(np.median([t["map_s"] for t in tr])),
@@ -343,4 +353,5 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"MB (after persist and column stats, less its blocks) + blocks {v['blocks_bytes'] / 1e6:.0f} MB + "
             f"state + {extra / 1e6:.0f} MB = {extra / vec:.1f} vectors of n_samples float64 ({vec / 1e6:.0f} MB "
             f"each); bound idle + blocks + state + {k} vectors (partitions on it + 8) = {bound / 1e6:.0f} MB: "
-            f"{'within' if v['peak'] <= bound else 'OVER'}")
+            f"{'within' if v['peak'] <= bound else 'OVER'}; pass outputs kept for reuse (dufs.engine.buffer-bytes) "
+            f"{v['pool_bytes'] / 1e6:.0f} MB after the run, {v['pool_growth'] / 1e6:+.0f} MB during it")
