@@ -411,13 +411,13 @@ def _base_text(zero_at: int | None = None) -> bytes:
     return text
 
 
-def _with_line(text: bytes, line: int, bad: bytes) -> bytes:
+def with_line(text: bytes, line: int, bad: bytes) -> bytes:
     lines = lines_of(text)
     lines[line - 1] = bad + b"\n"
     return b"".join(lines)
 
 
-def _line_span(text: bytes, line: int) -> tuple[int, int]:
+def line_span(text: bytes, line: int) -> tuple[int, int]:
     lines = lines_of(text)
     start = sum(len(x) for x in lines[:line - 1])
     return start, start + len(lines[line - 1])
@@ -462,7 +462,7 @@ BZ2 = {"value-not-a-number", "label-nan", "index-0-one-based", "beyond-n_feature
                          ids=[b[0] for b in BAD] + [b[0] + "-bz2" for b in BAD if b[0] in BZ2])
 def test_bad_line_is_named(tmp_path, suffix, bad, opts, reason):
     opts = dict(opts)
-    text = _with_line(_base_text(opts.pop("zero_at", None)), BAD_LINE, bad)
+    text = with_line(_base_text(opts.pop("zero_at", None)), BAD_LINE, bad)
     src = write(tmp_path / f"in.svm{suffix}", text)
     out = tmp_path / "out.zarr"
     opts.setdefault("value_dtype", "float64")
@@ -471,7 +471,7 @@ def test_bad_line_is_named(tmp_path, suffix, bad, opts, reason):
     e = ei.value
     assert (e.path, e.line) == (str(src), BAD_LINE)
     if e.offset is not None:  # a byte offset (in the decompressed text) inside the bad line
-        a, b = _line_span(text, BAD_LINE)
+        a, b = line_span(text, BAD_LINE)
         assert a <= e.offset < b
         assert f"(byte offset {e.offset})" in str(e)
     assert_no_output(out)
@@ -482,7 +482,7 @@ def test_first_bad_line_of_several(tmp_path):
     """With bad lines in several blocks (and of several kinds in one block), the first one is named."""
     text = _base_text()
     for line, bad in [(290, b"x 1:1"), (200, b"1 0:1"), (150, b"1 1:1 1:1"), (120, b"1 0:2"), (121, b"1 2:z")]:
-        text = _with_line(text, line, bad)
+        text = with_line(text, line, bad)
     src = write(tmp_path / "in.svm", text)
     for _ in range(3):
         with pytest.raises(InputFormatError, match=r"in\.svm:120: feature index 0 in one-based"):
@@ -494,15 +494,15 @@ def test_bad_line_in_a_later_input(tmp_path):
     text = _base_text()
     lines = lines_of(text)
     a = write(tmp_path / "first.svm", b"".join(lines[:100]))
-    b = write(tmp_path / "second.svm.bz2", _with_line(b"".join(lines[100:]), 37, b"1 3:x"))
-    c = write(tmp_path / "third.svm", _with_line(b"".join(lines[100:]), 12, b"1 3:x"))
+    b = write(tmp_path / "second.svm.bz2", with_line(b"".join(lines[100:]), 37, b"1 3:x"))
+    c = write(tmp_path / "third.svm", with_line(b"".join(lines[100:]), 12, b"1 3:x"))
     for outs in [tmp_path / "out.zarr", [tmp_path / "o1.zarr", tmp_path / "o2.zarr", tmp_path / "o3.zarr"]]:
         with pytest.raises(InputFormatError, match=rf"^{re.escape(str(b))}:37: a feature value is not"):
             convert_libsvm([a, b, c], outs, block_bytes=len(text) // 4)
         for o in outs if isinstance(outs, list) else [outs]:
             assert_no_output(o)
     # beyond n_features in a later input, the base known only at the end ("auto")
-    d = write(tmp_path / "fourth.svm", _with_line(b"".join(lines[100:]), 55, b"1 3:1 41:1"))
+    d = write(tmp_path / "fourth.svm", with_line(b"".join(lines[100:]), 55, b"1 3:1 41:1"))
     with pytest.raises(InputFormatError, match=rf"^{re.escape(str(d))}:55: feature index 41 is beyond"):
         convert_libsvm([a, d], tmp_path / "out.zarr", block_bytes=len(text) // 4, n_features=40)
     assert_no_output(tmp_path / "out.zarr")
@@ -518,7 +518,7 @@ def test_skip_bad_lines(tmp_path, suffix):
     good = _base_text()
     text = good
     for line, bad in SKIP_AT.items():
-        text = _with_line(text, line, bad)
+        text = with_line(text, line, bad)
     src = write(tmp_path / f"in.svm{suffix}", text)
     st, rep = convert(src, tmp_path / "out.zarr", on_error="skip", zero_based=False, n_features=D,
                       block_bytes=len(text) // 6)
@@ -526,7 +526,7 @@ def test_skip_bad_lines(tmp_path, suffix):
     first = sorted(SKIP_AT)[:10]
     assert [(f, line) for f, line, _, _ in rep.skipped] == [(str(src), line) for line in first]
     for _, line, offset, why in rep.skipped:
-        a, b = _line_span(text, line)
+        a, b = line_span(text, line)
         assert a <= offset < b, (line, offset, a, b)
         assert isinstance(why, str) and why
     assert rep.lines == N_LINES and rep.rows == N_LINES - 12
@@ -783,7 +783,7 @@ def test_truncated_compressed_input_is_one_error_naming_the_file(tmp_path, no_ha
 def test_a_bad_line_before_the_truncation_is_the_error(tmp_path, no_hang, suffix, bad_line):
     """The first error by position wins: a bad line in a block parsed before the stream was found cut short (still
     in flight when it was, or collected before)."""
-    text = _with_line(_base_text(), bad_line, b"1 3:abc")
+    text = with_line(_base_text(), bad_line, b"1 3:abc")
     comp = write(tmp_path / f"in.svm{suffix}", text).read_bytes()
     src = tmp_path / f"cut.svm{suffix}"
     src.write_bytes(comp[: len(comp) * 3 // 4])
@@ -879,12 +879,12 @@ def test_qid_with_comments_and_rows_without_features(tmp_path):
 
 @pytest.mark.parametrize("bad", [b"1 qid:abc 3:1", b"1 qid: 3:1", b"1 qid 3:1", b"1 qid:1.5 3:1", b"1 qidx:3 3:1"])
 def test_a_malformed_qid_is_a_bad_line(tmp_path, bad):
-    text = _with_line(_base_text(), BAD_LINE, bad)
+    text = with_line(_base_text(), BAD_LINE, bad)
     src = write(tmp_path / "in.svm", text)
     with pytest.raises(InputFormatError, match=rf"^{re.escape(str(src))}:{BAD_LINE}: the qid field is not "
                                                rf"'qid:<integer>' \(byte offset \d+\)$") as ei:
         convert(src, tmp_path / "out.zarr", block_bytes=len(text) // 4)
-    a, b = _line_span(text, BAD_LINE)
+    a, b = line_span(text, BAD_LINE)
     assert ei.value.offset == a + 2  # the qid token
     assert_no_output(tmp_path / "out.zarr")
 

@@ -13,7 +13,16 @@ import pytest
 from dufs.data import bz2blocks
 from dufs.data.convert import convert_libsvm
 from dufs.errors import InputFormatError
-from tests.data.test_convert import assert_equals_sklearn, assert_no_output, lines_of, random_data, sk_load, svm_text
+from tests.data.test_convert import (
+    assert_equals_sklearn,
+    assert_no_output,
+    line_span,
+    lines_of,
+    random_data,
+    sk_load,
+    svm_text,
+    with_line,
+)
 
 SEQUENTIAL = {"dufs.convert.parallel-bz2": False}
 
@@ -94,35 +103,24 @@ def test_conversion_in_ranges_on_a_process_cluster(tmp_path, text, cluster_clien
     assert_equals_sklearn(st, *sk_load(raw))
 
 
-def _with(text: bytes, bad: dict[int, bytes]) -> bytes:
-    lines = lines_of(text)
-    for line, b in bad.items():
-        lines[line - 1] = b + b"\n"
-    return b"".join(lines)
-
-
-def _span(text: bytes, line: int) -> tuple[int, int]:
-    lines = lines_of(text)
-    a = sum(len(x) for x in lines[:line - 1])
-    return a, a + len(lines[line - 1])
-
-
 def test_bad_line_in_a_later_range_is_named(tmp_path, text):
     """The line number and byte offset come from the ranges before the bad one: the same as in the text."""
-    bad_text = _with(text, {2400: b"1 3:1 9:x", 2900: b"1 0:1"})
+    bad_text = with_line(with_line(text, 2400, b"1 3:1 9:x"), 2900, b"1 0:1")
     src = tmp_path / "bad.svm.bz2"
     src.write_bytes(bz2.compress(bad_text, 1))
     with pytest.raises(InputFormatError, match=rf"^{re.escape(str(src))}:2400: a feature value is not a number "
                                                rf"\(byte offset \d+\)$") as ei:
         convert_libsvm(src, tmp_path / "out.zarr", block_bytes=100_000)
-    a, b = _span(bad_text, 2400)
+    a, b = line_span(bad_text, 2400)
     assert ei.value.line == 2400 and a <= ei.value.offset < b
     assert_no_output(tmp_path / "out.zarr")
 
 
 def test_skipped_lines_are_numbered_across_ranges(tmp_path, text):
     bad = {7: b"1 3:abc", 1500: b"nan 3:1", 2201: b"1 2:1 2:1", 2999: b"3:1"}
-    bad_text = _with(text, bad)
+    bad_text = text
+    for line, b in bad.items():
+        bad_text = with_line(bad_text, line, b)
     src = tmp_path / "skip.svm.bz2"
     src.write_bytes(bz2.compress(bad_text, 1))
     st, rep = convert_libsvm(src, tmp_path / "out.zarr", value_dtype="float64", block_bytes=100_000,
@@ -130,7 +128,7 @@ def test_skipped_lines_are_numbered_across_ranges(tmp_path, text):
     assert st.n_blocks("csr") >= 4
     assert [line for _, line, _, _ in rep.skipped] == sorted(bad)
     for _, line, offset, _ in rep.skipped:
-        a, b = _span(bad_text, line)
+        a, b = line_span(bad_text, line)
         assert a <= offset < b, (line, offset, a, b)
     kept = b"".join(ln for k, ln in enumerate(lines_of(bad_text), 1) if k not in bad)
     assert_equals_sklearn(st, *sk_load(kept, n_features=st.shape[1]))
