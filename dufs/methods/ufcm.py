@@ -14,7 +14,9 @@ by k-means on Zc W:
   k-means runs from random (k-means++) starts, all on Y = Zc W; each is judged by the k-means term with its own
   centroids (G from eq. (10)), the smallest kept. The paper judges random candidates against the *old* G, which
   makes a random candidate lose to plain reassignment (eq. (9)) almost surely; judged with their own centroids the
-  restarts can win, and keeping the current U among the candidates makes the step never increase the term;
+  restarts can win, and keeping the current U among the candidates makes the step never increase the term (above
+  ``_KMEANS_SAMPLE_ABOVE`` samples a restart is fitted on a sample and judged after one assignment of all rows,
+  the winner then refined by Lloyd on all rows: :func:`_choose`);
 - W: the algebraically largest d' eigenvectors of A = S_t - alpha S_w - beta D (eq. (13) with centred data:
   X X^T - X U (U^T U)^-1 U^T X^T = S_w), which can be indefinite. S_w = S_t - S_b and S_b = Q diag(1/n_k) Q^T with
   Q = Zc^T U (d x c, one pass), so A v = (1 - alpha) Zc^T (Zc v) + alpha Q diag(1/n_k) Q^T v - beta D v;
@@ -31,8 +33,9 @@ and each W step is a dense ``numpy.linalg.eigh``. Above, the PCA start is block 
 iteration: Zc V, then Zc^T of it); with alpha = 1 (the default) A = Q diag(1/n_k) Q^T - beta D is a diagonal plus
 a rank-c matrix and the W step solves its secular equation with c x c eigenproblems and no pass over the data;
 otherwise it is LOBPCG warm-started from the previous W on a ``LinearOperator`` whose product with a d x k block
-costs two passes. k-means runs on the n x d' projection in this process (scikit-learn); n x max(d', c) float64
-must fit ``dufs.engine.max-task-bytes`` (at kddb size, 19.3M samples and the default 1 GiB: up to 6).
+costs two passes. k-means runs on the n x d' projection in this process (scikit-learn, restarts in threads);
+n x max(d', c) float64 must fit ``dufs.engine.max-task-bytes`` (at kddb size, 19.3M samples and the default
+1 GiB: up to 6).
 
 References
 ----------
@@ -42,7 +45,7 @@ eqs. (6)-(14), Algorithm 1, Proposition 1.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import time
 from dataclasses import dataclass, field
 from numbers import Real
@@ -55,6 +58,7 @@ from dufs._logging import get_logger
 from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
+from dufs.kernels.clusters import cluster_means, kmeans_term, nearest
 from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
 
 __all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
@@ -81,8 +85,8 @@ _PCA_TOL = 1e-3  # its residuals, relative to the largest eigenvalue
 _PCA_SAMPLE_ABOVE = 1 << 20  # samples above which the PCA start is estimated on a sample of rows, then refined
 _PCA_SAMPLE = 1 << 17  # rows of that sample
 _PCA_REFINE = 2  # block iterations on all rows after it
-_KMEANS_SAMPLE_ABOVE = 1 << 20  # samples above which a random k-means start is first fitted on a sample
-_KMEANS_SAMPLE = 1 << 16  # rows of that sample
+_KMEANS_SAMPLE_ABOVE = 1 << 17  # samples above which a random k-means start is first fitted on a sample
+_KMEANS_SAMPLE = 1 << 15  # rows of that sample
 _EPS = 1e-10  # a row of W (norms are <= 1 since W^T W = I) below this is held at zero
 _GRAM_BYTES = 256 << 20  # the n x k slab of columns of Z per chunk when S_t is built densely
 
@@ -126,7 +130,7 @@ class _Centred:
         return out
 
     def rmatvec(self, T: np.ndarray) -> np.ndarray:
-        """Zc^T T (d x k): one pass. The centring is subtracted in place, column by column (at kddb size a d x k
+        """Zc^T T (d x k): one pass. The centring is subtracted in place, in slabs of rows (at kddb size a d x k
         temporary is 240 MB a column)."""
         out = self.M.rmatvec(T)
         if self.m is not None:
@@ -134,8 +138,8 @@ class _Centred:
             if out.ndim == 1:
                 out -= s * self.m
             else:
-                for j in range(out.shape[1]):
-                    out[:, j] -= s[j] * self.m
+                for a in range(0, out.shape[0], _SECULAR_CHUNK):  # in slabs of rows: contiguous, no temporary
+                    out[a:a + _SECULAR_CHUNK] -= self.m[a:a + _SECULAR_CHUNK, None] * s[None, :]
         return out
 
     def scatter(self) -> np.ndarray:
@@ -162,38 +166,89 @@ def _onehot(labels: np.ndarray, c: int) -> np.ndarray:
 
 
 def _centroids(Y: np.ndarray, labels: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """Centroids (c x d') of the clusters of Y and their sizes (eq. (10) for one U)."""
-    counts = np.bincount(labels, minlength=c).astype(np.float64)
-    sums = np.column_stack([np.bincount(labels, weights=Y[:, j], minlength=c) for j in range(Y.shape[1])]) \
-        if Y.shape[1] else np.zeros((c, 0))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sums / counts[:, None], counts
+    """Centroids (c x d') of the clusters of Y and their sizes (eq. (10) for one U): one sweep over Y."""
+    return cluster_means(np.ascontiguousarray(Y, dtype=np.float64), np.asarray(labels, dtype=np.int64), int(c))
 
 
 def _km_term(Y: np.ndarray, labels: np.ndarray, C: np.ndarray) -> float:
-    """||Y - U G^T||_F^2 with G^T = C (c x d')."""
-    R = Y - C[labels]
-    return float(np.einsum("ij,ij->", R, R))
+    """||Y - U G^T||_F^2 with G^T = C: one sweep over Y, no n x d' temporary."""
+    return float(kmeans_term(np.ascontiguousarray(Y, dtype=np.float64), np.asarray(labels, dtype=np.int64),
+                             np.ascontiguousarray(C, dtype=np.float64)))
 
 
-def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int) -> np.ndarray:
+def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int, *, refine: bool = True) -> np.ndarray:
     """Labels of one k-means run on Y (Lloyd, in this process: Y is n x d' with n x max(d', c) x 8 bytes within
-    ``dufs.engine.max-task-bytes``), from ``init`` (centroids, c x d') or "k-means++"."""
+    ``dufs.engine.max-task-bytes``), from ``init`` (centroids, c x d') or "k-means++". One OpenMP thread (the
+    runs of a U step go side by side in threads instead: :func:`_in_threads`); BLAS is held to one thread by the
+    caller. A random start on more than ``_KMEANS_SAMPLE_ABOVE`` rows runs k-means++ and Lloyd on a uniform sample
+    of ``_KMEANS_SAMPLE`` rows first; ``refine`` False then stops at one assignment of all rows to the sample's
+    centres (:func:`_choose` refines the candidate that wins)."""
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
     # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (40x slower on a
-    # loaded 2-core machine)
-    with threadpool_limits(limits=1):
+    # loaded 2-core machine). OpenMP's thread count is per calling thread, so this holds in a pool's thread too
+    with threadpool_limits(limits=1, user_api="openmp"):
         if isinstance(init, str) and Y.shape[0] > _KMEANS_SAMPLE_ABOVE:
-            # a random start on millions of rows: k-means++ and Lloyd on a uniform sample first, then Lloyd on all
-            # rows from its centres (the candidate is judged on all rows all the same)
             pick = np.random.default_rng(seed).choice(Y.shape[0], size=_KMEANS_SAMPLE, replace=False)
             init = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd").fit(
                 Y[np.sort(pick)]).cluster_centers_
+            if not refine:
+                return nearest(np.ascontiguousarray(Y, dtype=np.float64), np.ascontiguousarray(init, dtype=np.float64))
         km = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd")
         km.fit(Y)
     return km.labels_.astype(np.int64)
+
+
+def _choose(Y: np.ndarray, c: int, fixed: list[Any], starts: list[int], seed: int) -> tuple[np.ndarray, float, int]:
+    """The U step's choice (eq. (14)): the best by the k-means term (each candidate with its own centroids) of the
+    ``fixed`` candidates (label vectors, or functions of no argument that make one) and of k-means runs from
+    k-means++ starts seeded by ``starts``; returns (labels, term, index of the candidate chosen).
+
+    On more than ``_KMEANS_SAMPLE_ABOVE`` rows a random start is fitted on a sample of rows and judged after one
+    assignment of all rows to its centres; the one chosen, if a random start wins, then runs Lloyd on all rows
+    from its own centroids (kept when it lowers the term, which it does not raise in theory). The term only falls
+    from the judged one, so the step never increases it, and one Lloyd run on all rows is made instead of one a
+    start (on 200K x 10, c = 10, n_init = 10: a U step of 0.32 s, 0.75 s with every start refined)."""
+    sampled = Y.shape[0] > _KMEANS_SAMPLE_ABOVE
+    calls = [f if callable(f) else (lambda f=f: f) for f in fixed] + [
+        functools.partial(_kmeans, Y, c, "k-means++", s, refine=not sampled) for s in starts]
+    labels, km, j = _best_partition(Y, c, _in_threads(calls))
+    if sampled and j >= len(fixed):
+        C, _ = _centroids(Y, labels, c)
+        lab = _kmeans(Y, c, C, seed)
+        if np.bincount(lab, minlength=c).min() > 0:
+            v = _km_term(Y, lab, _centroids(Y, lab, c)[0])
+            if v <= km:
+                labels, km = lab, v
+    return labels, km, j
+
+
+def _in_threads(calls: list[Any]) -> Any:
+    """The results of ``calls`` (functions of no argument), in order, computed in up to one thread per core of
+    this process (k-means runs release the GIL), with at most that many results made ahead of the one the
+    consumer is at: the U step's candidates are n-vectors (150 MB each at kddb size), held a few at a time."""
+    import os
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    width = max(1, min(len(calls), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                       else os.cpu_count() or 1))
+    with threadpool_limits(limits=1, user_api="blas"):  # BLAS's thread count is global: set once, here
+        if width == 1:
+            for call in calls:
+                yield call()
+            return
+        with ThreadPoolExecutor(width, thread_name_prefix="dufs-kmeans") as ex:
+            pending: deque = deque()
+            for call in calls:
+                pending.append(ex.submit(call))
+                if len(pending) > width:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
 
 
 def _best_partition(Y: np.ndarray, c: int, candidates: Any) -> tuple[np.ndarray, float, int]:
@@ -250,18 +305,28 @@ def _secular_m_and_slope(Qa: np.ndarray, Da: np.ndarray, lam: float) -> tuple[np
     return 0.5 * (M + M.T), 0.5 * (P + P.T)
 
 
-def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, start: float | None = None) -> float:
+def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: float | None = None,
+                  above: float | None = None) -> float:
     """The t in [lo, hi] where the (i+1)-th largest eigenvalue mu_i(t) of M(t) crosses 1, with no diagonal value
-    -Dl inside the bracket (mu_i(lo) >= 1 > mu_i(hi)): safeguarded Newton, mu_i'(t) = -y^T P(t) y for its unit
-    eigenvector y (Hellmann-Feynman), a bisection step whenever Newton's leaves the bracket. Each step is one sweep
-    over Ql, and Newton's converge quadratically: about four sweeps a root where Brent's method took ten or more.
-    ``m_at(t)``: (M(t), P(t)) (:func:`_secular_m_and_slope`, cached by the caller); ``start``: where Newton starts
-    when inside the bracket (the previous, larger root: the next lies below it, often close), else at ``hi``."""
-    t = start if start is not None and lo < start < hi else hi
+    -Dl inside the bracket (mu_i(lo) >= 1 > mu_i(hi)): safeguarded Newton, a bisection step whenever Newton's
+    leaves the bracket. Each step is one sweep over Ql. Where mu_i(t) > 0 (always above every pole, where M(t) is
+    positive semidefinite) Newton runs on 1/mu_i(t) - 1, which is close to linear in t (mu_i ~ a / (t - pole),
+    and ~ lambda / t for an eigenvalue far above the poles): one or two steps a root, where Newton on mu_i itself
+    took four or five and Brent's method ten or more. The slope comes from the same sweep: mu_i'(t) = -y^T P(t) y
+    for its unit eigenvector y (Hellmann-Feynman). ``m_at(t)``: (M(t), P(t)) (:func:`_secular_m_and_slope`,
+    cached by the caller). Newton starts at ``hi`` (the previous, larger root, whose M is cached, or the bound
+    above them all). ``pole``: the nearest diagonal value -Dl below the bracket (None: none): where Newton's step
+    leaves the bracket, the bracket is split at the geometric mean of its ends' distances to it, which takes a
+    bracket spanning orders of magnitude (a root close to a pole, the bound far above) down in a few steps where
+    halving it takes tens; ``above``: the nearest one above (None: none). The t returned is within ``eps`` of the
+    root, and is the last t evaluated unless Newton's next step would move the eigenvector (t I + D)^-1 Q y by
+    more than 1e-10 of itself (a root close to a pole)."""
+    t = hi
     for _ in range(200):
         M, P = m_at(t)
         w, Y = np.linalg.eigh(M)
-        g = float(w[-1 - i]) - 1.0
+        mu = float(w[-1 - i])
+        g = mu - 1.0
         if g >= 0.0:
             lo = t
         else:
@@ -270,12 +335,28 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, start: fl
             break
         y = Y[:, -1 - i]
         slope = -float(y @ P @ y)
-        nxt = t - g / slope if slope < 0.0 else None
+        nxt = None
+        if slope < 0.0:
+            # the model mu(s) = b + a / (s - p) through (t, mu, slope), p the nearer pole: exact for one pole's term
+            # plus a constant, and for lambda / t far above them all
+            for p in sorted((q for q in (pole, above) if q is not None), key=lambda q: abs(t - q)):
+                a = -slope * (t - p) ** 2
+                b = mu - a / (t - p)
+                if b != 1.0 and lo < p + a / (1.0 - b) < hi:
+                    nxt = p + a / (1.0 - b)
+                    break
+            if nxt is None:  # Newton on mu - 1, or on 1/mu - 1 (the same step scaled by mu) where mu > 0
+                nxt = t - g / slope * (mu if mu > 0.0 else 1.0)
         if nxt is None or not lo < nxt < hi:
-            nxt = 0.5 * (lo + hi)
+            geometric = pole is not None and lo > pole
+            nxt = pole + float(np.sqrt((lo - pole) * (hi - pole))) if geometric else 0.5 * (lo + hi)
+            if not lo < nxt < hi:
+                nxt = 0.5 * (lo + hi)
         if abs(nxt - t) <= eps:
-            t = nxt
-            break
+            gap = min(t - pole if pole is not None else np.inf, above - t if above is not None else np.inf)
+            if abs(nxt - t) > 1e-10 * gap:
+                t = nxt  # near a pole the eigenvector (t I + D)^-1 Q y moves with t: one more sweep, at nxt
+            break  # else keep the t evaluated (its M gives the eigenvector)
         t = nxt
     return t
 
@@ -286,9 +367,11 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     A diagonal plus a rank-c matrix: with M(t) = Qa^T (t I + diag(Da))^-1 Qa (c x c), Sylvester's law of inertia
     on the block matrix [[-diag(Da) - t I, Qa], [Qa^T, -I]] gives the number of eigenvalues of A above t as
     #{i: -Da_i > t} + #{eigenvalues of M(t) above 1}, for any t off the diagonal's values. The j-th eigenvalue is
-    where that count drops below j: found by bisection between the j-th largest -Da_i (A >= -diag(Da)) and
-    -min(Da) + ||Qa||_2^2, each step a c x c eigenproblem and one sweep over Qa, finished by Brent's method on that
-    mu once no diagonal value is left inside the bracket. Its eigenvector is
+    where that count drops below j, searched between the j-th largest -Da_i (A >= -diag(Da)) and the (j-1)-th
+    eigenvalue (or -min(Da) + ||Qa||_2^2 for the first), each step a c x c eigenproblem and one sweep over Qa:
+    first a point just above every -Da_i (M(t) positive definite there: when the root is above it, no diagonal
+    value is inside the bracket), else bisection over the diagonal values inside (halving their number, not the
+    interval), then :func:`_secular_root` on that mu once none is left inside. Its eigenvector is
     (t I + diag(Da))^-1 Qa y, y the eigenvector of M(t) for the eigenvalue 1 (the secular equation). Rows of Qa that
     are exactly zero are eigenvectors e_i (eigenvalue -Da_i) and are set apart first. Returns None when a residual
     ||A v - t v|| is not at rounding level (the caller uses an iterative solver then)."""
@@ -298,7 +381,14 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
     zero = ~np.any(Qa != 0.0, axis=1)
     live = np.flatnonzero(~zero)
     Ql, Dl = (Qa, Da) if live.size == m else (Qa[live], Da[live])  # no copy when every row takes part
-    top = float(np.linalg.eigvalsh(sum(q.T @ q for q in _slabs(Ql)))[-1]) if live.size else 0.0  # ||Qa||_2^2
+    # Q^T Q's eigenvectors B of non-negligible eigenvalues span the rows of Q (its rank is c - 1 when the data are
+    # centred: Q 1 = Zc^T 1 = 0). M(t) is B (B^T M(t) B) B^T: the secular functions below are the r x r matrices
+    # B^T M(t) B, without the zero eigenvalue M(t) keeps at every t (among the poles it sits between the
+    # eigenvalues that cross 1, and Newton's method on the i-th would follow it)
+    g_ev, B = np.linalg.eigh(sum(q.T @ q for q in _slabs(Ql))) if live.size else (np.zeros(c), np.eye(c))
+    top = float(g_ev[-1]) if live.size else 0.0  # ||Qa||_2^2
+    B = B[:, g_ev > 1e-13 * c * top] if top > 0.0 else B
+    c = B.shape[1]
     scale = max(top, float(Da.max()), np.finfo(float).tiny)
     cand_vals: list[float] = []
     cand_vecs: list[np.ndarray] = []
@@ -320,7 +410,8 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
         def m_at(t: float) -> tuple[np.ndarray, np.ndarray]:
             got = cache.get(t)
             if got is None:
-                got = cache[t] = _secular_m_and_slope(Ql, Dl, t)
+                Mt, Pt = _secular_m_and_slope(Ql, Dl, t)
+                got = cache[t] = (B.T @ Mt @ B, B.T @ Pt @ B)
             return got
 
         def mus(t: float) -> np.ndarray:
@@ -331,33 +422,65 @@ def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int) -> tuple[np.ndarray, np
 
         hi0 = -float(asc[0]) + top * (1.0 + 1e-9) + scale * 1e-12
         eps = 4.0 * np.finfo(float).eps * scale
+        above = -float(asc[0]) + scale * 1e-12  # just above every pole: where M(t) is positive definite
         for j in range(1, kk + 1):
             lo, hi = -float(asc[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
+            prev = cand_vals[-1] if cand_vals else None
+            if prev is not None and prev < hi:
+                hi = prev  # the j-th eigenvalue is at most the (j-1)-th (M(prev) is cached)
+            if lo < above < hi and count(above) >= j:
+                lo = above  # no pole inside: one sweep (the same t for every root), no bisection over the poles
             t = None
             while hi - lo > eps:
                 P = poles(hi)
-                if poles(lo) == P and 1 <= j - P <= c:
+                inside = poles(lo) - P - (1 if on_pole(lo) else 0)  # diagonal values strictly inside (lo, hi)
+                if inside <= 0 and 1 <= j - P <= c:
                     # no diagonal value inside: the root is where the (j - P)-th mu crosses 1, a continuous
                     # decreasing function here, so Newton's method (safeguarded) finishes it in a few steps
                     i = j - P - 1
                     glo, ghi = float(mus(lo)[i]) - 1.0, float(mus(hi)[i]) - 1.0
-                    if glo >= 0.0 > ghi:
-                        t = _secular_root(m_at, i, lo, hi, eps, cand_vals[-1] if cand_vals else None) \
-                            if glo > 0.0 else lo
+                    if hi == prev and ghi >= 0.0:
+                        t = prev  # count(prev) >= j: a repeated eigenvalue (to rounding)
                         break
-                mid = 0.5 * (lo + hi)
+                    if glo >= 0.0 > ghi:
+                        pole = -float(asc[P]) if P < asc.size else None  # the nearest diagonal values below
+                        up = -float(asc[P - 1]) if P >= 1 else None  # and above
+                        t = _secular_root(m_at, i, lo, hi, eps, pole, up) if glo > 0.0 else lo
+                        break
+                if inside >= 2:
+                    # split the diagonal values inside in half: mid between the middle one and the next below it
+                    a_ = P + (inside - 1) // 2
+                    mid = 0.5 * (-float(asc[a_]) - float(asc[a_ + 1]))
+                    if not lo < mid < hi or on_pole(mid):
+                        mid = 0.5 * (lo + hi)
+                elif inside == 1:
+                    # one value -D inside: which side of it is the root? a point close above it first (the root
+                    # above it: a bracket without poles), then one close below; a root closer to the pole than that
+                    # brings both in by the same factor
+                    q = -float(asc[P])
+                    mid = q + 1e-3 * (hi - q)
+                    if not lo < mid < hi or on_pole(mid):
+                        mid = 0.5 * (lo + hi)
+                    elif count(mid) < j:
+                        hi = mid
+                        mid = q - 1e-3 * (q - lo)
+                        if not lo < mid < hi or on_pole(mid):
+                            mid = 0.5 * (lo + hi)
+                else:
+                    mid = 0.5 * (lo + hi)
                 if mid in (lo, hi):
                     break
                 if on_pole(mid) or count(mid) >= j:
                     lo = mid
                 else:
                     hi = mid
-            t = 0.5 * (lo + hi) if t is None else t
+            if t is None:
+                t = lo if lo in cache else hi if hi in cache else 0.5 * (lo + hi)
             w, Y = np.linalg.eigh(m_at(t)[0])
             # a repeated eigenvalue: the next eigenvector of M(t) near 1 not taken yet
             same = sum(1 for v in cand_vals if abs(v - t) <= 1e3 * eps)
             order = np.argsort(np.abs(w - 1.0))
-            y = Y[:, order[min(same, c - 1)]]
+            y = B @ Y[:, order[min(same, c - 1)]]
             v = np.zeros(m)
             for a in range(0, live.size, _SECULAR_CHUNK):
                 sl = slice(a, a + _SECULAR_CHUNK)
@@ -655,7 +778,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
                         "the subspace reached", _PCA_MAXITER)
     Y = Zc.matvec(W)
     # step 4: U by k-means on W^T x_i (the best of 1 + n_init runs by the k-means term)
-    labels, _, _ = _best_partition(Y, c, (_kmeans(Y, c, "k-means++", s) for s in seeds(max(1, n_init))))
+    labels, _, _ = _choose(Y, c, [], seeds(max(1, n_init)), seed)
     C, counts = _centroids(Y, labels, c)
     f = ufcm_objective(Y, W, labels, C.T, alpha, beta, p)
     timings["setup"] = time.perf_counter() - t0
@@ -675,9 +798,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
         t1 = time.perf_counter()
         s1, ss = seeds(1)[0], seeds(n_init)
-        cands = itertools.chain([labels, _kmeans(Y, c, C, s1)], (_kmeans(Y, c, "k-means++", s) for s in ss))
-        labels, km, chosen = _best_partition(Y, c, cands)
-        del cands
+        labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
         timings["u_step"] += time.perf_counter() - t1
         # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
         t1 = time.perf_counter()
