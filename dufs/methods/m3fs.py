@@ -161,16 +161,25 @@ def sigma_step(V: Any, m: float) -> np.ndarray:
         if rest:
             sigma[g == 0] = (m - nz.size) / rest
         return sigma
-    order = nz[np.argsort(-g[nz], kind="stable")]
-    gs = g[order]
-    tail = np.cumsum(gs[::-1])[::-1]  # tail[j] = sum of gs[j:]
-    for j in range(int(np.floor(m)) + 1):  # j = number of capped features
+    # at most floor(m) features are capped: only the floor(m) + 1 largest g are sorted (by g descending, then index;
+    # a full argsort over a million features took 45 ms), the rest enter through their sum
+    k = min(nz.size, int(np.floor(m)) + 1)
+    top = nz if k == nz.size else nz[np.argpartition(-g[nz], k - 1)[:k]]
+    top = top[np.lexsort((top, -g[top]))][:k]
+    gs = g[top]
+    rest = 0.0  # the sum of g outside the sorted ones (zeros add nothing)
+    if k < nz.size:
+        keep = np.ones(d, dtype=bool)
+        keep[top] = False
+        rest = float(g[keep].sum())
+    tail = np.cumsum(gs[::-1])[::-1] + rest  # tail[j] = sum of g over every feature but the j largest
+    for j in range(min(k, int(np.floor(m)) + 1)):  # j = number of capped features
         scale = (m - j) / tail[j]
         if gs[j] * scale <= 1.0 + 1e-12:
-            sigma[order[:j]] = 1.0
-            sigma[order[j:]] = np.minimum(gs[j:] * scale, 1.0)
+            sigma[nz] = np.minimum(g[nz] * scale, 1.0)
+            sigma[top[:j]] = 1.0
             return sigma
-    sigma[order[:int(m)]] = 1.0  # unreachable for m <= nnz, kept for safety
+    sigma[top[:int(m)]] = 1.0  # unreachable for m <= nnz, kept for safety
     return sigma
 
 

@@ -241,3 +241,31 @@ def test_cluster_matches_in_process(cluster_client, store_path):
     np.testing.assert_array_equal(dist.labels, local.labels)
     np.testing.assert_allclose(dist.sigma, local.sigma, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(dist.objective, local.objective, rtol=1e-9)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_best_bias_is_the_minimum_over_a_fine_grid(case):
+    """The two-cluster v-step eliminates the bias: _best_bias against the minimum of the same function (hinge_mu
+    loss plus the manifold term, from the dense Laplacian) over 20,001 points of the interval."""
+    rng = np.random.default_rng(case)
+    n = 300
+    Fu = rng.standard_normal(n) * rng.uniform(0.1, 3.0)
+    y = np.where(rng.random(n) < rng.uniform(0.2, 0.8), 1.0, -1.0)
+    A = rng.random((n, n)) < 0.02
+    W = (A | A.T).astype(float)
+    deg = W.sum(axis=1) + 1e-9
+    L = np.eye(n) - W / np.sqrt(np.outer(deg, deg))
+    lam, mu = [(0.0, 1e-2), (1e-3, 1e-2), (1e-1, 0.5), (1e-3, 0.0)][case % 4]
+    c = 10.0 / n
+    lo, hi = sorted(rng.uniform(-1.5, 1.5, size=2))
+    b = ms._best_bias(Fu, y, L @ Fu if lam else None, L @ np.ones(n) if lam else None, lam, c, mu, lo, hi,
+                      rng.uniform(lo, hi))
+    assert lo <= b <= hi
+
+    def J(bb):
+        f = Fu + bb
+        t = 1.0 - y * f
+        h = np.where(t >= mu, t - mu / 2, np.where(t > 0, t * t / (2 * mu) if mu > 0 else 0.0, 0.0))
+        return c * h.sum() + lam * float(f @ L @ f)
+
+    assert J(b) <= min(J(g) for g in np.linspace(lo, hi, 20001)) + 1e-12
