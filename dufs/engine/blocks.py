@@ -173,27 +173,45 @@ class BlockState:
         self.items = []
 
 
-def block_rmatvec(src, V, vsum, tf):
-    """Z_b^T V of one block (float64 (width, p)), written into a pooled buffer (:func:`dufs.engine.buffers.buffer`)."""
+def block_rmatvec(src, V, vsum, tf, dtype=None):
+    """Z_b^T V of one block (float64 (width, p), or ``dtype``), written into a pooled buffer
+    (:func:`dufs.engine.buffers.buffer`)."""
     b = resolve(src)
-    out = buffer((b.indptr.shape[0] - 1, V.shape[1]))
+    direct = _direct(dtype, [tf])
+    out = buffer((b.indptr.shape[0] - 1, V.shape[1]), dtype if direct else np.float64)
     csc_rmatvec(b.indptr, b.indices, b.data, V, out)
-    return standardize_rows(out, tf[0], vsum, tf[1])
+    return out if direct else _cast(standardize_rows(out, tf[0], vsum, tf[1]), dtype)
 
 
-def partition_rmatvec(srcs, V, vsum, tfs):
+def partition_rmatvec(srcs, V, vsum, tfs, dtype=None):
     """Z_b^T V of a partition's blocks, stacked in the order given into one pooled float64 (sum of widths, p)
-    buffer: one task and one result a partition."""
+    buffer (or ``dtype``): one task and one result a partition."""
     blocks = [resolve(s) for s in srcs]
-    out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), V.shape[1]))
+    direct = _direct(dtype, tfs)
+    out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), V.shape[1]), dtype if direct else np.float64)
     o = 0
     for b, (mu, inv) in zip(blocks, tfs, strict=True):
         w = b.indptr.shape[0] - 1
         part = out[o:o + w]
         csc_rmatvec(b.indptr, b.indices, b.data, V, part)
-        standardize_rows(part, mu, vsum, inv)
+        if not direct:
+            standardize_rows(part, mu, vsum, inv)
         o += w
-    return out
+    return out if direct else _cast(out, dtype)
+
+
+def _direct(dtype, tfs) -> bool:
+    """A float32 result the kernel writes itself: each column's sum is made in float64 and rounded once, when no
+    block has a transform (with one, the centring would be applied in float32: it is applied in float64 first)."""
+    return dtype is not None and np.dtype(dtype) != np.float64 and all(t[0] is None and t[1] is None for t in tfs)
+
+
+def _cast(out, dtype):
+    if dtype is None or np.dtype(dtype) == out.dtype:
+        return out
+    got = buffer(out.shape, dtype)
+    np.copyto(got, out, casting="same_kind")
+    return got
 
 
 def block_matvec(src, W, n_rows):

@@ -74,16 +74,18 @@ def share(x: Any) -> Any:
 
 
 @contextlib.contextmanager
-def shipped(x: Any) -> Iterator[Any]:
+def shipped(x: Any, *, broadcast: bool = False) -> Iterator[Any]:
     """``x`` (an array, or a list sent item by item) scattered to the current client for the block and released
-    after; without a client, or a ``distributed.Future`` already, ``x`` itself."""
+    after; without a client, or a ``distributed.Future`` already, ``x`` itself. ``broadcast``: sent to every
+    worker at once (for a pass whose every worker reads it: scattered to one, the others' tasks fetched it from
+    there, a second transfer after the first)."""
     client = current_client()
     from distributed import Future
 
     if client is None or x is None or isinstance(x, Future):  # a future is already where the work runs
         yield x
         return
-    futs = client.scatter(x, hash=False)
+    futs = client.scatter(x, hash=False, broadcast=broadcast)
     try:
         yield futs
     finally:

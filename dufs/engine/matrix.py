@@ -419,13 +419,19 @@ class Matrix:
 
     # ------------------------------------------------------------------ products
     @_inline_when_small
-    def rmatvec(self, V: Any, *, gather: bool = True) -> Any:
+    def rmatvec(self, V: Any, *, gather: bool = True, dtype: Any = np.float64) -> Any:
         """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p).
 
         One pass; ``V`` travels to the workers once (one graph key), each block computes its rows of the result.
         With ``gather=False`` the per-block results (float64 (width, p) arrays) stay where they were computed: a
         :class:`BlockState` for a following :meth:`map_blocks` (``state=``), gathered only when asked.
+        ``dtype`` float32: every sum is still made in float64 (and the transform applied in float64), then rounded
+        once to float32 where it is made: half the bytes come back (SciPy's ``X.T @ v`` of float32 data and v is
+        float32 too, summed in float32).
         """
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise ParameterError(f"The 'dtype' parameter of rmatvec must be float32 or float64; got {dtype!r}.")
+        dt = None if np.dtype(dtype) == np.float64 else np.dtype(dtype)
         n, d = self.shape
         # a float32 V over float32 data stays float32: exact (the kernel multiplies and sums in float64), and the
         # randomly read vector takes half the cache and half the bytes shipped (docs/architecture.md, "Measured facts")
@@ -434,16 +440,16 @@ class Matrix:
         vsum = col_sums(V2) if mu is not None else None
         tf = self._block_transform()
         units = self._pass_partitions() if gather else None
-        with shipped(V2) as Vs:
+        with shipped(V2, broadcast=units is not None and len(units) > 1) as Vs:
             if units is None:
                 f = delayed(block_rmatvec)
-                tasks = [f(s, Vs, vsum, tf[i]) for i, s in enumerate(self._src)]
+                tasks = [f(s, Vs, vsum, tf[i], dt) for i, s in enumerate(self._src)]
                 if not gather:
                     return self._resident(tasks)
                 units = [[i] for i in range(self.n_blocks)]
             else:
                 f = delayed(partition_rmatvec)
-                tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u]) for u in units]
+                tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt) for u in units]
             bounds = self.bounds
             shape = (d, V2.shape[1])
             # one partition holding every block in order (one worker) is the result as it is: taken, not copied (a
@@ -452,12 +458,12 @@ class Matrix:
             res: list[np.ndarray] = []
 
             def place(u: int, got: np.ndarray) -> None:
-                if whole and got.shape == shape and got.dtype == np.float64 and got.flags.c_contiguous \
+                if whole and got.shape == shape and got.dtype == np.dtype(dtype) and got.flags.c_contiguous \
                         and got.flags.writeable:
                     res.append(got)
                     return
                 if not res:
-                    res.append(np.empty(shape))
+                    res.append(np.empty(shape, dtype))
                 o = 0
                 for i in units[u]:
                     a, b = bounds[i], bounds[i + 1]
@@ -465,7 +471,7 @@ class Matrix:
                     o += b - a
 
             self._pass_streaming(tasks, "Z^T V", place)
-            out = res[0] if res else np.empty(shape)
+            out = res[0] if res else np.empty(shape, dtype)
         return out[:, 0] if one else out
 
     def _pass_partitions(self) -> list[list[int]] | None:

@@ -38,6 +38,11 @@ def _check_products(M, D, mode, rng, p):
     assert r1.shape == (d,) and m1.shape == (n,)
     np.testing.assert_allclose(r1, Z.T @ V[:, 0], **TOL)
     np.testing.assert_allclose(m1, Z @ U[:, 0], **TOL)
+    # a float32 result: the float64 product rounded once (to within an ulp of its float32 rounding)
+    r32 = M.rmatvec(V, dtype=np.float32)
+    assert r32.dtype == np.float32 and r32.shape == (d, p)
+    ref = Z.T @ V
+    np.testing.assert_allclose(r32, ref.astype(np.float32), rtol=2 ** -22, atol=1e-10 + 2 ** -22 * np.abs(ref).max())
 
 
 @settings(max_examples=60, deadline=None)
@@ -115,6 +120,13 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
         M = Matrix(store, standardize="zscore")
         np.testing.assert_allclose(M.rmatvec(V), Z.T @ V, **TOL)
         np.testing.assert_allclose(M.matvec(U), Z @ U, **TOL)
+        for Mp in (M, Matrix(store)):  # a float32 result on the workers, with the transform and without
+            ref = _dense_z(X.toarray(), Mp.standardize).T @ V
+            r32 = Mp.rmatvec(V, dtype=np.float32)
+            assert r32.dtype == np.float32
+            np.testing.assert_allclose(r32, ref, rtol=2 ** -22, atol=1e-10 + 2 ** -22 * np.abs(ref).max())
+        with pytest.raises(ParameterError, match="dtype"):
+            M.rmatvec(V, dtype=np.int32)
         # a wide product (n x p above dufs.engine.wide-product-bytes): one accumulating task per worker, persisted
         # blocks or re-read ones
         for Mw in (Matrix(X.tocsc(), standardize="zscore", block_width=16),
