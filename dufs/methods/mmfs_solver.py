@@ -493,7 +493,10 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             # whole chain of block states, and an embedded w would stay there once per round (m floats each); a
             # lost chain is rebuilt from the driver's last copy of alpha instead (below)
             t_map = time.perf_counter()
-            w_arg = client.scatter(ws, hash=False) if client is not None else ws
+            # sent to every worker at once when more than one partition reads it (scattered to one worker, the
+            # other partitions' tasks fetched it from there: a second transfer of an n-vector, after the first)
+            w_arg = client.scatter(ws, hash=False, broadcast=partitions is not None and len(partitions) > 1) \
+                if client is not None else ws
             sigma = float(K) if cocoa else 1.0
             res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
                                           not last, sigma, None if dal is None else PerBlock(dal), budget,
