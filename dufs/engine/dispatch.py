@@ -74,18 +74,26 @@ def share(x: Any) -> Any:
 
 
 @contextlib.contextmanager
-def shipped(x: Any, *, broadcast: bool = False) -> Iterator[Any]:
+def shipped(x: Any, *, broadcast: bool = False, where: list | None = None) -> Iterator[Any]:
     """``x`` (an array, or a list sent item by item) scattered to the current client for the block and released
     after; without a client, or a ``distributed.Future`` already, ``x`` itself. ``broadcast``: sent to every
     worker at once (for a pass whose every worker reads it: scattered to one, the others' tasks fetched it from
-    there, a second transfer after the first)."""
+    there, a second transfer after the first). ``where`` (with a list): the worker address each item goes to
+    (None: anywhere), for items read by one task each whose worker is known."""
     client = current_client()
     from distributed import Future
 
     if client is None or x is None or isinstance(x, Future):  # a future is already where the work runs
         yield x
         return
-    futs = client.scatter(x, hash=False, broadcast=broadcast)
+    if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
+        futs: Any = [None] * len(x)
+        for addr in sorted(set(where)):
+            idx = [i for i, a in enumerate(where) if a == addr]
+            for i, f in zip(idx, client.scatter([x[i] for i in idx], hash=False, workers=[addr]), strict=True):
+                futs[i] = f
+    else:
+        futs = client.scatter(x, hash=False, broadcast=broadcast)
     try:
         yield futs
     finally:

@@ -486,14 +486,19 @@ class Matrix:
             return None
         # where the blocks live costs the scheduler a round trip: asked again only after _PLACEMENT_TTL seconds (a
         # block moved since, by a lost worker or a rebalance, runs where its partition runs: correct, only slower)
+        return self._placed(client)[1]
+
+    def _placed(self, client: Any) -> tuple[float, list[list[int]] | None, list[str | None]]:
+        """(when asked, the partitions one a worker or None, the worker of each block) for persisted blocks,
+        asked of the scheduler again only after _PLACEMENT_TTL seconds."""
         now = time.monotonic()
         got = self._units.get(client.id)
         if got is None or now - got[0] > _PLACEMENT_TTL:
             where = self.placement()
             owners = {a for a in where if a is not None}
-            got = (now, None if not owners or None in where else self.partition(len(owners), where))
+            got = (now, None if not owners or None in where else self.partition(len(owners), where), where)
             self._units = {client.id: got}
-        return got[1]
+        return got
 
     def _resident(self, tasks: list) -> BlockState:
         """Run a pass whose per-block results stay on the workers (a BlockState of futures), or in this process."""
@@ -524,7 +529,12 @@ class Matrix:
             out = np.zeros((n, U2.shape[1]))
         else:
             groups = self._matvec_groups(n * U2.shape[1] * 8)
-            with shipped(Wb) as Ws:
+            client = current_client()
+            # each block's rows of U sent to the worker that holds the block (scattered wherever, half of them
+            # moved again between two workers before their tasks could start)
+            where = self._placed(client)[2] if client is not None and self.residency.get("mode") == "persisted" \
+                and self.n_blocks > 1 else None
+            with shipped(Wb, where=where) as Ws:
                 if groups is None:
                     f = delayed(block_matvec)
                     parts = [f(s, Ws[i], n) for i, s in enumerate(self._src)]
