@@ -309,10 +309,11 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
                   above: float | None = None) -> float:
     """The t in [lo, hi] where the (i+1)-th largest eigenvalue mu_i(t) of M(t) crosses 1, with no diagonal value
     -Dl inside the bracket (mu_i(lo) >= 1 > mu_i(hi)): safeguarded Newton, a bisection step whenever Newton's
-    leaves the bracket. Each step is one sweep over Ql. Where mu_i(t) > 0 (always above every pole, where M(t) is
-    positive semidefinite) Newton runs on 1/mu_i(t) - 1, which is close to linear in t (mu_i ~ a / (t - pole),
-    and ~ lambda / t for an eigenvalue far above the poles): one or two steps a root, where Newton on mu_i itself
-    took four or five and Brent's method ten or more. The slope comes from the same sweep: mu_i'(t) = -y^T P(t) y
+    leaves the bracket. Each step is one sweep over Ql. The step solves a one-pole model mu(s) = b + a / (s - p)
+    through the point's value and slope (p the nearer of ``pole`` and ``above``: exact for one pole's term plus a
+    constant, and close to lambda / t far above every pole), else Newton's step on 1/mu_i(t) - 1 where mu_i > 0 or
+    on mu_i(t) - 1: one to three steps a root, where Newton on mu_i alone took four or five and Brent's method ten
+    or more. The slope comes from the same sweep: mu_i'(t) = -y^T P(t) y
     for its unit eigenvector y (Hellmann-Feynman). ``m_at(t)``: (M(t), P(t)) (:func:`_secular_m_and_slope`,
     cached by the caller). Newton starts at ``hi`` (the previous, larger root, whose M is cached, or the bound
     above them all). ``pole``: the nearest diagonal value -Dl below the bracket (None: none): where Newton's step
