@@ -319,9 +319,9 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
     above them all). ``pole``: the nearest diagonal value -Dl below the bracket (None: none): where Newton's step
     leaves the bracket, the bracket is split at the geometric mean of its ends' distances to it, which takes a
     bracket spanning orders of magnitude (a root close to a pole, the bound far above) down in a few steps where
-    halving it takes tens; ``above``: the nearest one above (None: none). The t returned is within ``eps`` of the
-    root, and is the last t evaluated unless Newton's next step would move the eigenvector (t I + D)^-1 Q y by
-    more than 1e-10 of itself (a root close to a pole)."""
+    halving it takes tens; ``above``: the nearest one above (None: none). The t returned is the last t evaluated,
+    within ``eps`` of the root and within 1e-12 of its distance to the nearest pole (down to t's own rounding): the
+    eigenvector (t I + D)^-1 Q y of a root close to a pole moves with t."""
     t = hi
     for _ in range(200):
         M, P = m_at(t)
@@ -332,7 +332,13 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
             lo = t
         else:
             hi = t
-        if g == 0.0 or hi - lo <= eps:
+        # the tolerance on t: ``eps``, and within 1e-12 of the distance to the nearest pole (the eigenvector
+        # (t I + D)^-1 Q y moves with t in proportion to 1 / that distance), down to t's own rounding
+        gap = min(t - pole if pole is not None else np.inf, above - t if above is not None else np.inf)
+        tol_t = max(min(eps, 1e-12 * gap), 4.0 * np.finfo(float).eps * abs(t))
+        # and mu_i - 1 at the rounding level of M(t)'s eigenvalues (about eps ||M(t)||): no step can do better
+        noise = 16.0 * np.finfo(float).eps * max(abs(float(w[0])), abs(float(w[-1])), 1.0)
+        if abs(g) <= noise or hi - lo <= tol_t:
             break
         y = Y[:, -1 - i]
         slope = -float(y @ P @ y)
@@ -353,11 +359,8 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
             nxt = pole + float(np.sqrt((lo - pole) * (hi - pole))) if geometric else 0.5 * (lo + hi)
             if not lo < nxt < hi:
                 nxt = 0.5 * (lo + hi)
-        if abs(nxt - t) <= eps:
-            gap = min(t - pole if pole is not None else np.inf, above - t if above is not None else np.inf)
-            if abs(nxt - t) > 1e-10 * gap:
-                t = nxt  # near a pole the eigenvector (t I + D)^-1 Q y moves with t: one more sweep, at nxt
-            break  # else keep the t evaluated (its M gives the eigenvector)
+        if abs(nxt - t) <= tol_t:
+            break  # keep the t evaluated (its M gives the eigenvector)
         t = nxt
     return t
 

@@ -309,3 +309,26 @@ def test_u_step_on_many_rows_is_as_good_as_scikit_learns_kmeans(monkeypatch):
     assert km <= 1.01 * ref
     dist = ((Y[:, None, :] - C[None, :, :]) ** 2).sum(axis=2)
     assert np.all(dist[np.arange(n), labels] <= dist.min(axis=1) + 1e-9)
+
+
+@pytest.mark.parametrize("seed", [12, 138, 204])
+def test_secular_eigenpairs_among_clustered_poles_are_eigh(seed):
+    """Rank-deficient Q (its columns sum to zero, as Zc^T U's do) of large scale, with a third of the diagonal's
+    values packed within 1e-3 of each other: the eigenpairs among those poles are found to eigh's accuracy (a root
+    known only to the global tolerance gave eigenvectors off by 1e-5, and a fallback to LOBPCG)."""
+    rng = np.random.default_rng(seed)
+    m, c = int(rng.integers(20, 200)), int(rng.integers(2, 8))
+    k = int(rng.integers(1, min(c + 4, m - 1)))
+    Qa = rng.standard_normal((m, c)) * rng.choice([1e-2, 1.0, 10.0, 100.0])
+    Qa[:, -1] = -Qa[:, :-1].sum(axis=1)
+    Da = rng.uniform(0.5, 3.0, size=m)
+    Da[: m // 3] = 0.5 + rng.uniform(0, 1e-3, size=m // 3)
+    got = U._top_lowrank(Qa, Da, k)
+    assert got is not None
+    vals, V = got
+    A = Qa @ Qa.T - np.diag(Da)
+    ref = np.linalg.eigvalsh(A)[::-1][:k]
+    scale = max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
+    np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
