@@ -323,15 +323,23 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
     within ``eps`` of the root and within 1e-12 of its distance to the nearest pole (down to t's own rounding): the
     eigenvector (t I + D)^-1 Q y of a root close to a pole moves with t."""
     t = hi
+    glo = ghi = None  # mu - 1 at the bracket's ends, once evaluated there (Illinois' false position)
+    side = 0
     for _ in range(200):
         M, P = m_at(t)
         w, Y = np.linalg.eigh(M)
         mu = float(w[-1 - i])
         g = mu - 1.0
         if g >= 0.0:
-            lo = t
+            lo, glo = t, g
+            if side == 1 and ghi is not None:
+                ghi *= 0.5  # the same end kept twice: halve the other's weight (Illinois)
+            side = 1
         else:
-            hi = t
+            hi, ghi = t, g
+            if side == -1 and glo is not None:
+                glo *= 0.5
+            side = -1
         # the tolerance on t: ``eps``, and within 1e-12 of the distance to the nearest pole (the eigenvector
         # (t I + D)^-1 Q y moves with t in proportion to 1 / that distance), down to t's own rounding
         gap = min(t - pole if pole is not None else np.inf, above - t if above is not None else np.inf)
@@ -355,8 +363,13 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
             if nxt is None:  # Newton on mu - 1, or on 1/mu - 1 (the same step scaled by mu) where mu > 0
                 nxt = t - g / slope * (mu if mu > 0.0 else 1.0)
         if nxt is None or not lo < nxt < hi:
-            geometric = pole is not None and lo > pole
-            nxt = pole + float(np.sqrt((lo - pole) * (hi - pole))) if geometric else 0.5 * (lo + hi)
+            if glo is not None and ghi is not None and glo > 0.0 > ghi:
+                # false position between the ends (Illinois): superlinear where mu_i has a kink (two eigenvalues of
+                # M(t) crossing near the root), where Newton's steps leave the bracket and halving took 30 sweeps
+                nxt = lo + (hi - lo) * glo / (glo - ghi)
+            else:
+                geometric = pole is not None and lo > pole
+                nxt = pole + float(np.sqrt((lo - pole) * (hi - pole))) if geometric else 0.5 * (lo + hi)
             if not lo < nxt < hi:
                 nxt = 0.5 * (lo + hi)
         if abs(nxt - t) <= tol_t:
