@@ -215,12 +215,10 @@ def _choose(Y: np.ndarray, c: int, fixed: list[Any], starts: list[int], seed: in
         functools.partial(_kmeans, Y, c, "k-means++", s, refine=not sampled) for s in starts]
     labels, km, j = _best_partition(Y, c, _in_threads(calls))
     if sampled and j >= len(fixed):
-        C, _ = _centroids(Y, labels, c)
-        lab = _kmeans(Y, c, C, seed)
-        if np.bincount(lab, minlength=c).min() > 0:
-            v = _km_term(Y, lab, _centroids(Y, lab, c)[0])
-            if v <= km:
-                labels, km = lab, v
+        lab = _kmeans(Y, c, _centroids(Y, labels, c)[0], seed)
+        v = _own_term(Y, lab, c)
+        if v is not None and v <= km:
+            labels, km = lab, v
     return labels, km, j
 
 
@@ -251,16 +249,20 @@ def _in_threads(calls: list[Any]) -> Any:
                 yield pending.popleft().result()
 
 
+def _own_term(Y: np.ndarray, labels: np.ndarray, c: int) -> float | None:
+    """The k-means term of a partition with its own centroids; None when a cluster is empty (an empty cluster
+    makes (U^T U)^-1 undefined)."""
+    C, counts = _centroids(Y, labels, c)
+    return None if counts.min() == 0 else _km_term(Y, labels, C)
+
+
 def _best_partition(Y: np.ndarray, c: int, candidates: Any) -> tuple[np.ndarray, float, int]:
     """The candidate of smallest k-means term (each with its own centroids); ties keep the earlier one.
     ``candidates`` may be a generator: only the best so far and the one at hand are held (n-vectors each)."""
     best, best_v, best_j = None, np.inf, -1
     for j, lab in enumerate(candidates):
-        if np.bincount(lab, minlength=c).min() == 0:
-            continue  # an empty cluster makes (U^T U)^-1 undefined
-        C, _ = _centroids(Y, lab, c)
-        v = _km_term(Y, lab, C)
-        if v < best_v:
+        v = _own_term(Y, lab, c)
+        if v is not None and v < best_v:
             best, best_v, best_j = lab, v, j
     if best is None:
         raise ParameterError(f"k-means left a cluster empty in every candidate: n_clusters = {c} is too many for "
