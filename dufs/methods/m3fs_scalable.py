@@ -337,10 +337,9 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         """Two clusters: the bias is eliminated, min over b of J(u, b) (the balance constraint is an interval
         of b for every u), from ``Fu`` = Z S^1/2 u without it, starting at ``b``: (b, F = Fu + b, L F). FISTA
         then runs on phi(u) = min_b J(u, b), convex and as smooth (a partial minimisation), with the gradient
-        below. With b
-        a coordinate of the gradient step instead, a hinge linear in b (few scores within mu of the margin) made
-        b walk to the balance bound by a fixed step an iteration: 8 of a v-step's 14 iterations on a 200K-row
-        store. ``aU``: a^T u, when the caller has it."""
+        below. With b a coordinate of the gradient step instead, a hinge linear in b (few scores within mu of the
+        margin) made b walk to the balance bound by a fixed step an iteration: 8 of a v-step's 14 iterations on a
+        200K-row store. ``aU``: a^T u, when the caller has it."""
         LG = None
         if lambda_ != 0.0:
             LG = (LZs @ U)[:, 0] if LZs is not None else np.asarray(L @ Fu[:, None]).ravel()
