@@ -259,7 +259,8 @@ def _renameat2_exchange(a: str, b: str) -> bool:
     raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one we may not signal counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -273,7 +274,7 @@ def lock_is_live(held: dict) -> bool:
     """A lock is live unless its process is known to be gone (same host, no such pid)."""
     if held.get("host") != socket.gethostname():
         return True
-    return _pid_alive(int(held.get("pid", -1))) and int(held.get("pid", -1)) != os.getpid()
+    return pid_alive(int(held.get("pid", -1))) and int(held.get("pid", -1)) != os.getpid()
 
 
 def acquire_lock(loc: Location, *, what: str) -> dict:

@@ -15,6 +15,7 @@ from dask.sizeof import sizeof
 
 from dufs import config
 from dufs.engine.buffers import buffer
+from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import csc_matvec, csc_rmatvec
@@ -177,6 +178,7 @@ def block_rmatvec(src, V, vsum, tf, dtype=None):
     """Z_b^T V of one block (float64 (width, p), or ``dtype``), written into a pooled buffer
     (:func:`dufs.engine.buffers.buffer`)."""
     b = resolve(src)
+    V = local_array(V)
     direct = _direct(dtype, [tf])
     out = buffer((b.indptr.shape[0] - 1, V.shape[1]), dtype if direct else np.float64)
     csc_rmatvec(b.indptr, b.indices, b.data, V, out)
@@ -187,6 +189,7 @@ def partition_rmatvec(srcs, V, vsum, tfs, dtype=None):
     """Z_b^T V of a partition's blocks, stacked in the order given into one pooled float64 (sum of widths, p)
     buffer (or ``dtype``): one task and one result a partition."""
     blocks = [resolve(s) for s in srcs]
+    V = local_array(V)
     direct = _direct(dtype, tfs)
     out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), V.shape[1]), dtype if direct else np.float64)
     o = 0

@@ -74,18 +74,29 @@ def share(x: Any) -> Any:
 
 
 @contextlib.contextmanager
-def shipped(x: Any, *, broadcast: bool = False, where: list | None = None) -> Iterator[Any]:
+def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, shared: bool = False) -> Iterator[Any]:
     """``x`` (an array, or a list sent item by item) scattered to the current client for the block and released
     after; without a client, or a ``distributed.Future`` already, ``x`` itself. ``broadcast``: sent to every
     worker at once (for a pass whose every worker reads it: scattered to one, the others' tasks fetched it from
     there, a second transfer after the first). ``where`` (with a list): the worker address each item goes to
-    (None: anywhere), for items read by one task each whose worker is known."""
+    (None: anywhere), for items read by one task each whose worker is known.
+
+    ``shared``: an array the tasks read through :func:`dufs.engine.shm.local_array` goes, where every worker is on
+    this machine, through one file in /dev/shm that they all map (:func:`dufs.engine.shm.publish`): one copy for
+    all of them, not one a process (:mod:`dufs.engine.shm`)."""
     client = current_client()
     from distributed import Future
 
     if client is None or x is None or isinstance(x, Future):  # a future is already where the work runs
         yield x
         return
+    if shared and where is None:
+        from dufs.engine.shm import publish, shared_eligible
+
+        if shared_eligible(client, x):
+            with publish(x) as ref:
+                yield ref
+            return
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
         futs: Any = [None] * len(x)
         for addr in sorted(set(where)):

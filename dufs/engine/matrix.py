@@ -440,7 +440,7 @@ class Matrix:
         vsum = col_sums(V2) if mu is not None else None
         tf = self._block_transform()
         units = self._pass_partitions() if gather else None
-        with shipped(V2, broadcast=units is not None and len(units) > 1) as Vs:
+        with shipped(V2, broadcast=units is not None and len(units) > 1, shared=True) as Vs:
             if units is None:
                 f = delayed(block_rmatvec)
                 tasks = [f(s, Vs, vsum, tf[i], dt) for i, s in enumerate(self._src)]

@@ -47,6 +47,7 @@ from dufs.engine.graphs import (
     laplacian_operator,
     resolve_graph,
 )
+from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums, csc_matvec, csc_rmatvec
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
@@ -154,6 +155,7 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
     there, in the same sweep that picks the best) and the current ones become the new state's spares: the state
     it was given stays as it was (a task may run again), and no array is allocated (a fresh array's pages fault in
     again every step: 25 bytes a feature)."""
+    V = local_array(V)
     spare = state.get("spare") or {k: np.empty_like(state[k]) for k in _SWAPPED}
     np.copyto(spare["sel"], state["sel"])  # s and v: the kernel reads the state's and writes the spares
     st = {**spare, "spare": {k: state[k] for k in _SWAPPED}, "tiny": state["tiny"], "step": state["step"] + 1,
@@ -406,7 +408,7 @@ class GreedyRun:
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V)
-        with shipped(V, broadcast=self.parts is not None and len(self.parts) > 1) as Va:
+        with shipped(V, broadcast=self.parts is not None and len(self.parts) > 1, shared=True) as Va:
             props, new = self._map(_step, p, Va, col_sums(V), s_p, c2, self.mode, self.dir if save else None,
                                    state=self.state)
         release(self.state)

@@ -16,6 +16,8 @@ import numpy as np
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock
+from dufs.engine.dispatch import shipped
+from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import active_set, dcd_epoch, dcd_gradient, gap_terms
 from dufs.methods.solver import atomic_write, recoverable, release
@@ -203,6 +205,7 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     Returns the new states and a :class:`PartitionResult`: the change of ws and the round's :class:`RoundTotals`
     (dws, dt, dS: the change of w that the alphas' change makes, whatever ``sigma``)."""
     t0 = time.perf_counter()
+    ws = local_array(ws)
     part = part[0] if isinstance(part, list) else part
     tail = RoundTotals(partitions=1.0)
     new = []
@@ -495,15 +498,14 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             t_map = time.perf_counter()
             # sent to every worker at once when more than one partition reads it (scattered to one worker, the
             # other partitions' tasks fetched it from there: a second transfer of an n-vector, after the first)
-            w_arg = client.scatter(ws, hash=False, broadcast=partitions is not None and len(partitions) > 1) \
-                if client is not None else ws
+            # (on this machine's workers: one copy in shared memory that they all map, dufs.engine.shm)
             sigma = float(K) if cocoa else 1.0
-            res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
-                                          not last, sigma, None if dal is None else PerBlock(dal), budget,
-                                          PerBlock(partition_of), state=state, reduce="sum", partitions=partitions)
+            with shipped(ws, broadcast=partitions is not None and len(partitions) > 1, shared=True) as w_arg:
+                res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
+                                              not last, sigma, None if dal is None else PerBlock(dal), budget,
+                                              PerBlock(partition_of), state=state, reduce="sum",
+                                              partitions=partitions)
             release(state)
-            if client is not None:
-                w_arg.release()
             state = new_state
             t_map = time.perf_counter() - t_map
             dws, tl = res.dense(), res.tail

@@ -1,0 +1,236 @@
+"""Dense vectors shared through the host's shared memory with the worker processes on the driver's machine.
+
+A pass reads its vector V at random rows, so V's place in the cache decides the pass's speed. Scattered, every
+worker process holds its own copy: on this project's 2-core test machine two float64 copies of a 2M-row V (16 MB
+each) did not fit the shared L3 cache together, and a pass on 2 workers ran 1.06x faster than on 1 (the kernel
+alone, each process over half the blocks). With one copy in shared memory that every worker maps, the same two
+kernels ran 2.04x faster than one (docs/architecture.md, "Measured facts").
+
+:func:`publish` writes an array to a file under ``/dev/shm`` (one ``write``: no pickling, no transfer) and yields a
+:class:`SharedArray`, a small picklable reference that travels in the graph; :func:`local_array` in the task maps
+it read-only (a worker keeps its mappings of the files that still exist: the blocks of one pass map it once). The
+file is removed when the ``with`` block ends. It is used where it pays (:func:`shared_eligible`): two or more
+workers, all of which see the driver's ``/dev/shm`` (:func:`workers_share_memory`, asked once per set of workers:
+LocalCluster workers, or ``dask worker`` processes started on the driver's machine), and a vector between
+``dufs.engine.shared-memory-bytes`` and ``dufs.engine.shared-memory-max-bytes`` (half the last-level cache). Other
+vectors, and workers on other machines, get the array scattered as before; ``dufs.engine.shared-memory: off``
+scatters everything.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import mmap
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dufs import config
+from dufs.data._fs import pid_alive
+
+__all__ = ["SharedArray", "local_array", "publish", "shared_eligible", "workers_share_memory"]
+
+_DIR = "/dev/shm"
+_PREFIX = "dufs-"
+
+
+@dataclass(frozen=True)
+class SharedArray:
+    """A C-ordered array in the file ``path`` (under ``/dev/shm``): what a task receives in place of the array;
+    :func:`local_array` maps it."""
+
+    path: str
+    shape: tuple
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+# ------------------------------------------------------------------------------------------------ in the tasks
+_MAPS: OrderedDict[str, np.ndarray] = OrderedDict()
+_MAPS_LOCK = threading.Lock()
+_KEEP = 4  # mappings kept per process at most (those whose file was removed are dropped first)
+
+
+def local_array(x: Any) -> Any:
+    """``x`` itself, or for a :class:`SharedArray` the array it refers to, mapped read-only (once per process and
+    file)."""
+    if not isinstance(x, SharedArray):
+        return x
+    with _MAPS_LOCK:
+        got = _MAPS.get(x.path)
+        if got is not None:
+            _MAPS.move_to_end(x.path)
+            return got
+        for p in [p for p in _MAPS if not os.path.exists(p)]:  # a finished pass's file: its memory goes back
+            del _MAPS[p]
+        try:
+            fd = os.open(x.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"the shared vector {x.path} is not visible in this worker process (is it on another machine than "
+                f"the client? set dufs.engine.shared-memory to 'off')") from None
+        try:
+            n = x.nbytes
+            if n == 0:
+                arr = np.empty(x.shape, dtype=x.dtype)
+            else:
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # its pages mapped in one call
+                mm = mmap.mmap(fd, n, flags=flags, prot=mmap.PROT_READ)
+                arr = np.frombuffer(mm, dtype=x.dtype, count=int(np.prod(x.shape, dtype=np.int64))).reshape(x.shape)
+        finally:
+            os.close(fd)
+        _MAPS[x.path] = arr
+        while len(_MAPS) > _KEEP:
+            _MAPS.popitem(last=False)
+        return arr
+
+
+# ------------------------------------------------------------------------------------------------ on the driver
+_LIVE: set[str] = set()
+_LIVE_LOCK = threading.Lock()
+_SWEPT = False
+
+
+def _cleanup() -> None:
+    for p in list(_LIVE):
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+    _LIVE.clear()
+
+
+atexit.register(_cleanup)
+
+
+def _sweep_stale() -> None:
+    """Remove files left in /dev/shm by dufs processes that no longer run (killed during a pass)."""
+    global _SWEPT
+    if _SWEPT:
+        return
+    _SWEPT = True
+    with contextlib.suppress(OSError):
+        for name in os.listdir(_DIR):
+            if not name.startswith(_PREFIX):
+                continue
+            try:
+                pid = int(name[len(_PREFIX):].split("-", 1)[0])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(_DIR, name))
+
+
+def _new_path() -> str:
+    return os.path.join(_DIR, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def _write(path: str, x: np.ndarray) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        view = memoryview(np.ascontiguousarray(x)).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def publish(x: np.ndarray) -> Iterator[SharedArray]:
+    """``x`` written to a new file in /dev/shm for the duration of the ``with`` block, as a :class:`SharedArray`
+    (the file is removed after, also when the block raises; a process killed before leaves it to the next dufs
+    driver on the machine, which removes the files of dead processes)."""
+    _sweep_stale()
+    x = np.ascontiguousarray(x)
+    path = _new_path()
+    with _LIVE_LOCK:
+        _LIVE.add(path)
+    try:
+        _write(path, x)
+        yield SharedArray(path, tuple(int(s) for s in x.shape), x.dtype.str)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        with _LIVE_LOCK:
+            _LIVE.discard(path)
+
+
+def _sees(path: str) -> bool:
+    return os.path.exists(path)
+
+
+_ELIGIBLE: dict[tuple, int] = {}
+
+
+def workers_share_memory(client: Any) -> int:
+    """How many workers ``client`` has when every one of them sees this process's /dev/shm, else 0 (asked once per
+    set of workers: a probe file written here, looked for there)."""
+    if not os.path.isdir(_DIR):
+        return 0
+    try:
+        workers = tuple(sorted(client.scheduler_info(n_workers=-1).get("workers", {})))
+    except Exception:
+        return 0
+    if not workers:
+        return 0
+    key = (client.id, workers)
+    got = _ELIGIBLE.get(key)
+    if got is None:
+        path = _new_path()
+        try:
+            with open(path, "wb"):
+                pass
+            seen = client.run(_sees, path, workers=list(workers))
+            got = len(workers) if len(seen) == len(workers) and all(seen.values()) else 0
+        except Exception:
+            got = 0
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if len(_ELIGIBLE) > 16:
+            _ELIGIBLE.clear()
+        _ELIGIBLE[key] = got
+    return got
+
+
+def _largest() -> int:
+    """``dufs.engine.shared-memory-max-bytes``; ``auto``: half this machine's last-level cache (16 MiB when the
+    system does not say)."""
+    got = config.get("engine.shared-memory-max-bytes")
+    if str(got).lower() != "auto":
+        return config.parse_bytes(got)
+    sizes = []
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    with contextlib.suppress(OSError, ValueError):
+        for name in os.listdir(base):
+            with open(os.path.join(base, name, "size")) as f:
+                sizes.append(config.parse_bytes(f.read().strip().replace("K", "KiB").replace("M", "MiB")))
+    return max(sizes) // 2 if sizes else 16 << 20
+
+
+def shared_eligible(client: Any, x: Any) -> bool:
+    """Whether :func:`publish` should carry ``x`` to ``client``'s workers: a numeric ndarray of at least
+    ``dufs.engine.shared-memory-bytes`` and at most ``dufs.engine.shared-memory-max-bytes``, shared memory not
+    switched off, and at least two workers, every one on this machine.
+
+    One worker has nothing to share, and a vector larger than what the cache holds gains nothing from one copy
+    while its 4 KiB shared pages cost more address translation than a private copy's huge pages: on the 2-core
+    test machine a 1-worker pass over a shared float64 2M-row vector ran about 8% slower than over its own copy,
+    and 2 workers over a shared 32 MB vector no faster than over their own."""
+    if client is None or not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf":
+        return False
+    if str(config.get("engine.shared-memory")).lower() in ("off", "false", "no", "never"):
+        return False
+    if not config.parse_bytes(config.get("engine.shared-memory-bytes")) <= x.nbytes <= _largest():
+        return False
+    return workers_share_memory(client) >= 2

@@ -1,0 +1,123 @@
+"""Vectors shared through /dev/shm with the workers on this machine (dufs.engine.shm): the mapping itself, its
+clean-up, and passes, greedy steps and MMFS rounds that read their vectors from it, against SciPy, the greedy
+selectors' paper references and the serial solve."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import dufs
+from dufs.engine import as_matrix, shm
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
+
+ALL = {"dufs.engine.shared-memory-bytes": 1}  # every vector, however small, through shared memory
+
+
+def _ours() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"dufs-{os.getpid()}-")}
+
+
+def _worker_maps() -> list[str]:
+    from dufs.engine import shm as mod
+
+    return list(mod._MAPS)
+
+
+def test_published_array_maps_read_only_and_goes_away_after():
+    x = np.random.default_rng(0).standard_normal((1000, 3))
+    assert shm.local_array(x) is x
+    before = _ours()
+    with shm.publish(x) as ref:
+        assert os.path.exists(ref.path) and ref.nbytes == x.nbytes
+        got = shm.local_array(ref)
+        np.testing.assert_array_equal(got, x)
+        assert got.dtype == x.dtype and got.shape == x.shape and not got.flags.writeable
+        assert shm.local_array(ref) is got  # mapped once per process
+    assert not os.path.exists(ref.path) and _ours() == before
+    np.testing.assert_array_equal(got, x)  # a mapping outlives the file
+    with pytest.raises(RuntimeError), shm.publish(x) as ref2:
+        raise RuntimeError("a failed pass")
+    assert not os.path.exists(ref2.path)
+    with pytest.raises(FileNotFoundError, match="shared-memory"):
+        shm.local_array(ref2)
+
+
+def test_files_of_dead_processes_are_removed():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    path = f"/dev/shm/dufs-{int(dead.stdout)}-leftover"
+    with open(path, "wb") as f:
+        f.write(b"\0" * 64)
+    shm._SWEPT = False
+    with shm.publish(np.zeros(4)):
+        pass
+    assert not os.path.exists(path)
+
+
+def test_pass_reads_one_shared_copy_on_the_cluster(cluster_client):
+    X = sp.csc_array(sp.random(3000, 700, density=0.02, format="csc", random_state=1, dtype=np.float32))
+    rng = np.random.default_rng(1)
+    v, V = rng.standard_normal(3000), rng.standard_normal((3000, 3))
+    D = X.toarray().astype(np.float64)
+    sd = D.std(axis=0)
+    sd[sd == 0] = 1.0
+    Z = (D - D.mean(axis=0)) / sd  # dense NumPy z-scores
+    with cluster_client.as_current(), dask.config.set(ALL):
+        assert shm.workers_share_memory(cluster_client)
+        M = as_matrix(X, block_width=64, standardize="zscore", persist=True)
+        for vec in (v, V):
+            for dt in (np.float64, np.float32):
+                got = M.rmatvec(vec, dtype=dt)
+                ref = Z.T @ vec
+                assert got.dtype == dt
+                np.testing.assert_allclose(got, ref, rtol=0, atol=(1e-12 if dt == np.float64 else 1e-6)
+                                           * np.abs(ref).max())
+        maps = cluster_client.run(_worker_maps)
+        M.release()
+    assert all(any(p.startswith(f"/dev/shm/dufs-{os.getpid()}-") for p in m) for m in maps.values()), maps
+    assert not _ours()
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
+        assert not shm.shared_eligible(cluster_client, v)
+        np.testing.assert_allclose(as_matrix(X, block_width=64, standardize="zscore").rmatvec(v), Z.T @ v,
+                                   rtol=0, atol=1e-12 * np.abs(Z.T @ v).max())
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_greedy_steps_from_shared_memory_pick_as_in_process(cluster_client, method):
+    from tests.methods.test_greedy import K, _data, _fit_lap, _graph, _ref
+
+    X = _data("sparse")
+    W = sp.csr_array(_graph("sparse"))
+    with cluster_client.as_current(), dask.config.set(ALL):
+        M = as_matrix(X, block_width=8, persist=True)
+        sel = _fit_lap(M, method, W=W, client=cluster_client)
+        maps = cluster_client.run(_worker_maps)
+        M.release()
+    assert len(sel.indices) == K and all(maps.values())
+    np.testing.assert_array_equal(sel.indices, _ref(method, "sparse").order)
+    assert not _ours()
+
+
+def test_mmfs_rounds_from_shared_memory_reach_the_serial_objective(cluster_client):
+    from dufs.methods.mmfs import mmfs
+    from dufs.testing.references import labelled_problem
+
+    X, y = labelled_problem(3, n=300, d=64)
+    serial = mmfs(dufs.engine.Matrix(X, standardize="scale", block_width=8), y, gamma=0.2, tol=1e-8,
+                  max_epochs=5000, n_partitions=1)
+    with cluster_client.as_current(), dask.config.set(ALL):
+        M = as_matrix(X, standardize="scale", block_width=8, persist=True)
+        res = mmfs(M, y, gamma=0.2, tol=1e-8, max_epochs=5000, n_partitions=2)
+        maps = cluster_client.run(_worker_maps)
+        M.release()
+    assert res.diagnostics["n_partitions"] == 2 and all(maps.values())
+    assert res.diagnostics["objective"] == pytest.approx(serial.diagnostics["objective"], rel=1e-6)
+    assert not _ours()
