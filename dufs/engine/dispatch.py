@@ -94,9 +94,14 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
         from dufs.engine.shm import publish, shared_eligible
 
         if shared_eligible(client, x):
-            with publish(x) as ref:
-                yield ref
-            return
+            with contextlib.ExitStack() as stack:
+                try:
+                    ref = stack.enter_context(publish(x))
+                except OSError:  # /dev/shm full (a container's is often 64 MB) or not writable: scattered instead
+                    ref = None
+                if ref is not None:
+                    yield ref
+                    return
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
         futs: Any = [None] * len(x)
         for addr in sorted(set(where)):

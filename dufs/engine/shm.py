@@ -13,8 +13,9 @@ file is removed when the ``with`` block ends. It is used where it pays (:func:`s
 workers, all of which see the driver's ``/dev/shm`` (:func:`workers_share_memory`, asked once per set of workers:
 LocalCluster workers, or ``dask worker`` processes started on the driver's machine), and a vector between
 ``dufs.engine.shared-memory-bytes`` and ``dufs.engine.shared-memory-max-bytes`` (half the last-level cache). Other
-vectors, and workers on other machines, get the array scattered as before; ``dufs.engine.shared-memory: off``
-scatters everything.
+vectors, and workers on other machines, get the array scattered as before, and so does a vector whose file cannot
+be written (a full /dev/shm: a container's is often 64 MB); ``dufs.engine.shared-memory: off`` scatters
+everything.
 """
 
 from __future__ import annotations
