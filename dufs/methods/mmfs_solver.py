@@ -89,14 +89,72 @@ def _working_set(blk, st, C) -> np.ndarray:
     return index[:n_active]
 
 
-def _payload(blk, st, index) -> dict:
-    """A block's working set for an epoch run by the driver: its columns and per-coordinate numbers."""
+def _payload(blk, st, index, have=None) -> dict:
+    """A block's working set for an epoch run by the driver: its columns and per-coordinate numbers. The columns
+    in ``have`` (local indices the driver keeps, :class:`_ColumnCache`) are left out (``sent`` marks the others)."""
     lo, hi = blk.indptr[index], blk.indptr[index + 1]
-    take = np.concatenate([np.arange(a, c) for a, c in zip(lo, hi, strict=True)]) if index.size else \
+    sent = np.ones(index.shape[0], dtype=np.bool_) if have is None or not len(have) else ~np.isin(index, have)
+    take = np.concatenate([np.arange(a, c) for a, c in zip(lo[sent], hi[sent], strict=True)]) if sent.any() else \
         np.zeros(0, np.int64)
-    return {"start": blk.start, "index": index, "counts": hi - lo, "indices": blk.indices[take],
+    return {"start": blk.start, "index": index, "counts": hi - lo, "sent": sent, "indices": blk.indices[take],
             "data": blk.data[take], **{k: st[k][index] for k in ("coef", "shift", "colsum", "qii", "rho", "alpha",
                                                                   "g")}}
+
+
+_CACHE_MIN_NNZ = 4096  # working-set columns the driver keeps between rounds have at least this many nonzeros
+
+
+class _ColumnCache:
+    """The heavier working-set columns the driver received, kept between rounds (least recently used dropped
+    beyond ``limit`` nonzeros): a partition leaves them out of its payload. The support of a kddb-like problem is
+    a few heavy columns, sent every round: 1.2M nonzeros (about 10 MB) a round on the 2M x 5M bench store."""
+
+    def __init__(self, limit: int):
+        from collections import OrderedDict
+
+        self.limit = int(limit)
+        self.cols: OrderedDict = OrderedDict()  # (block start, local index) -> (indices, data)
+        self.nnz = 0
+        self.reused = 0  # nonzeros not sent because they were here
+
+    def known(self, bounds: np.ndarray) -> list:
+        """Per block (by ``bounds``), the sorted local indices of the columns held here."""
+        by: dict = {}
+        for start, j in self.cols:
+            by.setdefault(start, []).append(j)
+        return [np.sort(np.asarray(by.get(int(a), []), dtype=np.int64)) for a in bounds[:-1]]
+
+    def complete(self, c: dict) -> dict:
+        """The payload ``c`` with every column of its working set (the held ones put back, the heavy new ones
+        kept)."""
+        sent, counts, start, index = c["sent"], c["counts"], int(c["start"]), c["index"]
+        if sent.all():
+            full_i, full_d = c["indices"], c["data"]
+        else:
+            ends = np.cumsum(counts)
+            full_i = np.empty(int(ends[-1]), dtype=c["indices"].dtype)
+            full_d = np.empty(int(ends[-1]), dtype=c["data"].dtype)
+            mask = np.repeat(sent, counts)
+            full_i[mask] = c["indices"]
+            full_d[mask] = c["data"]
+            for j in np.flatnonzero(~sent):
+                got = self.cols[(start, int(index[j]))]
+                self.cols.move_to_end((start, int(index[j])))
+                full_i[ends[j] - counts[j]:ends[j]] = got[0]
+                full_d[ends[j] - counts[j]:ends[j]] = got[1]
+                self.reused += int(counts[j])
+            c = {**c, "indices": full_i, "data": full_d}
+        heavy = np.flatnonzero(sent & (counts >= _CACHE_MIN_NNZ))
+        if heavy.size:
+            ends = np.cumsum(counts)
+            for j in heavy:
+                a, b = int(ends[j] - counts[j]), int(ends[j])
+                self.cols[(start, int(index[j]))] = (full_i[a:b].copy(), full_d[a:b].copy())
+                self.nnz += b - a
+            while self.nnz > self.limit and self.cols:
+                _, (i, _) = self.cols.popitem(last=False)
+                self.nnz -= i.shape[0]
+        return c
 
 
 def _epoch(blk, st, wsl, wtl, bias, m, C, gamma, update_bias, sigma, index=None) -> tuple[int, int]:
@@ -193,14 +251,16 @@ class PartitionResult:
         return cls(dws.shape[0], None, dws, tail, cols)
 
 
-def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sigma, dal=None, budget=0, part=0):
+def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sigma, dal=None, budget=0, part=0,
+           have=None):
     """One round of a partition (its blocks, in a random order): apply last round's step and compute the gap terms
     at (w, b) on every block, then (if ``epoch``) one DCD epoch over all of them against one local copy of w, with
     the bias held at ``b`` unless ``update_bias`` (one partition: serial DCD; or CoCoA+ with ``sigma`` > 1).
 
     ``dal`` (one item a block, or None): the blocks' directions when the driver ran their epoch last round.
     When the partition's working sets hold at most ``budget`` nonzeros, it runs no epoch and returns them
-    (:func:`_payload`, tagged with ``part``) for the driver's epoch instead.
+    (:func:`_payload`, tagged with ``part``; ``have``, one item a block: the columns the driver already holds) for
+    the driver's epoch instead.
 
     Returns the new states and a :class:`PartitionResult`: the change of ws and the round's :class:`RoundTotals`
     (dws, dt, dS: the change of w that the alphas' change makes, whatever ``sigma``)."""
@@ -223,10 +283,10 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     nnz = sum(int((blk.indptr[ix + 1] - blk.indptr[ix]).sum()) for blk, ix in zip(blocks, sets, strict=True))
     if nnz <= budget:
         cols = []
-        for blk, st, ix in zip(blocks, new, sets, strict=True):
+        for q, (blk, st, ix) in enumerate(zip(blocks, new, sets, strict=True)):
             st["dalpha"] = _NO_STEP
             if ix.size:
-                cols.append({"part": part, **_payload(blk, st, ix)})
+                cols.append({"part": part, **_payload(blk, st, ix, None if have is None else have[q])})
         tail.visited = float(sum(ix.size for ix in sets))
         tail.task_s = time.perf_counter() - t0
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail, cols)
@@ -473,6 +533,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     step = 0.0
     dal = None  # the blocks' directions when the driver ran their epochs (else each block keeps its own)
     budget = _SERIAL_NNZ // K if K > 1 and rule == "auto" else 0
+    cache = _ColumnCache(_SERIAL_NNZ) if budget else None  # working-set columns kept here between rounds
     partition_of = [0] * M.n_blocks  # each block's partition
     for q, part_blocks in enumerate(partitions):
         for i in part_blocks:
@@ -493,6 +554,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     while True:
         last = r >= max_epochs
         t_round = time.perf_counter()
+        reused0 = 0 if cache is None else cache.reused
         try:
             if state is None:
                 state = _init_blocks(M, partitions, geo, rho, snap[0], seed + 7919 * recovery["recoveries"])
@@ -507,8 +569,9 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             with shipped(ws, broadcast=partitions is not None and len(partitions) > 1, shared=True) as w_arg:
                 res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
                                               not last, sigma, None if dal is None else PerBlock(dal), budget,
-                                              PerBlock(partition_of), state=state, reduce="sum",
-                                              partitions=partitions)
+                                              PerBlock(partition_of),
+                                              None if cache is None else PerBlock(cache.known(bounds)),
+                                              state=state, reduce="sum", partitions=partitions)
             release(state)
             state = new_state
             t_map = time.perf_counter() - t_map
@@ -523,7 +586,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                 mode = "serial working set" if serial else mode
                 by: dict = {}
                 for c in res.cols:
-                    by.setdefault(-1 if serial else c["part"], []).append(c)
+                    by.setdefault(-1 if serial else c["part"], []).append(c if cache is None else cache.complete(c))
                 dal = [None] * M.n_blocks
                 for q, cs in sorted(by.items()):
                     dw_q, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa,
@@ -567,6 +630,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         trace.append({"round": len(trace), "objective": obj, "duality_gap": gap, "relative_gap": rel,
                       "updates": int(tl.updates), "active": int(tl.visited), "gamma": gamma,
                       "rule": mode,
+                      # the working sets' nonzeros the driver had from earlier rounds (not sent again)
+                      "reused_nnz": 0 if cache is None else cache.reused - reused0,
                       # seconds: the round on the driver (its checkpoint included), waiting for the partitions'
                       # tasks, and summed over those: starting (step, gradient, gap terms), the DCD epochs, the task
                       "wall_s": time.perf_counter() - t_round, "map_s": t_map, "start_s": tl.start_s,

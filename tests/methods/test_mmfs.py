@@ -268,3 +268,48 @@ def test_bad_parameters_are_named():
             dufs.fit(X, y, method="mmfs", n_features=3, **kw)
     with pytest.raises(ParameterError, match="supervised"):
         dufs.fit(X, method="mmfs", n_features=3)
+
+
+def test_driver_keeps_heavy_working_set_columns_between_rounds(cluster_client, monkeypatch):
+    """Every working-set column kept on the driver (threshold 1 nonzero): the partitions leave them out of their
+    payloads after the first round, and the solve still reaches the QP's objective."""
+    import dufs.methods.mmfs_solver as mod
+
+    monkeypatch.setattr(mod, "_CACHE_MIN_NNZ", 1)
+    X, y = _problem(3, n=200, d=64)
+    fref, _, _ = _qp(_features(X, "scale"), y, 1.0, 0.2)
+    with cluster_client.as_current():
+        M = as_matrix(X, standardize="scale", block_width=8, persist=True)
+        res = mmfs(M, y, gamma=0.2, tol=1e-6, max_epochs=3000, n_partitions=2)
+        M.release()
+    d = res.diagnostics
+    assert d["converged"] and sum(t["reused_nnz"] for t in d["trace"]) > 0
+    assert -1e-12 <= d["objective"] - fref <= d["duality_gap"] + 1e-12
+
+
+def test_column_cache_puts_back_the_columns_it_holds_and_drops_the_oldest(monkeypatch):
+    import dufs.methods.mmfs_solver as mod
+    from dufs.methods.mmfs_solver import _ColumnCache, _payload
+
+    monkeypatch.setattr(mod, "_CACHE_MIN_NNZ", 1)
+
+    rng = np.random.default_rng(0)
+    B = sp.csc_array(sp.random(50, 12, density=0.4, random_state=1, format="csc"))
+    blk = type("Blk", (), {"start": 24, "indptr": B.indptr.astype(np.int64), "indices": B.indices, "data": B.data})
+    st = {k: rng.standard_normal(12) for k in ("coef", "shift", "colsum", "qii", "rho", "alpha", "g")}
+    full = _payload(blk, st, np.array([1, 3, 4, 7, 9]))
+    assert full["sent"].all()
+    cache = _ColumnCache(limit=10**6)
+    cache.complete(full)
+    known = cache.known(np.array([0, 24, 36]))
+    assert known[0].size == 0 and known[1].tolist() == [1, 3, 4, 7, 9]
+    part = _payload(blk, st, np.array([0, 3, 5, 9]), known[1])
+    assert part["sent"].tolist() == [True, False, True, False]
+    got = cache.complete(part)
+    ref = _payload(blk, st, np.array([0, 3, 5, 9]))  # every column sent
+    np.testing.assert_array_equal(got["indices"], ref["indices"])
+    np.testing.assert_array_equal(got["data"], ref["data"])
+    assert cache.reused == int(ref["counts"][[1, 3]].sum())
+    small = _ColumnCache(limit=int(full["counts"][-1]))  # room for one column: the last one kept
+    small.complete(full)
+    assert list(small.cols) == [(24, 9)] and small.nnz == full["counts"][-1]
