@@ -25,6 +25,7 @@ import contextlib
 import mmap
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -112,12 +113,18 @@ def _cleanup() -> None:
 atexit.register(_cleanup)
 
 
+_STALE_S = 3600.0  # a pass's file lives for the pass: one this old, of a process that is gone, was left behind
+
+
 def _sweep_stale() -> None:
-    """Remove files left in /dev/shm by dufs processes that no longer run (killed during a pass)."""
+    """Remove files left in /dev/shm by dufs processes that no longer run (killed during a pass) and that are
+    older than an hour (a /dev/shm shared with containers whose process numbers are not ours: a live file of
+    another driver is young)."""
     global _SWEPT
     if _SWEPT:
         return
     _SWEPT = True
+    now = time.time()
     with contextlib.suppress(OSError):
         for name in os.listdir(_DIR):
             if not name.startswith(_PREFIX):
@@ -126,9 +133,10 @@ def _sweep_stale() -> None:
                 pid = int(name[len(_PREFIX):].split("-", 1)[0])
             except ValueError:
                 continue
-            if pid != os.getpid() and not pid_alive(pid):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(_DIR, name))
+            path = os.path.join(_DIR, name)
+            with contextlib.suppress(OSError):
+                if pid != os.getpid() and not pid_alive(pid) and now - os.stat(path).st_mtime > _STALE_S:
+                    os.unlink(path)
 
 
 def _new_path() -> str:

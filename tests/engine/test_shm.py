@@ -53,13 +53,21 @@ def test_published_array_maps_read_only_and_goes_away_after():
 def test_files_of_dead_processes_are_removed():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
-    path = f"/dev/shm/dufs-{int(dead.stdout)}-leftover"
-    with open(path, "wb") as f:
-        f.write(b"\0" * 64)
-    shm._SWEPT = False
-    with shm.publish(np.zeros(4)):
-        pass
-    assert not os.path.exists(path)
+    old, young = (f"/dev/shm/dufs-{int(dead.stdout)}-{age}" for age in ("old", "young"))
+    for path in (old, young):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 64)
+    os.utime(old, (os.path.getmtime(old) - 2 * shm._STALE_S,) * 2)
+    try:
+        shm._SWEPT = False
+        with shm.publish(np.zeros(4)):
+            pass
+        assert not os.path.exists(old)
+        assert os.path.exists(young)  # perhaps a live driver's, whose process number is not ours to judge
+    finally:
+        for path in (old, young):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_pass_reads_one_shared_copy_on_the_cluster(cluster_client):
