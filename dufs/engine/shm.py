@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import mmap
 import os
 import threading
@@ -212,12 +213,9 @@ def workers_share_memory(client: Any) -> int:
     return got
 
 
-def _largest() -> int:
-    """``dufs.engine.shared-memory-max-bytes``; ``auto``: half this machine's last-level cache (16 MiB when the
-    system does not say)."""
-    got = config.get("engine.shared-memory-max-bytes")
-    if str(got).lower() != "auto":
-        return config.parse_bytes(got)
+@functools.cache
+def _half_cache() -> int:
+    """Half this machine's last-level cache (16 MiB when the system does not say), read once per process."""
     sizes = []
     base = "/sys/devices/system/cpu/cpu0/cache"
     with contextlib.suppress(OSError, ValueError):
@@ -225,6 +223,12 @@ def _largest() -> int:
             with open(os.path.join(base, name, "size")) as f:
                 sizes.append(config.parse_bytes(f.read().strip().replace("K", "KiB").replace("M", "MiB")))
     return max(sizes) // 2 if sizes else 16 << 20
+
+
+def _largest() -> int:
+    """``dufs.engine.shared-memory-max-bytes``; ``auto``: :func:`_half_cache`."""
+    got = config.get("engine.shared-memory-max-bytes")
+    return _half_cache() if str(got).lower() == "auto" else config.parse_bytes(got)
 
 
 def shared_eligible(client: Any, x: Any) -> bool:

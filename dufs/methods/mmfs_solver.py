@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import time
+from collections import OrderedDict
 from dataclasses import astuple, dataclass
 from typing import Any
 
@@ -110,8 +111,6 @@ class _ColumnCache:
     a few heavy columns, sent every round: 1.2M nonzeros (about 10 MB) a round on the 2M x 5M bench store."""
 
     def __init__(self, limit: int):
-        from collections import OrderedDict
-
         self.limit = int(limit)
         self.cols: OrderedDict = OrderedDict()  # (block start, local index) -> (indices, data)
         self.nnz = 0
@@ -128,10 +127,10 @@ class _ColumnCache:
         """The payload ``c`` with every column of its working set (the held ones put back, the heavy new ones
         kept)."""
         sent, counts, start, index = c["sent"], c["counts"], int(c["start"]), c["index"]
+        ends = np.cumsum(counts)
         if sent.all():
             full_i, full_d = c["indices"], c["data"]
         else:
-            ends = np.cumsum(counts)
             full_i = np.empty(int(ends[-1]), dtype=c["indices"].dtype)
             full_d = np.empty(int(ends[-1]), dtype=c["data"].dtype)
             mask = np.repeat(sent, counts)
@@ -146,7 +145,6 @@ class _ColumnCache:
             c = {**c, "indices": full_i, "data": full_d}
         heavy = np.flatnonzero(sent & (counts >= _CACHE_MIN_NNZ))
         if heavy.size:
-            ends = np.cumsum(counts)
             for j in heavy:
                 a, b = int(ends[j] - counts[j]), int(ends[j])
                 self.cols[(start, int(index[j]))] = (full_i[a:b].copy(), full_d[a:b].copy())
@@ -558,13 +556,12 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         try:
             if state is None:
                 state = _init_blocks(M, partitions, geo, rho, snap[0], seed + 7919 * recovery["recoveries"])
-            # under a cluster w travels scattered, not inside the graph: the scheduler keeps the task specs of the
+            # under a cluster w travels beside the graph, not inside it: the scheduler keeps the task specs of the
             # whole chain of block states, and an embedded w would stay there once per round (m floats each); a
-            # lost chain is rebuilt from the driver's last copy of alpha instead (below)
+            # lost chain is rebuilt from the driver's last copy of alpha instead (below). It goes to every worker
+            # at once when more than one partition reads it (scattered to one worker, the others' tasks fetched it
+            # from there: a second transfer), or, on this machine's workers, as one shared copy (dufs.engine.shm)
             t_map = time.perf_counter()
-            # sent to every worker at once when more than one partition reads it (scattered to one worker, the
-            # other partitions' tasks fetched it from there: a second transfer of an n-vector, after the first)
-            # (on this machine's workers: one copy in shared memory that they all map, dufs.engine.shm)
             sigma = float(K) if cocoa else 1.0
             with shipped(ws, broadcast=partitions is not None and len(partitions) > 1, shared=True) as w_arg:
                 res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
