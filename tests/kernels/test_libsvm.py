@@ -319,6 +319,27 @@ def test_unsorted_row_is_sorted_with_values_along():
     assert block.data.tolist() == [20.0, 0.25, 15.0, 30.0, 7.0, 10.0]
 
 
+def test_more_slow_tokens_than_the_kernels_table():
+    """Thousands of tokens left to Python's float (underscores), in unsorted rows, with bad lines skipped: every
+    value equals Python's float of its token, whatever the size of the table the kernel fills first."""
+    rng = np.random.default_rng(5)
+    lines, rows = [], []
+    for r in range(600):
+        if r % 97 == 5:
+            lines.append("1 4:x")  # a bad line: skipped, and its tokens dropped
+            continue
+        idx = rng.choice(10**5, size=12, replace=False)
+        toks = [f"{i}:{rng.integers(1, 10**6)}_{rng.integers(0, 10)}" for i in idx]
+        lines.append(f"{r % 3}_0 " + " ".join(toks))
+        order = np.argsort(idx)
+        rows.append((float(f"{r % 3}_0"), idx[order], [float(toks[k].split(":")[1]) for k in order]))
+    block = parse_block("\n".join(lines).encode(), skip_errors=True)
+    assert block.n_skipped == sum(1 for r in range(600) if r % 97 == 5)
+    assert block.labels.tolist() == [r[0] for r in rows]
+    assert block.indices.tolist() == [int(i) for r in rows for i in r[1]]
+    assert block.data.tolist() == [v for r in rows for v in r[2]]
+
+
 def test_long_unsorted_rows_are_sorted():
     rng = np.random.default_rng(3)
     idx = rng.choice(10**6, size=1000, replace=False)
