@@ -562,13 +562,10 @@ class StoreBuilder:
                     at, dtype = head.sections()[name]
                     r.read_into(at + lo * dtype.itemsize, out[a:b])
         t1 = time.perf_counter()
-        c64 = cols.astype(np.int64)
-        c64 -= shift + lo_f
-        r64 = rows.astype(np.int64)
-        r64 += np.repeat(row_bounds[:-1], np.maximum(count, 0))  # rows within their row block -> rows of the store
-        indptr, indices, data = merge_spills(c64, r64, vals, width)
-        del c64, r64, cols, rows, vals
-        indices, data = indices.astype(np.int32), np.asarray(data, dtype=self.value_dtype)
+        # rows within their row block -> rows of the store
+        indptr, indices, data = merge_spills(cols, rows, vals, width, col0=shift + lo_f,
+                                             seg_counts=np.maximum(count, 0), seg_rows=row_bounds[:-1])
+        del cols, rows, vals
         t2 = time.perf_counter()
         blk = layout.new_block_group(self._group(), FEATURES, j)
         blk.attrs.put(layout.unfinished_block_attrs())

@@ -69,33 +69,51 @@ def csr_to_spill(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, gran
 
 
 @numba.njit(nogil=True, cache=True)
-def _merge_spills(cols, rows, vals, width):
+def _merge_spills(cols, rows, vals, width, col0, seg_ends, seg_rows):
     nnz = cols.shape[0]
     indptr = np.zeros(width + 1, dtype=np.int64)
     for k in range(nnz):
-        indptr[cols[k] + 1] += 1
+        c = np.int64(cols[k]) - col0
+        if c < 0 or c >= width:
+            return indptr, np.empty(0, dtype=np.int32), np.empty(0, dtype=vals.dtype), False
+        indptr[c + 1] += 1
     for c in range(width):
         indptr[c + 1] += indptr[c]
     pos = indptr[:-1].copy()
-    indices = np.empty(nnz, dtype=np.int64)
+    indices = np.empty(nnz, dtype=np.int32)
     data = np.empty(nnz, dtype=vals.dtype)
-    for k in range(nnz):
-        c = cols[k]
-        p = pos[c]
-        indices[p] = rows[k]
-        data[p] = vals[k]
-        pos[c] = p + 1
-    return indptr, indices, data
+    first = 0
+    for s in range(seg_ends.shape[0]):
+        base = seg_rows[s]
+        for k in range(first, seg_ends[s]):
+            c = np.int64(cols[k]) - col0
+            p = pos[c]
+            indices[p] = rows[k] + base
+            data[p] = vals[k]
+            pos[c] = p + 1
+        first = seg_ends[s]
+    return indptr, indices, data, True
 
 
-def merge_spills(cols: np.ndarray, rows: np.ndarray, vals: np.ndarray, width: int):
+def merge_spills(cols: np.ndarray, rows: np.ndarray, vals: np.ndarray, width: int, *, col0: int = 0,
+                 seg_counts: np.ndarray | None = None, seg_rows: np.ndarray | None = None):
     """CSC buffers of ``width`` columns from entries given in row-block order (stable by column).
 
-    ``cols`` are local column numbers in ``[0, width)``; ``rows`` global row numbers. Entries of one column
-    must arrive with increasing rows (true for spills visited in row-block order).
+    ``cols - col0`` are the local column numbers, in ``[0, width)``. The entries come in segments (one slice of a
+    row block's spill each) of ``seg_counts`` entries, whose ``rows`` are numbered from ``seg_rows`` (default: one
+    segment, rows as given). Entries of one column must arrive with increasing rows (true for spills visited in
+    row-block order). Returns ``indptr`` (int64), ``indices`` (int32: rows of a store are below 2**31) and ``data``.
     """
-    cols = np.ascontiguousarray(cols, dtype=np.int64)
-    if cols.size and (cols.min() < 0 or cols.max() >= width):
+    cols = np.ascontiguousarray(cols)
+    if seg_counts is None:
+        seg_ends, seg_rows = np.array([cols.shape[0]], np.int64), np.zeros(1, np.int64)
+    else:
+        seg_ends = np.cumsum(np.asarray(seg_counts, dtype=np.int64))
+        seg_rows = np.ascontiguousarray(seg_rows, dtype=np.int64)
+        if seg_ends.shape != seg_rows.shape or (seg_ends.size and seg_ends[-1] != cols.shape[0]):
+            raise ValueError("merge_spills: the segments do not cover the entries")
+    indptr, indices, data, ok = _merge_spills(cols, np.ascontiguousarray(rows), np.ascontiguousarray(vals),
+                                              np.int64(width), np.int64(col0), seg_ends, seg_rows)
+    if not ok:
         raise ValueError("merge_spills: column outside the block")
-    return _merge_spills(cols, np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(vals),
-                         np.int64(width))
+    return indptr, indices, data

@@ -60,19 +60,28 @@ def test_spills_of_row_blocks_merge_into_scipys_column_blocks(X, data):
     ref = sp.csc_array(X)
     ref.sort_indices()
     for lo, hi in zip(col_bounds[:-1], col_bounds[1:], strict=True):
-        pc, pr, pv = [], [], []
-        for (cols, rows, vals, goff), r0 in zip(spills, row_bounds[:-1], strict=True):
+        pc, pr, pv, counts = [], [], [], []
+        for cols, rows, vals, goff in spills:
             g = np.minimum([lo // granule, -(-hi // granule)], goff.shape[0] - 1)
             a, b = goff[g]
-            pc.append(cols[a:b].astype(np.int64) - lo)
-            pr.append(rows[a:b].astype(np.int64) + r0)
+            pc.append(cols[a:b])
+            pr.append(rows[a:b])
             pv.append(vals[a:b])
-        indptr, indices, vals = merge_spills(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv), hi - lo)
+            counts.append(b - a)
+        # as the builder gives them: raw spill columns and rows local to their row block, segment by segment
+        indptr, indices, vals = merge_spills(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv), hi - lo,
+                                             col0=lo, seg_counts=counts, seg_rows=row_bounds[:-1])
         want = ref[:, lo:hi]
         np.testing.assert_array_equal(indptr, want.indptr)
         np.testing.assert_array_equal(indices, want.indices)
         np.testing.assert_array_equal(vals, want.data)
-        assert indptr.dtype == np.int64 and indices.dtype == np.int64 and vals.dtype == X.dtype
+        assert indptr.dtype == np.int64 and indices.dtype == np.int32 and vals.dtype == X.dtype
+        # one segment of rows already global: the same
+        glob = [r.astype(np.int64) + r0 for r, r0 in zip(pr, row_bounds[:-1], strict=True)]
+        again = merge_spills(np.concatenate(pc).astype(np.int64) - lo, np.concatenate(glob), np.concatenate(pv),
+                             hi - lo)
+        for got, ref_part in zip(again, (want.indptr, want.indices, want.data), strict=True):
+            np.testing.assert_array_equal(got, ref_part)
 
 
 def test_merge_spills_refuses_a_column_outside_the_block():
@@ -80,5 +89,9 @@ def test_merge_spills_refuses_a_column_outside_the_block():
         merge_spills(np.array([0, 3]), np.array([0, 1]), np.array([1.0, 2.0]), 3)
     with pytest.raises(ValueError, match="column outside the block"):
         merge_spills(np.array([-1]), np.array([0]), np.array([1.0]), 3)
+    with pytest.raises(ValueError, match="column outside the block"):  # inside once col0 is taken off: not 8
+        merge_spills(np.array([5, 8], np.int32), np.array([0, 1], np.int32), np.array([1.0, 2.0]), 3, col0=5)
+    with pytest.raises(ValueError, match="segments do not cover"):
+        merge_spills(np.array([0, 1]), np.array([0, 1]), np.array([1.0, 2.0]), 3, seg_counts=[1], seg_rows=[0])
     indptr, indices, data = merge_spills(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), 2)
     assert indptr.tolist() == [0, 0, 0] and indices.size == 0 and data.size == 0
