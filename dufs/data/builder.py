@@ -3,7 +3,8 @@
 The build runs in three steps, each resumable:
 
 1. ``write_row_block(i, ...)`` (any order, in parallel, on any worker): writes CSR row block ``i`` and a *spill* of
-   its entries sorted by (feature, row), with offsets at every granule of ``feature-granule`` features;
+   its entries bucketed by granules of ``feature-granule`` features (rows ascending in each bucket), with the
+   buckets' offsets;
    a block is done when its group carries ``complete: true`` (written last).
 2. ``finalize()`` picks feature blocks balanced by nonzeros on granule boundaries, then assembles every CSC feature
    block from the spills (each task reads one contiguous slice of every row block's spill), writes labels,

@@ -20,46 +20,27 @@ def _csr_to_spill(indptr, indices, data, granule):
         goff[indices[k] // granule + 1] += 1
     for g in range(n_gran):
         goff[g + 1] += goff[g]
-    # pass 1: bucket by granule, rows ascending (CSR order is row order)
+    # bucket by granule, in storage order (CSR order is row order): the merge's counting sort by column is stable,
+    # so a column's rows come out ascending without sorting inside a bucket here
     pos = goff[:-1].copy()
-    tcols = np.empty(nnz, dtype=np.int32)
-    trows = np.empty(nnz, dtype=np.int32)
-    tvals = np.empty(nnz, dtype=data.dtype)
-    for r in range(n_rows):
-        for k in range(indptr[r], indptr[r + 1]):
-            c = indices[k]
-            p = pos[c // granule]
-            tcols[p] = c
-            trows[p] = r
-            tvals[p] = data[k]
-            pos[c // granule] = p + 1
-    # pass 2: stable counting sort by column inside each granule
     cols = np.empty(nnz, dtype=np.int32)
     rows = np.empty(nnz, dtype=np.int32)
     vals = np.empty(nnz, dtype=data.dtype)
-    cnt = np.zeros(granule + 1, dtype=np.int64)
-    for g in range(n_gran):
-        a = goff[g]
-        b = goff[g + 1]
-        if b == a:
-            continue
-        base = g * granule
-        cnt[:] = 0
-        for p in range(a, b):
-            cnt[tcols[p] - base + 1] += 1
-        for t in range(granule):
-            cnt[t + 1] += cnt[t]
-        for p in range(a, b):
-            q = a + cnt[tcols[p] - base]
-            cnt[tcols[p] - base] += 1
-            cols[q] = tcols[p]
-            rows[q] = trows[p]
-            vals[q] = tvals[p]
+    for r in range(n_rows):
+        for k in range(indptr[r], indptr[r + 1]):
+            c = indices[k]
+            g = c // granule
+            p = pos[g]
+            cols[p] = c
+            rows[p] = r
+            vals[p] = data[k]
+            pos[g] = p + 1
     return cols, rows, vals, goff
 
 
 def csr_to_spill(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, granule: int):
-    """Entries of a CSR block sorted by (column, row), with offsets at every ``granule`` columns.
+    """Entries of a CSR block bucketed by granules of ``granule`` columns, in storage order (so rows ascending) in each
+    bucket, with the offsets of the buckets: what :func:`merge_spills` sorts by column.
 
     Returns ``cols`` (int32), ``rows`` (int32, local), ``vals`` and ``goff`` (int64, length n_granules + 1):
     the entries of columns ``[g*granule, (g+1)*granule)`` are ``goff[g]:goff[g+1]``.

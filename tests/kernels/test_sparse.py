@@ -18,32 +18,45 @@ def _spill(X, granule):
 
 @settings(max_examples=60, deadline=None)
 @given(X=sparse_matrices(max_rows=25, max_cols=40), granule=st.integers(1, 16))
-def test_csr_to_spill_is_scipys_transpose(X, granule):
-    """The entries sorted by (column, row) are the CSC of X (the CSR of X^T): SciPy's columns, row numbers and
-    values in its order; ``goff[g]`` counts the entries of the columns below ``g * granule``."""
+def test_csr_to_spill_buckets_scipys_transpose_by_granule(X, granule):
+    """Bucket by bucket, the spill holds SciPy's transpose of those columns (the CSR of X^T): sorted by column
+    within a bucket, it is SciPy's columns, row numbers and values in its order, and each bucket's rows come in
+    storage order (ascending); ``goff[g]`` counts the entries of the columns below ``g * granule``."""
     n, d = X.shape
     cols, rows, vals, goff = _spill(X, granule)
     T = sp.csr_array(X.T)  # SciPy's transpose, its rows sorted
     T.sort_indices()
-    np.testing.assert_array_equal(cols, np.repeat(np.arange(d), np.diff(T.indptr)))
-    np.testing.assert_array_equal(rows, T.indices)
-    np.testing.assert_array_equal(vals, T.data)
     assert cols.dtype == np.int32 and rows.dtype == np.int32 and vals.dtype == X.dtype and goff.dtype == np.int64
     n_gran = int(X.indices.max()) // granule + 1 if X.nnz else 0
     np.testing.assert_array_equal(goff, T.indptr[np.minimum(np.arange(n_gran + 1) * granule, d)])
+    for g in range(n_gran):
+        a, b = goff[g], goff[g + 1]
+        assert (cols[a:b] // granule == g).all()
+        assert (np.diff(rows[a:b]) >= 0).all()
+        order = np.argsort(cols[a:b], kind="stable")
+        lo, hi = g * granule, min((g + 1) * granule, d)
+        np.testing.assert_array_equal(cols[a:b][order], np.repeat(np.arange(lo, hi), np.diff(T.indptr[lo:hi + 1])))
+        np.testing.assert_array_equal(rows[a:b][order], T.indices[T.indptr[lo]:T.indptr[hi]])
+        np.testing.assert_array_equal(vals[a:b][order], T.data[T.indptr[lo]:T.indptr[hi]])
 
 
 @settings(max_examples=40, deadline=None)
 @given(X=sparse_matrices(max_rows=25, max_cols=30, canonical=False), granule=st.integers(1, 8))
 def test_csr_to_spill_keeps_duplicates_and_zeros_in_storage_order(X, granule):
     """A non-canonical block (duplicates, explicit zeros, unsorted columns): every stored entry comes out once,
-    sorted by (column, row), entries of one cell in their storage order (a stable sort, as NumPy's lexsort)."""
-    cols, rows, vals, _ = _spill(X, granule)
+    bucketed by granule in storage order (a stable sort by granule, as NumPy's lexsort), so that merged by column
+    the entries of one cell keep their storage order."""
+    cols, rows, vals, goff = _spill(X, granule)
     r = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
-    order = np.lexsort((r, X.indices))
+    order = np.lexsort((np.arange(X.nnz), X.indices // granule))
     np.testing.assert_array_equal(cols, X.indices[order])
     np.testing.assert_array_equal(rows, r[order])
     np.testing.assert_array_equal(vals, X.data[order])
+    if X.nnz:
+        indptr, indices, data = merge_spills(cols, rows, vals, X.shape[1])
+        by_cell = np.lexsort((np.arange(X.nnz), r, X.indices))
+        np.testing.assert_array_equal(indices, r[by_cell])
+        np.testing.assert_array_equal(data, X.data[by_cell])
 
 
 @settings(max_examples=60, deadline=None)
