@@ -36,7 +36,7 @@ from dufs.data import layout
 from dufs.data._exec import Executor
 from dufs.data._fs import Location, acquire_lock, lock_is_live, release_lock
 from dufs.data.layout import FEATURES, FORMAT_VERSION, LOCK_NAME, ROWS, RowBlockMeta, StoreMeta
-from dufs.data.store import SparseStore, compressors, read_array, store_kind, write_array
+from dufs.data.store import SparseStore, compressors, read_array, store_kind, write_array, write_arrays
 from dufs.errors import ParameterError, StoreError
 
 log = get_logger(__name__)
@@ -244,15 +244,14 @@ class StoreBuilder:
         blk = layout.new_block_group(g, ROWS, i)
         blk.attrs.put(layout.unfinished_block_attrs())
         indptr_name, indices_name, data_name = layout.BLOCK_ARRAYS
-        write_array(blk, indptr_name, indptr, chunk=self.chunk)
         guess = 1 if raw_indices and (nnz == 0 or int(indices.min()) >= 1) else 0
-        write_array(blk, indices_name, indices - np.int32(guess) if guess else indices, chunk=self.chunk)
-        write_array(blk, data_name, data, chunk=self.chunk)
+        arrays = {indptr_name: indptr, indices_name: indices - np.int32(guess) if guess else indices, data_name: data}
         if y is not None:
             y = np.asarray(y, dtype=np.float64).ravel()
             if y.shape[0] != n_rows:
                 raise ParameterError(f"row block {i}: {y.shape[0]} labels for {n_rows} rows")
-            write_array(blk, layout.ROW_LABELS, y, chunk=self.chunk)
+            arrays[layout.ROW_LABELS] = y
+        write_arrays(blk, arrays, chunk=self.chunk)
         t1 = time.perf_counter()
         cols, rows, vals, goff = csr_to_spill(indptr, indices, data, self.granule)
         head = layout.SpillHeader(int(goff.shape[0]), int(cols.shape[0]), self.value_dtype)
@@ -570,8 +569,7 @@ class StoreBuilder:
         t2 = time.perf_counter()
         blk = layout.new_block_group(self._group(), FEATURES, j)
         blk.attrs.put(layout.unfinished_block_attrs())
-        for name, values in zip(layout.BLOCK_ARRAYS, (indptr, indices, data), strict=True):
-            write_array(blk, name, values, chunk=self.chunk)
+        write_arrays(blk, dict(zip(layout.BLOCK_ARRAYS, (indptr, indices, data), strict=True)), chunk=self.chunk)
         blk.attrs.put(layout.feature_block_attrs(layout.FeatureBlockMeta(
             int(indptr[-1]), lo_f, lo_f + width, content_checksum(indptr, indices, data))))  # one write
         phases = {"transpose read": t1 - t0, "transpose merge": t2 - t1, "transpose write": time.perf_counter() - t2}

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from dufs.data.verify import VerifyReport
 
 __all__ = ["FORMAT_VERSION", "Orientation", "RawBlock", "SparseStore", "check_stored", "compressors", "open_store",
-           "read_array", "read_block", "store_kind", "write_array"]
+           "read_array", "read_block", "store_kind", "write_array", "write_arrays"]
 
 
 def compressors() -> list:
@@ -67,6 +67,30 @@ def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int 
     if values.size:
         arr[...] = values
     return arr
+
+
+def write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray], *, chunk: int | None = None) -> None:
+    """:func:`write_array` of several arrays of one group at once: created and written concurrently in one call
+    to Zarr's event loop (its codecs run on its threads), not one array after another (on a local disk, a row
+    block's four arrays took 2-3 times as long one by one)."""
+    import asyncio
+
+    from zarr.core.sync import sync
+
+    agroup = zarr.AsyncGroup(metadata=group.metadata, store_path=group.store_path)
+    cap = int(chunk or config.get("store.chunk-elements"))
+
+    async def one(name: str, values: np.ndarray) -> None:
+        arr = await agroup.create_array(
+            name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(cap, max(1, values.size))),),
+            compressors=compressors(), fill_value=0, overwrite=True, config={"write_empty_chunks": True})
+        if values.size:
+            await arr.setitem(slice(None), values)
+
+    async def all_of() -> None:
+        await asyncio.gather(*(one(k, np.ascontiguousarray(v)) for k, v in arrays.items()))
+
+    sync(all_of())
 
 
 def read_array(arr: zarr.Array, where: str, sl: slice | None = None, *, check_present: bool = True) -> np.ndarray:
