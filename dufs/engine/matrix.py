@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
+import dask
 import numpy as np
 
 from dufs import config
@@ -694,10 +695,18 @@ class Matrix:
 
         f = delayed(map_state)
         g = delayed(getitem, pure=True)
-        pairs = [f(fn, s, items[u], *task_args(u)) for u, s in enumerate(srcs)]
-        new = [g(p, 0) for p in pairs]
-        res = [g(p, 1) for p in pairs]
         client = current_client()
+        home = self._homes(units) if client is not None else [None] * n
+        pairs, new, res = [], [], []
+        for u, s in enumerate(srcs):
+            # a unit's task and the two picks of its output on the worker of its blocks: left free, a pick could
+            # run on the other worker and pull the whole (state, result) pair across (a partition's MMFS state is
+            # 7 arrays of 8 bytes a feature: 140 MB on the 2M x 5M bench store, a copy on each worker every round)
+            with dask.annotate(**({"workers": [home[u]], "allow_other_workers": True} if home[u] else {})):
+                p = f(fn, s, items[u], *task_args(u))
+                pairs.append(p)
+                new.append(g(p, 0))
+                res.append(g(p, 1))
         self._passes[0] += 1
         if client is None:
             got = compute(new + res)
@@ -716,6 +725,21 @@ class Matrix:
             return a
         v = a.value
         return PerBlock(client.scatter([np.ascontiguousarray(v[b.start:b.stop]) for b in self.blocks], hash=False))
+
+    def _homes(self, units: list[list[int]] | None) -> list[str | None]:
+        """The worker of each block (``units`` None) or partition: the one holding most of its blocks' nonzeros
+        (persisted blocks; None for each otherwise)."""
+        where = self.placement()
+        if units is None:
+            return where
+        out: list[str | None] = []
+        for q in units:
+            nnz: dict[str, int] = {}
+            for i in q:
+                if where[i] is not None:
+                    nnz[where[i]] = nnz.get(where[i], 0) + int(self.blocks[i].nnz)
+            out.append(max(sorted(nnz), key=nnz.__getitem__) if nnz else None)
+        return out
 
     def _check_partitions(self, partitions: Any) -> list[list[int]]:
         try:

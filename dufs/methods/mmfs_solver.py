@@ -243,8 +243,8 @@ class PartitionResult:
 
     @classmethod
     def of(cls, dws: np.ndarray, tail: np.ndarray, cols: list | None = None) -> PartitionResult:
-        rows = np.flatnonzero(dws)
-        if rows.size < dws.shape[0] // 4:
+        if np.count_nonzero(dws) < dws.shape[0] // 4:  # counted first: the rows of a dense change are 8 bytes each
+            rows = np.flatnonzero(dws)
             return cls(dws.shape[0], rows, dws[rows], tail, cols)
         return cls(dws.shape[0], None, dws, tail, cols)
 
@@ -303,7 +303,8 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         tail.slope += float((st["g"][idx] - st["rho"][idx]) @ d)  # the directional derivative, exact gradient
         tail.updates += n_upd
         tail.visited += n_act
-    dws = wsl - ws
+    dws = wsl  # the change of w, in place: one n_samples vector less at the task's peak
+    dws -= ws
     tail.dt = float(wtl[0] - wt[0])
     tail.dS = float(wtl[1] - wt[1])
     if sigma != 1.0:
