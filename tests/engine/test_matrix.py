@@ -241,3 +241,43 @@ def test_map_blocks_over_groups_matches_dense(n):
         M.map_blocks(_group_state, w, state=[None] * 2, partitions=M.partition(3))
     with pytest.raises(ParameterError, match="'partitions' or its old name 'groups', not both"):
         M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=groups, groups=groups)
+
+
+def _state_where(blocks, state, w):
+    from distributed import get_worker
+
+    big = np.full(200_000, (0 if state is None else state[0]) + 1.0)  # a state worth moving (1.6 MB)
+    return big, (get_worker().address, sum(float(w @ b.to_scipy(w.shape[0]) @ np.ones(b.width)) for b in blocks))
+
+
+def test_map_blocks_state_stays_on_the_worker_of_its_blocks(cluster_client):
+    """On 2 worker processes, a partition's task and its new state stay on the worker holding (most of) its persisted
+    blocks, round after round: no state copied to the other worker; and the results are dense NumPy's."""
+    import distributed
+
+    from dufs.engine import as_matrix
+
+    X = sp.random(400, 240, density=0.2, random_state=3, format="csc")
+    w = np.linspace(-1, 1, 400)
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=20, persist=True)
+        where = M.placement()
+        assert len(set(where)) == 2, "the blocks were not spread over both workers"
+        parts = M.partition(2, where)
+        home = []
+        for q in parts:
+            nnz = {}
+            for i in q:
+                nnz[where[i]] = nnz.get(where[i], 0) + M.blocks[i].nnz
+            home.append(max(sorted(nnz), key=nnz.__getitem__))
+        state = [None, None]
+        for _ in range(40):
+            out, state = M.map_blocks(_state_where, w, state=state, partitions=parts)
+            assert [o[0] for o in out] == home
+            distributed.wait(state.items)  # the picks of the states may finish after the results came back
+            held = cluster_client.who_has(state.items)
+            assert [sorted(held[f.key]) for f in state.items] == [[h] for h in home]
+            total = sum(o[1] for o in out)
+            assert total == pytest.approx(float(w @ X.toarray() @ np.ones(240)))
+        assert [float(s[0]) for s in state.gather()] == [40.0, 40.0]
+        M.release()
