@@ -58,15 +58,19 @@ def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int 
     without one file per chunk (used for the transpose's spill, read in many small slices).
     """
     values = np.ascontiguousarray(values)
-    chunk = max(1, min(int(chunk or config.get("store.chunk-elements")), max(1, values.size)))
-    shards = (-(-max(1, values.size) // chunk) * chunk,) if sharded else None
-    arr = group.create_array(
-        name, shape=values.shape, dtype=values.dtype, chunks=(chunk,), shards=shards,
-        compressors=compressors(), fill_value=0, overwrite=True, config={"write_empty_chunks": True},
-    )
+    arr = group.create_array(name, **_array_spec(values, chunk, sharded))
     if values.size:
         arr[...] = values
     return arr
+
+
+def _array_spec(values: np.ndarray, chunk: int | None, sharded: bool = False) -> dict:
+    """How :func:`write_array` and :func:`write_arrays` lay out a 1-D array: chunks of ``chunk`` items (default
+    ``dufs.store.chunk-elements``), the store's codecs, every chunk stored."""
+    chunk = max(1, min(int(chunk or config.get("store.chunk-elements")), max(1, values.size)))
+    shards = (-(-max(1, values.size) // chunk) * chunk,) if sharded else None
+    return {"shape": values.shape, "dtype": values.dtype, "chunks": (chunk,), "shards": shards,
+            "compressors": compressors(), "fill_value": 0, "overwrite": True, "config": {"write_empty_chunks": True}}
 
 
 def write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray], *, chunk: int | None = None) -> None:
@@ -78,12 +82,9 @@ def write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray], *, chunk: int
     from zarr.core.sync import sync
 
     agroup = zarr.AsyncGroup(metadata=group.metadata, store_path=group.store_path)
-    cap = int(chunk or config.get("store.chunk-elements"))
 
     async def one(name: str, values: np.ndarray) -> None:
-        arr = await agroup.create_array(
-            name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(cap, max(1, values.size))),),
-            compressors=compressors(), fill_value=0, overwrite=True, config={"write_empty_chunks": True})
+        arr = await agroup.create_array(name, **_array_spec(values, chunk))
         if values.size:
             await arr.setitem(slice(None), values)
 

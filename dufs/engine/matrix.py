@@ -696,7 +696,7 @@ class Matrix:
         f = delayed(map_state)
         g = delayed(getitem, pure=True)
         client = current_client()
-        home = self._homes(units) if client is not None else [None] * n
+        home = self._homes(client, units) if client is not None else [None] * n
         pairs, new, res = [], [], []
         for u, s in enumerate(srcs):
             # a unit's task and the two picks of its output on the worker of its blocks: left free, a pick could
@@ -726,10 +726,11 @@ class Matrix:
         v = a.value
         return PerBlock(client.scatter([np.ascontiguousarray(v[b.start:b.stop]) for b in self.blocks], hash=False))
 
-    def _homes(self, units: list[list[int]] | None) -> list[str | None]:
+    def _homes(self, client: Any, units: list[list[int]] | None) -> list[str | None]:
         """The worker of each block (``units`` None) or partition: the one holding most of its blocks' nonzeros
-        (persisted blocks; None for each otherwise)."""
-        where = self.placement()
+        (persisted blocks; None for each otherwise). Where the blocks live is :meth:`_placed`'s, asked of the
+        scheduler once in a while, not every round."""
+        where = self._placed(client)[2]
         if units is None:
             return where
         out: list[str | None] = []
