@@ -392,24 +392,39 @@ class AnchorGraph:
         return out
 
     def matvec_W(self, V: Any) -> np.ndarray:
-        """W V = Zh Lambda^-1 Zh^T V for V of shape (n,) or (n, p), without forming W: piece by piece when the graph
-        is in pieces of at least ``dufs.engine.graph-driver-bytes`` or ``dufs.engine.max-task-bytes`` (V shared
-        with the row blocks, one all-reduce of an n_anchors x p matrix, the result gathered: n x p within
-        ``dufs.engine.max-task-bytes``)."""
-        from dufs.engine.rows import max_task_bytes
-
+        """W V = Zh Lambda^-1 Zh^T V for V of shape (n,) or (n, p), without forming W (:meth:`zt`, then
+        :meth:`zp`)."""
         V = np.asarray(V, dtype=np.float64)
         li = self.lam_inv if V.ndim == 1 else self.lam_inv[:, None]
-        if self.in_pieces and self.pieces.nbytes >= min(config.parse_bytes(config.get("engine.graph-driver-bytes")),
-                                                        max_task_bytes()):
-            # a large Zh (0.7 GB at kddb size) stays in pieces; a smaller one is gathered once, since a solver making
-            # thousands of products (M3FS's, a greedy step's two) would otherwise pay two rounds of tasks for each
-            rows = self.pieces.rows
-            P = li * rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
-            width = 1 if V.ndim == 1 else V.shape[1]
-            return np.asarray(rows.map(_rows_zp, self.pieces, args=(P,), width=width, with_rows=False)
+        return self.zp(li * self.zt(V))
+
+    def _by_pieces(self) -> bool:
+        """Whether products run piece by piece: the graph is in pieces of at least ``dufs.engine.graph-driver-bytes``
+        or ``dufs.engine.max-task-bytes``. A large Zh (0.7 GB at kddb size) stays in pieces; a smaller one is
+        gathered once, since a solver making thousands of products (M3FS's, a greedy step's) would otherwise pay a
+        round of tasks for each."""
+        from dufs.engine.rows import max_task_bytes
+
+        return self.in_pieces and self.pieces.nbytes >= min(
+            config.parse_bytes(config.get("engine.graph-driver-bytes")), max_task_bytes())
+
+    def zt(self, V: Any) -> np.ndarray:
+        """Zh^T V (n_anchors, or n_anchors x p) for V of shape (n,) or (n, p): piece by piece (V shared with the row
+        blocks, one all-reduce of an n_anchors x p matrix) when :meth:`_by_pieces`."""
+        V = np.asarray(V, dtype=np.float64)
+        if self._by_pieces():
+            return self.pieces.rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
+        return _zh_t(self.Zh, V)
+
+    def zp(self, P: Any) -> np.ndarray:
+        """Zh P (n, or n x p) for P of shape (n_anchors,) or (n_anchors, p): piece by piece when
+        :meth:`_by_pieces` (the result gathered: n x p within ``dufs.engine.max-task-bytes``)."""
+        P = np.asarray(P, dtype=np.float64)
+        if self._by_pieces():
+            width = 1 if P.ndim == 1 else P.shape[1]
+            return np.asarray(self.pieces.rows.map(_rows_zp, self.pieces, args=(P,), width=width, with_rows=False)
                               .gather("W V"))
-        return np.asarray(self.Zh @ (li * (self.Zh.T @ V)))
+        return _zh_p(self.Zh, P)
 
     @property
     def degrees(self) -> np.ndarray:
@@ -635,14 +650,36 @@ def _rows_colsum(X: Any, start: int, Z: Any, m: int) -> np.ndarray:
     return np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() if Z.shape[0] else np.zeros(m)
 
 
+def _zh_t(Z: Any, V: np.ndarray) -> np.ndarray:
+    """Z^T V for a CSR ``Z`` (n x m) and V (n,) or (n, p), float64, by the engine's kernel on Z's buffers read as
+    the CSC form of Z^T (SciPy's ``Z.T @ V`` builds a transposed copy's multi-vector product 3x slower)."""
+    from dufs.kernels.blockops import csc_matvec
+
+    V2 = np.ascontiguousarray(V.reshape(V.shape[0], -1), dtype=np.float64)
+    out = np.zeros((Z.shape[1], V2.shape[1]))
+    csc_matvec(Z.indptr, Z.indices, np.asarray(Z.data, dtype=np.float64), V2, out)
+    return out[:, 0] if V.ndim == 1 else out
+
+
+def _zh_p(Z: Any, P: np.ndarray) -> np.ndarray:
+    """Z P for a CSR ``Z`` (n x m) and P (m,) or (m, p), float64, by the engine's kernel (each row of Z a column of
+    Z^T in CSC: one sweep over Z's nonzeros for every column of P)."""
+    from dufs.kernels.blockops import csc_rmatvec
+
+    P2 = np.ascontiguousarray(P.reshape(P.shape[0], -1), dtype=np.float64)
+    out = np.empty((Z.shape[0], P2.shape[1]))
+    csc_rmatvec(Z.indptr, Z.indices, np.asarray(Z.data, dtype=np.float64), P2, out)
+    return out[:, 0] if P.ndim == 1 else out
+
+
 def _rows_zt(X: Any, start: int, Z: Any, V: np.ndarray) -> np.ndarray:
     """Zh_b^T V_b: this piece's share of Zh^T V (V whole, sliced to the piece's rows)."""
-    return np.asarray(Z.T @ V[start:start + Z.shape[0]], dtype=np.float64)
+    return _zh_t(Z, V[start:start + Z.shape[0]])
 
 
 def _rows_zp(X: Any, start: int, Z: Any, P: np.ndarray) -> np.ndarray:
     """Zh_b P: this piece's rows of Zh P."""
-    return np.asarray(Z @ P, dtype=np.float64)
+    return _zh_p(Z, P)
 
 
 def _rows_degrees(X: Any, start: int, Z: Any, w: np.ndarray) -> np.ndarray:

@@ -128,12 +128,24 @@ def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, 
         sel[loc[(loc >= 0) & (loc < blk.width)]] = True
     # the transform stays beside the block: a step sends only p, V and three numbers
     st = {"s": s, "v": v, "sel": sel, "tiny": _TINY * np.maximum(s, 1e-300), "step": 0,
-          "coef": np.ascontiguousarray(coef, dtype=np.float64), "shift": np.ascontiguousarray(shift, dtype=np.float64)}
+          **_block_transform(coef, shift)}
     return st, _proposal(blk, st, mode)
+
+
+def _block_transform(coef: np.ndarray, shift: np.ndarray) -> dict:
+    """A block's transform for its state: None for both where it is the identity (coef 1, shift 0: the kernel then
+    reads neither, :func:`~dufs.kernels.greedy.greedy_update`)."""
+    if not np.any(shift) and np.all(coef == 1.0):
+        return {"coef": None, "shift": None}
+    return {"coef": np.ascontiguousarray(coef, dtype=np.float64),
+            "shift": np.ascontiguousarray(shift, dtype=np.float64)}
 
 
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
 # fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
+_ATTACH_STEP = 1 << 22  # ... except a partition's best, which carries its column up to this many nonzeros shared
+# among the partitions (a partition's best is the step's winner often: with 1 worker always). Fetched alone, the
+# winner's column was a round of tasks a step, 20 ms of a 0.23 s LapDOFS step for a 1M-row hub column
 
 
 def _proposal(blk, st, mode, found=None):
@@ -141,11 +153,18 @@ def _proposal(blk, st, mode, found=None):
     if j < 0:
         return (-1, -np.inf, None)
     a, c = blk.indptr[j], blk.indptr[j + 1]
-    col = (blk.indices[a:c].copy(), blk.data[a:c].astype(np.float64)) if c - a <= _ATTACH else None
-    return (blk.start + int(j), float(sc), col)
+    return (blk.start + int(j), float(sc), _column(blk, j) if c - a <= _ATTACH else None)
 
 
-_SWAPPED = ("s", "v", "sel")  # the state a step changes
+def _column(blk, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column j (block-local) of a block: its rows and values (in the data's dtype), copied."""
+    a, c = blk.indptr[j], blk.indptr[j + 1]
+    return blk.indices[a:c].copy(), blk.data[a:c].copy()
+
+
+def _swapped(mode: int) -> tuple[str, ...]:
+    """The state a step changes: (s, v, sel); LapDOFS's steps leave v (zeros) as it is."""
+    return ("s", "sel") if mode == D_OPTIMAL else ("s", "v", "sel")
 
 
 def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
@@ -156,10 +175,11 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
     it was given stays as it was (a task may run again), and no array is allocated (a fresh array's pages fault in
     again every step: 25 bytes a feature)."""
     V = local_array(V)
-    spare = state.get("spare") or {k: np.empty_like(state[k]) for k in _SWAPPED}
+    swapped = _swapped(mode)
+    spare = state.get("spare") or {k: np.empty_like(state[k]) for k in swapped}
     np.copyto(spare["sel"], state["sel"])  # s and v: the kernel reads the state's and writes the spares
-    st = {**spare, "spare": {k: state[k] for k in _SWAPPED}, "tiny": state["tiny"], "step": state["step"] + 1,
-          "coef": state["coef"], "shift": state["shift"]}
+    st = {"v": state["v"], **spare, "spare": {k: state[k] for k in swapped}, "tiny": state["tiny"],
+          "step": state["step"] + 1, "coef": state["coef"], "shift": state["shift"]}
     if blk.start <= p < blk.stop:
         st["sel"][p - blk.start] = True
     found = greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, state["s"],
@@ -182,20 +202,27 @@ def _save_block(directory: str, start: int, st: dict) -> None:
 def _load_blocks(blk, state, directory, step, coef, shift):
     with np.load(os.path.join(directory, f"block-{blk.start}-{step}.npz")) as z:
         st = {"s": np.array(z["s"]), "v": np.array(z["v"]), "sel": np.array(z["sel"]), "tiny": np.array(z["tiny"]),
-              "step": int(z["step"]), "coef": np.ascontiguousarray(coef, dtype=np.float64),
-              "shift": np.ascontiguousarray(shift, dtype=np.float64)}
+              "step": int(z["step"]), **_block_transform(coef, shift)}
     return st, None
 
 
-def _in_partition(blks, states, fn, per_block, *args):
+def _in_partition(blks, states, fn, per_block, attach, *args):
     """``fn(block, state, *args)`` over the blocks of one partition, one task: ``states`` and the arguments at the
-    positions ``per_block`` (PerBlock) are lists with one item per block. Returns (states, proposals), as lists."""
+    positions ``per_block`` (PerBlock) are lists with one item per block. Returns (states, proposals), as lists;
+    the partition's best proposal carries its column when it has at most ``attach`` nonzeros."""
     states = [None] * len(blks) if states is None else states
     new, props = [], []
     for i, (blk, st) in enumerate(zip(blks, states, strict=True)):
         out = fn(blk, st, *(a[i] if j in per_block else a for j, a in enumerate(args)))
         new.append(out[0])
         props.append(out[1])
+    got = [(q[1], -q[0], i) for i, q in enumerate(props) if isinstance(q, tuple) and q[0] >= 0 and np.isfinite(q[1])]
+    if got and attach:
+        i = max(got)[2]  # the best score, then the lower index (as the driver chooses)
+        blk, (p, sc, col) = blks[i], props[i]
+        j = p - blk.start
+        if col is None and blk.indptr[j + 1] - blk.indptr[j] <= attach:
+            props[i] = (p, sc, _column(blk, j))
     return new, props
 
 
@@ -218,17 +245,19 @@ def _partitions(M: Matrix) -> list[list[int]] | None:
 
 # ---------------------------------------------------------------------------------------------------- the driver
 class SelectedColumns:
-    """The selected columns on the driver (raw, sparse, in growable CSC buffers: appending one costs its own nnz)
-    with their transform, and H = G_SS (k x k). Products with them run through the engine's numba kernels."""
+    """The selected columns on the driver (raw, sparse, one array pair a column, kept as they arrived: adding one
+    copies nothing, where growing one buffer reallocated and copied all of them, 60-590 ms at a time for 1M-row hub
+    columns) with their transform, and H = G_SS (k x k). Products with them run through the engine's numba
+    kernels, a column at a time."""
 
     def __init__(self, n: int, lam2: float, dtype: Any = np.float64):
         self.n = n
         self.lam2 = lam2
         self.ids: list[int] = []
-        self.ptr = np.zeros(1, dtype=np.int64)
-        self.ind = np.empty(1024, dtype=np.int32)
-        # the values in the data's own dtype (float32 data stay float32, exactly: a kddb hub column has ~10M rows)
-        self.dat = np.empty(1024, dtype=dtype)
+        # (indptr [0, nnz], rows int32, values) a column; the values in the data's own dtype (float32 data stay
+        # float32, exactly: a kddb hub column has ~10M rows)
+        self.cols: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.dtype = np.dtype(dtype)
         self.coef = np.zeros(0)
         self.shift = np.zeros(0)
         self.H = np.zeros((0, 0))
@@ -238,27 +267,30 @@ class SelectedColumns:
         return len(self.ids)
 
     def col(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        a, b = self.ptr[t], self.ptr[t + 1]
-        return self.ind[a:b], self.dat[a:b]
+        return self.cols[t][1], self.cols[t][2]
 
     def head(self, t: int) -> SelectedColumns:
-        """The first ``t`` selected columns (sharing this one's buffers)."""
-        part = SelectedColumns(self.n, self.lam2, self.dat.dtype)
-        part.ids, part.ptr, part.ind, part.dat = self.ids[:t], self.ptr[:t + 1], self.ind, self.dat
+        """The first ``t`` selected columns (sharing this one's arrays)."""
+        part = SelectedColumns(self.n, self.lam2, self.dtype)
+        part.ids, part.cols = self.ids[:t], self.cols[:t]
         part.coef, part.shift, part.H = self.coef[:t], self.shift[:t], self.H[:t, :t]
         return part
 
     def X(self) -> sp.csc_array:
-        nnz = int(self.ptr[-1])
-        return sp.csc_array((self.dat[:nnz], self.ind[:nnz], self.ptr), shape=(self.n, self.k))
+        ptr = np.zeros(self.k + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(c[1]) for c in self.cols])
+        ind = np.concatenate([c[1] for c in self.cols]) if self.cols else np.zeros(0, np.int32)
+        dat = np.concatenate([c[2] for c in self.cols]) if self.cols else np.zeros(0, self.dtype)
+        return sp.csc_array((dat, ind, ptr), shape=(self.n, self.k))
 
     def apply(self, c: np.ndarray) -> np.ndarray:
         """Z_S c (an n-vector, or n x p for a k x p ``c``)."""
         one = c.ndim == 1
-        w = self.coef[:, None] * (c[:, None] if one else c)
+        w = np.ascontiguousarray(self.coef[:, None] * (c[:, None] if one else c))
         out = np.zeros((self.n, w.shape[1]))
         if self.k:
-            csc_matvec(self.ptr, self.ind, self.dat, np.ascontiguousarray(w), out)
+            for t, (ptr, ind, dat) in enumerate(self.cols):
+                csc_matvec(ptr, ind, dat, w[t:t + 1], out)
             out -= (self.shift @ w)[None, :]
         return out[:, 0] if one else out
 
@@ -279,7 +311,8 @@ class SelectedColumns:
         V2 = np.ascontiguousarray(V[:, None] if one else V, dtype=np.float64)
         out = np.zeros((self.k, V2.shape[1]))
         if self.k:
-            csc_rmatvec(self.ptr, self.ind, self.dat, V2, out)
+            for t, (ptr, ind, dat) in enumerate(self.cols):
+                csc_rmatvec(ptr, ind, dat, V2, out[t:t + 1])
             out = self.coef[:, None] * (out - self.shift[:, None] * col_sums(V2)[None, :])
         return out[:, 0] if one else out
 
@@ -289,15 +322,11 @@ class SelectedColumns:
         return sla.cho_solve(sla.cho_factor(self.H, lower=True), b)
 
     def append(self, p: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float) -> None:
-        """Add column ``p`` (its raw rows and values) with its transform; H is the caller's."""
-        nnz, m = int(self.ptr[-1]), len(col[0])
-        if nnz + m > self.ind.shape[0]:
-            cap = max(nnz + m, self.ind.shape[0] * 3 // 2)
-            self.ind = np.concatenate([self.ind[:nnz], np.empty(cap - nnz, dtype=np.int32)])
-            self.dat = np.concatenate([self.dat[:nnz], np.empty(cap - nnz, dtype=self.dat.dtype)])
-        self.ind[nnz:nnz + m] = col[0]
-        self.dat[nnz:nnz + m] = col[1]
-        self.ptr = np.append(self.ptr, nnz + m)
+        """Add column ``p`` (its raw rows and values, kept as they are where their dtypes are already int32 and the
+        data's) with its transform; H is the caller's."""
+        rows = np.ascontiguousarray(col[0], dtype=np.int32)
+        vals = np.ascontiguousarray(col[1], dtype=self.dtype)
+        self.cols.append((np.array([0, rows.shape[0]], dtype=np.int64), rows, vals))
         self.ids.append(int(p))
         self.coef = np.append(self.coef, coef)
         self.shift = np.append(self.shift, shift)
@@ -328,7 +357,11 @@ def _ztY(Y: np.ndarray, col: tuple[np.ndarray, np.ndarray], coef: float, shift: 
 def _dense_z(n: int, col: tuple[np.ndarray, np.ndarray], coef: float, shift: float) -> np.ndarray:
     z = np.zeros(n)
     z[col[0]] = col[1]
-    return coef * (z - shift)
+    if shift:
+        z -= shift
+    if coef != 1.0:
+        z *= coef
+    return z
 
 
 class GreedyRun:
@@ -350,6 +383,13 @@ class GreedyRun:
         self.objective: list[float] = []
         self.trace_obj = 0.0  # Tr(H^-1) (A) or log det H (D)
         self.RS = np.zeros((0, 0 if Y is None else Y.shape[1]))  # Z_S^T Y (JCFS)
+        # LapAOFS/LapDOFS on an anchor graph: A_S = Zh^T Z_S (k x n_anchors), 1 + lambda1 d and Lambda^-1
+        # (:meth:`_take_anchor`)
+        self.AS: np.ndarray | None = None
+        if isinstance(W, AnchorGraph) and lam1 and mode != JCFS:
+            self.AS = np.zeros((0, W.n_anchors))
+            self.wd = 1.0 + lam1 * np.asarray(W.degrees, dtype=np.float64)
+            self.li = np.asarray(W.lam_inv, dtype=np.float64)
         # Y is float64, or float32 at kddb size (n x c, see jcfs._anchor_embedding): its sums are taken once, in
         # float64, and products with it never make a float64 copy of it
         self.Ysum = None if Y is None else col_sums(Y)
@@ -379,7 +419,9 @@ class GreedyRun:
         positions ``per_block`` are PerBlock); the proposals come back one per block, in block order."""
         if self.parts is None:
             return self.M.map_blocks(fn, *args, state=state)
-        props, new = self.M.map_blocks(_in_partition, fn, per_block, *args, state=state, partitions=self.parts)
+        attach = max(_ATTACH, _ATTACH_STEP // len(self.parts))
+        props, new = self.M.map_blocks(_in_partition, fn, per_block, attach, *args, state=state,
+                                       partitions=self.parts)
         by_block: list = [None] * self.M.n_blocks
         for part, got in zip(self.parts, props, strict=True):
             for i, p in zip(part, got, strict=True):
@@ -430,11 +472,13 @@ class GreedyRun:
         if p[2] is not None:
             return p[0], p[2]
         X = self.M.columns([p[0]])
-        return p[0], (X.indices, X.data.astype(np.float64))
+        return p[0], (X.indices, X.data)
 
     def take(self, p: int, col: tuple) -> tuple[np.ndarray, float, float]:
         """Add p to S: record its criterion and the objective; return (V, s_p, c2) for the update pass (V has one
         column for LapDOFS, two otherwise)."""
+        if self.AS is not None:
+            return self._take_anchor(p, col)
         S, n = self.sel, self.n
         z = _dense_z(n, col, self.coef[p], self.shift[p])
         Bz = self.B(z)
@@ -456,30 +500,68 @@ class GreedyRun:
             G = S.solve(self.RS)
             self.objective.append(float(self.Ysq - np.sum(self.RS * G)) / self.lam2)
             return V, s_p, e2
-        v_p = float(c @ c)
         if self.mode == A_OPTIMAL:
-            self.criterion.append(1.0 - self.lam2 * (1.0 + v_p) / s_p)
-            self.trace_obj += (1.0 + v_p) / s_p
             # V = [B r, B Z_S d] with r = z_p - Z_S c, d = H^-1 c: B r = B z_p - B Z_S c (one B product, 2 columns)
             BP = self.B(S.apply(np.column_stack([c, S.solve(c)])))
             V = np.column_stack([Bz - BP[:, 0], BP[:, 1]])
         else:
+            V = (Bz - self.B(S.apply(c)))[:, None]  # LapDOFS updates s only: one column
+        return self._record(p, col, u, gpp, c, s_p, V)
+
+    def _record(self, p: int, col: tuple, u: np.ndarray, gpp: float, c: np.ndarray, s_p: float, V: np.ndarray
+                ) -> tuple[np.ndarray, float, float]:
+        """LapAOFS's or LapDOFS's criterion and objective for the chosen p; p added to S."""
+        v_p = float(c @ c)
+        if self.mode == A_OPTIMAL:
+            self.criterion.append(1.0 - self.lam2 * (1.0 + v_p) / s_p)
+            self.trace_obj += (1.0 + v_p) / s_p
+        else:
             self.criterion.append(s_p / self.lam2 - 1.0)
             self.trace_obj += float(np.log(s_p))
-            V = (Bz - self.B(S.apply(c)))[:, None]  # LapDOFS updates s only: one column
         self.objective.append(self.trace_obj)
-        S.add(p, col, self.coef[p], self.shift[p], u, gpp)
+        self.sel.add(p, col, self.coef[p], self.shift[p], u, gpp)
         return V, s_p, v_p + 1.0
+
+    def _take_anchor(self, p: int, col: tuple) -> tuple[np.ndarray, float, float]:
+        """:meth:`take` for LapAOFS and LapDOFS on an anchor graph W = Zh Lambda^-1 Zh^T, with A_S = Zh^T Z_S
+        (k x n_anchors, one row added a step) kept here: B y = (1 + lambda1 d) y - lambda1 Zh Lambda^-1 Zh^T y, and
+        every y a step applies B to (z_p, Z_S c, Z_S d) has Zh^T y = a_p, A_S c or A_S d with a_p = Zh^T z_p. So
+        a step makes one product Zh^T z_p and one Zh P (P: n_anchors x 1 or 2), where B z_p, then B of the other
+        columns, made two of each."""
+        S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
+        z = _dense_z(n, col, self.coef[p], self.shift[p])
+        a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
+        wz = self.wd * z
+        lia = li * a_p
+        u = S.tapply(wz) - lam1 * (self.AS @ lia)  # Z_S^T B z_p
+        gpp = float(z @ wz) - lam1 * float(a_p @ lia) + self.lam2
+        c = S.solve(u)
+        s_p = gpp - float(u @ c)
+        if self.mode == A_OPTIMAL:
+            d = S.solve(c)
+            Y = S.apply(np.column_stack([c, d]))  # [Z_S c, Z_S d]
+            np.subtract(z, Y[:, 0], out=Y[:, 0])  # r = z_p - Z_S c
+            Q = np.column_stack([a_p - self.AS.T @ c, self.AS.T @ d])  # Zh^T [r, Z_S d]
+        else:
+            Y = (z - S.apply(c))[:, None]
+            Q = (a_p - self.AS.T @ c)[:, None]
+        V = W.zp(li[:, None] * Q)  # W y = Zh Lambda^-1 Zh^T y, then B y = (1 + lambda1 d) y - lambda1 W y in place
+        V *= -lam1
+        Y *= self.wd[:, None]
+        V += Y
+        self.AS = np.vstack([self.AS, a_p[None, :]])
+        return self._record(p, col, u, gpp, c, s_p, V)
 
     def vectors_at(self, t: int) -> tuple[np.ndarray, float, float]:
         """(V, s_p, c2) of step t, recomputed from the selection (for a replay after a restart or a lost worker)."""
         full = self.sel
-        saved = (self.sel, self.criterion, self.objective, self.trace_obj, self.RS)
+        saved = (self.sel, self.criterion, self.objective, self.trace_obj, self.RS, self.AS)
         self.sel, self.criterion, self.objective, self.RS = full.head(t), [], [], self.RS[:t]
+        self.AS = None if self.AS is None else self.AS[:t]
         try:
             out = self.take(full.ids[t], full.col(t))
         finally:
-            self.sel, self.criterion, self.objective, self.trace_obj, self.RS = saved
+            self.sel, self.criterion, self.objective, self.trace_obj, self.RS, self.AS = saved
         return out
 
     # ---------------------------------------------------------------- checkpoints
@@ -576,7 +658,7 @@ def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
             cols = M.columns(ids)
             for i, p in enumerate(ids):
                 a, b = cols.indptr[i], cols.indptr[i + 1]
-                pending = run.take(p, (cols.indices[a:b].copy(), cols.data[a:b].astype(np.float64)))
+                pending = run.take(p, (cols.indices[a:b].copy(), cols.data[a:b].copy()))
             done = len(ids) - 1
             run.resumed = len(ids)
             props = run.rebuild(done)

@@ -183,10 +183,37 @@ def test_greedy_update_into_other_arrays_leaves_its_inputs(cols):
         assert np.array_equal(s, s0) and np.array_equal(v, v0)
         a = Z.T @ V[:, 0]
         np.testing.assert_allclose(s_out, np.where(selected, s0, s0 - a * a / sp_), **TOL)
-        if mode == D_OPTIMAL:
+        if mode == D_OPTIMAL and cols == 1:  # LapDOFS's one-vector step keeps v: v_out is not written
+            assert np.all(np.isnan(v_out))
+            v_out = v
+        elif mode == D_OPTIMAL:
             assert np.array_equal(v_out, v0)
         else:
             b, e = Z.T @ V[:, 1], a / sp_
             np.testing.assert_allclose(v_out, np.where(selected, v0, v0 - 2 * e * b + e * e * c2), **TOL)
         jr, scr = _dense_best(mode, s_out, v_out, selected, np.zeros(d))
+        assert j == jr and sc == pytest.approx(scr, rel=1e-12)
+
+
+@pytest.mark.parametrize("cols", [1, 2])
+def test_greedy_update_without_a_transform_is_the_raw_columns(cols):
+    """coef and shift None (standardize=None): the update along the raw columns z_j = x_j, against dense NumPy."""
+    buf, _, _, _, rng = _block(13)
+    X = sp.csc_array((buf[2], buf[1], buf[0])).toarray().astype(np.float64)
+    n, d = X.shape
+    V = np.ascontiguousarray(rng.standard_normal((n, cols)))
+    s0, v0 = rng.uniform(5.0, 6.0, d), rng.uniform(0.0, 1.0, d)
+    selected = rng.random(d) < 0.3
+    sp_, c2 = 1.7, 0.6
+    for mode in ((D_OPTIMAL,) if cols == 1 else (A_OPTIMAL, JCFS)):
+        s, v = s0.copy(), v0.copy()
+        j, sc = greedy_update(*buf, None, None, V, V.sum(axis=0), sp_, c2, s, v, selected, mode, np.zeros(d))
+        a = X.T @ V[:, 0]
+        np.testing.assert_allclose(s, np.where(selected, s0, s0 - a * a / sp_), **TOL)
+        if cols == 2:
+            b, e = X.T @ V[:, 1], a / sp_
+            np.testing.assert_allclose(v, np.where(selected, v0, v0 - 2 * e * b + e * e * c2), **TOL)
+        else:
+            assert np.array_equal(v, v0)
+        jr, scr = _dense_best(mode, s, v, selected, np.zeros(d))
         assert j == jr and sc == pytest.approx(scr, rel=1e-12)

@@ -177,6 +177,36 @@ def test_heavy_columns_are_fetched_alone(monkeypatch, method):
     _assert_same(_fit_lap(Matrix(X, block_width=16), method, W=sp.csr_array(_graph("sparse"))), _ref(method, "sparse"))
 
 
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+def test_a_partitions_best_carries_its_heavy_column(monkeypatch, method):
+    """On a cluster the blocks' state is kept in partitions, and each partition's best proposal carries its column
+    however heavy (within a step's budget): the winner is always some partition's best, so no column is read
+    afterwards; with no budget every winner is read alone. The picks equal the paper's either way (a threaded
+    cluster, so that the patched limits reach the workers)."""
+    import distributed
+
+    monkeypatch.setattr(greedy, "_ATTACH", 0)
+    X = _data("sparse")
+    W = sp.csr_array(_graph("sparse"))
+    reads = []
+    columns = Matrix.columns
+
+    def counted(self, ids):
+        reads.append(list(ids))
+        return columns(self, ids)
+
+    monkeypatch.setattr(Matrix, "columns", counted)
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
+          as cluster, distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+        M = as_matrix(X, block_width=8, persist=True)
+        for budget, fetched in ((1 << 22, 0), (0, K)):
+            monkeypatch.setattr(greedy, "_ATTACH_STEP", budget)
+            reads.clear()
+            sel = _fit_lap(M, method, W=W, client=client)
+            assert len(reads) == fetched
+            _assert_same(sel, _ref(method, "sparse"))
+
+
 # ---------------------------------------------------------------------------------------------------- JCFS
 def _orthonormal(n, c, seed):
     Q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, c)))

@@ -92,21 +92,25 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
                resume=True)
 
 
-def test_anchor_graph_matches_its_dense_form_and_the_paper():
-    """The anchor-graph path (x^T W x through Zh, B r through the factored Laplacian) selects what the same graph
-    given densely does, and what the paper's sample-space algorithm does with it."""
+@pytest.mark.parametrize("criterion", ["A", "D"])
+@pytest.mark.parametrize("standardize", [None, "zscore"])
+def test_anchor_graph_matches_its_dense_form_and_the_paper(criterion, standardize):
+    """The anchor-graph path (x^T W x through Zh, B r through the factored Laplacian and Zh^T Z_S kept a step at a
+    time) selects what the same graph given densely does, and what the paper's sample-space algorithm does with
+    it, on the raw columns and on standardized ones (the transform applied implicitly)."""
     from dufs.engine.graphs import anchor_graph
-    from tests.methods.greedy_paper import lapaofs_paper
+    from tests.methods.greedy_paper import lapaofs_paper, lapdofs_paper
 
     rng = np.random.default_rng(3)
-    X = rng.standard_normal((150, 40))
+    X = rng.standard_normal((150, 40)) * rng.uniform(0.5, 3.0, 40) + rng.uniform(-1.0, 1.0, 40)
+    Xz = X if standardize is None else (X - X.mean(axis=0)) / X.std(axis=0)
     with dask.config.set(scheduler="sync"):
-        M = Matrix(X, block_width=9)
+        M = Matrix(X, block_width=9, standardize=standardize)
         A = anchor_graph(M, 20, 3, embed_dim=8, random_state=0)
-        a = lapofs(M, n_features=15, criterion="A", W=A, checkpoint=None)
-        b = lapofs(Matrix(X, block_width=13), n_features=15, criterion="A", W=sp.csr_array(A.toarray()),
-                   checkpoint=None)
-    ref = lapaofs_paper(X, A.toarray(), 15)
+        a = lapofs(M, n_features=15, criterion=criterion, W=A, checkpoint=None)
+        b = lapofs(Matrix(X, block_width=13, standardize=standardize), n_features=15, criterion=criterion,
+                   W=sp.csr_array(A.toarray()), checkpoint=None)
+    ref = (lapaofs_paper if criterion == "A" else lapdofs_paper)(Xz, A.toarray(), 15)
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_array_equal(a.indices, ref[0])
     np.testing.assert_allclose(a.criterion, ref[1], rtol=1e-8)
