@@ -15,7 +15,7 @@ from dask.sizeof import sizeof
 
 from dufs import config
 from dufs.engine.buffers import buffer
-from dufs.engine.shm import local_array
+from dufs.engine.shm import local_array, writable_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import csc_matvec, csc_rmatvec
@@ -185,12 +185,30 @@ def block_rmatvec(src, V, vsum, tf, dtype=None):
     return out if direct else _cast(standardize_rows(out, tf[0], vsum, tf[1]), dtype)
 
 
-def partition_rmatvec(srcs, V, vsum, tfs, dtype=None):
+def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None):
     """Z_b^T V of a partition's blocks, stacked in the order given into one pooled float64 (sum of widths, p)
-    buffer (or ``dtype``): one task and one result a partition."""
+    buffer (or ``dtype``): one task and one result a partition.
+
+    ``into`` (a :class:`~dufs.engine.shm.SharedArray` of the whole (n_features, p) result, :func:`receive`) with
+    ``starts`` (each block's first feature): each block's rows written there in place, nothing sent back but the
+    number of rows written."""
     blocks = [resolve(s) for s in srcs]
     V = local_array(V)
     direct = _direct(dtype, tfs)
+    if into is not None:
+        target = writable_array(into)
+        for b, (mu, inv), a in zip(blocks, tfs, starts, strict=True):
+            w = b.indptr.shape[0] - 1
+            if direct or target.dtype == np.float64:  # the kernel writes the result's rows itself
+                part = target[a:a + w]
+                csc_rmatvec(b.indptr, b.indices, b.data, V, part)
+                if not direct:
+                    standardize_rows(part, mu, vsum, inv)
+            else:  # a float32 result with a transform: made in float64, rounded once
+                part = buffer((w, V.shape[1]), np.float64)
+                csc_rmatvec(b.indptr, b.indices, b.data, V, part)
+                np.copyto(target[a:a + w], standardize_rows(part, mu, vsum, inv), casting="same_kind")
+        return sum(b.indptr.shape[0] - 1 for b in blocks)
     out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), V.shape[1]), dtype if direct else np.float64)
     o = 0
     for b, (mu, inv) in zip(blocks, tfs, strict=True):

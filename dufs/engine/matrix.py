@@ -20,6 +20,7 @@ or a fixed pairwise tree for sums), so results do not depend on the number of wo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -277,12 +278,16 @@ class Matrix:
         return self
 
     def release(self) -> None:
-        """Drop persisted blocks (and the scattered transform) from the workers.
+        """Drop persisted blocks (and the scattered transform) from the workers, and this process's pooled results'
+        files in /dev/shm (:func:`~dufs.engine.shm.receive`; a later pass makes a new one).
 
         A :meth:`with_standardize` view owns neither (they are its origin's, which a later call may still use:
         ``dufs.fit`` is given a persisted Matrix and fits a view of it), so releasing a view drops nothing."""
         if self.__dict__.get("_view"):
             return
+        from dufs.engine.shm import release_results_files
+
+        release_results_files()
         for s in self._src:
             if hasattr(s, "release"):
                 s.release()
@@ -449,6 +454,10 @@ class Matrix:
                     return self._resident(tasks)
                 units = [[i] for i in range(self.n_blocks)]
             else:
+                shape = (d, V2.shape[1])
+                got = self._rmatvec_shared(units, Vs, vsum, tf, dt, shape, np.dtype(dtype))
+                if got is not None:
+                    return got[:, 0] if one else got
                 f = delayed(partition_rmatvec)
                 tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt) for u in units]
             bounds = self.bounds
@@ -474,6 +483,32 @@ class Matrix:
             self._pass_streaming(tasks, "Z^T V", place)
             out = res[0] if res else np.empty(shape, dtype)
         return out[:, 0] if one else out
+
+    def _rmatvec_shared(self, units: list[list[int]], Vs: Any, vsum: Any, tf: list, dt: Any, shape: tuple,
+                        dtype: np.dtype) -> np.ndarray | None:
+        """The partitions' results written by the tasks into one file in /dev/shm (:func:`~dufs.engine.shm.receive`)
+        and copied out here, where every worker is on this machine: none of it sent back through the network (on
+        the test machine 38 MiB of results took 21 ms of a 79 ms 2-worker pass that way). None where that is not
+        possible (workers elsewhere, shared memory off, /dev/shm full): the caller gathers them."""
+        from dufs.engine.shm import receive, receive_eligible
+
+        client = current_client()
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if not receive_eligible(client, nbytes):
+            return None
+        with contextlib.ExitStack() as stack:
+            try:
+                ref, view = stack.enter_context(receive(shape, dtype))
+            except OSError:  # /dev/shm cannot hold it: the results come back as messages
+                return None
+            bounds = self.bounds
+            f = delayed(partition_rmatvec)
+            tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, ref,
+                       [int(bounds[i]) for i in u]) for u in units]
+            self._pass_streaming(tasks, "Z^T V", lambda u, got: None)
+            out = np.empty(shape, dtype)
+            np.copyto(out, view)
+        return out
 
     def _pass_partitions(self) -> list[list[int]] | None:
         """The blocks grouped one partition a worker (a worker's persisted blocks together) for a pass whose

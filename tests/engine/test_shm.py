@@ -31,6 +31,12 @@ def _worker_maps() -> list[str]:
     return list(mod._MAPS)
 
 
+def _worker_results_maps() -> list[str]:
+    from dufs.engine import shm as mod
+
+    return list(mod._WMAPS)
+
+
 def test_published_array_maps_read_only_and_goes_away_after():
     x = np.random.default_rng(0).standard_normal((1000, 3))
     assert shm.local_array(x) is x
@@ -89,8 +95,11 @@ def test_pass_reads_one_shared_copy_on_the_cluster(cluster_client):
                 np.testing.assert_allclose(got, ref, rtol=0, atol=(1e-12 if dt == np.float64 else 1e-6)
                                            * np.abs(ref).max())
         maps = cluster_client.run(_worker_maps)
+        written = cluster_client.run(_worker_results_maps)
         M.release()
     assert all(any(p.startswith(f"/dev/shm/dufs-{os.getpid()}-") for p in m) for m in maps.values()), maps
+    # the results were written by the tasks into this process's results files, not sent back
+    assert all(any(p.startswith(f"/dev/shm/dufs-{os.getpid()}-") for p in m) for m in written.values()), written
     assert not _ours()
     with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
         assert not shm.shared_eligible(cluster_client, v)
@@ -129,3 +138,36 @@ def test_mmfs_rounds_from_shared_memory_reach_the_serial_objective(cluster_clien
     assert res.diagnostics["n_partitions"] == 2 and all(maps.values())
     assert res.diagnostics["objective"] == pytest.approx(serial.diagnostics["objective"], rel=1e-6)
     assert not _ours()
+
+
+def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_client, monkeypatch):
+    """A pass's results are written into a pooled /dev/shm file: the same file serves the next pass of that size,
+    results against dense NumPy each time; where /dev/shm cannot hold the file (its pages reserved up front fail)
+    the results come back as messages instead, the same numbers, and no file is left."""
+    import errno
+
+    X = sp.csc_array(sp.random(2000, 900, density=0.02, format="csc", random_state=4, dtype=np.float32))
+    v = np.random.default_rng(4).standard_normal(2000)
+    ref = X.toarray().astype(np.float64).T @ v
+    tol = 1e-12 * np.abs(ref).max()
+    with cluster_client.as_current(), dask.config.set(ALL):
+        M = as_matrix(X, block_width=100, persist=True)
+        shm.release_results_files()
+        np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
+        pooled = _ours()
+        assert len(pooled) == 1  # the results' file, back in the pool
+        np.testing.assert_allclose(M.rmatvec(2 * v), 2 * ref, rtol=0, atol=2 * tol)
+        assert _ours() == pooled  # the same file again
+        shm.release_results_files()
+        assert not _ours()
+
+        def full(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(shm.os, "posix_fallocate", full)
+        with pytest.raises(OSError):
+            with shm.receive((10, 1), np.float64):
+                pass
+        np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
+        assert not _ours()
+        M.release()
