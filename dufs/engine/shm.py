@@ -65,38 +65,43 @@ _MAPS_LOCK = threading.Lock()
 _KEEP = 4  # mappings kept per process at most (those whose file was removed are dropped first)
 
 
+def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.ndarray:
+    """The bytes of ``x``'s file mapped in this process (read-only or for writing), kept in ``maps`` (once per
+    process and file; a file removed since is dropped first, its memory goes back)."""
+    with _MAPS_LOCK:
+        got = maps.get(x.path)
+        if got is not None and got.nbytes == x.nbytes:
+            maps.move_to_end(x.path)
+            return got
+        for p in [p for p in maps if not os.path.exists(p)]:
+            del maps[p]
+        try:
+            fd = os.open(x.path, os.O_RDWR if writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"the shared {what} {x.path} is not visible in this worker process (is it on another machine than "
+                f"the client? set dufs.engine.shared-memory to 'off')") from None
+        try:
+            if x.nbytes == 0:
+                raw = np.zeros(0, dtype=np.uint8)
+            else:
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # its pages mapped in one call
+                prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+                raw = np.frombuffer(mmap.mmap(fd, x.nbytes, flags=flags, prot=prot), dtype=np.uint8)
+        finally:
+            os.close(fd)
+        maps[x.path] = raw
+        while len(maps) > _KEEP:
+            maps.popitem(last=False)
+        return raw
+
+
 def local_array(x: Any) -> Any:
     """``x`` itself, or for a :class:`SharedArray` the array it refers to, mapped read-only (once per process and
     file)."""
     if not isinstance(x, SharedArray):
         return x
-    with _MAPS_LOCK:
-        got = _MAPS.get(x.path)
-        if got is not None:
-            _MAPS.move_to_end(x.path)
-            return got
-        for p in [p for p in _MAPS if not os.path.exists(p)]:  # a finished pass's file: its memory goes back
-            del _MAPS[p]
-        try:
-            fd = os.open(x.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"the shared vector {x.path} is not visible in this worker process (is it on another machine than "
-                f"the client? set dufs.engine.shared-memory to 'off')") from None
-        try:
-            n = x.nbytes
-            if n == 0:
-                arr = np.empty(x.shape, dtype=x.dtype)
-            else:
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # its pages mapped in one call
-                mm = mmap.mmap(fd, n, flags=flags, prot=mmap.PROT_READ)
-                arr = np.frombuffer(mm, dtype=x.dtype, count=int(np.prod(x.shape, dtype=np.int64))).reshape(x.shape)
-        finally:
-            os.close(fd)
-        _MAPS[x.path] = arr
-        while len(_MAPS) > _KEEP:
-            _MAPS.popitem(last=False)
-        return arr
+    return _mapped(x, _MAPS, False, "vector").view(x.dtype).reshape(x.shape)
 
 
 _WMAPS: OrderedDict[str, np.ndarray] = OrderedDict()  # results' files, mapped for writing
@@ -105,29 +110,7 @@ _WMAPS: OrderedDict[str, np.ndarray] = OrderedDict()  # results' files, mapped f
 def writable_array(x: SharedArray) -> np.ndarray:
     """The array of a results' file (:func:`receive`), mapped for writing (once per process and file: the files
     are reused pass after pass, so a worker's writes land on pages it has mapped before)."""
-    with _MAPS_LOCK:
-        got = _WMAPS.get(x.path)
-        if got is not None and got.nbytes == x.nbytes:
-            _WMAPS.move_to_end(x.path)
-            return got.view(x.dtype).reshape(x.shape)
-        for p in [p for p in _WMAPS if not os.path.exists(p)]:
-            del _WMAPS[p]
-        try:
-            fd = os.open(x.path, os.O_RDWR)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"the shared results file {x.path} is not visible in this worker process (is it on another machine "
-                f"than the client? set dufs.engine.shared-memory to 'off')") from None
-        try:
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mm = mmap.mmap(fd, x.nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        arr = np.frombuffer(mm, dtype=np.uint8)
-        _WMAPS[x.path] = arr
-        while len(_WMAPS) > _KEEP:
-            _WMAPS.popitem(last=False)
-        return arr.view(x.dtype).reshape(x.shape)
+    return _mapped(x, _WMAPS, True, "results file").view(x.dtype).reshape(x.shape)
 
 
 # ------------------------------------------------------------------------------------------------ on the driver
