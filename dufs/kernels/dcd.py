@@ -35,6 +35,36 @@ def dcd_gradient(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, out):
     return out
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, rho, alpha, C, g, index):
+    """A round's start on a block in one sweep over its per-feature arrays: ``g[j] = f_j^T w + b``
+    (:func:`dcd_gradient`), the gap terms (:func:`gap_terms`) and the working set (:func:`active_set` with
+    thresholds 0: written to ``index``). Returns ``(gap, sum alpha, rho^T alpha, n_active)``. Three sweeps over g,
+    rho and alpha made one: those arrays are 8 bytes a feature each, read from memory every round."""
+    t, S = wt[0], wt[1]
+    gap = 0.0
+    sa = 0.0
+    ra = 0.0
+    k = 0
+    for j in range(indptr.shape[0] - 1):
+        gj = coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
+        g[j] = gj
+        rj = rho[j]
+        a = alpha[j]
+        v = rj - gj
+        if v > 0.0:
+            gap += C * v
+        gap -= a * v
+        sa += a
+        ra += rj * a
+        G = -v
+        if (a <= 0.0 and G > 0.0) or (a >= C and G < -0.0):
+            continue
+        index[k] = j
+        k += 1
+    return gap, sa, ra, k
+
+
 @numba.njit(nogil=True, cache=True)
 def _next(state):
     # xorshift64*: a small deterministic generator for the in-kernel shuffles

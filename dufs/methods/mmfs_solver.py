@@ -20,7 +20,7 @@ from dufs.engine import Matrix, PerBlock
 from dufs.engine.dispatch import shipped
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
-from dufs.kernels.dcd import active_set, dcd_epoch, dcd_gradient, gap_terms
+from dufs.kernels.dcd import active_set, dcd_epoch, dcd_start
 from dufs.methods.solver import atomic_write, recoverable, release
 from dufs.scheduling import current_client
 
@@ -70,18 +70,33 @@ def _init_from_spec(blocks, state, spec, r_given, alpha0, seed):
 
 def _start(blk, st, ws, wt, b, step, m, C, dal=None):
     """A block's part of a round's start: apply last round's step (along ``dal`` when the driver ran the block's
-    epoch), the exact gradient and the gap terms at (w, b). Returns (state, [gap, sum alpha, rho^T alpha])."""
+    epoch), the exact gradient, the gap terms at (w, b) and the working set, in one sweep (:func:`dcd_start`).
+    Returns (state, [gap, sum alpha, rho^T alpha], working set: local indices, a view valid for this round).
+
+    No per-feature array is allocated: the new alpha is written into the spare the state keeps (the state before
+    last's; it differs from alpha only at the coordinates the last step changed, so bringing it up to date costs
+    those), so the state given keeps its alpha (a task may run again); g, which a round computes whole and never
+    reads from its state, is written over in place."""
     st = dict(st)
     idx, d = st["dalpha"] if dal is None else dal
     if step != 0.0 and idx.size:
-        alpha = st["alpha"].copy()  # a new array: the previous state stays as it was (a task may run again)
-        alpha[idx] = np.clip(alpha[idx] + step * d, 0.0, C)
-        st["alpha"] = alpha
-    g = np.empty(blk.width)
-    dcd_gradient(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], st["colsum"], ws, wt, m, b, g)
-    st["g"] = g
+        alpha = st["alpha"]
+        spare = st.get("alpha_spare")
+        if spare is None:
+            spare = alpha.copy()
+        else:
+            last = st["alpha_changed"]
+            spare[last] = alpha[last]
+        spare[idx] = np.clip(alpha[idx] + step * d, 0.0, C)
+        st.update(alpha=spare, alpha_spare=alpha, alpha_changed=idx)
+    g = st["g"]
+    index = st.get("index")
+    if index is None:
+        index = st["index"] = np.empty(blk.width, dtype=np.int64)
+    gap, sa, ra, n_active = dcd_start(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], st["colsum"], ws,
+                                      wt, m, b, st["rho"], st["alpha"], C, g, index)
     st["dalpha"] = _NO_STEP
-    return st, gap_terms(g, st["rho"], st["alpha"], C)
+    return st, (gap, sa, ra), index[:n_active]
 
 
 def _working_set(blk, st, C) -> np.ndarray:
@@ -266,18 +281,18 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     ws = local_array(ws)
     part = part[0] if isinstance(part, list) else part
     tail = RoundTotals(partitions=1.0)
-    new = []
+    new, sets = [], []
     for q, (blk, st) in enumerate(zip(blocks, states, strict=True)):
-        st, (gap, sa, ra) = _start(blk, st, ws, wt, b, step, m, C, None if dal is None else dal[q])
+        st, (gap, sa, ra), ix = _start(blk, st, ws, wt, b, step, m, C, None if dal is None else dal[q])
         tail.gap += gap
         tail.sum_alpha += sa
         tail.rho_alpha += ra
         new.append(st)
+        sets.append(ix)
     tail.start_s = time.perf_counter() - t0
     if not epoch:
         tail.task_s = time.perf_counter() - t0
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail)
-    sets = [_working_set(blk, st, C) for blk, st in zip(blocks, new, strict=True)]
     nnz = sum(int((blk.indptr[ix + 1] - blk.indptr[ix]).sum()) for blk, ix in zip(blocks, sets, strict=True))
     if nnz <= budget:
         cols = []
@@ -352,7 +367,8 @@ def _take_alpha(blocks, states, with_g=True):
     out = []
     for blk, st in zip(blocks, states, strict=True):
         nz = np.flatnonzero(st["alpha"])  # alpha is sparse (the support): send its nonzeros
-        out.append((blk.start, nz, st["alpha"][nz], st["g"] if with_g else None))
+        # g copied: in this process the state's g is a buffer a later round writes into
+        out.append((blk.start, nz, st["alpha"][nz], st["g"].copy() if with_g else None))
     return states, out
 
 

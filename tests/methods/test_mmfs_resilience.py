@@ -229,3 +229,43 @@ def test_checkpoint_writes_are_atomic(problem, tmp_path, monkeypatch):
             mmfs(M, M.y, gamma=GAMMA, tol=1e-12, max_epochs=6, checkpoint=str(ck), checkpoint_every=2)
     assert path.read_bytes() == before  # the old checkpoint is untouched, no temporary file is left
     assert os.listdir(ck) == ["checkpoint.npz"]
+
+
+def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
+    """Round after round, ``_start`` writes alpha into the spare its state keeps (the previous state's alpha
+    untouched: a task may run again) and g, an output only, over the old one; alpha after each step equals the
+    steps applied to a plain copy, whatever coordinates the steps move (a spare is brought up to date at the ones
+    the last step changed)."""
+    import scipy.sparse as sp
+
+    from dufs.engine.blocks import FeatureBlock
+    from dufs.methods import mmfs_solver as ms
+
+    rng = np.random.default_rng(2)
+    m, d, C = 50, 40, 0.8
+    A = sp.random_array((m, d), density=0.3, format="csc", dtype=np.float32, rng=rng)
+    blk = FeatureBlock(0, d, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
+    F = A.toarray().astype(np.float64)
+    st = ms._init_state(blk, np.ones(d), np.zeros(d), F.sum(axis=0), (F * F).sum(axis=0), rng.uniform(0.1, 1, d),
+                        None, 3)
+    ref = np.zeros(d)
+    ws, wt, b = rng.standard_normal(m), np.array([0.0, 0.0]), 0.05
+    wt[1] = ws.sum()
+    for r in range(8):
+        idx = np.sort(rng.choice(d, rng.integers(1, 12), replace=False))
+        dal = (idx, rng.uniform(-0.5, 1.0, idx.size))
+        # its arrays, not the spares and scratch it lends the next round
+        given = {k: v.copy() for k, v in st.items() if isinstance(v, np.ndarray) and k not in
+                 ("alpha_spare", "g", "index", "alpha_changed")}
+        new, (gap, sa, ra), ix = ms._start(blk, st, ws, wt, b, 0.9, float(m), C, dal)
+        for k, v in given.items():  # the state given is as it was
+            assert np.array_equal(st[k], v), (r, k)
+        ref[idx] = np.clip(ref[idx] + 0.9 * dal[1], 0.0, C)
+        np.testing.assert_array_equal(new["alpha"], ref)
+        g = F.T @ ws + b
+        np.testing.assert_allclose(new["g"], g, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(sa, ref.sum(), rtol=1e-12)
+        G = g - new["rho"]
+        keep = ~(((ref <= 0) & (G > 0)) | ((ref >= C) & (G < 0)))
+        np.testing.assert_array_equal(ix, np.flatnonzero(keep))
+        st = new
