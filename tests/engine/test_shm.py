@@ -172,3 +172,15 @@ def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_cli
         np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
         assert not _ours()
         M.release()
+
+
+def test_a_vector_of_any_size_is_shared_unless_capped(cluster_client):
+    """Two workers on this machine share a vector larger than any cache (a copy each costs a transfer each, one
+    copy a write); ``dufs.engine.shared-memory-max-bytes`` caps it, and one worker never shares."""
+    big = np.zeros(6_000_000)  # 48 MB
+    assert shm.shared_eligible(cluster_client, big)
+    with dask.config.set({"dufs.engine.shared-memory-max-bytes": "32MiB"}):
+        assert not shm.shared_eligible(cluster_client, big)
+        assert shm.shared_eligible(cluster_client, big[:3_000_000])
+    with dask.config.set({"dufs.engine.shared-memory-bytes": "64MiB"}):
+        assert not shm.shared_eligible(cluster_client, big)
