@@ -242,6 +242,19 @@ def block_matvec(src, W, n_rows):
     return out
 
 
+def partition_matvec_into(srcs, Ws, into, slots):
+    """X_b W_b of each of a partition's blocks written into its slot of ``into`` (a
+    :class:`~dufs.engine.shm.SharedArray` of shape (n_blocks, n_rows, p)): ``slots`` are the blocks' indices.
+    Returns the number of blocks written."""
+    target = writable_array(into)
+    for src, W, i in zip(srcs, Ws, slots, strict=True):
+        b = resolve(src)
+        out = target[i]
+        out.fill(0.0)
+        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
+    return len(slots)
+
+
 def group_matvec(srcs, Ws, n_rows):
     """Sum over a group of blocks of X_b W_b, accumulated into one (n_rows, p) buffer (see Matrix.matvec)."""
     out = np.zeros((n_rows, Ws[0].shape[1]), dtype=np.float64)

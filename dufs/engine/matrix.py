@@ -47,6 +47,7 @@ from dufs.engine.blocks import (
     map_one,
     map_state,
     nnz_of,
+    partition_matvec_into,
     partition_rmatvec,
 )
 from dufs.engine.dispatch import (
@@ -571,17 +572,47 @@ class Matrix:
             where = self._placed(client)[2] if client is not None and self.residency.get("mode") == "persisted" \
                 and self.n_blocks > 1 else None
             with shipped(Wb, where=where) as Ws:
-                if groups is None:
+                out = self._matvec_shared(Ws, n, U2.shape[1]) if groups is None else None
+                if out is not None:
+                    pass
+                elif groups is None:
                     f = delayed(block_matvec)
                     parts = [f(s, Ws[i], n) for i, s in enumerate(self._src)]
                 else:
                     f = delayed(group_matvec)
                     parts = [f([self._src[i] for i in g], [Ws[i] for i in g], n) for g in groups]
-                out = self._pass([tree_sum(parts)], "Z U")[0]
+                if out is None:
+                    out = self._pass([tree_sum(parts)], "Z U")[0]
         if mu is not None:
             out = out - sum((mu[b.start:b.stop] @ w for b, w in zip(self.blocks, Wb, strict=True)),
                        np.zeros(U2.shape[1]))[None, :]
         return out[:, 0] if one else out
+
+    def _matvec_shared(self, Ws: list, n: int, p: int) -> np.ndarray | None:
+        """Z U's per-block partial products written by one task a worker into their slots of one results file in
+        /dev/shm (:func:`~dufs.engine.shm.receive`) and summed here by the same fixed tree as on the workers (the
+        same numbers, whatever the number of workers), where the blocks are persisted on workers of this machine
+        and all the partials together take at most ``dufs.engine.wide-product-bytes`` (the sum here costs a pass
+        over them). None otherwise (the workers sum them). On 2 workers, 2 blocks of 200k x 10 partials: the tree
+        moved one partial between the workers and the sum to the driver, 131 ms a product against 103 on 1 worker."""
+        from dufs.engine.shm import receive, receive_eligible
+
+        units = self._pass_partitions()
+        nb = self.n_blocks
+        nbytes = nb * n * p * 8
+        if units is None or nbytes > config.parse_bytes(config.get("engine.wide-product-bytes")) or \
+                not receive_eligible(current_client(), nbytes):
+            return None
+        with contextlib.ExitStack() as stack:
+            try:
+                ref, view = stack.enter_context(receive((nb, n, p), np.float64))
+            except OSError:
+                return None
+            f = delayed(partition_matvec_into)
+            tasks = [f([self._src[i] for i in u], [Ws[i] for i in u], ref, u) for u in units]
+            self._pass_streaming(tasks, "Z U", lambda u, got: None)
+            out = tree_sum_values([view[i] for i in range(nb)])
+            return np.array(out) if nb == 1 else out
 
     def _matvec_groups(self, out_bytes: int) -> list[list[int]] | None:
         """For a product Z U whose n_samples x p result is large (``out_bytes`` at least

@@ -184,3 +184,28 @@ def test_a_vector_of_any_size_is_shared_unless_capped(cluster_client):
         assert shm.shared_eligible(cluster_client, big[:3_000_000])
     with dask.config.set({"dufs.engine.shared-memory-bytes": "64MiB"}):
         assert not shm.shared_eligible(cluster_client, big)
+
+
+def test_products_z_u_sum_their_partials_from_shared_memory_as_the_workers_do(cluster_client):
+    """Z U on the cluster: each block's partial product written into its slot of a /dev/shm results file and summed
+    here by the workers' fixed tree: the same numbers, bit for bit, as the workers' own sum (shared memory off),
+    and dense NumPy's to rounding, with and without the transform."""
+    X = sp.csc_array(sp.random(1500, 600, density=0.03, format="csc", random_state=5, dtype=np.float32))
+    rng = np.random.default_rng(5)
+    u, U = rng.standard_normal(600), rng.standard_normal((600, 3))
+    D = X.toarray().astype(np.float64)
+    with cluster_client.as_current():
+        for std in (None, "zscore"):
+            with dask.config.set(ALL):
+                M = as_matrix(X, block_width=70, standardize=std, persist=True)
+                cluster_client.run(lambda: shm._WMAPS.clear())
+                got = [M.matvec(u), M.matvec(U)]
+                used = cluster_client.run(_worker_results_maps)
+            assert all(used.values()), used  # the partials went through the results file
+            with dask.config.set({"dufs.engine.shared-memory": "off"}):
+                want = [M.matvec(u), M.matvec(U)]
+            Z = D if std is None else (D - D.mean(axis=0)) / np.where(D.std(axis=0) > 0, D.std(axis=0), 1.0)
+            for g, w, x in zip(got, want, (u, U), strict=True):
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_allclose(g, Z @ x, rtol=0, atol=1e-12 * np.abs(Z @ x).max())
+            M.release()
