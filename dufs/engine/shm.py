@@ -69,9 +69,9 @@ def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.
     process and file; a file removed since is dropped first, its memory goes back)."""
     with _MAPS_LOCK:
         got = maps.get(x.path)
-        if got is not None and got.nbytes == x.nbytes:
+        if got is not None and got.nbytes >= x.nbytes:
             maps.move_to_end(x.path)
-            return got
+            return got[:x.nbytes]
         for p in [p for p in maps if not os.path.exists(p)]:
             del maps[p]
         try:
@@ -81,18 +81,20 @@ def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.
                 f"the shared {what} {x.path} is not visible in this worker process (is it on another machine than "
                 f"the client? set dufs.engine.shared-memory to 'off')") from None
         try:
-            if x.nbytes == 0:
+            # the whole file: a results file reused for a smaller result is larger than this one's bytes
+            size = max(x.nbytes, os.fstat(fd).st_size)
+            if size == 0:
                 raw = np.zeros(0, dtype=np.uint8)
             else:
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # its pages mapped in one call
                 prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-                raw = np.frombuffer(mmap.mmap(fd, x.nbytes, flags=flags, prot=prot), dtype=np.uint8)
+                raw = np.frombuffer(mmap.mmap(fd, size, flags=flags, prot=prot), dtype=np.uint8)
         finally:
             os.close(fd)
         maps[x.path] = raw
         while len(maps) > _KEEP:
             maps.popitem(last=False)
-        return raw
+        return raw[:x.nbytes]
 
 
 def local_array(x: Any) -> Any:
@@ -254,9 +256,9 @@ def shared_eligible(client: Any, x: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ results back
-_POOL: dict[int, list[tuple[str, np.ndarray]]] = {}  # free results' files by size: (path, the driver's mapping)
+_POOL: list[tuple[str, np.ndarray]] = []  # free results' files: (path, the driver's mapping of the whole file)
 _POOL_LOCK = threading.Lock()
-_POOL_KEEP = 2  # free files kept at most (the others removed when returned)
+_POOL_KEEP = 2  # free files kept at most (the smallest removed beyond)
 
 
 def _new_results_file(nbytes: int) -> tuple[str, np.ndarray]:
@@ -288,35 +290,41 @@ def _drop(path: str) -> None:
 def receive(shape: tuple, dtype: Any) -> Iterator[tuple[SharedArray, np.ndarray]]:
     """A file in /dev/shm for a pass's results, written by the tasks in place (:func:`writable_array`) instead of
     sent back: yields (its reference for the tasks, this process's view of it, read once they have all finished).
-    The view is valid inside the ``with`` block only: the file goes back to a small pool after and the next pass
-    of the same size writes into it (a new file costs the allocation of its pages, 47 ms for 40 MB on the test
-    machine, more than sending the results). Raises OSError where /dev/shm cannot hold it."""
+    The view is valid inside the ``with`` block only: the file goes back to a small pool after, and a later pass
+    whose results fit in it writes into it (a new file costs the allocation of its pages, 47 ms for 40 MB on the
+    test machine, more than sending the results; the pool keeps the largest files, so passes of several sizes
+    stop allocating). Raises OSError where /dev/shm cannot hold it."""
     _sweep_stale()
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    with _POOL_LOCK:
-        free = _POOL.get(nbytes)
-        got = free.pop() if free else None
+    with _POOL_LOCK:  # the smallest free file that holds it (results of several sizes share the pool)
+        fits = [f for f in _POOL if f[1].nbytes >= nbytes]
+        got = min(fits, key=lambda f: f[1].nbytes) if fits else None
+        if got is not None:
+            _POOL.remove(got)
     if got is None:
         got = _new_results_file(nbytes)
     path, raw = got
     ok = False
     try:
-        yield SharedArray(path, tuple(int(x) for x in shape), dt.str), raw.view(dt).reshape(shape)
+        yield SharedArray(path, tuple(int(x) for x in shape), dt.str), raw[:nbytes].view(dt).reshape(shape)
         ok = True
     finally:
+        drop = [] if ok else [got]  # a failed pass's file: a task may still write into it
         with _POOL_LOCK:
-            if ok and sum(len(v) for v in _POOL.values()) < _POOL_KEEP:
-                _POOL.setdefault(nbytes, []).append(got)
-                got = None
-        if got is not None:  # a failed pass (a task may still write into it) or a full pool: removed
-            _drop(path)
+            if ok:
+                _POOL.append(got)
+                _POOL.sort(key=lambda f: f[1].nbytes)
+                while len(_POOL) > _POOL_KEEP:
+                    drop.append(_POOL.pop(0))
+        for f in drop:
+            _drop(f[0])
 
 
 def release_results_files() -> None:
     """Remove the pooled results' files (their memory goes back; the next pass makes a new one)."""
     with _POOL_LOCK:
-        files = [f for v in _POOL.values() for f in v]
+        files = list(_POOL)
         _POOL.clear()
     for path, _ in files:
         _drop(path)

@@ -159,6 +159,13 @@ def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_cli
         assert len(pooled) == 1  # the results' file, back in the pool
         np.testing.assert_allclose(M.rmatvec(2 * v), 2 * ref, rtol=0, atol=2 * tol)
         assert _ours() == pooled  # the same file again
+        np.testing.assert_allclose(M.rmatvec(v, dtype=np.float32), ref, rtol=0, atol=1e-6 * np.abs(ref).max())
+        assert _ours() == pooled  # a smaller result in the same file
+        V = np.column_stack([v, -v, 3 * v])
+        np.testing.assert_allclose(M.rmatvec(V), ref[:, None] * [1, -1, 3], rtol=0, atol=3 * tol)
+        assert len(_ours()) == 2  # a larger one: a new file, both kept
+        np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
+        assert len(_ours()) == 2
         shm.release_results_files()
         assert not _ours()
 
