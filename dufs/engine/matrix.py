@@ -491,25 +491,20 @@ class Matrix:
         and copied out here, where every worker is on this machine: none of it sent back through the network (on
         the test machine 38 MiB of results took 21 ms of a 79 ms 2-worker pass that way). None where that is not
         possible (workers elsewhere, shared memory off, /dev/shm full): the caller gathers them."""
-        from dufs.engine.shm import receive, receive_eligible
+        from dufs.engine.shm import receive_eligible, receive_or_none
 
-        client = current_client()
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if not receive_eligible(client, nbytes):
+        if not receive_eligible(current_client(), int(np.prod(shape)) * dtype.itemsize):
             return None
         with contextlib.ExitStack() as stack:
-            try:
-                ref, view = stack.enter_context(receive(shape, dtype))
-            except OSError:  # /dev/shm cannot hold it: the results come back as messages
+            got = receive_or_none(stack, shape, dtype)
+            if got is None:
                 return None
             bounds = self.bounds
             f = delayed(partition_rmatvec)
-            tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, ref,
+            tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, got[0],
                        [int(bounds[i]) for i in u]) for u in units]
-            self._pass_streaming(tasks, "Z^T V", lambda u, got: None)
-            out = np.empty(shape, dtype)
-            np.copyto(out, view)
-        return out
+            self._pass_streaming(tasks, "Z^T V", lambda u, r: None)
+            return got[1].copy()
 
     def _pass_partitions(self) -> list[list[int]] | None:
         """The blocks grouped one partition a worker (a worker's persisted blocks together) for a pass whose
@@ -573,15 +568,13 @@ class Matrix:
                 and self.n_blocks > 1 else None
             with shipped(Wb, where=where) as Ws:
                 out = self._matvec_shared(Ws, n, U2.shape[1]) if groups is None else None
-                if out is not None:
-                    pass
-                elif groups is None:
-                    f = delayed(block_matvec)
-                    parts = [f(s, Ws[i], n) for i, s in enumerate(self._src)]
-                else:
-                    f = delayed(group_matvec)
-                    parts = [f([self._src[i] for i in g], [Ws[i] for i in g], n) for g in groups]
                 if out is None:
+                    if groups is None:
+                        f = delayed(block_matvec)
+                        parts = [f(s, Ws[i], n) for i, s in enumerate(self._src)]
+                    else:
+                        f = delayed(group_matvec)
+                        parts = [f([self._src[i] for i in g], [Ws[i] for i in g], n) for g in groups]
                     out = self._pass([tree_sum(parts)], "Z U")[0]
         if mu is not None:
             out = out - sum((mu[b.start:b.stop] @ w for b, w in zip(self.blocks, Wb, strict=True)),
@@ -595,7 +588,7 @@ class Matrix:
         and all the partials together take at most ``dufs.engine.wide-product-bytes`` (the sum here costs a pass
         over them). None otherwise (the workers sum them). On 2 workers, 2 blocks of 200k x 10 partials: the tree
         moved one partial between the workers and the sum to the driver, 131 ms a product against 103 on 1 worker."""
-        from dufs.engine.shm import receive, receive_eligible
+        from dufs.engine.shm import receive_eligible, receive_or_none
 
         units = self._pass_partitions()
         nb = self.n_blocks
@@ -604,14 +597,13 @@ class Matrix:
                 not receive_eligible(current_client(), nbytes):
             return None
         with contextlib.ExitStack() as stack:
-            try:
-                ref, view = stack.enter_context(receive((nb, n, p), np.float64))
-            except OSError:
+            got = receive_or_none(stack, (nb, n, p), np.float64)
+            if got is None:
                 return None
             f = delayed(partition_matvec_into)
-            tasks = [f([self._src[i] for i in u], [Ws[i] for i in u], ref, u) for u in units]
-            self._pass_streaming(tasks, "Z U", lambda u, got: None)
-            out = tree_sum_values([view[i] for i in range(nb)])
+            tasks = [f([self._src[i] for i in u], [Ws[i] for i in u], got[0], u) for u in units]
+            self._pass_streaming(tasks, "Z U", lambda u, r: None)
+            out = tree_sum_values([got[1][i] for i in range(nb)])
             return np.array(out) if nb == 1 else out
 
     def _matvec_groups(self, out_bytes: int) -> list[list[int]] | None:

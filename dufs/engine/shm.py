@@ -37,8 +37,8 @@ import numpy as np
 from dufs import config
 from dufs.data._fs import pid_alive
 
-__all__ = ["SharedArray", "local_array", "publish", "receive", "receive_eligible", "shared_eligible", "writable_array",
-           "workers_share_memory"]
+__all__ = ["SharedArray", "local_array", "publish", "receive", "receive_eligible", "receive_or_none", "shared_eligible",
+           "writable_array", "workers_share_memory"]
 
 _DIR = "/dev/shm"
 _PREFIX = "dufs-"
@@ -236,6 +236,10 @@ def _largest() -> float:
     return float("inf") if str(got).lower() in ("auto", "none") else config.parse_bytes(got)
 
 
+def _switched_off() -> bool:
+    return str(config.get("engine.shared-memory")).lower() in ("off", "false", "no", "never")
+
+
 def shared_eligible(client: Any, x: Any) -> bool:
     """Whether :func:`publish` should carry ``x`` to ``client``'s workers: a numeric ndarray of at least
     ``dufs.engine.shared-memory-bytes`` and at most ``dufs.engine.shared-memory-max-bytes``, shared memory not
@@ -246,9 +250,7 @@ def shared_eligible(client: Any, x: Any) -> bool:
     shared vector larger than the cache ran their kernels no faster than over their own copies, but a copy each
     costs a transfer each: a 2-worker pass over a 2M x 2 float64 V (30 MiB) took 192 ms shared against 238 ms
     scattered, 2M x 10 (152 MiB) 1041 against 1187 ms, so there is no upper limit by default."""
-    if client is None or not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf":
-        return False
-    if str(config.get("engine.shared-memory")).lower() in ("off", "false", "no", "never"):
+    if client is None or not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf" or _switched_off():
         return False
     if not config.parse_bytes(config.get("engine.shared-memory-bytes")) <= x.nbytes <= _largest():
         return False
@@ -321,6 +323,15 @@ def receive(shape: tuple, dtype: Any) -> Iterator[tuple[SharedArray, np.ndarray]
             _drop(f[0])
 
 
+def receive_or_none(stack: contextlib.ExitStack, shape: tuple, dtype: Any) -> tuple[SharedArray, np.ndarray] | None:
+    """:func:`receive` entered on ``stack``, or None where /dev/shm cannot hold the file (the caller has the
+    results sent back as messages instead)."""
+    try:
+        return stack.enter_context(receive(shape, dtype))
+    except OSError:
+        return None
+
+
 def release_results_files() -> None:
     """Remove the pooled results' files (their memory goes back; the next pass makes a new one)."""
     with _POOL_LOCK:
@@ -334,7 +345,7 @@ def receive_eligible(client: Any, nbytes: int) -> bool:
     """Whether a pass's results of ``nbytes`` should come back through :func:`receive`: shared memory not
     switched off, at least ``dufs.engine.shared-memory-bytes`` and at most 256 MiB (a 30M-feature float64 vector
     fits), and every worker on this machine (one worker is enough: the results skip the network either way)."""
-    if client is None or str(config.get("engine.shared-memory")).lower() in ("off", "false", "no", "never"):
+    if client is None or _switched_off():
         return False
     if not config.parse_bytes(config.get("engine.shared-memory-bytes")) <= nbytes <= _RESULTS_MAX:
         return False

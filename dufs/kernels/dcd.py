@@ -26,12 +26,24 @@ def _dot(indptr, indices, data, j, ws):
     return acc
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j):
+    """f_j^T w + b, with w = ws + t 1 and S = 1^T ws."""
+    return coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _shrunk(a, G, C, pgmax_old, pgmin_old):
+    """Whether a coordinate at alpha ``a`` with exact gradient ``G`` is left out of an epoch (:func:`active_set`)."""
+    return (a <= 0.0 and G > pgmax_old) or (a >= C and G < pgmin_old)
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def dcd_gradient(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, out):
     """``out[j] = f_j^T w + b`` for every feature of the block (one pass over its nonzeros)."""
     t, S = wt[0], wt[1]
     for j in range(indptr.shape[0] - 1):
-        out[j] = coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
+        out[j] = _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
     return out
 
 
@@ -47,7 +59,7 @@ def dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, rho, alp
     ra = 0.0
     k = 0
     for j in range(indptr.shape[0] - 1):
-        gj = coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
+        gj = _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
         g[j] = gj
         rj = rho[j]
         a = alpha[j]
@@ -57,8 +69,7 @@ def dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, rho, alp
         gap -= a * v
         sa += a
         ra += rj * a
-        G = -v
-        if (a <= 0.0 and G > 0.0) or (a >= C and G < -0.0):
+        if _shrunk(a, -v, C, 0.0, -0.0):
             continue
         index[k] = j
         k += 1
@@ -200,11 +211,7 @@ def active_set(g, rho, alpha, C, pgmax_old, pgmin_old, index):
     is never left out)."""
     k = 0
     for j in range(g.shape[0]):
-        G = g[j] - rho[j]
-        a = alpha[j]
-        if a <= 0.0 and G > pgmax_old:
-            continue
-        if a >= C and G < pgmin_old:
+        if _shrunk(alpha[j], g[j] - rho[j], C, pgmax_old, pgmin_old):
             continue
         index[k] = j
         k += 1
