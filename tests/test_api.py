@@ -34,7 +34,8 @@ def _fisher_ref(Xd, y):
 @pytest.mark.slow
 def test_every_input_kind_gives_the_same_selection(text, tmp_path, cluster_client):
     """In-memory kinds run in this process; Dask arrays and stores on the test cluster, and the store path on the
-    LocalCluster that ``fit`` starts itself when no client is given or active."""
+    LocalCluster that ``fit`` starts itself when no client is given or active ("path"), or in this process when
+    it has at most ``dufs.engine.inline-nnz`` nonzeros ("small path")."""
     X, y = text
     want = _fisher_ref(X.toarray(), y)[:25]
     store = dufs.write_store(X, tmp_path / "s.zarr", y)
@@ -42,15 +43,19 @@ def test_every_input_kind_gives_the_same_selection(text, tmp_path, cluster_clien
         "numpy": X.toarray(), "scipy": X, "scipy-csc": X.tocsc(), "pydata": sparse.COO.from_scipy_sparse(X),
         "dask-dense": da.from_array(X.toarray(), chunks=(200, 300)),
         "dask-sparse": da.from_array(sparse.COO.from_scipy_sparse(X), chunks=(300, 250), asarray=False),
-        "store": store, "path": str(tmp_path / "s.zarr"),
+        "store": store, "path": str(tmp_path / "s.zarr"), "small path": str(tmp_path / "s.zarr"),
     }
+    assert store.nnz > 1000
     with dask.config.set({"dufs.store.feature-block-nnz": 3000}):
         for name, Xi in inputs.items():
-            yi = None if name in ("store", "path") else y
+            yi = None if name in ("store", "path", "small path") else y
             client = cluster_client if name in ("dask-dense", "dask-sparse", "store") else None
-            sel = dufs.fit(Xi, yi, method="fisher", n_features=25, client=client)
+            with dask.config.set({"dufs.engine.inline-nnz": 10**7 if name == "small path" else 1000}):
+                sel = dufs.fit(Xi, yi, method="fisher", n_features=25, client=client)
             if name == "path":
                 assert sel.diagnostics["n_workers"] >= 1  # the embedded cluster
+            if name == "small path":
+                assert sel.diagnostics["n_workers"] == 0 and sel.diagnostics["blocks"]["mode"] == "store"
             assert sel.indices.tolist() == want.tolist(), name
             assert sel.n_features_in == 800 and sel.support_mask.sum() == 25
 

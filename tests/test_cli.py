@@ -254,6 +254,32 @@ def test_select_valid_arguments_reach_the_cluster(stores, monkeypatch):
     assert [int(j) for j in re.findall(r"│\s+\d+\s+│\s+(\d+)\s+│", res.stdout)] == ref.indices.tolist()
 
 
+def test_select_runs_a_small_store_in_this_process(stores, monkeypatch):
+    """No --workers and no --scheduler: a store of at most ``dufs.engine.inline-nnz`` nonzeros runs in this process
+    (as ``fit`` does), saying so; a larger one goes to the embedded cluster (``cluster`` with workers None)."""
+    calls = []
+    real = dufs.cli.selecting.cluster
+
+    @contextlib.contextmanager
+    def recording(scheduler, workers):
+        calls.append((scheduler, workers))
+        if workers is None:
+            raise AssertionError  # the embedded cluster, not started here: the call is what is tested
+        with real(scheduler, workers) as c:
+            yield c
+
+    monkeypatch.setattr(dufs.cli.selecting, "cluster", recording)
+    path = stores / "s.zarr"
+    res = run("select", path, "-m", "fisher", "-k", "3")
+    assert calls == [(None, 0)] and f"{path} is small" in " ".join(res.stderr.split())
+    ref = dufs.fit(dufs.open(path), method="fisher", n_features=3, client=False)
+    assert [int(j) for j in re.findall(r"│\s+\d+\s+│\s+(\d+)\s+│", res.stdout)] == ref.indices.tolist()
+    assert dufs.open(path).nnz > 10
+    with dask.config.set({"dufs.engine.inline-nnz": 10}):
+        res = run("select", path, "-m", "fisher", "-k", "3", code=1)
+    assert calls[-1] == (None, None) and "is small" not in res.stderr
+
+
 def test_select_help_lists_every_method():
     res = run("select", "--help")
     words = set(re.findall(r"[a-z0-9_]+", res.stdout))

@@ -44,6 +44,7 @@ def select(
 ) -> None:
     """Select features: `dufs select kddb.zarr --method fisher -k 200 -o sel.json`."""
     import dufs
+    from dufs.api import small_store
     from dufs.engine.progress import on_pass
 
     try:
@@ -55,6 +56,10 @@ def select(
             std = None if standardize.lower() == "none" else standardize.lower()
         _check_select(store, method, k, standardize, params)  # before any cluster starts
         check_output_file(output, "-o")
+        if workers is None and not scheduler and small_store(store):
+            workers = 0  # as dufs.fit does: a pass over it costs less than a task's overhead on a cluster
+            console.print(f"{store} is small (at most dufs.engine.inline-nnz nonzeros): run in this process "
+                          f"(--workers N for a cluster)", highlight=False, soft_wrap=True)
         with cluster(scheduler, workers) as client, pass_progress() as report, on_pass(report):
             if client is not None and getattr(client, "dashboard_link", None):
                 console.print(f"dashboard: {client.dashboard_link}", highlight=False, soft_wrap=True)
@@ -74,7 +79,8 @@ def select(
         t.add_row(str(r), str(j), f"{sel.selected_scores[r - 1]:.6g}")
     out.print(t)
     d = sel.diagnostics
-    console.print(f"{d['wall_time']:.2f} s on {d['n_workers']} workers, {d['n_blocks']} feature blocks "
+    where = f"on {d['n_workers']} workers" if d["n_workers"] else "in this process"
+    console.print(f"{d['wall_time']:.2f} s {where}, {d['n_blocks']} feature blocks "
                   f"({d.get('blocks', {}).get('mode', '?')}), {d['passes']} passes"
                   + (f"; written to {output}" if output else ""), highlight=False, soft_wrap=True)
 
