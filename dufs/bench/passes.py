@@ -68,6 +68,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
 
     from dufs.engine import as_matrix
     from dufs.engine.blocks import block_rmatvec, partition_rmatvec
+    from dufs.engine.direct import last_timeline
 
     say = console.print if console is not None else print
     st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
@@ -105,8 +106,12 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
                     out = M.rmatvec(v)
                     times.append(time.perf_counter() - t0)
                     w1 = time.time()
-                # the pass's task keys are named after its block function (dask.delayed's key prefix)
+                # the pass's task keys are named after its block function (dask.delayed's key prefix); a direct
+                # pass (no tasks) reports its calls' times itself
                 c, first, last = _task_timeline(ts.data, names)
+                if c <= 0.0 and last_timeline():
+                    c, first, last = (sum(t1 - t0 for _, t0, t1 in last_timeline()),
+                                      min(t0 for _, t0, _ in last_timeline()), max(t1 for _, _, t1 in last_timeline()))
                 if c <= 0.0:
                     raise RuntimeError(f"no {' or '.join(names)} task in the task stream: the breakdown would be "
                                        f"empty (task keys: {sorted({str(r.get('key'))[:40] for r in ts.data})[:5]})")

@@ -242,10 +242,14 @@ def block_matvec(src, W, n_rows):
     return out
 
 
-def partition_matvec_into(srcs, Ws, into, slots):
+def partition_matvec_into(srcs, Ws, into, slots, U=None):
     """X_b W_b of each of a partition's blocks written into its slot of ``into`` (a
     :class:`~dufs.engine.shm.SharedArray` of shape (n_blocks, n_rows, p)): ``slots`` are the blocks' indices.
-    Returns the number of blocks written."""
+    With ``U`` (the whole (n_features, p) W, a shared one or an array), ``Ws`` are the blocks' (start, stop) rows
+    of it. Returns the number of blocks written."""
+    if U is not None:
+        U = local_array(U)
+        Ws = [U[a:b] for a, b in Ws]
     target = writable_array(into)
     for src, W, i in zip(srcs, Ws, slots, strict=True):
         b = resolve(src)

@@ -26,8 +26,8 @@ import numpy as np
 
 from dufs.scheduling import current_client
 
-__all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "share", "shipped", "tree_sum",
-           "tree_sum_values"]
+__all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "scatter_to", "share", "shipped",
+           "tree_sum", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -103,11 +103,7 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
                     yield ref
                     return
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
-        futs: Any = [None] * len(x)
-        for addr in sorted(set(where)):
-            idx = [i for i, a in enumerate(where) if a == addr]
-            for i, f in zip(idx, client.scatter([x[i] for i in idx], hash=False, workers=[addr]), strict=True):
-                futs[i] = f
+        futs: Any = scatter_to(client, x, where)
     else:
         futs = client.scatter(x, hash=False, broadcast=broadcast)
     try:
@@ -115,6 +111,16 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
     finally:
         for f in futs if isinstance(futs, list) else [futs]:
             f.release()
+
+
+def scatter_to(client: Any, items: list, where: list[str]) -> list:
+    """``items`` scattered, item ``i`` to the worker at address ``where[i]`` (one scatter a worker)."""
+    futs: list = [None] * len(items)
+    for addr in sorted(set(where)):
+        idx = [i for i, a in enumerate(where) if a == addr]
+        for i, f in zip(idx, client.scatter([items[i] for i in idx], hash=False, workers=[addr]), strict=True):
+            futs[i] = f
+    return futs
 
 
 def _add(a: Any, b: Any) -> Any:

@@ -50,12 +50,14 @@ from dufs.engine.blocks import (
     partition_matvec_into,
     partition_rmatvec,
 )
+from dufs.engine.direct import DirectFailed
 from dufs.engine.dispatch import (
     compute,
     current_client,
     delayed,
     inline_pass,
     is_inline,
+    scatter_to,
     share,
     shipped,
     tree_sum,
@@ -76,7 +78,7 @@ from dufs.engine.inputs import (
     store_identity,
 )
 from dufs.engine.placement import partition, persist_blocks
-from dufs.engine.progress import run_pass, run_pass_streaming
+from dufs.engine.progress import report, run_pass, run_pass_streaming
 from dufs.engine.stats import ColumnStats, block_stats
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
@@ -279,16 +281,16 @@ class Matrix:
         return self
 
     def release(self) -> None:
-        """Drop persisted blocks (and the scattered transform) from the workers, and this process's pooled results'
-        files in /dev/shm (:func:`~dufs.engine.shm.receive`; a later pass makes a new one).
+        """Drop persisted blocks (and the scattered transform) from the workers, and this process's pooled files
+        in /dev/shm (results and vectors, :func:`~dufs.engine.shm.release_files`; a later pass makes new ones).
 
         A :meth:`with_standardize` view owns neither (they are its origin's, which a later call may still use:
         ``dufs.fit`` is given a persisted Matrix and fits a view of it), so releasing a view drops nothing."""
         if self.__dict__.get("_view"):
             return
-        from dufs.engine.shm import release_results_files
+        from dufs.engine.shm import release_files
 
-        release_results_files()
+        release_files()
         for s in self._src:
             if hasattr(s, "release"):
                 s.release()
@@ -399,7 +401,11 @@ class Matrix:
         key = (self.standardize, id(self._stats), client.id)
         cache = self.__dict__.setdefault("_tf_cache", {})
         if key not in cache:
-            cache[key] = client.scatter(args, hash=False)
+            # persisted: each block's part to the worker that holds the block (a pass run as direct calls reads it
+            # there; scattered anywhere, a task fetched it from the other worker first)
+            where = self._placed(client)[2] if self.residency.get("mode") == "persisted" else None
+            cache[key] = scatter_to(client, args, where) if where and None not in where else \
+                client.scatter(args, hash=False)
         return cache[key]
 
     @property
@@ -495,16 +501,61 @@ class Matrix:
 
         if not receive_eligible(current_client(), int(np.prod(shape)) * dtype.itemsize):
             return None
-        with contextlib.ExitStack() as stack:
-            got = receive_or_none(stack, shape, dtype)
-            if got is None:
+        bounds = self.bounds
+
+        def args(into: Any) -> list[tuple]:
+            return [([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, into, [int(bounds[i]) for i in u])
+                    for u in units]
+
+        for direct in (True, False):
+            jobs = self._direct_jobs(units) if direct else None
+            if direct and jobs is None:
+                continue
+            try:
+                with contextlib.ExitStack() as stack:
+                    got = receive_or_none(stack, shape, dtype)
+                    if got is None:
+                        return None
+                    if jobs is not None:
+                        self._direct_pass("Z^T V", partition_rmatvec, jobs, args(got[0]))
+                    else:
+                        f = delayed(partition_rmatvec)
+                        self._pass_streaming([f(*a) for a in args(got[0])], "Z^T V", lambda u, r: None)
+                    return got[1].copy()
+            except DirectFailed:  # the file dropped (a call may still write into it); the pass again as tasks
+                self._units = {}
+        return None
+
+    def _direct_jobs(self, units: list[list[int]]) -> dict[str, list[int]] | None:
+        """``{worker address: [partition number, ...]}`` for a pass run as direct calls on the workers that hold
+        each partition's blocks (:mod:`dufs.engine.direct`), or None where it cannot be (no client, direct passes
+        off, a partition's blocks on more than one worker or on none)."""
+        from dufs.engine.direct import direct_eligible
+
+        client = current_client()
+        if not direct_eligible(client) or self.residency.get("mode") != "persisted":
+            return None
+        where = self._placed(client)[2]
+        jobs: dict[str, list[int]] = {}
+        for u, blocks in enumerate(units):
+            owners = {where[i] for i in blocks}
+            if len(owners) != 1 or None in owners:
                 return None
-            bounds = self.bounds
-            f = delayed(partition_rmatvec)
-            tasks = [f([self._src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, got[0],
-                       [int(bounds[i]) for i in u]) for u in units]
-            self._pass_streaming(tasks, "Z^T V", lambda u, r: None)
-            return got[1].copy()
+            jobs.setdefault(owners.pop(), []).append(u)
+        return jobs
+
+    def _direct_pass(self, name: str, fn: Any, jobs: dict[str, list[int]], args: list[tuple]) -> dict[str, list]:
+        """A pass whose partitions' ``fn(*args[u])`` run as direct calls on the workers in ``jobs``
+        (:func:`~dufs.engine.direct.run_on_holders`), counted and reported as a pass; raises
+        :class:`~dufs.engine.direct.DirectFailed`."""
+        from dufs.engine.direct import run_on_holders
+
+        total = len(args)
+        report(name, 0, total)
+        got = run_on_holders(current_client(), fn, {a: [args[u] for u in us] for a, us in jobs.items()})
+        self._passes[0] += 1
+        report(name, total, total)
+        return got
 
     def _pass_partitions(self) -> list[list[int]] | None:
         """The blocks grouped one partition a worker (a worker's persisted blocks together) for a pass whose
@@ -554,20 +605,22 @@ class Matrix:
         n, d = self.shape
         U2, one = as_2d(U, d, "U", "n_features")
         mu, inv = self.transform
-        # each block's rows of U diag(inv), scaled slice by slice (no whole scaled copy of U beside the slices)
-        Wb = [np.ascontiguousarray(U2[b.start:b.stop] * inv[b.start:b.stop, None] if inv is not None
-                                   else U2[b.start:b.stop]) for b in self.blocks]
+        # U diag(inv) and each block's rows of it (views: one scaled copy of U, none beside it)
+        Us = U2 * inv[:, None] if inv is not None else U2
+        Wb = [Us[b.start:b.stop] for b in self.blocks]
         if not self.blocks:
             out = np.zeros((n, U2.shape[1]))
         else:
             groups = self._matvec_groups(n * U2.shape[1] * 8)
             client = current_client()
+            out = self._matvec_shared(Us, None, n, U2.shape[1]) if groups is None else None
             # each block's rows of U sent to the worker that holds the block (scattered wherever, half of them
             # moved again between two workers before their tasks could start)
             where = self._placed(client)[2] if client is not None and self.residency.get("mode") == "persisted" \
                 and self.n_blocks > 1 else None
-            with shipped(Wb, where=where) as Ws:
-                out = self._matvec_shared(Ws, n, U2.shape[1]) if groups is None else None
+            with contextlib.nullcontext(None) if out is not None else shipped(Wb, where=where) as Ws:
+                if out is None and groups is None:
+                    out = self._matvec_shared(None, Ws, n, U2.shape[1])
                 if out is None:
                     if groups is None:
                         f = delayed(block_matvec)
@@ -581,14 +634,18 @@ class Matrix:
                        np.zeros(U2.shape[1]))[None, :]
         return out[:, 0] if one else out
 
-    def _matvec_shared(self, Ws: list, n: int, p: int) -> np.ndarray | None:
-        """Z U's per-block partial products written by one task a worker into their slots of one results file in
+    def _matvec_shared(self, Us: np.ndarray | None, Ws: list | None, n: int, p: int) -> np.ndarray | None:
+        """Z U's per-block partial products written by each worker into their slots of one results file in
         /dev/shm (:func:`~dufs.engine.shm.receive`) and summed here by the same fixed tree as on the workers (the
         same numbers, whatever the number of workers), where the blocks are persisted on workers of this machine
         and all the partials together take at most ``dufs.engine.wide-product-bytes`` (the sum here costs a pass
         over them). None otherwise (the workers sum them). On 2 workers, 2 blocks of 200k x 10 partials: the tree
-        moved one partial between the workers and the sum to the driver, 131 ms a product against 103 on 1 worker."""
-        from dufs.engine.shm import receive_eligible, receive_or_none
+        moved one partial between the workers and the sum to the driver, 131 ms a product against 103 on 1 worker.
+
+        With ``Us`` (U diag(inv), whole): one direct call a worker (:mod:`dufs.engine.direct`) over its blocks'
+        rows of ``Us``, shared through /dev/shm; None where that cannot run. With ``Ws`` (each block's rows,
+        shipped): one task a worker."""
+        from dufs.engine.shm import publish, receive_eligible, receive_or_none
 
         units = self._pass_partitions()
         nb = self.n_blocks
@@ -596,15 +653,32 @@ class Matrix:
         if units is None or nbytes > config.parse_bytes(config.get("engine.wide-product-bytes")) or \
                 not receive_eligible(current_client(), nbytes):
             return None
-        with contextlib.ExitStack() as stack:
-            got = receive_or_none(stack, (nb, n, p), np.float64)
-            if got is None:
-                return None
-            f = delayed(partition_matvec_into)
-            tasks = [f([self._src[i] for i in u], [Ws[i] for i in u], got[0], u) for u in units]
-            self._pass_streaming(tasks, "Z U", lambda u, r: None)
-            out = tree_sum_values([got[1][i] for i in range(nb)])
-            return np.array(out) if nb == 1 else out
+        jobs = self._direct_jobs(units) if Us is not None else None
+        if Us is not None and jobs is None:
+            return None
+        bounds = self.bounds
+        try:
+            with contextlib.ExitStack() as stack:
+                got = receive_or_none(stack, (nb, n, p), np.float64)
+                if got is None:
+                    return None
+                if jobs is not None:
+                    try:
+                        ref = stack.enter_context(publish(Us))
+                    except OSError:  # /dev/shm cannot hold U: the blocks' rows shipped to tasks instead
+                        return None
+                    args = [([self._src[i] for i in u], [(int(bounds[i]), int(bounds[i + 1])) for i in u], got[0],
+                             u, ref) for u in units]
+                    self._direct_pass("Z U", partition_matvec_into, jobs, args)
+                else:
+                    f = delayed(partition_matvec_into)
+                    tasks = [f([self._src[i] for i in u], [Ws[i] for i in u], got[0], u) for u in units]
+                    self._pass_streaming(tasks, "Z U", lambda u, r: None)
+                out = tree_sum_values([got[1][i] for i in range(nb)])
+                return np.array(out) if nb == 1 else out
+        except DirectFailed:  # the files dropped (a call may still write into them); the product as tasks
+            self._units = {}
+            return None
 
     def _matvec_groups(self, out_bytes: int) -> list[list[int]] | None:
         """For a product Z U whose n_samples x p result is large (``out_bytes`` at least

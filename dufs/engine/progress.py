@@ -28,6 +28,13 @@ def on_pass(callback: Callable[[str, int, int], None] | None) -> Iterator[None]:
         _CALLBACK.reset(token)
 
 
+def report(name: str, done: int, total: int) -> None:
+    """Report a pass's progress to the installed callback, if any (for passes that run no tasks)."""
+    cb = _CALLBACK.get()
+    if cb is not None:
+        cb(name, done, total)
+
+
 def run_pass(name: str, tasks: list, *, inline: bool = False) -> list:
     """Compute ``tasks`` (Dask delayed objects), reporting progress task by task when a callback is installed and
     a distributed client is current. ``inline``: the tasks are already their results (a pass run in this process

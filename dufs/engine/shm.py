@@ -6,10 +6,11 @@ each) did not fit the shared L3 cache together, and a pass on 2 workers ran 1.06
 alone, each process over half the blocks). With one copy in shared memory that every worker maps, the same two
 kernels ran 2.04x faster than one (docs/architecture.md, "Measured facts").
 
-:func:`publish` writes an array to a file under ``/dev/shm`` (one ``write``: no pickling, no transfer) and yields a
-:class:`SharedArray`, a small picklable reference that travels in the graph; :func:`local_array` in the task maps
-it read-only (a worker keeps its mappings of the files that still exist: the blocks of one pass map it once). The
-file is removed when the ``with`` block ends. It is used where it pays (:func:`shared_eligible`): two or more
+:func:`publish` copies an array into a file under ``/dev/shm`` (no pickling, no transfer; the files are pooled, so a
+pass writes into pages that exist and that the workers have mapped before) and yields a :class:`SharedArray`, a
+small picklable reference that travels in the graph; :func:`local_array` in the task maps it read-only (a worker
+keeps its mappings: the blocks of one pass, and later passes, map it once) and checks that the file still holds
+that publication. It is used where it pays (:func:`shared_eligible`): two or more
 workers, all of which see the driver's ``/dev/shm`` (:func:`workers_share_memory`, asked once per set of workers:
 LocalCluster workers, or ``dask worker`` processes started on the driver's machine), and a vector of at least
 ``dufs.engine.shared-memory-bytes`` (and at most ``dufs.engine.shared-memory-max-bytes``: no limit by default). Other
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import mmap
 import os
 import threading
@@ -37,8 +39,8 @@ import numpy as np
 from dufs import config
 from dufs.data._fs import pid_alive
 
-__all__ = ["SharedArray", "local_array", "publish", "receive", "receive_eligible", "receive_or_none", "shared_eligible",
-           "writable_array", "workers_share_memory"]
+__all__ = ["SharedArray", "SharedArrayLost", "local_array", "publish", "receive", "receive_eligible", "receive_or_none",
+           "release_files", "shared_eligible", "writable_array", "workers_share_memory"]
 
 _DIR = "/dev/shm"
 _PREFIX = "dufs-"
@@ -52,10 +54,27 @@ class SharedArray:
     path: str
     shape: tuple
     dtype: str
+    #: a vector's publication (:func:`publish`): the number in its file's header while the file holds this array,
+    #: the array after the header; None for a results' file (:func:`receive`: no header)
+    gen: int | None = None
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def offset(self) -> int:
+        return 0 if self.gen is None else _HEADER
+
+
+_HEADER = 64  # a vector's file: its publication number (int64), then the array from this byte (aligned)
+
+
+class SharedArrayLost(RuntimeError):
+    """A task was given a vector (:func:`publish`) whose pass has ended and whose file holds a later pass's vector
+    now: the task is a rerun of a finished pass's (the scheduler recomputing lost results from their lineage). Its
+    message says "was lost", so that a solver rebuilds its state as after lost workers
+    (:func:`dufs.engine.cluster.is_lost`)."""
 
 
 # ------------------------------------------------------------------------------------------------ in the tasks
@@ -66,12 +85,14 @@ _KEEP = 4  # mappings kept per process at most (those whose file was removed are
 
 def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.ndarray:
     """The bytes of ``x``'s file mapped in this process (read-only or for writing), kept in ``maps`` (once per
-    process and file; a file removed since is dropped first, its memory goes back)."""
+    process and file; a file removed since is dropped first, its memory goes back): the whole file, at least
+    ``x.offset + x.nbytes`` bytes."""
+    need = x.offset + x.nbytes
     with _MAPS_LOCK:
         got = maps.get(x.path)
-        if got is not None and got.nbytes >= x.nbytes:
+        if got is not None and got.nbytes >= need:
             maps.move_to_end(x.path)
-            return got[:x.nbytes]
+            return got
         for p in [p for p in maps if not os.path.exists(p)]:
             del maps[p]
         try:
@@ -81,8 +102,8 @@ def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.
                 f"the shared {what} {x.path} is not visible in this worker process (is it on another machine than "
                 f"the client? set dufs.engine.shared-memory to 'off')") from None
         try:
-            # the whole file: a results file reused for a smaller result is larger than this one's bytes
-            size = max(x.nbytes, os.fstat(fd).st_size)
+            # the whole file: a pooled file reused for a smaller array is larger than this one's bytes
+            size = max(need, os.fstat(fd).st_size)
             if size == 0:
                 raw = np.zeros(0, dtype=np.uint8)
             else:
@@ -94,15 +115,20 @@ def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.
         maps[x.path] = raw
         while len(maps) > _KEEP:
             maps.popitem(last=False)
-        return raw[:x.nbytes]
+        return raw
 
 
 def local_array(x: Any) -> Any:
     """``x`` itself, or for a :class:`SharedArray` the array it refers to, mapped read-only (once per process and
-    file)."""
+    file). Raises :class:`SharedArrayLost` when the file holds another publication than ``x``'s (a rerun of a
+    finished pass's task)."""
     if not isinstance(x, SharedArray):
         return x
-    return _mapped(x, _MAPS, False, "vector").view(x.dtype).reshape(x.shape)
+    raw = _mapped(x, _MAPS, False, "vector")
+    if x.gen is not None and int(raw[:8].view(np.int64)[0]) != x.gen:
+        raise SharedArrayLost(f"the shared vector {x.path} of a finished pass was lost: its file holds a later "
+                              f"pass's vector (this task reran after that pass ended)")
+    return raw[x.offset:x.offset + x.nbytes].view(x.dtype).reshape(x.shape)
 
 
 _WMAPS: OrderedDict[str, np.ndarray] = OrderedDict()  # results' files, mapped for writing
@@ -111,7 +137,7 @@ _WMAPS: OrderedDict[str, np.ndarray] = OrderedDict()  # results' files, mapped f
 def writable_array(x: SharedArray) -> np.ndarray:
     """The array of a results' file (:func:`receive`), mapped for writing (once per process and file: the files
     are reused pass after pass, so a worker's writes land on pages it has mapped before)."""
-    return _mapped(x, _WMAPS, True, "results file").view(x.dtype).reshape(x.shape)
+    return _mapped(x, _WMAPS, True, "results file")[:x.nbytes].view(x.dtype).reshape(x.shape)
 
 
 # ------------------------------------------------------------------------------------------------ on the driver
@@ -160,35 +186,27 @@ def _new_path() -> str:
     return os.path.join(_DIR, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
 
 
-def _write(path: str, x: np.ndarray) -> None:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        view = memoryview(np.ascontiguousarray(x)).cast("B")
-        done = 0
-        while done < len(view):
-            done += os.write(fd, view[done:])
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def publish(x: np.ndarray) -> Iterator[SharedArray]:
-    """``x`` written to a new file in /dev/shm for the duration of the ``with`` block, as a :class:`SharedArray`
-    (the file is removed after, also when the block raises; a process killed before leaves it to the next dufs
-    driver on the machine, which removes the files of dead processes)."""
+    """``x`` written to a file in /dev/shm for the duration of the ``with`` block, as a :class:`SharedArray`.
+
+    The file comes from a small pool and goes back to it after (a new file costs the allocation of its pages, 4.3
+    ms for a 7.6 MiB vector and 18 ms for 32 MiB on the test machine, against 0.4 and 2 ms to copy into a pooled
+    one; the workers keep their mappings of it too). Its header numbers each publication, and a task given an
+    earlier one than the file holds refuses it (:class:`SharedArrayLost`): a pass's vector is never read after its
+    pass, not even by a task that the scheduler reruns from its lineage. A block that raises removes its file (a
+    task of it may still run); :func:`release_files` removes the pool's, and a process killed leaves them to the
+    next dufs driver on the machine, which removes the files of dead processes."""
     _sweep_stale()
     x = np.ascontiguousarray(x)
-    path = _new_path()
-    with _LIVE_LOCK:
-        _LIVE.add(path)
-    try:
-        _write(path, x)
-        yield SharedArray(path, tuple(int(s) for s in x.shape), x.dtype.str)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        with _LIVE_LOCK:
-            _LIVE.discard(path)
+    with _VECTORS.file(_HEADER + x.nbytes) as (path, raw):
+        gen = next(_GENERATION)
+        raw[_HEADER:_HEADER + x.nbytes] = x.reshape(-1).view(np.uint8)
+        raw[:8].view(np.int64)[0] = gen  # after the array: a task that finds this number finds the array
+        yield SharedArray(path, tuple(int(s) for s in x.shape), x.dtype.str, gen)
+
+
+_GENERATION = itertools.count(1)
 
 
 def _sees(path: str) -> bool:
@@ -196,6 +214,10 @@ def _sees(path: str) -> bool:
 
 
 _ELIGIBLE: dict[tuple, int] = {}
+_WORKERS: dict[str, tuple[float, tuple]] = {}  # client id -> (when asked, its workers' addresses)
+_WORKERS_TTL = 1.0  # seconds: a pass's eligibility checks ask the scheduler at most this often (M3FS makes 30-80
+# passes a second on the test machine). A worker that joins within that time holds none of the blocks, so the
+# pass's tasks, which run where their blocks are, do not go to it
 
 
 def workers_share_memory(client: Any) -> int:
@@ -203,10 +225,18 @@ def workers_share_memory(client: Any) -> int:
     set of workers: a probe file written here, looked for there)."""
     if not os.path.isdir(_DIR):
         return 0
-    try:
-        workers = tuple(sorted(client.scheduler_info(n_workers=-1).get("workers", {})))
-    except Exception:
-        return 0
+    now = time.monotonic()
+    seen = _WORKERS.get(client.id)
+    if seen is not None and now - seen[0] < _WORKERS_TTL:
+        workers = seen[1]
+    else:
+        try:  # a round trip to the scheduler (about 1 ms): asked again after _WORKERS_TTL seconds
+            workers = tuple(sorted(client.scheduler_info(n_workers=-1).get("workers", {})))
+        except Exception:
+            return 0
+        if len(_WORKERS) > 16:
+            _WORKERS.clear()
+        _WORKERS[client.id] = (now, workers)
     if not workers:
         return 0
     key = (client.id, workers)
@@ -257,21 +287,16 @@ def shared_eligible(client: Any, x: Any) -> bool:
     return workers_share_memory(client) >= 2
 
 
-# ------------------------------------------------------------------------------------------------ results back
-_POOL: list[tuple[str, np.ndarray]] = []  # free results' files: (path, the driver's mapping of the whole file)
-_POOL_LOCK = threading.Lock()
-_POOL_KEEP = 2  # free files kept at most (the smallest removed beyond)
-
-
-def _new_results_file(nbytes: int) -> tuple[str, np.ndarray]:
+# ------------------------------------------------------------------------------------------------ pooled files
+def _new_file(nbytes: int) -> tuple[str, np.ndarray]:
     path = _new_path()
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     with _LIVE_LOCK:
         _LIVE.add(path)
     try:
         # the pages reserved now: a full /dev/shm fails here (OSError), not later with a SIGBUS in a worker
-        os.posix_fallocate(fd, 0, nbytes)
-        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+        os.posix_fallocate(fd, 0, max(nbytes, 1))
+        mm = mmap.mmap(fd, max(nbytes, 1), flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         _drop(path)
@@ -288,6 +313,61 @@ def _drop(path: str) -> None:
         _LIVE.discard(path)
 
 
+class _FilePool:
+    """Files in /dev/shm kept between passes, each with this process's mapping of the whole file: a pass takes the
+    smallest free one that holds its bytes (arrays of several sizes share the pool) or a new one, and gives it back
+    after; the pool keeps the ``keep`` largest."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.free: list[tuple[str, np.ndarray]] = []  # (path, the mapping), smallest first
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def file(self, nbytes: int) -> Iterator[tuple[str, np.ndarray]]:
+        """(path, the mapping of the whole file) of a free file of at least ``nbytes`` for the ``with`` block; a
+        block that raises removes the file (a task of the failed pass may still use it). Raises OSError where
+        /dev/shm cannot hold a new one."""
+        with self.lock:
+            fits = [f for f in self.free if f[1].nbytes >= nbytes]
+            got = min(fits, key=lambda f: f[1].nbytes) if fits else None
+            if got is not None:
+                self.free.remove(got)
+        if got is None:
+            got = _new_file(nbytes)
+        ok = False
+        try:
+            yield got
+            ok = True
+        finally:
+            drop = [] if ok else [got]
+            with self.lock:
+                if ok:
+                    self.free.append(got)
+                    self.free.sort(key=lambda f: f[1].nbytes)
+                    while len(self.free) > self.keep:
+                        drop.append(self.free.pop(0))
+            for f in drop:
+                _drop(f[0])
+
+    def release(self) -> None:
+        with self.lock:
+            files, self.free = self.free, []
+        for path, _ in files:
+            _drop(path)
+
+
+_RESULTS = _FilePool(keep=2)  # results' files (receive)
+_VECTORS = _FilePool(keep=2)  # vectors' files (publish)
+
+
+def release_files() -> None:
+    """Remove the pooled files, results' and vectors' (their memory goes back; the next pass makes new ones)."""
+    _RESULTS.release()
+    _VECTORS.release()
+
+
+# ------------------------------------------------------------------------------------------------ results back
 @contextlib.contextmanager
 def receive(shape: tuple, dtype: Any) -> Iterator[tuple[SharedArray, np.ndarray]]:
     """A file in /dev/shm for a pass's results, written by the tasks in place (:func:`writable_array`) instead of
@@ -299,28 +379,8 @@ def receive(shape: tuple, dtype: Any) -> Iterator[tuple[SharedArray, np.ndarray]
     _sweep_stale()
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    with _POOL_LOCK:  # the smallest free file that holds it (results of several sizes share the pool)
-        fits = [f for f in _POOL if f[1].nbytes >= nbytes]
-        got = min(fits, key=lambda f: f[1].nbytes) if fits else None
-        if got is not None:
-            _POOL.remove(got)
-    if got is None:
-        got = _new_results_file(nbytes)
-    path, raw = got
-    ok = False
-    try:
+    with _RESULTS.file(nbytes) as (path, raw):
         yield SharedArray(path, tuple(int(x) for x in shape), dt.str), raw[:nbytes].view(dt).reshape(shape)
-        ok = True
-    finally:
-        drop = [] if ok else [got]  # a failed pass's file: a task may still write into it
-        with _POOL_LOCK:
-            if ok:
-                _POOL.append(got)
-                _POOL.sort(key=lambda f: f[1].nbytes)
-                while len(_POOL) > _POOL_KEEP:
-                    drop.append(_POOL.pop(0))
-        for f in drop:
-            _drop(f[0])
 
 
 def receive_or_none(stack: contextlib.ExitStack, shape: tuple, dtype: Any) -> tuple[SharedArray, np.ndarray] | None:
@@ -330,15 +390,6 @@ def receive_or_none(stack: contextlib.ExitStack, shape: tuple, dtype: Any) -> tu
         return stack.enter_context(receive(shape, dtype))
     except OSError:
         return None
-
-
-def release_results_files() -> None:
-    """Remove the pooled results' files (their memory goes back; the next pass makes a new one)."""
-    with _POOL_LOCK:
-        files = list(_POOL)
-        _POOL.clear()
-    for path, _ in files:
-        _drop(path)
 
 
 def receive_eligible(client: Any, nbytes: int) -> bool:

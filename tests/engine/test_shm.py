@@ -25,6 +25,11 @@ def _ours() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(f"dufs-{os.getpid()}-")}
 
 
+def _results() -> set[str]:
+    """This process's pooled results' files."""
+    return {os.path.basename(p) for p, _ in shm._RESULTS.free}
+
+
 def _worker_maps() -> list[str]:
     from dufs.engine import shm as mod
 
@@ -37,7 +42,14 @@ def _worker_results_maps() -> list[str]:
     return list(mod._WMAPS)
 
 
-def test_published_array_maps_read_only_and_goes_away_after():
+def test_published_array_maps_read_only_and_its_pooled_file_refuses_an_older_publication():
+    """A vector's file is mapped read-only, once per process; after its block the file goes back to the pool and
+    the next vector that fits is copied into it: a task still holding the earlier reference (a rerun of a finished
+    pass) is refused with an error that the solvers take as lost state, never given the later vector. A block that
+    raises removes its file; ``release_files`` removes the pool's."""
+    from dufs.engine.cluster import is_lost
+
+    shm.release_files()
     x = np.random.default_rng(0).standard_normal((1000, 3))
     assert shm.local_array(x) is x
     before = _ours()
@@ -48,13 +60,28 @@ def test_published_array_maps_read_only_and_goes_away_after():
         assert got.dtype == x.dtype and got.shape == x.shape and not got.flags.writeable
         again = shm.local_array(ref)  # mapped once per process: the same memory, one mapping kept
         assert np.shares_memory(again, got) and list(shm._MAPS).count(ref.path) == 1
-    assert not os.path.exists(ref.path) and _ours() == before
-    np.testing.assert_array_equal(got, x)  # a mapping outlives the file
+    assert _ours() == before | {os.path.basename(ref.path)}  # back in the pool
+    np.testing.assert_array_equal(shm.local_array(ref), x)  # not reused yet: still that publication
+    y = np.arange(1500, dtype=np.float64)  # smaller: the same file
+    with shm.publish(y) as ref_y:
+        assert ref_y.path == ref.path and ref_y.gen != ref.gen
+        np.testing.assert_array_equal(shm.local_array(ref_y), y)
+        with pytest.raises(shm.SharedArrayLost, match="was lost") as lost:
+            shm.local_array(ref)
+        assert is_lost(lost.value)
+    z = np.ones(10_000)  # larger than the pooled file: a second one
+    with shm.publish(z) as ref_z:
+        assert ref_z.path != ref.path
+        np.testing.assert_array_equal(shm.local_array(ref_z), z)
+    assert len(_ours() - before) == 2
     with pytest.raises(RuntimeError), shm.publish(x) as ref2:
         raise RuntimeError("a failed pass")
     assert not os.path.exists(ref2.path)
+    shm._MAPS.clear()  # as a process that had not mapped it
     with pytest.raises(FileNotFoundError, match="shared-memory"):
         shm.local_array(ref2)
+    shm.release_files()
+    assert _ours() == before - {os.path.basename(ref.path), os.path.basename(ref_z.path)}
 
 
 def test_files_of_dead_processes_are_removed():
@@ -153,20 +180,22 @@ def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_cli
     tol = 1e-12 * np.abs(ref).max()
     with cluster_client.as_current(), dask.config.set(ALL):
         M = as_matrix(X, block_width=100, persist=True)
-        shm.release_results_files()
+        shm.release_files()
         np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
-        pooled = _ours()
-        assert len(pooled) == 1  # the results' file, back in the pool
+        pooled = _results()
+        assert len(pooled) == 1 and pooled <= _ours()  # the results' file, back in the pool
+        vectors = _ours() - pooled
+        assert len(vectors) == 1  # and V's (publish)
         np.testing.assert_allclose(M.rmatvec(2 * v), 2 * ref, rtol=0, atol=2 * tol)
-        assert _ours() == pooled  # the same file again
+        assert _results() == pooled and _ours() - pooled == vectors  # the same files again
         np.testing.assert_allclose(M.rmatvec(v, dtype=np.float32), ref, rtol=0, atol=1e-6 * np.abs(ref).max())
-        assert _ours() == pooled  # a smaller result in the same file
+        assert _results() == pooled  # a smaller result in the same file
         V = np.column_stack([v, -v, 3 * v])
         np.testing.assert_allclose(M.rmatvec(V), ref[:, None] * [1, -1, 3], rtol=0, atol=3 * tol)
-        assert len(_ours()) == 2  # a larger one: a new file, both kept
+        assert len(_results()) == 2  # a larger one: a new file, both kept
         np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
-        assert len(_ours()) == 2
-        shm.release_results_files()
+        assert len(_results()) == 2
+        shm.release_files()
         assert not _ours()
 
         def full(fd, offset, length):

@@ -1,0 +1,97 @@
+"""Passes run as direct calls on the workers that hold the blocks (dufs.engine.direct): no task in the pass, the
+numbers of dense NumPy, and a call that cannot run (its blocks not where it was sent) runs the pass as tasks."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from distributed import get_task_stream
+
+from dufs.engine import as_matrix, direct, shm
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
+
+ALL = {"dufs.engine.shared-memory-bytes": 1}  # every vector and result, however small, through shared memory
+
+
+def _zscores(X):
+    D = X.toarray().astype(np.float64)
+    sd = D.std(axis=0)
+    sd[sd == 0] = 1.0
+    return (D - D.mean(axis=0)) / sd
+
+
+def _tasks(ts) -> list[str]:
+    return [str(r["key"][0] if isinstance(r["key"], tuple) else r["key"]) for r in ts.data]
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_products_as_direct_calls_or_tasks_give_dense_numpys_numbers(cluster_client, mode):
+    """Z^T V and Z U over persisted blocks: with direct passes on, no task runs in the pass (each worker is called
+    once) and the pass is counted; off, one task a worker; both against dense NumPy."""
+    X = sp.csc_array(sp.random(2500, 800, density=0.02, format="csc", random_state=7, dtype=np.float32))
+    rng = np.random.default_rng(7)
+    v, V, U = rng.standard_normal(2500), rng.standard_normal((2500, 3)), rng.standard_normal((800, 2))
+    Z = _zscores(X)
+    with cluster_client.as_current(), dask.config.set({**ALL, "dufs.engine.direct-passes": mode}):
+        M = as_matrix(X, block_width=100, standardize="zscore", persist=True)
+        M.stats  # noqa: B018 - the statistics' pass before the products
+        for fn, arg, ref in ((M.rmatvec, v, Z.T @ v), (M.rmatvec, V, Z.T @ V), (M.matvec, U, Z @ U)):
+            passes = M.passes
+            with get_task_stream(cluster_client) as ts:
+                got = fn(arg)
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+            assert M.passes == passes + 1
+            names = [t for t in _tasks(ts) if "partition" in t]
+            if mode == "on":
+                assert names == [] and len(direct.last_timeline()) == 2, names
+            else:
+                assert len(names) == 2, names
+        M.release()
+
+
+def test_a_call_sent_where_the_blocks_are_not_runs_the_pass_as_tasks(cluster_client):
+    """The matrix's record of where its blocks live is wrong (every block said to be on the other worker): the
+    direct calls find no block there and fail, the pass runs as tasks (the same numbers as dense NumPy) and the
+    results' file the calls were given is not reused; the record is asked again, and the next pass is direct."""
+    X = sp.csc_array(sp.random(2000, 600, density=0.03, format="csc", random_state=8, dtype=np.float32))
+    v = np.random.default_rng(8).standard_normal(2000)
+    ref = X.toarray().astype(np.float64).T @ v
+    with cluster_client.as_current(), dask.config.set(ALL):
+        M = as_matrix(X, block_width=60, persist=True)
+        shm.release_files()  # one results' file in the pool after this pass: the one the direct calls are given
+        np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+        when, units, where = M._placed(cluster_client)
+        a, b = sorted(set(where))
+        swapped = [b if w == a else a for w in where]
+        M._units = {cluster_client.id: (time.monotonic(), units, swapped)}
+        results = {p for p, _ in shm._RESULTS.free}
+        assert len(results) == 1
+        with get_task_stream(cluster_client) as ts:
+            got = M.rmatvec(v)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+        assert len([t for t in _tasks(ts) if "partition" in t]) == 2  # as tasks
+        assert not results & {p for p, _ in shm._RESULTS.free}  # the direct calls' file dropped, not pooled
+        assert M._placed(cluster_client)[2] == where  # asked again
+        with get_task_stream(cluster_client) as ts:
+            np.testing.assert_allclose(M.rmatvec(2 * v), 2 * ref, rtol=0, atol=2e-10 * np.abs(ref).max())
+        assert not [t for t in _tasks(ts) if "partition" in t]  # direct again
+        M.release()
+
+
+def test_held_keys_are_replaced_by_the_workers_values(cluster_client):
+    """``run_on_holders``: each worker's calls in turn, futures replaced by what that worker holds; a key the worker
+    does not hold fails the whole call (DirectFailed, its cause chained)."""
+    a, b = sorted(cluster_client.scheduler_info(n_workers=-1)["workers"])
+    fa = cluster_client.scatter(np.arange(5.0), workers=[a])
+    fb = cluster_client.scatter(np.arange(3.0), workers=[b])
+    got = direct.run_on_holders(cluster_client, np.sum, {a: [(fa,), ([1.0, 2.0],)], b: [(fb,)]})
+    assert got == {a: [10.0, 3.0], b: [3.0]}
+    with pytest.raises(direct.DirectFailed) as err:
+        direct.run_on_holders(cluster_client, np.sum, {a: [(fb,)]})
+    assert isinstance(err.value.__cause__, KeyError)
