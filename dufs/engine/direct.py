@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,8 @@ from typing import Any
 from dufs import config
 from dufs._logging import get_logger
 
-__all__ = ["DirectFailed", "Held", "direct_eligible", "held", "last_timeline", "run_on_holders"]
+__all__ = ["DirectFailed", "Held", "HeldLost", "Resident", "direct_eligible", "fetch_resident", "flush_drops", "held",
+           "last_timeline", "map_resident", "release_resident", "run_on_holders"]
 
 log = get_logger(__name__)
 
@@ -52,12 +54,60 @@ def held(x: Any) -> Any:
     return x
 
 
+@dataclass(frozen=True)
+class Resident:
+    """A state item that a direct call of :meth:`~dufs.engine.Matrix.map_blocks` left in the memory of the worker
+    at ``address`` (:func:`map_resident`), under ``token``: what a :class:`~dufs.engine.blocks.BlockState` holds in
+    place of a future."""
+
+    token: str
+    address: str
+
+
+class HeldLost(RuntimeError):
+    """A call was given a key or a state item that its worker does not hold (blocks moved, a worker restarted). The
+    message says "was lost", so that a solver rebuilds its state as after lost workers
+    (:func:`dufs.engine.cluster.is_lost`)."""
+
+
+_RESIDENT: dict[str, Any] = {}  # on a worker: the state items kept by direct calls, by token
+
+
 def _local(x: Any, data: Any) -> Any:
     if isinstance(x, Held):
-        return data[x.key]  # KeyError where this worker does not hold it: the caller runs tasks instead
+        try:
+            return data[x.key]
+        except KeyError:  # the caller runs tasks instead, or (state kept here) rebuilds it
+            raise HeldLost(f"the data {x.key!r} was lost from this worker (moved or dropped)") from None
+    if isinstance(x, Resident):
+        try:
+            return _RESIDENT[x.token]
+        except KeyError:
+            raise HeldLost("a block state kept on this worker was lost (the worker restarted?)") from None
     if isinstance(x, list | tuple):
         return type(x)(_local(v, data) for v in x)
     return x
+
+
+def map_resident(fn: Any, src: Any, state: Any, args: tuple, kwargs: dict, token: str, spill: int = 0) -> Any:
+    """On a worker: :func:`~dufs.engine.blocks.map_state`, its new state kept in this process under ``token``;
+    returns the result, or with ``spill`` (bytes) a result that large as a file in /dev/shm
+    (:func:`~dufs.engine.shm.put_result`: the driver is on this machine)."""
+    from dufs.engine.blocks import map_state
+    from dufs.engine.shm import put_result
+
+    new, res = map_state(fn, src, state, args, kwargs)
+    _RESIDENT[token] = new
+    return put_result(res, spill) if spill else res
+
+
+def _fetch(tokens: list[str]) -> list:
+    return [_RESIDENT[t] for t in tokens]
+
+
+def _drop(tokens: list[str]) -> None:
+    for t in tokens:
+        _RESIDENT.pop(t, None)
 
 
 def _each(fn: Any, calls: list) -> tuple[list, float, float]:
@@ -66,9 +116,10 @@ def _each(fn: Any, calls: list) -> tuple[list, float, float]:
     return out, t0, time.time()
 
 
-async def _call(fn: Any, jobs: dict, dask_worker: Any = None) -> Any:
-    """On a worker: ``fn(*args)`` for each of this worker's ``args`` in ``jobs``, in turn, in its task thread
-    pool."""
+async def _call(fn: Any, jobs: dict, drops: dict | None = None, dask_worker: Any = None) -> Any:
+    """On a worker: the state items in ``drops`` for it dropped, then ``fn(*args)`` for each of this worker's
+    ``args`` in ``jobs``, in turn, in its task thread pool."""
+    _drop((drops or {}).get(dask_worker.address, ()))
     calls = jobs.get(dask_worker.address)
     if calls is None:
         return None
@@ -96,13 +147,74 @@ def run_on_holders(client: Any, fn: Any, jobs: dict[str, list[tuple]]) -> dict[s
     (blocks moved), a worker lost, an exception in ``fn``. The caller should then give up whatever the calls may
     still be writing into (a results file) and run the pass as tasks."""
     _LAST.clear()
+    drops = _take_drops(jobs)
     try:
-        got = client.run(_call, fn, {a: held(args) for a, args in jobs.items()}, workers=list(jobs))
+        got = client.run(_call, fn, {a: held(args) for a, args in jobs.items()}, drops, workers=list(jobs))
+        gone = sorted(set(jobs) - set(got))
+        if gone:
+            raise HeldLost(f"the worker {gone[0]} was lost")
     except Exception as exc:  # any failure: the tasks' path knows how to recover or report it
-        log.debug("a direct pass failed (%s: %s); running it as tasks", type(exc).__name__, exc)
+        log.debug("a direct pass failed (%s: %s)", type(exc).__name__, exc)
+        _queue_drops(drops)  # perhaps not dropped: again with the next call
         raise DirectFailed(str(exc)) from exc
     _LAST[:] = [(a, t0, t1) for a, (_, t0, t1) in got.items()]
     return {a: out for a, (out, _, _) in got.items()}
+
+
+# ---------------------------------------------------------------------------------------- state kept on workers
+_DROPS: dict[str, list[str]] = {}  # worker address -> tokens of released state items not yet dropped there
+_DROPS_LOCK = threading.Lock()
+
+
+def _queue_drops(drops: dict[str, list[str]]) -> None:
+    with _DROPS_LOCK:
+        for a, ts in drops.items():
+            _DROPS.setdefault(a, []).extend(ts)
+
+
+def _take_drops(addresses: Any) -> dict[str, list[str]]:
+    with _DROPS_LOCK:
+        return {a: _DROPS.pop(a) for a in list(addresses) if a in _DROPS}
+
+
+def release_resident(items: list[Resident]) -> None:
+    """Mark state items kept on the workers as released: each is dropped there at the next direct call to its
+    worker (the next round of a solver, usually) or by :func:`flush_drops`."""
+    by: dict[str, list[str]] = {}
+    for it in items:
+        by.setdefault(it.address, []).append(it.token)
+    _queue_drops(by)
+
+
+def flush_drops(client: Any) -> None:
+    """Drop every released state item now (one call to each worker concerned; a worker gone is skipped)."""
+    drops = _take_drops(list(_DROPS))
+    if drops and client is not None:
+        try:
+            client.run(_drop_each, drops, workers=list(drops))
+        except Exception as exc:  # a worker gone took its state with it
+            log.debug("dropping released state on the workers: %s", exc)
+
+
+def _drop_each(drops: dict, dask_worker: Any = None) -> None:
+    _drop(drops.get(dask_worker.address, ()))
+
+
+def fetch_resident(client: Any, items: list[Resident]) -> list:
+    """The values of state items kept on the workers, in order (one call to each worker concerned)."""
+    by: dict[str, list[str]] = {}
+    for it in items:
+        by.setdefault(it.address, []).append(it.token)
+    try:
+        got = client.run(_fetch_each, by, workers=list(by))
+    except Exception as exc:
+        raise HeldLost(f"a block state kept on the workers was lost ({type(exc).__name__}: {exc})") from exc
+    pos = {a: iter(v) for a, v in got.items()}
+    return [next(pos[it.address]) for it in items]
+
+
+def _fetch_each(by: dict, dask_worker: Any = None) -> list:
+    return _fetch(by.get(dask_worker.address, []))
 
 
 _LAST: list[tuple[str, float, float]] = []

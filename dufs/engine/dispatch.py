@@ -26,8 +26,8 @@ import numpy as np
 
 from dufs.scheduling import current_client
 
-__all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "scatter_to", "share", "shipped",
-           "tree_sum", "tree_sum_values"]
+__all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "scatter_to", "share", "shareable",
+           "shipped", "tree_sum", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -63,7 +63,7 @@ def share(x: Any) -> Any:
     key; small arguments and inline passes take ``x`` as it is."""
     if _INLINE.get():
         return x
-    if isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x) or getattr(x, "dufs_share", False):
+    if shareable(x):
         client = current_client()
         if client is not None:
             return client.scatter(x, hash=False)
@@ -161,6 +161,12 @@ def compute(tasks: list) -> list:
     import dask
 
     return list(dask.compute(*tasks)) if tasks else []
+
+
+def shareable(x: Any) -> bool:
+    """Whether :func:`share` sends ``x`` as one key: an array of 64 KiB or more, a SciPy sparse matrix, or an object
+    whose ``dufs_share`` is true."""
+    return isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x) or getattr(x, "dufs_share", False)
 
 
 def _is_scipy(x: Any) -> bool:

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import os
 import time
+import uuid
 from typing import Any, NamedTuple
 
 import dask
@@ -50,7 +51,7 @@ from dufs.engine.blocks import (
     partition_matvec_into,
     partition_rmatvec,
 )
-from dufs.engine.direct import DirectFailed
+from dufs.engine.direct import DirectFailed, HeldLost, Resident, map_resident
 from dufs.engine.dispatch import (
     compute,
     current_client,
@@ -59,6 +60,7 @@ from dufs.engine.dispatch import (
     is_inline,
     scatter_to,
     share,
+    shareable,
     shipped,
     tree_sum,
     tree_sum_values,
@@ -789,8 +791,6 @@ class Matrix:
                 raise ParameterError("map_blocks takes 'partitions' or its old name 'groups', not both")
             partitions = groups
         units = None if partitions is None else self._check_partitions(partitions)
-        shared = [self._scatter_per_block(share(a)) for a in args]
-        kw = {k: self._scatter_per_block(share(v)) for k, v in kwargs.items()}
 
         def pick1(a: Any, i: int) -> Any:
             if not isinstance(a, PerBlock):
@@ -813,16 +813,25 @@ class Matrix:
 
         srcs = list(self._src) if units is None else [[self._src[i] for i in q] for q in units]
         n = len(srcs)
+        if state is not None:
+            items = state.items if isinstance(state, BlockState) else list(state)
+            if len(items) != n:
+                raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
+                                     f"{'blocks' if units is None else 'partitions'}")
+            got = self._map_direct(fn, srcs, items, args, kwargs, units, reduce, pick)
+            if got is not None:
+                return got
+            if any(isinstance(i, Resident) for i in items):
+                raise HeldLost("the block state kept on the workers by direct calls was lost: its blocks are not "
+                               "where it is (moved, or direct passes switched off), and it cannot follow them")
+        shared = [self._scatter_per_block(share(a)) for a in args]
+        kw = {k: self._scatter_per_block(share(v)) for k, v in kwargs.items()}
         if state is None:
             f = delayed(map_one if units is None else map_group)
             tasks = [f(fn, s, *task_args(u)) for u, s in enumerate(srcs)]
             if reduce == "sum":
                 return self._pass([tree_sum(tasks)], _name(fn))[0] if tasks else None
             return self._pass(tasks, _name(fn))
-        items = state.items if isinstance(state, BlockState) else list(state)
-        if len(items) != n:
-            raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
-                                 f"{'blocks' if units is None else 'partitions'}")
         from operator import getitem
 
         f = delayed(map_state)
@@ -846,6 +855,76 @@ class Matrix:
         futs = client.compute(new + ([tree_sum(res)] if reduce == "sum" else res))
         out = client.gather(futs[n:])
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
+
+    def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, units: list | None,
+                    reduce: str | None, pick: Any) -> tuple | None:
+        """:meth:`map_blocks` with state as direct calls (:mod:`dufs.engine.direct`): each unit's
+        ``fn(blocks, state, ...)`` called on the worker that holds its blocks, the new state kept in that worker's
+        memory (a :class:`~dufs.engine.direct.Resident` item a unit), the results brought back and (``reduce``)
+        summed here by the workers' fixed tree. None where it cannot run (the caller runs tasks); a call that fails
+        over state kept that way raises the worker's error (a lost worker or block says "was lost": the solvers
+        rebuild their state, as after lost workers)."""
+        from distributed import Future
+
+        from dufs.engine.shm import results_local, take_result
+
+        client = current_client()
+        # on workers of this machine only: a call's result goes through the scheduler unless it comes back through
+        # /dev/shm (an MMFS round's change of w is 152 MB at kddb size), where tasks send theirs straight back
+        if not results_local(client):
+            return None
+        jobs = self._direct_jobs(units if units is not None else [[i] for i in range(self.n_blocks)])
+        if jobs is None:
+            return None
+        home = {u: a for a, us in jobs.items() for u in us}
+        resident = any(isinstance(i, Resident) for i in items)
+        if any(isinstance(it, Resident) and it.address != home[u] for u, it in enumerate(items)):
+            return None
+        where = self._placed(client)[2]
+        ours: list = []  # the keys sent for this call: each block's slice to its block's worker, the rest to all
+
+        def place(a: Any) -> Any:
+            if isinstance(a, PerBlock) and isinstance(a.value, np.ndarray) and a.value.nbytes >= 1 << 20:
+                ours.append(scatter_to(client, [np.ascontiguousarray(a.value[b.start:b.stop]) for b in self.blocks],
+                                       where))
+                return PerBlock(ours[-1])
+            if shareable(a):
+                ours.append(client.scatter(a, hash=False, broadcast=True))
+                return ours[-1]
+            return a
+
+        dargs = [place(a) for a in args]
+        dkw = {k: place(v) for k, v in kwargs.items()}
+        # futures the caller gave (a vector it scattered to one worker) must be on every worker called: else tasks
+        # fetch them, or (the state is kept by direct calls) their values go with the calls
+        given = [f for f in _futures((args, kwargs)) if isinstance(f, Future)]
+        if given:
+            who = client.who_has(given)
+            missing = [f for f in given if not set(jobs) <= set(who.get(f.key, ()))]
+            if missing and not resident:
+                return None
+            if missing:
+                values = dict(zip([f.key for f in missing], client.gather(missing), strict=True))
+                dargs = [_by_value(a, values) for a in dargs]
+                dkw = {k: _by_value(v, values) for k, v in dkw.items()}
+        tokens = [uuid.uuid4().hex for _ in srcs]
+        # results of 256 KiB or more (a greedy step's attached columns) through /dev/shm: a direct call's result
+        # otherwise comes back through the scheduler, about 3 ms a MiB here
+        calls = [(fn, s, items[u], tuple(pick(a, u) for a in dargs), {k: pick(v, u) for k, v in dkw.items()},
+                  tokens[u], _SPILL_BYTES) for u, s in enumerate(srcs)]
+        try:
+            got = self._direct_pass(_name(fn), map_resident, jobs, calls)
+        except DirectFailed as exc:
+            self._units = {}
+            if resident:  # the state is on the workers only: the worker's own error (lost, or a real one)
+                raise exc.__cause__ from None
+            return None
+        res: list = [None] * len(srcs)
+        for a, us in jobs.items():
+            for u, r in zip(us, got[a], strict=True):
+                res[u] = take_result(r)
+        out = tree_sum_values(res) if reduce == "sum" else res
+        return out, BlockState([Resident(tokens[u], home[u]) for u in range(len(srcs))], client)
 
     def _scatter_per_block(self, a: Any) -> Any:
         """A large :class:`PerBlock` array under a distributed client, as one scattered key per block (its slice):
@@ -959,6 +1038,38 @@ class Matrix:
         """The feature with the largest ``fn`` score (see :meth:`topk`) and its score."""
         i, s = self.topk(fn, 1, *args, **kwargs)
         return int(i[0]), float(s[0])
+
+
+_SPILL_BYTES = 256 << 10  # a direct call's result this large comes back through /dev/shm (Matrix._map_direct)
+
+
+def _futures(x: Any) -> list:
+    """The ``distributed.Future`` objects within ``x`` (lists, tuples, dicts, :class:`PerBlock`)."""
+    from distributed import Future
+
+    if isinstance(x, Future):
+        return [x]
+    if isinstance(x, PerBlock):
+        return _futures(x.value) if isinstance(x.value, list | tuple) else []
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, list | tuple):
+        return [f for v in x for f in _futures(v)]
+    return []
+
+
+def _by_value(x: Any, values: dict) -> Any:
+    """``x`` with the futures whose keys are in ``values`` replaced by those values (within lists, tuples and
+    :class:`PerBlock`)."""
+    from distributed import Future
+
+    if isinstance(x, Future):
+        return values.get(x.key, x)
+    if isinstance(x, PerBlock):
+        return PerBlock(_by_value(x.value, values)) if isinstance(x.value, list | tuple) else x
+    if isinstance(x, list | tuple):
+        return type(x)(_by_value(v, values) for v in x)
+    return x
 
 
 def _name(fn: Any) -> str:

@@ -450,7 +450,7 @@ class GreedyRun:
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V)
-        with shipped(V, broadcast=self.parts is not None and len(self.parts) > 1, shared=True) as Va:
+        with shipped(V, broadcast=True, shared=True) as Va:  # every block's worker reads it
             props, new = self._map(_step, p, Va, col_sums(V), s_p, c2, self.mode, self.dir if save else None,
                                    state=self.state)
         release(self.state)

@@ -13,6 +13,7 @@ import scipy.sparse as sp
 from distributed import get_task_stream
 
 from dufs.engine import as_matrix, direct, shm
+from dufs.engine.cluster import is_lost
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
 
@@ -94,4 +95,49 @@ def test_held_keys_are_replaced_by_the_workers_values(cluster_client):
     assert got == {a: [10.0, 3.0], b: [3.0]}
     with pytest.raises(direct.DirectFailed) as err:
         direct.run_on_holders(cluster_client, np.sum, {a: [(fb,)]})
-    assert isinstance(err.value.__cause__, KeyError)
+    assert isinstance(err.value.__cause__, direct.HeldLost) and is_lost(err.value.__cause__)
+
+
+def test_state_stays_on_the_workers_and_large_results_come_back_through_shared_memory(cluster_client):
+    """map_blocks with state over persisted blocks: direct calls keep the state in the workers' memory (gathered,
+    it is what dense NumPy says), large results come back through /dev/shm files that are gone after, and the
+    released state is dropped on the workers with the next call; with direct passes off the same numbers as
+    tasks."""
+    X = sp.csc_array(sp.random(500, 300, density=0.05, format="csc", random_state=9, dtype=np.float32))
+    counts = np.diff(X.indptr).astype(np.float64)
+    mine = f"dufs-{os.getpid()}-"
+
+    def ours() -> set:
+        return {f for f in os.listdir("/dev/shm") if f.startswith("dufs-")} - set(before)
+
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=50, persist=True)
+        parts = M.partition(2)
+        before = [f for f in os.listdir("/dev/shm") if f.startswith("dufs-")]
+        got = {}
+        for mode in ("on", "off"):
+            with dask.config.set({"dufs.engine.direct-passes": mode}):
+                state = [np.zeros(sum(M.blocks[i].width for i in p)) for p in parts]
+                for r in range(3):
+                    res, new = M.map_blocks(_in_parts, r + 1.0, state=state, partitions=parts)
+                    if hasattr(state, "release"):
+                        state.release()
+                    state = new
+                assert state.resident == (mode == "on")
+                got[mode] = (res, state.gather())
+                state.release()
+        for p, r, s in zip(parts, *got["on"], strict=True):
+            c = np.concatenate([counts[M.blocks[i].start:M.blocks[i].stop] for i in p])
+            np.testing.assert_array_equal(r[:c.size], c)  # the results through /dev/shm
+            np.testing.assert_array_equal(s, np.full(c.size, 6.0))  # 1 + 2 + 3, kept on the workers
+        for a, b in zip(got["on"][0] + got["on"][1], got["off"][0] + got["off"][1], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert not [f for f in ours() if not f.startswith(mine)]  # no result file left by a worker
+        M.release()
+
+
+def _in_parts(blocks, state, inc):
+    """New state: the previous one plus ``inc``; result: the partition's column nonzero counts, as float64, repeated
+    to at least 300 KiB (a result that comes back through /dev/shm)."""
+    counts = np.concatenate([np.diff(b.indptr).astype(np.float64) for b in blocks])
+    return state + inc, np.tile(counts, -(-40_000 // max(counts.size, 1)))

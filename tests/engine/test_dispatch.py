@@ -30,7 +30,8 @@ def test_client_false_inside_an_active_client(cluster_client, method):
     with cluster_client.as_current():
         before = set(cluster_client.who_has())
         sel = dufs.fit(X, y, method=method, n_features=5, client=False, **kw)
-        assert set(cluster_client.who_has()) == before  # nothing was scattered to or computed on the cluster
+        # nothing was scattered to or computed on the cluster (keys of earlier tests may go meanwhile)
+        assert set(cluster_client.who_has()) <= before
     assert sel.diagnostics["n_workers"] == 0
     np.testing.assert_array_equal(sel.indices, ref.indices)
     np.testing.assert_array_equal(sel.scores, ref.scores)
