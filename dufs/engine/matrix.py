@@ -51,7 +51,7 @@ from dufs.engine.blocks import (
     partition_matvec_into,
     partition_rmatvec,
 )
-from dufs.engine.direct import DirectFailed, HeldLost, Resident, map_resident
+from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
 from dufs.engine.dispatch import (
     compute,
     current_client,
@@ -201,6 +201,7 @@ class Matrix:
         self._stats: ColumnStats | None = None
         self._passes = [0]  # shared with the with_standardize() views of the same blocks
         self._units: dict = {}  # client id -> (when, the partitions of a gathered pass) (_pass_partitions)
+        self._kept: list = []  # state items direct calls kept on the workers (shared with the views; release())
 
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:
@@ -286,13 +287,20 @@ class Matrix:
         """Drop persisted blocks (and the scattered transform) from the workers, and this process's pooled files
         in /dev/shm (results and vectors, :func:`~dufs.engine.shm.release_files`; a later pass makes new ones).
 
-        A :meth:`with_standardize` view owns neither (they are its origin's, which a later call may still use:
-        ``dufs.fit`` is given a persisted Matrix and fits a view of it), so releasing a view drops nothing."""
+        Also every block state that direct calls of this matrix (or its views) keep on the workers
+        (:mod:`dufs.engine.direct`). A :meth:`with_standardize` view owns none of these (they are its origin's,
+        which a later call may still use: ``dufs.fit`` is given a persisted Matrix and fits a view of it), so
+        releasing a view drops nothing."""
         if self.__dict__.get("_view"):
             return
         from dufs.engine.shm import release_files
 
         release_files()
+        # every state item this matrix's direct calls kept on the workers (released ones are dropped already; a
+        # solver's last state may not be): dropped now, not left on a cluster that outlives this process
+        release_resident(self._kept)
+        self._kept.clear()
+        flush_drops(current_client())
         for s in self._src:
             if hasattr(s, "release"):
                 s.release()
@@ -819,11 +827,13 @@ class Matrix:
                 raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
                                      f"{'blocks' if units is None else 'partitions'}")
             got = self._map_direct(fn, srcs, items, args, kwargs, units, reduce, pick)
-            if got is not None:
+            if not isinstance(got, str):
                 return got
-            if any(isinstance(i, Resident) for i in items):
-                raise HeldLost("the block state kept on the workers by direct calls was lost: its blocks are not "
-                               "where it is (moved, or direct passes switched off), and it cannot follow them")
+            resident = [i for i in items if isinstance(i, Resident)]
+            if resident:  # dropped now (its memory back before the solver rebuilds it), then said lost
+                release_resident(resident)
+                flush_drops(current_client())
+                raise HeldLost(f"the block state kept on the workers by direct calls was lost: {got}")
         shared = [self._scatter_per_block(share(a)) for a in args]
         kw = {k: self._scatter_per_block(share(v)) for k, v in kwargs.items()}
         if state is None:
@@ -857,29 +867,37 @@ class Matrix:
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
     def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, units: list | None,
-                    reduce: str | None, pick: Any) -> tuple | None:
+                    reduce: str | None, pick: Any) -> tuple | str:
         """:meth:`map_blocks` with state as direct calls (:mod:`dufs.engine.direct`): each unit's
         ``fn(blocks, state, ...)`` called on the worker that holds its blocks, the new state kept in that worker's
         memory (a :class:`~dufs.engine.direct.Resident` item a unit), the results brought back and (``reduce``)
-        summed here by the workers' fixed tree. None where it cannot run (the caller runs tasks); a call that fails
-        over state kept that way raises the worker's error (a lost worker or block says "was lost": the solvers
-        rebuild their state, as after lost workers)."""
+        summed here by the workers' fixed tree. Why it cannot run, where it cannot (the caller runs tasks, or,
+        over state kept by direct calls, says it was lost); a call that fails over state kept that way raises the
+        worker's error (a lost worker or block says "was lost": the solvers rebuild their state, as after lost
+        workers)."""
         from distributed import Future
 
         from dufs.engine.shm import results_local, take_result
 
         client = current_client()
-        # on workers of this machine only: a call's result goes through the scheduler unless it comes back through
-        # /dev/shm (an MMFS round's change of w is 152 MB at kddb size), where tasks send theirs straight back
-        if not results_local(client):
-            return None
-        jobs = self._direct_jobs(units if units is not None else [[i] for i in range(self.n_blocks)])
-        if jobs is None:
-            return None
-        home = {u: a for a, us in jobs.items() for u in us}
         resident = any(isinstance(i, Resident) for i in items)
-        if any(isinstance(it, Resident) and it.address != home[u] for u, it in enumerate(items)):
-            return None
+        # on workers of this machine only: a call's result goes through the scheduler unless it comes back through
+        # /dev/shm (an MMFS round's change of w is 152 MB at kddb size), where tasks send theirs straight back.
+        # State kept by direct calls says they ran here before (the check asks the scheduler, which a loaded
+        # machine may not answer in time)
+        if not resident and not results_local(client):
+            return "the workers are not all on this machine"
+        unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
+        jobs = self._direct_jobs(unit_blocks)
+        for _ in range(2 if resident else 1):  # where the blocks are asked again once before the state is given up
+            if jobs is not None and all(not isinstance(it, Resident) or it.address == home_of(jobs, u)
+                                        for u, it in enumerate(items)):
+                break
+            self._units = {}
+            jobs = self._direct_jobs(unit_blocks)
+        else:
+            return "its blocks are not where it is (moved, or direct passes switched off), and it cannot follow them"
+        home = {u: a for a, us in jobs.items() for u in us}
         where = self._placed(client)[2]
         ours: list = []  # the keys sent for this call: each block's slice to its block's worker, the rest to all
 
@@ -902,7 +920,7 @@ class Matrix:
             who = client.who_has(given)
             missing = [f for f in given if not set(jobs) <= set(who.get(f.key, ()))]
             if missing and not resident:
-                return None
+                return "an argument is not on every worker called"
             if missing:
                 values = dict(zip([f.key for f in missing], client.gather(missing), strict=True))
                 dargs = [_by_value(a, values) for a in dargs]
@@ -918,13 +936,15 @@ class Matrix:
             self._units = {}
             if resident:  # the state is on the workers only: the worker's own error (lost, or a real one)
                 raise exc.__cause__ from None
-            return None
+            return f"a call failed ({exc})"
         res: list = [None] * len(srcs)
         for a, us in jobs.items():
             for u, r in zip(us, got[a], strict=True):
                 res[u] = take_result(r)
         out = tree_sum_values(res) if reduce == "sum" else res
-        return out, BlockState([Resident(tokens[u], home[u]) for u in range(len(srcs))], client)
+        kept = [Resident(tokens[u], home[u]) for u in range(len(srcs))]
+        self._kept.extend(kept)
+        return out, BlockState(kept, client)
 
     def _scatter_per_block(self, a: Any) -> Any:
         """A large :class:`PerBlock` array under a distributed client, as one scattered key per block (its slice):
@@ -1041,6 +1061,11 @@ class Matrix:
 
 
 _SPILL_BYTES = 256 << 10  # a direct call's result this large comes back through /dev/shm (Matrix._map_direct)
+
+
+def home_of(jobs: dict[str, list[int]], u: int) -> str | None:
+    """The worker address whose job list in ``jobs`` holds unit ``u``."""
+    return next((a for a, us in jobs.items() if u in us), None)
 
 
 def _futures(x: Any) -> list:

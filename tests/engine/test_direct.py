@@ -141,3 +141,26 @@ def _in_parts(blocks, state, inc):
     to at least 300 KiB (a result that comes back through /dev/shm)."""
     counts = np.concatenate([np.diff(b.indptr).astype(np.float64) for b in blocks])
     return state + inc, np.tile(counts, -(-40_000 // max(counts.size, 1)))
+
+
+def _kept_on_worker() -> int:
+    return len(direct._RESIDENT)
+
+
+def test_releasing_the_matrix_drops_every_state_it_kept_on_the_workers(cluster_client):
+    """A solver's last state may never be released by it: releasing the matrix drops every state item its direct
+    calls (and its views') kept, so nothing stays on a cluster that outlives the driver."""
+    X = sp.csc_array(sp.random(400, 200, density=0.05, format="csc", random_state=10, dtype=np.float32))
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=40, persist=True)
+        parts = M.partition(2)
+        V = M.with_standardize("scale")
+        cluster_client.run(lambda: direct._RESIDENT.clear())
+        _, a = M.map_blocks(_in_parts, 1.0, state=[np.zeros(sum(M.blocks[i].width for i in p)) for p in parts],
+                            partitions=parts)
+        _, b = V.map_blocks(_in_parts, 2.0, state=a, partitions=parts)  # a stays referenced, not released
+        assert a.resident and b.resident and sum(cluster_client.run(_kept_on_worker).values()) == 2 * len(parts)
+        V.release()  # a view owns nothing
+        assert sum(cluster_client.run(_kept_on_worker).values()) == 2 * len(parts)
+        M.release()
+        assert sum(cluster_client.run(_kept_on_worker).values()) == 0
