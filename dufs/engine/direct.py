@@ -44,13 +44,16 @@ class Held:
 
 
 def held(x: Any) -> Any:
-    """``x`` with every ``distributed.Future`` in it (within lists and tuples) replaced by a :class:`Held` key."""
+    """``x`` with every ``distributed.Future`` in it (within lists, tuples and dicts) replaced by a :class:`Held`
+    key."""
     from distributed import Future
 
     if isinstance(x, Future):
         return Held(x.key)
     if isinstance(x, list | tuple):
         return type(x)(held(v) for v in x)
+    if isinstance(x, dict):
+        return {k: held(v) for k, v in x.items()}
     return x
 
 
@@ -86,6 +89,8 @@ def _local(x: Any, data: Any) -> Any:
             raise HeldLost("a block state kept on this worker was lost (the worker restarted?)") from None
     if isinstance(x, list | tuple):
         return type(x)(_local(v, data) for v in x)
+    if isinstance(x, dict):
+        return {k: _local(v, data) for k, v in x.items()}
     return x
 
 
@@ -180,10 +185,14 @@ def _take_drops(addresses: Any) -> dict[str, list[str]]:
 def release_resident(items: list[Resident]) -> None:
     """Mark state items kept on the workers as released: each is dropped there at the next direct call to its
     worker (the next round of a solver, usually) or by :func:`flush_drops`."""
+    _queue_drops(_by_address(items))
+
+
+def _by_address(items: list[Resident]) -> dict[str, list[str]]:
     by: dict[str, list[str]] = {}
     for it in items:
         by.setdefault(it.address, []).append(it.token)
-    _queue_drops(by)
+    return by
 
 
 def flush_drops(client: Any) -> None:
@@ -202,9 +211,7 @@ def _drop_each(drops: dict, dask_worker: Any = None) -> None:
 
 def fetch_resident(client: Any, items: list[Resident]) -> list:
     """The values of state items kept on the workers, in order (one call to each worker concerned)."""
-    by: dict[str, list[str]] = {}
-    for it in items:
-        by.setdefault(it.address, []).append(it.token)
+    by = _by_address(items)
     try:
         got = client.run(_fetch_each, by, workers=list(by))
     except Exception as exc:

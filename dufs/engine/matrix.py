@@ -875,8 +875,6 @@ class Matrix:
         over state kept by direct calls, says it was lost); a call that fails over state kept that way raises the
         worker's error (a lost worker or block says "was lost": the solvers rebuild their state, as after lost
         workers)."""
-        from distributed import Future
-
         from dufs.engine.shm import results_local, take_result
 
         client = current_client()
@@ -888,34 +886,28 @@ class Matrix:
         if not resident and not results_local(client):
             return "the workers are not all on this machine"
         unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
-        jobs = self._direct_jobs(unit_blocks)
-        for _ in range(2 if resident else 1):  # where the blocks are asked again once before the state is given up
-            if jobs is not None and all(not isinstance(it, Resident) or it.address == home_of(jobs, u)
+        for attempt in range(2 if resident else 1):  # where the blocks are asked again once before giving up
+            if attempt:
+                self._units = {}
+            jobs = self._direct_jobs(unit_blocks)
+            home = {} if jobs is None else {u: a for a, us in jobs.items() for u in us}
+            if jobs is not None and all(not isinstance(it, Resident) or it.address == home[u]
                                         for u, it in enumerate(items)):
                 break
-            self._units = {}
-            jobs = self._direct_jobs(unit_blocks)
         else:
             return "its blocks are not where it is (moved, or direct passes switched off), and it cannot follow them"
-        home = {u: a for a, us in jobs.items() for u in us}
         where = self._placed(client)[2]
-        ours: list = []  # the keys sent for this call: each block's slice to its block's worker, the rest to all
 
-        def place(a: Any) -> Any:
-            if isinstance(a, PerBlock) and isinstance(a.value, np.ndarray) and a.value.nbytes >= 1 << 20:
-                ours.append(scatter_to(client, [np.ascontiguousarray(a.value[b.start:b.stop]) for b in self.blocks],
-                                       where))
-                return PerBlock(ours[-1])
-            if shareable(a):
-                ours.append(client.scatter(a, hash=False, broadcast=True))
-                return ours[-1]
-            return a
+        def place(a: Any) -> Any:  # each block's slice to its block's worker, other large arguments to every worker
+            if isinstance(a, PerBlock):
+                return self._scatter_per_block(a, where)
+            return client.scatter(a, hash=False, broadcast=True) if shareable(a) else a
 
         dargs = [place(a) for a in args]
         dkw = {k: place(v) for k, v in kwargs.items()}
         # futures the caller gave (a vector it scattered to one worker) must be on every worker called: else tasks
         # fetch them, or (the state is kept by direct calls) their values go with the calls
-        given = [f for f in _futures((args, kwargs)) if isinstance(f, Future)]
+        given = _futures((args, kwargs))
         if given:
             who = client.who_has(given)
             missing = [f for f in given if not set(jobs) <= set(who.get(f.key, ()))]
@@ -946,16 +938,19 @@ class Matrix:
         self._kept.extend(kept)
         return out, BlockState(kept, client)
 
-    def _scatter_per_block(self, a: Any) -> Any:
+    def _scatter_per_block(self, a: Any, where: list | None = None) -> Any:
         """A large :class:`PerBlock` array under a distributed client, as one scattered key per block (its slice):
-        literal slices would make a large graph, which the scheduler keeps after the pass (see ``_shipped``)."""
+        literal slices would make a large graph, which the scheduler keeps after the pass (see ``_shipped``).
+        ``where``: the worker of each block, where its slice goes (else anywhere)."""
         if not isinstance(a, PerBlock) or not isinstance(a.value, np.ndarray) or a.value.nbytes < 1 << 20:
             return a
         client = current_client()
         if client is None:
             return a
         v = a.value
-        return PerBlock(client.scatter([np.ascontiguousarray(v[b.start:b.stop]) for b in self.blocks], hash=False))
+        slices = [np.ascontiguousarray(v[b.start:b.stop]) for b in self.blocks]
+        return PerBlock(scatter_to(client, slices, where) if where and None not in where else
+                        client.scatter(slices, hash=False))
 
     def _homes(self, client: Any, units: list[list[int]] | None) -> list[str | None]:
         """The worker of each block (``units`` None) or partition: the one holding most of its blocks' nonzeros
@@ -1061,11 +1056,6 @@ class Matrix:
 
 
 _SPILL_BYTES = 256 << 10  # a direct call's result this large comes back through /dev/shm (Matrix._map_direct)
-
-
-def home_of(jobs: dict[str, list[int]], u: int) -> str | None:
-    """The worker address whose job list in ``jobs`` holds unit ``u``."""
-    return next((a for a, us in jobs.items() if u in us), None)
 
 
 def _futures(x: Any) -> list:

@@ -85,6 +85,10 @@ def test_a_call_sent_where_the_blocks_are_not_runs_the_pass_as_tasks(cluster_cli
         M.release()
 
 
+def _sum_of(d):
+    return float(np.sum(d["x"]))
+
+
 def test_held_keys_are_replaced_by_the_workers_values(cluster_client):
     """``run_on_holders``: each worker's calls in turn, futures replaced by what that worker holds; a key the worker
     does not hold fails the whole call (DirectFailed, its cause chained)."""
@@ -93,6 +97,8 @@ def test_held_keys_are_replaced_by_the_workers_values(cluster_client):
     fb = cluster_client.scatter(np.arange(3.0), workers=[b])
     got = direct.run_on_holders(cluster_client, np.sum, {a: [(fa,), ([1.0, 2.0],)], b: [(fb,)]})
     assert got == {a: [10.0, 3.0], b: [3.0]}
+    # within a dict too (a map_blocks call's keyword arguments)
+    assert direct.run_on_holders(cluster_client, _sum_of, {a: [({"x": fa},)]}) == {a: [10.0]}
     with pytest.raises(direct.DirectFailed) as err:
         direct.run_on_holders(cluster_client, np.sum, {a: [(fb,)]})
     assert isinstance(err.value.__cause__, direct.HeldLost) and is_lost(err.value.__cause__)
