@@ -119,3 +119,19 @@ def test_bench_ingest_prints_its_figures(tmp_path):
                   "dufs convert .bz2, 2 workers, ranges", ".bz2 on 2 workers", "peak worker memory 4x / 1x"):
         assert label in out, (label, out)
     assert where.is_dir() and not list(where.iterdir())  # its scratch files are removed
+
+
+@pytest.mark.slow
+def test_bench_ufcm_prints_its_figures(tmp_path):
+    """``dufs bench ufcm`` at a tiny size: an outer iteration against a plain pass on 1 and 2 workers, split into
+    its passes and the method's own algebra (no timing assertions)."""
+    args = ["bench", "ufcm", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path),
+            "--repeats", "2"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for label in ("1 worker", "2 workers", "plain pass Z^T v", "UFCM outer iteration", "target <= 60",
+                  "where an iteration goes: 2 passes (Zc^T U of 10 columns, Zc W of 10)",
+                  "the method's own algebra in this process", "the floor of this target", "peak RSS per worker",
+                  "machine ceiling", "of this machine's ceiling"):
+        assert label in out, (label, out)
