@@ -14,7 +14,8 @@ The solve runs in rounds over the Matrix's feature blocks (the partitions), each
 (``Matrix.map_blocks`` with per-block state): a block first applies the previous round's step to its alphas and
 computes its gap terms at the current (w, b), then runs one DCD epoch (random order, shrinking) against a local
 copy of w with the bias held at its round-start value, and returns its delta of w. The driver sums the deltas
-(a fixed tree on the workers), takes the exact line-search step along the summed direction, and checks the gap.
+(a fixed tree on the workers), takes the exact step on the plane of the summed direction and the last step's change
+(the dual is quadratic there; the box bounds the step), and checks the gap.
 With one partition the epoch also moves the bias: plain serial DCD (Hsieh et al. 2008).
 """
 

@@ -1,7 +1,8 @@
 """The distributed solver of MMFS's dual (docs/methods.md, "MMFS"): rounds of block dual coordinate descent over
 the Matrix's feature partitions, each where its blocks live (``Matrix.map_blocks`` with per-partition state), an
-exact line search on the summed step, the duality gap as the certificate, CoCoA+ as the fallback, and the
-resilience of :mod:`dufs.methods.solver` (rebuilding lost state from alpha, atomic checkpoints)."""
+exact search on the plane of the summed step and the last step's change, the duality gap as the certificate,
+CoCoA+ as the fallback, and the resilience of :mod:`dufs.methods.solver` (rebuilding lost state from alpha, atomic
+checkpoints)."""
 
 from __future__ import annotations
 
@@ -73,13 +74,28 @@ def _start(blk, st, ws, wt, b, step, m, C, dal=None):
     epoch), the exact gradient, the gap terms at (w, b) and the working set, in one sweep (:func:`dcd_start`).
     Returns (state, [gap, sum alpha, rho^T alpha], working set: local indices, a view valid for this round).
 
+    ``step`` is (s, t) (or s alone): alpha moves by s times last round's direction and t times the change the
+    round before made (``st["pdir"]``, the momentum direction); the change made now becomes the next ``pdir``.
+
     No per-feature array is allocated: the new alpha is written into the spare the state keeps (the state before
     last's; it differs from alpha only at the coordinates the last step changed, so bringing it up to date costs
     those), so the state given keeps its alpha (a task may run again); g, which a round computes whole and never
     reads from its state, is written over in place."""
     st = dict(st)
+    s_, t_ = (float(step[0]), float(step[1])) if np.ndim(step) else (float(step), 0.0)
     idx, d = st["dalpha"] if dal is None else dal
-    if step != 0.0 and idx.size:
+    pidx, pv = st.get("pdir", _NO_STEP)
+    moved = (s_ != 0.0 and idx.size) or (t_ != 0.0 and pidx.size)
+    if moved:
+        if t_ != 0.0 and pidx.size:
+            at = np.union1d(idx, pidx) if idx.size else pidx
+            delta = np.zeros(at.shape[0])
+            if idx.size and s_ != 0.0:
+                delta[np.searchsorted(at, idx)] += s_ * d
+            delta[np.searchsorted(at, pidx)] += t_ * pv
+        else:
+            order = np.argsort(idx, kind="stable")
+            at, delta = idx[order], s_ * d[order]
         alpha = st["alpha"]
         spare = st.get("alpha_spare")
         if spare is None:
@@ -87,8 +103,10 @@ def _start(blk, st, ws, wt, b, step, m, C, dal=None):
         else:
             last = st["alpha_changed"]
             spare[last] = alpha[last]
-        spare[idx] = np.clip(alpha[idx] + step * d, 0.0, C)
-        st.update(alpha=spare, alpha_spare=alpha, alpha_changed=idx)
+        spare[at] = np.clip(alpha[at] + delta, 0.0, C)
+        st.update(alpha=spare, alpha_spare=alpha, alpha_changed=at, pdir=(at, spare[at] - alpha[at]))
+    else:
+        st["pdir"] = _NO_STEP
     g = st["g"]
     index = st.get("index")
     if index is None:
@@ -97,6 +115,29 @@ def _start(blk, st, ws, wt, b, step, m, C, dal=None):
                                       wt, m, b, st["rho"], st["alpha"], C, g, index)
     st["dalpha"] = _NO_STEP
     return st, (gap, sa, ra), index[:n_active]
+
+
+def _momentum_bounds(st: dict, C: float) -> tuple[float, float]:
+    """The range [lo, hi] of t for which alpha + s d + t p stays in [0, C] for every s in [0, 1] (d: this round's
+    direction, p: the momentum direction ``pdir``); unbounded without one."""
+    pidx, pv = st.get("pdir", _NO_STEP)
+    if not pidx.size:
+        return -np.inf, np.inf
+    a = st["alpha"][pidx]
+    lo_a, hi_a = a.copy(), a.copy()
+    idx, d = st["dalpha"]
+    if idx.size:
+        pos = np.searchsorted(pidx, idx)
+        pos = np.minimum(pos, pidx.size - 1)
+        on = pidx[pos] == idx
+        dd = np.zeros(pidx.size)
+        dd[pos[on]] = d[on]
+        lo_a += np.minimum(dd, 0.0)
+        hi_a += np.maximum(dd, 0.0)
+    up, dn = pv > 0.0, pv < 0.0
+    his = np.concatenate([(C - hi_a[up]) / pv[up], lo_a[dn] / -pv[dn]])
+    los = np.concatenate([-lo_a[up] / pv[up], (C - hi_a[dn]) / pv[dn]])
+    return (float(min(0.0, los.max())) if los.size else 0.0), (float(max(0.0, his.min())) if his.size else 0.0)
 
 
 def _working_set(blk, st, C) -> np.ndarray:
@@ -225,9 +266,14 @@ class RoundTotals:
     epoch_s: float = 0.0
     task_s: float = 0.0
     epochs_run: float = 0.0
+    pslope: float = 0.0  # the slope p^T (g - rho) along the momentum direction p
+    tlo: float = -np.inf  # the range of the momentum step t that keeps alpha in the box (max / min over partitions)
+    thi: float = np.inf
 
     def __add__(self, other: RoundTotals) -> RoundTotals:
-        return RoundTotals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        out = RoundTotals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        out.tlo, out.thi = max(self.tlo, other.tlo), min(self.thi, other.thi)
+        return out
 
 
 class PartitionResult:
@@ -284,12 +330,16 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     new, sets = [], []
     for q, (blk, st) in enumerate(zip(blocks, states, strict=True)):
         st, (gap, sa, ra), ix = _start(blk, st, ws, wt, b, step, m, C, None if dal is None else dal[q])
+        pidx, pv = st["pdir"]
+        if pidx.size:  # the slope along the momentum direction, at the round's start (g is exact there)
+            tail.pslope += float((st["g"][pidx] - st["rho"][pidx]) @ pv)
         tail.gap += gap
         tail.sum_alpha += sa
         tail.rho_alpha += ra
         new.append(st)
         sets.append(ix)
     tail.start_s = time.perf_counter() - t0
+    tail.tlo = tail.thi = 0.0  # no momentum step unless this partition's epoch runs here (below)
     if not epoch:
         tail.task_s = time.perf_counter() - t0
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail)
@@ -304,6 +354,7 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         tail.task_s = time.perf_counter() - t0
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail, cols)
     tail.epochs_run = 1.0
+    tail.tlo, tail.thi = -np.inf, np.inf
     wsl = ws.copy()
     wtl = wt.copy()
     bias = np.array([b])
@@ -315,6 +366,8 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         tail.epoch_s += time.perf_counter() - t1
         idx, d = st["dalpha"]
         tail.ds += float(d.sum())
+        lo, hi = _momentum_bounds(st, C)
+        tail.tlo, tail.thi = max(tail.tlo, lo), min(tail.thi, hi)
         tail.slope += float((st["g"][idx] - st["rho"][idx]) @ d)  # the directional derivative, exact gradient
         tail.updates += n_upd
         tail.visited += n_act
@@ -545,7 +598,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     # the last copy of alpha on the driver with the (w, b) it belongs to, the rounds and trace entries before it
     snap = (alpha0, ws, wt, b, 0, len(trace))
     K = len(partitions)
-    step = 0.0
+    step = np.zeros(2)  # (s, t): along the last round's direction, and along the change before it (below)
+    pw, ps = None, 0.0  # the change of w (and of sum alpha) the last step made: the momentum direction
     dal = None  # the blocks' directions when the driver ran their epochs (else each block keeps its own)
     budget = _SERIAL_NNZ // K if K > 1 and rule == "auto" else 0
     cache = _ColumnCache(_SERIAL_NNZ) if budget else None  # working-set columns kept here between rounds
@@ -636,7 +690,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             state = None
             _, ws, wt, b, r, n = snap
             del trace[n:]
-            step = 0.0
+            step, pw, ps = np.zeros(2), None, 0.0
             dal = None
             cocoa = rule == "cocoa+" and K > 1
             prev_gap = np.inf
@@ -671,12 +725,54 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         # ||dw||^2 + gamma ds^2 (dw = dws + dt 1 formed explicitly: no cancellation between its two parts)
         dw = dws + dt
         den = float(dw @ dw) + gamma * ds * ds
-        step = float(np.clip(-slope / den, 0.0, 1.0)) if den > 0 and slope < 0 else 0.0
-        ws = ws + step * dw
+        st_ = float(np.clip(-slope / den, 0.0, 1.0)) if den > 0 and slope < 0 else 0.0
+        tt = 0.0
+        if pw is not None and tl.thi > tl.tlo and not res.cols:
+            # and along the last step's change p as well: the dual is quadratic on span{d, p}, minimised over
+            # s in [0, 1] and the t that keeps alpha in the box. The bias couples every coordinate (gamma 1 1^T,
+            # an eigenvalue of gamma times the free coordinates): one direction a round zig-zags across it
+            st_, tt = _plane_step(slope, tl.pslope, den, float(pw @ pw) + gamma * ps * ps,
+                                  float(dw @ pw) + gamma * ds * ps, tl.tlo, tl.thi, st_)
+        step = np.array([st_, tt])
+        trace[-1]["step"], trace[-1]["momentum"] = st_, tt
+        if tt != 0.0:
+            pw = st_ * dw + tt * pw
+            ps = st_ * ds + tt * ps
+        else:
+            pw = st_ * dw if st_ != 0.0 else None
+            ps = st_ * ds
+        ws = ws + pw if pw is not None else ws
         wt = np.array([0.0, float(ws.sum())])
-        b = b + gamma * step * ds
+        b = b + gamma * ps
     return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
             "trace": trace, "alpha": alpha, "g": g}
+
+
+def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: float, thi: float,
+                s1: float) -> tuple[float, float]:
+    """(s, t) minimising a s + c t + (h11 s^2 + 2 h12 s t + h22 t^2) / 2 over s in [0, 1], t in [tlo, thi]
+    (tlo <= 0 <= thi); ``s1`` is the minimiser on t = 0, never bettered by less."""
+
+    def q(s: float, t: float) -> float:
+        return a * s + c * t + 0.5 * (h11 * s * s + 2.0 * h12 * s * t + h22 * t * t)
+
+    cands = [(s1, 0.0)]
+    det = h11 * h22 - h12 * h12
+    if h11 > 0 and h22 > 0 and det > 1e-12 * h11 * h22:
+        s_ = (-a * h22 + c * h12) / det
+        t_ = (-c * h11 + a * h12) / det
+        if 0.0 <= s_ <= 1.0 and tlo <= t_ <= thi:
+            cands.append((s_, t_))
+    if h22 > 0:
+        for s_ in (0.0, 1.0):
+            cands.append((s_, float(np.clip(-(c + h12 * s_) / h22, tlo, thi))))
+    if h11 > 0:
+        for t_ in (tlo, thi):
+            if np.isfinite(t_):
+                cands.append((float(np.clip(-(a + h12 * t_) / h11, 0.0, 1.0)), t_))
+    cands = [(s_, t_) for s_, t_ in cands if np.isfinite(s_) and np.isfinite(t_)]
+    best = min(cands, key=lambda st: q(*st))
+    return best if q(*best) < q(s1, 0.0) else (s1, 0.0)
 
 
 def mmfs_top(M: Matrix, partitions: list, state: Any, k: int) -> np.ndarray:

@@ -269,3 +269,97 @@ def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
         keep = ~(((ref <= 0) & (G > 0)) | ((ref >= C) & (G < 0)))
         np.testing.assert_array_equal(ix, np.flatnonzero(keep))
         st = new
+
+
+def test_a_rounds_start_with_momentum_moves_alpha_by_both_directions():
+    """``_start`` with a step (s, t): alpha moves by s times the round's direction plus t times the change the
+    step before it made (kept as ``pdir``), against the same recurrence on a plain copy."""
+    import scipy.sparse as sp
+
+    from dufs.engine.blocks import FeatureBlock
+    from dufs.methods import mmfs_solver as ms
+
+    rng = np.random.default_rng(4)
+    m, d, C = 40, 30, 1.0
+    A = sp.random_array((m, d), density=0.3, format="csc", dtype=np.float32, rng=rng)
+    blk = FeatureBlock(0, d, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
+    F = A.toarray().astype(np.float64)
+    st = ms._init_state(blk, np.ones(d), np.zeros(d), F.sum(axis=0), (F * F).sum(axis=0), rng.uniform(0.1, 1, d),
+                        None, 3)
+    ref, prev_change = np.zeros(d), np.zeros(d)
+    ws, wt, b = rng.standard_normal(m), np.array([0.0, 0.0]), 0.0
+    wt[1] = ws.sum()
+    for r in range(10):
+        idx = np.sort(rng.choice(d, rng.integers(1, 10), replace=False))
+        dal = (idx, rng.uniform(0.0, 0.3, idx.size))
+        s, t = (0.7, 0.0) if r < 2 else (0.6, float(rng.uniform(-0.2, 0.4)))
+        new, _, _ = ms._start(blk, st, ws, wt, b, np.array([s, t]), float(m), C, dal)
+        step = np.zeros(d)
+        step[idx] += s * dal[1]
+        step += t * prev_change
+        after = np.clip(ref + step, 0.0, C)
+        prev_change, ref = after - ref, after
+        np.testing.assert_allclose(new["alpha"], ref, rtol=0, atol=1e-15)
+        pidx, pv = new["pdir"]
+        got = np.zeros(d)
+        got[pidx] = pv
+        np.testing.assert_allclose(got, prev_change, rtol=0, atol=1e-15)
+        st = new
+
+
+def test_momentum_bounds_keep_alpha_in_the_box_and_are_tight():
+    """The range of t from ``_momentum_bounds``: alpha + s d + t p in [0, C] for s in {0, 1} and t at either end,
+    and outside it a little further (brute force over the coordinates)."""
+    from dufs.methods import mmfs_solver as ms
+
+    rng = np.random.default_rng(7)
+    C = 1.0
+    for _ in range(50):
+        n = 12
+        alpha = np.where(rng.random(n) < 0.3, rng.choice([0.0, C], n), rng.uniform(0, C, n))
+        pidx = np.sort(rng.choice(n, 6, replace=False))
+        pv = rng.uniform(-0.5, 0.5, 6)
+        idx = np.sort(rng.choice(n, 5, replace=False))
+        dv = rng.uniform(-0.3, 0.3, 5)
+        st = {"alpha": alpha, "pdir": (pidx, pv), "dalpha": (idx, dv)}
+        lo, hi = ms._momentum_bounds(st, C)
+        assert lo <= 0.0 <= hi
+        p, dd = np.zeros(n), np.zeros(n)
+        p[pidx], dd[idx] = pv, dv
+
+        def ok(s, t, alpha=alpha, dd=dd, p=p):
+            x = alpha + s * dd + t * p
+            return bool(np.all(x >= -1e-12) and np.all(x <= C + 1e-12))
+
+        # only where alpha + s d itself is in the box (the round's own direction keeps it there)
+        if not (ok(0.0, 0.0) and ok(1.0, 0.0)):
+            continue
+        for s in (0.0, 1.0):
+            assert ok(s, lo) and ok(s, hi), (s, lo, hi)
+        if np.isfinite(hi):
+            assert not (ok(0.0, hi + 1e-6) and ok(1.0, hi + 1e-6))
+        if np.isfinite(lo):
+            assert not (ok(0.0, lo - 1e-6) and ok(1.0, lo - 1e-6))
+
+
+def test_plane_step_is_the_box_constrained_minimum():
+    """``_plane_step`` against a fine grid over the box (s in [0, 1], t in [lo, hi]) of random convex quadratics,
+    and never worse than the step along the round's direction alone."""
+    from dufs.methods import mmfs_solver as ms
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        L = rng.standard_normal((2, 2))
+        H = L @ L.T + 1e-3 * np.eye(2)
+        a, c = rng.standard_normal(2)
+        lo, hi = -rng.uniform(0, 2), rng.uniform(0, 2)
+        s1 = float(np.clip(-a / H[0, 0], 0, 1)) if a < 0 else 0.0
+        s, t = ms._plane_step(a, c, H[0, 0], H[1, 1], H[0, 1], lo, hi, s1)
+        assert 0.0 <= s <= 1.0 and lo <= t <= hi
+
+        def q(s, t, a=a, c=c, H=H):
+            return a * s + c * t + 0.5 * (H[0, 0] * s * s + 2 * H[0, 1] * s * t + H[1, 1] * t * t)
+
+        S, T = np.meshgrid(np.linspace(0, 1, 401), np.linspace(lo, hi, 401))
+        assert q(s, t) <= q(S, T).min() + 1e-9
+        assert q(s, t) <= q(s1, 0.0) + 1e-15
