@@ -231,23 +231,31 @@ def test_checkpoint_writes_are_atomic(problem, tmp_path, monkeypatch):
     assert os.listdir(ck) == ["checkpoint.npz"]
 
 
-def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
-    """Round after round, ``_start`` writes alpha into the spare its state keeps (the previous state's alpha
-    untouched: a task may run again) and g, an output only, over the old one; alpha after each step equals the
-    steps applied to a plain copy, whatever coordinates the steps move (a spare is brought up to date at the ones
-    the last step changed)."""
+def _one_block_state(rng, m, d):
+    """A random m x d block, its dense columns, and its MMFS state (unit coef, no shift, random margins)."""
     import scipy.sparse as sp
 
     from dufs.engine.blocks import FeatureBlock
     from dufs.methods import mmfs_solver as ms
 
-    rng = np.random.default_rng(2)
-    m, d, C = 50, 40, 0.8
     A = sp.random_array((m, d), density=0.3, format="csc", dtype=np.float32, rng=rng)
     blk = FeatureBlock(0, d, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
     F = A.toarray().astype(np.float64)
     st = ms._init_state(blk, np.ones(d), np.zeros(d), F.sum(axis=0), (F * F).sum(axis=0), rng.uniform(0.1, 1, d),
                         None, 3)
+    return blk, F, st
+
+
+def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
+    """Round after round, ``_start`` writes alpha into the spare its state keeps (the previous state's alpha
+    untouched: a task may run again) and g, an output only, over the old one; alpha after each step equals the
+    steps applied to a plain copy, whatever coordinates the steps move (a spare is brought up to date at the ones
+    the last step changed)."""
+    from dufs.methods import mmfs_solver as ms
+
+    rng = np.random.default_rng(2)
+    m, d, C = 50, 40, 0.8
+    blk, F, st = _one_block_state(rng, m, d)
     ref = np.zeros(d)
     ws, wt, b = rng.standard_normal(m), np.array([0.0, 0.0]), 0.05
     wt[1] = ws.sum()
@@ -274,18 +282,11 @@ def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
 def test_a_rounds_start_with_momentum_moves_alpha_by_both_directions():
     """``_start`` with a step (s, t): alpha moves by s times the round's direction plus t times the change the
     step before it made (kept as ``pdir``), against the same recurrence on a plain copy."""
-    import scipy.sparse as sp
-
-    from dufs.engine.blocks import FeatureBlock
     from dufs.methods import mmfs_solver as ms
 
     rng = np.random.default_rng(4)
     m, d, C = 40, 30, 1.0
-    A = sp.random_array((m, d), density=0.3, format="csc", dtype=np.float32, rng=rng)
-    blk = FeatureBlock(0, d, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
-    F = A.toarray().astype(np.float64)
-    st = ms._init_state(blk, np.ones(d), np.zeros(d), F.sum(axis=0), (F * F).sum(axis=0), rng.uniform(0.1, 1, d),
-                        None, 3)
+    blk, F, st = _one_block_state(rng, m, d)
     ref, prev_change = np.zeros(d), np.zeros(d)
     ws, wt, b = rng.standard_normal(m), np.array([0.0, 0.0]), 0.0
     wt[1] = ws.sum()
