@@ -332,3 +332,35 @@ def test_secular_eigenpairs_among_clustered_poles_are_eigh(seed):
     np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
     np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
     np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 5])
+def test_secular_root_below_a_weak_pole_among_strong_ones_is_eigh_in_few_sweeps(seed, monkeypatch):
+    """The bench's W step in small: Q of rank c - 1 (its columns sum to zero), so the k = c-th eigenvalue lies among
+    the diagonal's values, its c smallest packed within 2e-3 with large rows of Q and the smallest one's row weak
+    (the root sits just below it, bent by all of them). Eigenpairs as eigh's, in at most 26 sweeps over Q (the
+    one-pole step took 25-36 on these, converging linearly next to the weak pole)."""
+    rng = np.random.default_rng(seed)
+    m, c = 1500, 6
+    Qa = rng.standard_normal((m, c)) * 30.0
+    Qa[:, -1] = -Qa[:, :-1].sum(axis=1)
+    Da = rng.uniform(10.0, 3e4, m)
+    near = rng.choice(m, c, replace=False)
+    Da[near] = 0.5 + np.sort(rng.uniform(0, 2e-3, c))
+    Da[near[0]] = 0.5
+    Qa[near] *= 5.0
+    Qa[near[0]] *= 0.01
+    sweeps = []
+    sweep = U._secular_m_and_slope
+    monkeypatch.setattr(U, "_secular_m_and_slope", lambda Q, D, t: sweeps.append(t) or sweep(Q, D, t))
+    got = U._top_lowrank(Qa, Da, c)
+    assert got is not None
+    vals, V = got
+    A = Qa @ Qa.T - np.diag(Da)
+    ref = np.linalg.eigvalsh(A)[::-1][:c]
+    scale = np.abs(ref).max()
+    assert ref[-1] < -0.5 < ref[-2]  # the last one among the poles, as built
+    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(V.T @ V, np.eye(c), atol=1e-10)
+    np.testing.assert_allclose(A @ V, V * vals, atol=1e-10 * scale)
+    assert len(sweeps) <= 26, len(sweeps)
