@@ -121,13 +121,43 @@ def _each(fn: Any, calls: list) -> tuple[list, float, float]:
     return out, t0, time.time()
 
 
-async def _call(fn: Any, jobs: dict, drops: dict | None = None, dask_worker: Any = None) -> Any:
+def _held_keys(x: Any, out: set) -> set:
+    if isinstance(x, Held):
+        out.add(x.key)
+    elif isinstance(x, list | tuple):
+        for v in x:
+            _held_keys(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _held_keys(v, out)
+    return out
+
+
+async def _fetch_missing(calls: Any, dask_worker: Any) -> None:
+    """On a worker: the keys of ``calls`` it does not hold, fetched from the workers that do (the scheduler asked
+    where they are). A persisted block moves when a task that needs it runs on another worker and Dask's active
+    memory manager then drops the first copy: the state a direct call keeps here cannot follow it, so the block
+    comes back (a key held nowhere stays missing: :func:`_local` says it was lost)."""
+    missing = [k for k in _held_keys(calls, set()) if k not in dask_worker.data]
+    if not missing:
+        return
+    who = await dask_worker.scheduler.who_has(keys=missing)
+    who = {k: v for k, v in (who or {}).items() if v}
+    if who:
+        await dask_worker.gather(who)
+
+
+async def _call(fn: Any, jobs: dict, drops: dict | None = None, fetch: bool = False, dask_worker: Any = None
+                ) -> Any:
     """On a worker: the state items in ``drops`` for it dropped, then ``fn(*args)`` for each of this worker's
-    ``args`` in ``jobs``, in turn, in its task thread pool."""
+    ``args`` in ``jobs``, in turn, in its task thread pool (with ``fetch``, keys it does not hold fetched first:
+    :func:`_fetch_missing`)."""
     _drop((drops or {}).get(dask_worker.address, ()))
     calls = jobs.get(dask_worker.address)
     if calls is None:
         return None
+    if fetch:
+        await _fetch_missing(calls, dask_worker)
     calls = _local(calls, dask_worker.data)
     executor = dask_worker.executors.get("default")
     return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(_each, fn, calls))
@@ -143,7 +173,7 @@ class DirectFailed(Exception):
     """A direct call did not complete (see :func:`run_on_holders`): the caller runs the pass as tasks."""
 
 
-def run_on_holders(client: Any, fn: Any, jobs: dict[str, list[tuple]]) -> dict[str, list]:
+def run_on_holders(client: Any, fn: Any, jobs: dict[str, list[tuple]], fetch: bool = False) -> dict[str, list]:
     """``fn(*args)`` for each ``args`` of each worker ``address`` in ``jobs`` (``{address: [args, ...]}``), the
     workers all at once, each over its own list in turn, where every future in ``args`` is replaced by the value
     that worker holds under its key; returns ``{address: [result, ...]}``.
@@ -154,7 +184,7 @@ def run_on_holders(client: Any, fn: Any, jobs: dict[str, list[tuple]]) -> dict[s
     _LAST.clear()
     drops = _take_drops(jobs)
     try:
-        got = client.run(_call, fn, {a: held(args) for a, args in jobs.items()}, drops, workers=list(jobs))
+        got = client.run(_call, fn, {a: held(args) for a, args in jobs.items()}, drops, fetch, workers=list(jobs))
         gone = sorted(set(jobs) - set(got))
         if gone:
             raise HeldLost(f"the worker {gone[0]} was lost")

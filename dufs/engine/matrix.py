@@ -554,7 +554,8 @@ class Matrix:
             jobs.setdefault(owners.pop(), []).append(u)
         return jobs
 
-    def _direct_pass(self, name: str, fn: Any, jobs: dict[str, list[int]], args: list[tuple]) -> dict[str, list]:
+    def _direct_pass(self, name: str, fn: Any, jobs: dict[str, list[int]], args: list[tuple], fetch: bool = False
+                     ) -> dict[str, list]:
         """A pass whose partitions' ``fn(*args[u])`` run as direct calls on the workers in ``jobs``
         (:func:`~dufs.engine.direct.run_on_holders`), counted and reported as a pass; raises
         :class:`~dufs.engine.direct.DirectFailed`."""
@@ -562,7 +563,7 @@ class Matrix:
 
         total = len(args)
         report(name, 0, total)
-        got = run_on_holders(current_client(), fn, {a: [args[u] for u in us] for a, us in jobs.items()})
+        got = run_on_holders(current_client(), fn, {a: [args[u] for u in us] for a, us in jobs.items()}, fetch)
         self._passes[0] += 1
         report(name, total, total)
         return got
@@ -886,17 +887,25 @@ class Matrix:
         if not resident and not results_local(client):
             return "the workers are not all on this machine"
         unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
-        for attempt in range(2 if resident else 1):  # where the blocks are asked again once before giving up
-            if attempt:
-                self._units = {}
-            jobs = self._direct_jobs(unit_blocks)
-            home = {} if jobs is None else {u: a for a, us in jobs.items() for u in us}
-            if jobs is not None and all(not isinstance(it, Resident) or it.address == home[u]
-                                        for u, it in enumerate(items)):
-                break
+        if resident and all(isinstance(it, Resident) for it in items) and self._direct_jobs(unit_blocks) is not None:
+            # each unit where its state is kept: a block that moved meanwhile (a task ran on another worker, which
+            # fetched it, and Dask's active memory manager then dropped the other copy) is fetched back by the
+            # call (dufs.engine.direct); the state goes only with its worker
+            jobs, home, follow = {}, {}, True
+            for u, it in enumerate(items):
+                jobs.setdefault(it.address, []).append(u)
+                home[u] = it.address
+            unit_of = {i: u for u, bs in enumerate(unit_blocks) for i in bs}
+            where = [home[unit_of[i]] for i in range(self.n_blocks)]
         else:
-            return "its blocks are not where it is (moved, or direct passes switched off), and it cannot follow them"
-        where = self._placed(client)[2]
+            jobs, follow = self._direct_jobs(unit_blocks), False
+            if jobs is None:
+                return "its blocks are not on one worker a unit, or direct passes are switched off"
+            home = {u: a for a, us in jobs.items() for u in us}
+            if resident and not all(not isinstance(it, Resident) or it.address == home[u]
+                                    for u, it in enumerate(items)):
+                return "part of its state is kept on the workers and part is not"
+            where = self._placed(client)[2]
 
         def place(a: Any) -> Any:  # each block's slice to its block's worker, other large arguments to every worker
             if isinstance(a, PerBlock):
@@ -923,7 +932,7 @@ class Matrix:
         calls = [(fn, s, items[u], tuple(pick(a, u) for a in dargs), {k: pick(v, u) for k, v in dkw.items()},
                   tokens[u], _SPILL_BYTES) for u, s in enumerate(srcs)]
         try:
-            got = self._direct_pass(_name(fn), map_resident, jobs, calls)
+            got = self._direct_pass(_name(fn), map_resident, jobs, calls, fetch=follow)
         except DirectFailed as exc:
             self._units = {}
             if resident:  # the state is on the workers only: the worker's own error (lost, or a real one)

@@ -170,3 +170,46 @@ def test_releasing_the_matrix_drops_every_state_it_kept_on_the_workers(cluster_c
         assert sum(cluster_client.run(_kept_on_worker).values()) == 2 * len(parts)
         M.release()
         assert sum(cluster_client.run(_kept_on_worker).values()) == 0
+
+
+def _size(b):
+    return int(b.nnz)
+
+
+def test_state_kept_on_a_worker_follows_a_block_that_moved(cluster_client):
+    """A task that needs a block runs on the other worker (it fetches the block), then the block's first copy is
+    dropped (as Dask's active memory manager drops a replica): the next map_blocks over the state kept where the
+    block was fetches the block back instead of saying the state was lost, with the same numbers."""
+    X = sp.csc_array(sp.random(400, 200, density=0.05, format="csc", random_state=12, dtype=np.float32))
+    counts = np.diff(X.indptr).astype(np.float64)
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=40, persist=True)
+        parts = M.partition(2)
+        _, state = M.map_blocks(_in_parts, 1.0, state=[np.zeros(sum(M.blocks[i].width for i in p)) for p in parts],
+                                partitions=parts)
+        assert state.resident
+        i = parts[0][0]
+        fut = M._src[i]
+        (home,) = cluster_client.who_has([fut])[fut.key]
+        other = next(a for a in cluster_client.scheduler_info(n_workers=-1)["workers"] if a != home)
+        assert cluster_client.submit(_size, fut, workers=[other], allow_other_workers=False).result() > 0
+        assert set(cluster_client.who_has([fut])[fut.key]) == {home, other}
+        cluster_client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.request_remove_replicas(home, [fut.key], stimulus_id="test"))
+        deadline = time.monotonic() + 10
+        while set(cluster_client.who_has([fut])[fut.key]) != {other} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(cluster_client.who_has([fut])[fut.key]) == {other}  # the block moved
+        res, new = M.map_blocks(_in_parts, 2.0, state=state, partitions=parts)
+        state.release()
+        assert new.resident
+        for p, r, s in zip(parts, res, new.gather(), strict=True):
+            c = np.concatenate([counts[M.blocks[j].start:M.blocks[j].stop] for j in p])
+            np.testing.assert_array_equal(r[:c.size], c)
+            np.testing.assert_array_equal(s, np.full(c.size, 3.0))  # 1 + 2: the state was not rebuilt
+        # fetched back where the state is (Dask's memory manager may drop a copy again since)
+        story = cluster_client.run(lambda dask_worker, k=fut.key: [str(x) for x in dask_worker.state.story(k)],
+                                   workers=[home])[home]
+        assert any("gather-" in x for x in story), story
+        new.release()
+        M.release()
