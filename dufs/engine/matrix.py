@@ -51,7 +51,15 @@ from dufs.engine.blocks import (
     partition_matvec_into,
     partition_rmatvec,
 )
-from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
+from dufs.engine.direct import (
+    DirectFailed,
+    HeldLost,
+    Resident,
+    direct_eligible,
+    flush_drops,
+    map_resident,
+    release_resident,
+)
 from dufs.engine.dispatch import (
     compute,
     current_client,
@@ -540,8 +548,6 @@ class Matrix:
         """``{worker address: [partition number, ...]}`` for a pass run as direct calls on the workers that hold
         each partition's blocks (:mod:`dufs.engine.direct`), or None where it cannot be (no client, direct passes
         off, a partition's blocks on more than one worker or on none)."""
-        from dufs.engine.direct import direct_eligible
-
         client = current_client()
         if not direct_eligible(client) or self.residency.get("mode") != "persisted":
             return None
@@ -887,7 +893,8 @@ class Matrix:
         if not resident and not results_local(client):
             return "the workers are not all on this machine"
         unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
-        if resident and all(isinstance(it, Resident) for it in items) and self._direct_jobs(unit_blocks) is not None:
+        if resident and all(isinstance(it, Resident) for it in items) and direct_eligible(client) and \
+                self.residency.get("mode") == "persisted":
             # each unit where its state is kept: a block that moved meanwhile (a task ran on another worker, which
             # fetched it, and Dask's active memory manager then dropped the other copy) is fetched back by the
             # call (dufs.engine.direct); the state goes only with its worker

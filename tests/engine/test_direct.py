@@ -200,6 +200,7 @@ def test_state_kept_on_a_worker_follows_a_block_that_moved(cluster_client):
         while set(cluster_client.who_has([fut])[fut.key]) != {other} and time.monotonic() < deadline:
             time.sleep(0.05)
         assert set(cluster_client.who_has([fut])[fut.key]) == {other}  # the block moved
+        M._units = {}  # and the matrix knows it (its record of where the blocks are asked again)
         res, new = M.map_blocks(_in_parts, 2.0, state=state, partitions=parts)
         state.release()
         assert new.resident
