@@ -148,7 +148,7 @@ def _momentum_bounds(st: dict, C: float) -> tuple[float, float]:
     up, dn = pv > 0.0, pv < 0.0
     his = np.concatenate([(C - hi_a[up]) / pv[up], lo_a[dn] / -pv[dn]])
     los = np.concatenate([-lo_a[up] / pv[up], (C - hi_a[dn]) / pv[dn]])
-    return (float(min(0.0, los.max())) if los.size else 0.0), (float(max(0.0, his.min())) if his.size else 0.0)
+    return (float(min(0.0, los.max())) if los.size else -np.inf), (float(max(0.0, his.min())) if his.size else np.inf)
 
 
 def _working_set(blk, st, C) -> np.ndarray:
