@@ -36,7 +36,7 @@ from dufs.engine import Matrix, check_labels, transform_of
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
 from dufs.methods.labels import class_labels
-from dufs.methods.mmfs_solver import Checkpoint, margin_summary, mmfs_top, primal, solve
+from dufs.methods.mmfs_solver import Checkpoint, init_state, margin_summary, mmfs_top, primal, solve
 from dufs.methods.params import (
     CHECKPOINT_PARAMS,
     SEED,
@@ -414,14 +414,18 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     # above dufs.engine.driver-features the per-feature vectors (geometry, margins, the gradient) stay where the
     # blocks live and the driver holds alpha only (MMFSResult.r, rho and g are then None)
     on_blocks = M.shape[1] > int(config.get("engine.driver-features"))
+    partitions = M.partition(auto_partitions(M) if n_partitions == "auto" else int(n_partitions))
+    state = None
     if on_blocks:  # the geometry and the margins where the blocks live: no vector over the features here
         auto, spec = margin_spec(M, y, theta, gamma, relevance_kind)
         geo, r, rho = None, None, spec
-        rho_summary = margin_summary(M, spec)
+        if resume:  # the summary first (the checkpoint's problem), the state from the checkpoint's alpha after
+            rho_summary = margin_summary(M, spec)
+        else:  # the blocks' state at alpha = 0 and the margins' summary in the same pass
+            state, rho_summary = init_state(M, partitions, spec, int(random_state))
     else:
         auto, geo, r, rho = margins(M, y, theta, gamma, relevance_kind)
         rho_summary = np.array([float(rho.sum()), float(np.sqrt(rho @ rho)), float(rho.max(initial=0.0))])
-    partitions = M.partition(auto_partitions(M) if n_partitions == "auto" else int(n_partitions))
     problem = _problem(M, rho_summary, C, theta, gamma, relevance_kind)
     directory = default_checkpoint(M, problem) if checkpoint == "auto" else checkpoint
     ck = None if directory is None else Checkpoint(directory, problem)
@@ -431,7 +435,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     trace: list = []
     gammas = [float(gamma)] if not auto else [2.0 ** -k for k in range(31)]
     want = n_features if n_features is not None else 1
-    state = None
+    fresh = state is not None  # a state at alpha = 0 made above: the first solve is a cold start
     w = None
     alpha0 = None
     first = 0
@@ -456,7 +460,8 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         out = solve(M, rho, geo, C=float(C), gamma=gk, tol=float(tol), max_epochs=int(max_epochs),
                     random_state=int(random_state), partitions=partitions, state=state, w=w, trace=trace, alpha0=alpha0,
                     checkpoint=ck, checkpoint_every=int(checkpoint_every), checkpoint_meta={"gamma_index": k},
-                    recovery=recovery, gather_g=not on_blocks)
+                    recovery=recovery, gather_g=not on_blocks, cold=fresh)
+        fresh = False
         state = out["state"]
         alpha0 = out["alpha"]
         w = (out["ws"], out["wt"], out["b"])

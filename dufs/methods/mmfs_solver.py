@@ -478,6 +478,21 @@ def _init_blocks(M: Matrix, partitions: list, geo: dict | None, rho: Any, alpha0
     return state
 
 
+def init_state(M: Matrix, partitions: list, spec: Any, seed: int) -> tuple[Any, np.ndarray]:
+    """The partitions' states at alpha = 0, each block computing its geometry and margins where it lives (a
+    :class:`~dufs.methods.mmfs.MarginSpec`), and the margins' [sum, norm, largest] from the same pass (what
+    :func:`margin_summary` gives, without a pass of its own)."""
+    r_given = None if spec.r is None else PerBlock(spec.r)
+    seeds = PerBlock([seed * 1000003 + i for i in range(M.n_blocks)])
+    parts, state = M.map_blocks(_init_from_spec, spec, r_given, None, seeds, state=[None] * len(partitions),
+                                partitions=partitions)
+    s = np.array([0.0, 0.0, 0.0])
+    for p in parts:
+        s[:2] += p[:2]
+        s[2] = max(s[2], p[2])
+    return state, np.array([s[0], np.sqrt(s[1]), s[2]])
+
+
 def margin_summary(M: Matrix, spec: Any) -> np.ndarray:
     """[sum, norm, largest] of the margins a :class:`~dufs.methods.mmfs.MarginSpec` gives, by one pass (each
     block computes its own and returns three numbers)."""
@@ -578,7 +593,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
           random_state: int = 0, partitions: list | None = None, state: Any = None, w: tuple | None = None,
           trace: list | None = None, alpha0: np.ndarray | None = None, checkpoint: Any = None,
           checkpoint_every: int = 5, checkpoint_meta: dict | None = None, recovery: dict | None = None,
-          rule: str = "auto", gather_g: bool = True) -> dict:
+          rule: str = "auto", gather_g: bool = True, cold: bool = False) -> dict:
     """Rounds of block DCD + line search until gap / |D| <= tol or ``max_epochs`` rounds. Returns a dict with the
     final ``state`` (per partition), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``, and
     ``alpha`` and ``g`` gathered to the driver (``g`` unless ``gather_g`` is False).
@@ -593,7 +608,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     (sigma' = K, the bias moving locally) instead (``trace[i]["rule"]``), then the held-bias rule resumes;
     ``rule="cocoa+"`` uses CoCoA+ every round.
 
-    ``alpha0`` is alpha on the driver: the start when ``state`` is None, else what ``state`` holds. Every
+    ``alpha0`` is alpha on the driver: the start when ``state`` is None, else what ``state`` holds; ``cold``: the
+    ``state`` given was made at alpha = 0 (:func:`init_state`), so the solve starts cold, as from no state. Every
     ``checkpoint_every`` rounds (under a distributed client or with a ``checkpoint``) alpha is gathered to the
     driver with the (w, b) it belongs to, and written to ``checkpoint`` (a :class:`_Checkpoint`) with
     ``checkpoint_meta``; when a round fails because workers (and the block state on them) were lost, the state is
@@ -621,7 +637,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
 
     watch()
     seed = int(random_state)
-    cold = w is None and alpha0 is None and state is None  # alpha = 0, b = 0
+    # alpha = 0, b = 0 (``cold``: the state given was made at alpha = 0, by :func:`init_state`)
+    cold = cold or (w is None and alpha0 is None and state is None)
     if w is None:
         ws, wt, b = np.zeros(m), np.zeros(2), 0.0
     else:
@@ -631,7 +648,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         if alpha0 is None and snap_on:
             alpha0 = np.zeros(M.shape[1])
     elif alpha0 is None and snap_on:
-        alpha0, _, state = _gather_alpha(M, partitions, state)
+        alpha0, _, state = (np.zeros(M.shape[1]), None, state) if cold else _gather_alpha(M, partitions, state)
     # the last copy of alpha on the driver with the (w, b) it belongs to, the rounds and trace entries before it
     snap = (alpha0, ws, wt, b, 0, len(trace))
     K = len(partitions)
