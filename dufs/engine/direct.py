@@ -76,21 +76,26 @@ class HeldLost(RuntimeError):
 _RESIDENT: dict[str, Any] = {}  # on a worker: the state items kept by direct calls, by token
 
 
-def _local(x: Any, data: Any) -> Any:
+def _local(x: Any, data: Any, missing: set | None = None) -> Any:
+    """``x`` with each :class:`Held` key replaced by this worker's value and each :class:`Resident` by its state;
+    a key not held here raises :class:`HeldLost`, or with ``missing`` (a set) is added to it instead."""
     if isinstance(x, Held):
-        try:
+        if x.key in data:
             return data[x.key]
-        except KeyError:  # the caller runs tasks instead, or (state kept here) rebuilds it
-            raise HeldLost(f"the data {x.key!r} was lost from this worker (moved or dropped)") from None
+        if missing is not None:
+            missing.add(x.key)
+            return x
+        # the caller runs tasks instead, or (state kept here) rebuilds it
+        raise HeldLost(f"the data {x.key!r} was lost from this worker (moved or dropped)")
     if isinstance(x, Resident):
         try:
             return _RESIDENT[x.token]
         except KeyError:
             raise HeldLost("a block state kept on this worker was lost (the worker restarted?)") from None
     if isinstance(x, list | tuple):
-        return type(x)(_local(v, data) for v in x)
+        return type(x)(_local(v, data, missing) for v in x)
     if isinstance(x, dict):
-        return {k: _local(v, data) for k, v in x.items()}
+        return {k: _local(v, data, missing) for k, v in x.items()}
     return x
 
 
@@ -121,27 +126,16 @@ def _each(fn: Any, calls: list) -> tuple[list, float, float]:
     return out, t0, time.time()
 
 
-def _held_keys(x: Any, out: set) -> set:
-    if isinstance(x, Held):
-        out.add(x.key)
-    elif isinstance(x, list | tuple):
-        for v in x:
-            _held_keys(v, out)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _held_keys(v, out)
-    return out
-
-
 async def _fetch_missing(calls: Any, dask_worker: Any) -> None:
     """On a worker: the keys of ``calls`` it does not hold, fetched from the workers that do (the scheduler asked
     where they are). A persisted block moves when a task that needs it runs on another worker and Dask's active
     memory manager then drops the first copy: the state a direct call keeps here cannot follow it, so the block
     comes back (a key held nowhere stays missing: :func:`_local` says it was lost)."""
-    missing = [k for k in _held_keys(calls, set()) if k not in dask_worker.data]
+    missing: set = set()
+    _local(calls, dask_worker.data, missing)
     if not missing:
         return
-    who = await dask_worker.scheduler.who_has(keys=missing)
+    who = await dask_worker.scheduler.who_has(keys=list(missing))
     who = {k: v for k, v in (who or {}).items() if v}
     if who:
         await dask_worker.gather(who)

@@ -549,7 +549,7 @@ class Matrix:
         each partition's blocks (:mod:`dufs.engine.direct`), or None where it cannot be (no client, direct passes
         off, a partition's blocks on more than one worker or on none)."""
         client = current_client()
-        if not direct_eligible(client) or self.residency.get("mode") != "persisted":
+        if not self._direct_ok(client):
             return None
         where = self._placed(client)[2]
         jobs: dict[str, list[int]] = {}
@@ -559,6 +559,10 @@ class Matrix:
                 return None
             jobs.setdefault(owners.pop(), []).append(u)
         return jobs
+
+    def _direct_ok(self, client: Any) -> bool:
+        """Whether direct calls may run over this matrix's blocks at all (direct passes on, blocks persisted)."""
+        return direct_eligible(client) and self.residency.get("mode") == "persisted"
 
     def _direct_pass(self, name: str, fn: Any, jobs: dict[str, list[int]], args: list[tuple], fetch: bool = False
                      ) -> dict[str, list]:
@@ -893,8 +897,7 @@ class Matrix:
         if not resident and not results_local(client):
             return "the workers are not all on this machine"
         unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
-        if resident and all(isinstance(it, Resident) for it in items) and direct_eligible(client) and \
-                self.residency.get("mode") == "persisted":
+        if resident and all(isinstance(it, Resident) for it in items) and self._direct_ok(client):
             # each unit where its state is kept: a block that moved meanwhile (a task ran on another worker, which
             # fetched it, and Dask's active memory manager then dropped the other copy) is fetched back by the
             # call (dufs.engine.direct); the state goes only with its worker

@@ -104,9 +104,8 @@ def _start(blk, st, ws, wt, b, step, m, C, dal=None):
             if idx.size and s_ != 0.0:
                 delta[np.searchsorted(at, idx)] += s_ * d
             delta[np.searchsorted(at, pidx)] += t_ * pv
-        else:
-            order = np.argsort(idx, kind="stable")
-            at, delta = idx[order], s_ * d[order]
+        else:  # idx ascending (a working set's coordinates, in order), as pdir must be for _momentum_bounds
+            at, delta = idx, s_ * d
         alpha = st["alpha"]
         spare = st.get("alpha_spare")
         if spare is None:
@@ -466,42 +465,50 @@ def _init_blocks(M: Matrix, partitions: list, geo: dict | None, rho: Any, alpha0
                  seed: int) -> Any:
     """The partitions' states: from the driver's arrays (``geo``, ``rho``), or, when ``rho`` is a
     :class:`~dufs.methods.mmfs.MarginSpec`, computed by each block where it lives."""
-    state = [None] * len(partitions)
-    seeds = PerBlock([seed * 1000003 + i for i in range(M.n_blocks)])
-    a0 = None if alpha0 is None else PerBlock(alpha0)
     if geo is None:
-        r_given = None if rho.r is None else PerBlock(rho.r)
-        _, state = M.map_blocks(_init_from_spec, rho, r_given, a0, seeds, state=state, partitions=partitions)
-        return state
+        return _init_on_blocks(M, partitions, rho, alpha0, seed)[0]
+    a0 = None if alpha0 is None else PerBlock(alpha0)
     _, state = M.map_blocks(_init, PerBlock(geo["coef"]), PerBlock(geo["shift"]), PerBlock(geo["colsum"]),
-                            PerBlock(geo["qii"]), PerBlock(rho), a0, seeds, state=state, partitions=partitions)
+                            PerBlock(geo["qii"]), PerBlock(rho), a0, _seeds(M, seed), state=[None] * len(partitions),
+                            partitions=partitions)
     return state
+
+
+def _seeds(M: Matrix, seed: int) -> PerBlock:
+    return PerBlock([seed * 1000003 + i for i in range(M.n_blocks)])
+
+
+def _init_on_blocks(M: Matrix, partitions: list, spec: Any, alpha0: np.ndarray | None, seed: int
+                    ) -> tuple[Any, np.ndarray]:
+    """The partitions' states with each block's geometry and margins computed where it lives (``spec``: a
+    :class:`~dufs.methods.mmfs.MarginSpec`), and the margins' [sum, norm, largest] from the same pass."""
+    r_given = None if spec.r is None else PerBlock(spec.r)
+    a0 = None if alpha0 is None else PerBlock(alpha0)
+    parts, state = M.map_blocks(_init_from_spec, spec, r_given, a0, _seeds(M, seed), state=[None] * len(partitions),
+                                partitions=partitions)
+    return state, _summary(parts)
 
 
 def init_state(M: Matrix, partitions: list, spec: Any, seed: int) -> tuple[Any, np.ndarray]:
     """The partitions' states at alpha = 0, each block computing its geometry and margins where it lives (a
     :class:`~dufs.methods.mmfs.MarginSpec`), and the margins' [sum, norm, largest] from the same pass (what
     :func:`margin_summary` gives, without a pass of its own)."""
-    r_given = None if spec.r is None else PerBlock(spec.r)
-    seeds = PerBlock([seed * 1000003 + i for i in range(M.n_blocks)])
-    parts, state = M.map_blocks(_init_from_spec, spec, r_given, None, seeds, state=[None] * len(partitions),
-                                partitions=partitions)
-    s = np.array([0.0, 0.0, 0.0])
-    for p in parts:
-        s[:2] += p[:2]
-        s[2] = max(s[2], p[2])
-    return state, np.array([s[0], np.sqrt(s[1]), s[2]])
+    return _init_on_blocks(M, partitions, spec, None, seed)
 
 
-def margin_summary(M: Matrix, spec: Any) -> np.ndarray:
-    """[sum, norm, largest] of the margins a :class:`~dufs.methods.mmfs.MarginSpec` gives, by one pass (each
-    block computes its own and returns three numbers)."""
-    parts = M.map_blocks(_margin_summary, spec, None if spec.r is None else PerBlock(spec.r))
+def _summary(parts: list) -> np.ndarray:
+    """[sum, norm, largest] of the margins from the blocks' or partitions' (sum, sum of squares, largest)."""
     s = np.array([0.0, 0.0, 0.0])
     for p in parts:
         s[:2] += p[:2]
         s[2] = max(s[2], p[2])
     return np.array([s[0], np.sqrt(s[1]), s[2]])
+
+
+def margin_summary(M: Matrix, spec: Any) -> np.ndarray:
+    """[sum, norm, largest] of the margins a :class:`~dufs.methods.mmfs.MarginSpec` gives, by one pass (each
+    block computes its own and returns three numbers)."""
+    return _summary(M.map_blocks(_margin_summary, spec, None if spec.r is None else PerBlock(spec.r)))
 
 
 def _margin_summary(blk, spec, r_given):
