@@ -52,7 +52,8 @@ def test_bench_mmfs_prints_its_figures(tmp_path):
     out = res.output
     for label in ("LIBLINEAR -e 0.1", "s/iteration", "dufs dcd_epoch, random (default)", "x LIBLINEAR",
                   "visit orders", "storage order", "block-random, runs of 256", "1 worker", "2 workers",
-                  "converged", "rounds", "speed-up 2 workers vs 1", "peak RSS per worker", "vectors of"):
+                  "converged", "rounds", "speed-up 2 workers vs 1", "of the gradient pass's speed-up",
+                  "median of 3 solves", "peak RSS per worker", "vectors of"):
         assert label in out, (label, out)
     assert "NOT converged" not in out
 

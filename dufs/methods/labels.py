@@ -36,16 +36,26 @@ def target_type(y: np.ndarray) -> str:
     return kind if kind in ("binary", "multiclass") else "continuous"
 
 
+def unique_codes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes, codes)``: the sorted distinct labels and each sample's index among them, as ``np.unique(y,
+    return_inverse=True)`` gives them (the distinct values first, then a binary search of each label among them:
+    0.6-1.0 s less than the inverse's sort for 19M labels of two classes)."""
+    classes = np.unique(y)
+    return classes, np.searchsorted(classes, y).astype(np.int64)
+
+
 def class_labels(y: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """``(classes, codes)`` of labels that must be classes (``method`` classifies), after checking that they are:
     a continuous target (a value that is not a whole number) or a single class is a :class:`ParameterError`."""
     y = np.asarray(y, dtype=np.float64).ravel()
-    if target_type(y) == "continuous":
-        n = np.unique(y).shape[0]
+    classes, codes = unique_codes(y)
+    # target_type's rule on the distinct values alone (type_of_target and np.unique's inverse took 1.2-1.8 s of
+    # kddb's 19M labels, this 0.2 s)
+    if np.any(classes != np.trunc(classes)):
+        n = classes.shape[0]
         raise ParameterError(f"method {method!r} needs class labels; y looks continuous ({n} distinct values, not all "
                              f"whole numbers): give class labels (ints or strings), or use method='correlation', "
                              f"which takes a numeric target")
-    classes, codes = np.unique(y, return_inverse=True)
     if classes.shape[0] < 2:
         raise ParameterError(f"method {method!r} needs at least two classes in y; got "
                              f"{'no samples' if not y.size else '1 class (every sample has the same label)'}")

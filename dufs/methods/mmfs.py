@@ -35,7 +35,7 @@ from dufs._logging import get_logger
 from dufs.engine import Matrix, check_labels, transform_of
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
-from dufs.methods.labels import class_labels
+from dufs.methods.labels import class_labels, unique_codes
 from dufs.methods.mmfs_solver import Checkpoint, init_state, margin_summary, mmfs_top, primal, solve
 from dufs.methods.params import (
     CHECKPOINT_PARAMS,
@@ -131,8 +131,7 @@ def _geometry_of(st: Any, m: int, standardize: str | None, d: int) -> dict[str, 
 def encode_labels(y: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(classes, codes)``: the sorted distinct labels and each sample's class index (``np.unique``'s inverse),
     whatever the labels' type (numbers, strings, booleans)."""
-    classes, codes = np.unique(np.asarray(y).ravel(), return_inverse=True)
-    return classes, codes.astype(np.int64).reshape(-1)
+    return unique_codes(np.asarray(y).ravel())
 
 
 def class_relevance(M: Matrix, codes: np.ndarray, n_classes: int, geo: dict, rule: str = "ratio") -> np.ndarray:

@@ -313,3 +313,24 @@ def test_column_cache_puts_back_the_columns_it_holds_and_drops_the_oldest(monkey
     small = _ColumnCache(limit=int(full["counts"][-1]))  # room for one column: the last one kept
     small.complete(full)
     assert list(small.cols) == [(24, 9)] and small.nnz == full["counts"][-1]
+
+
+def test_a_blocks_top_k_is_a_full_sort_of_its_ranking_key_cut_at_k():
+    """A block's k best (the support by alpha, then g - rho, ties to the lower index) are the first k of a full
+    lexicographic sort of (group, key, index), ties in the keys included (values on a coarse grid)."""
+    from dufs.methods.mmfs_solver import _block_top
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        w, k = int(rng.integers(1, 60)), int(rng.integers(1, 80))
+        a = np.where(rng.random(w) < rng.random(), np.round(rng.random(w) * 3) / 3, 0.0)
+        g = np.round(rng.standard_normal(w) * 2) / 2
+        rho = np.round(rng.random(w) * 2) / 2
+        grp = np.where(a > 0, 0.0, 1.0)
+        key = np.where(a > 0, -a, g - rho)
+        i = np.arange(w)
+        o = np.lexsort((i, key, grp))[:k]
+        got = _block_top(a, g, rho, k)
+        np.testing.assert_array_equal(got[0], i[o])
+        np.testing.assert_array_equal(got[1], grp[o])
+        np.testing.assert_array_equal(got[2], key[o])
