@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["cluster_means", "kmeans_term", "nearest"]
+__all__ = ["bin_moments", "cluster_means", "kmeans_term", "nearest"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -61,3 +61,31 @@ def nearest(Y, C):
                 arg = k
         out[i] = arg
     return out
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
+def bin_moments(Q, D, bins, centre, n_terms, n_bins):
+    """For each bin b and j < ``n_terms``: sum over the rows i with ``bins[i]`` = b of q_i q_i^T (D_i - centre_b)^j,
+    the upper triangle of each c x c term packed row by row (c (c + 1) / 2 numbers); rows with a negative bin are
+    left out. One sweep over Q in storage order: (n_bins, n_terms, c (c + 1) / 2)."""
+    m, c = Q.shape
+    npair = c * (c + 1) // 2
+    acc = np.zeros((n_bins, n_terms, npair))
+    xx = np.empty(npair)
+    for i in range(m):
+        b = bins[i]
+        if b < 0:
+            continue
+        t = 0
+        for a in range(c):
+            qa = Q[i, a]
+            for e in range(a, c):
+                xx[t] = qa * Q[i, e]
+                t += 1
+        delta = D[i] - centre[b]
+        p = 1.0
+        for j in range(n_terms):
+            for t in range(npair):
+                acc[b, j, t] += p * xx[t]
+            p *= delta
+    return acc

@@ -364,3 +364,49 @@ def test_secular_root_below_a_weak_pole_among_strong_ones_is_eigh_in_few_sweeps(
     np.testing.assert_allclose(V.T @ V, np.eye(c), atol=1e-10)
     np.testing.assert_allclose(A @ V, V * vals, atol=1e-10 * scale)
     assert len(sweeps) <= 26, len(sweeps)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_secular_moments_are_the_dense_sums_at_every_t_the_roots_are_searched_at(seed):
+    """M(t) = B^T Q^T (t I + D)^-1 Q B and P(t) (its minus derivative) from the binned moments against the dense
+    sums, for t from just below -D_(k) (the lowest a root search goes) to far above every pole; diagonal values
+    spread over six decades, a cluster of equal ones and a few within the exact rows' floor."""
+    rng = np.random.default_rng(seed)
+    m, c, k = 4000, 5, 6
+    Q = rng.standard_normal((m, c)) * 20.0
+    D = 10.0 ** rng.uniform(-1, 5, m)
+    D[:50] = 7.0  # equal values
+    asc = np.sort(D)
+    d_k = float(asc[k - 1])
+    D[50:53] = d_k + np.array([0.0, 1e-12, 3e-10])  # within and next to the floor
+    asc = np.sort(D)
+    d_k = float(asc[k - 1])
+    B = np.linalg.qr(rng.standard_normal((c, c - 1)))[0]
+    scale = max(np.linalg.norm(Q, 2) ** 2, D.max())
+    mom = U._SecularMoments(Q, D, B, d_k, 1e-9 * scale)
+    for t in [-d_k - 1e-12 * scale, -d_k + 1e-8, -asc[0] + 1.0, 0.0, 3.0, 1e3, 1e6]:
+        s = 1.0 / (t + D)
+        M = B.T @ (Q.T * s) @ Q @ B
+        P = B.T @ (Q.T * s * s) @ Q @ B
+        got = mom.at(t)
+        assert got is not None, t
+        np.testing.assert_allclose(got[0], M, rtol=0, atol=1e-13 * np.abs(M).max())
+        np.testing.assert_allclose(got[1], P, rtol=0, atol=1e-13 * np.abs(P).max())
+    assert mom.at(-d_k - 1.0) is None  # below the range the series hold in: the caller sweeps
+
+
+def test_top_eigenpairs_from_moments_are_those_from_sweeps_and_eigh():
+    """The secular solve with M(t) from the moments and from sweeps over Q give eigh's eigenpairs (a Q of rank c - 1
+    whose top roots sit far above every pole and whose last one is among them)."""
+    rng = np.random.default_rng(11)
+    m, c, k = 2500, 6, 6
+    Qa = rng.standard_normal((m, c)) * 30.0
+    Qa[:, -1] = -Qa[:, :-1].sum(axis=1)
+    Da = 10.0 ** rng.uniform(-0.3, 4.5, m)
+    A = Qa @ Qa.T - np.diag(Da)
+    ref = np.linalg.eigvalsh(A)[::-1][:k]
+    scale = np.abs(ref).max()
+    for use in (True, False):
+        vals, V = U._top_lowrank(Qa, Da, k, use_moments=use)
+        np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-12 * scale)
+        np.testing.assert_allclose(A @ V, V * vals, atol=1e-10 * scale)
