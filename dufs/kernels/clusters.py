@@ -64,18 +64,23 @@ def nearest(Y, C):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
-def bin_moments(Q, D, bins, centre, n_terms, n_bins):
-    """For each bin b and j < ``n_terms``: sum over the rows i with ``bins[i]`` = b of q_i q_i^T (D_i - centre_b)^j,
-    the upper triangle of each c x c term packed row by row (c (c + 1) / 2 numbers); rows with a negative bin are
-    left out. One sweep over Q in storage order: (n_bins, n_terms, c (c + 1) / 2)."""
+def bin_moments(Q, D, d_k, floor, log_ratio, centre, n_terms):
+    """Rows i of Q with D_i - ``d_k`` > ``floor`` binned geometrically: bin b = floor(log((D_i - d_k) / floor) /
+    ``log_ratio``), for each bin and j < ``n_terms`` the sum of q_i q_i^T (D_i - ``centre``[b])^j, the upper triangle
+    of each c x c term packed row by row (c (c + 1) / 2 numbers), and the rows each bin took. One sweep over Q in
+    storage order, no temporary over the rows: ((len(centre), n_terms, c (c + 1) / 2), (len(centre),))."""
     m, c = Q.shape
+    n_bins = centre.shape[0]
     npair = c * (c + 1) // 2
     acc = np.zeros((n_bins, n_terms, npair))
+    count = np.zeros(n_bins, dtype=np.int64)
     xx = np.empty(npair)
     for i in range(m):
-        b = bins[i]
-        if b < 0:
+        dist = D[i] - d_k
+        if not dist > floor:
             continue
+        b = min(int(np.floor(np.log(dist / floor) / log_ratio)), n_bins - 1)
+        count[b] += 1
         t = 0
         for a in range(c):
             qa = Q[i, a]
@@ -88,4 +93,4 @@ def bin_moments(Q, D, bins, centre, n_terms, n_bins):
             for t in range(npair):
                 acc[b, j, t] += p * xx[t]
             p *= delta
-    return acc
+    return acc, count
