@@ -480,8 +480,54 @@ def _secular_root(m_at: Any, i: int, lo: float, hi: float, eps: float, pole: flo
     return t
 
 
+_DEFLATE_MAX = 4096  # rows of one group of equal diagonal values that the secular solve deflates (more: none)
+
+
+def _deflate(Qa: np.ndarray, Da: np.ndarray, head: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Groups of rows with equal diagonal values among the ``head`` smallest, deflated in place: a group's rows G
+    (g x c, rank r) become U^T G = [Sigma W^T; 0] (G = U Sigma W^T), r rows that carry its part of M(t) and g - r
+    rows exactly zero, whose eigenvectors (e_i, eigenvalue -D of the group) need no root. Without this a pole of
+    multiplicity g > r (duplicated features have equal rows of Q and of D: six at the smallest D of a kddb-size W
+    step) is an eigenvalue the secular equation does not have: its search converged onto the pole and the residual
+    check failed, and the fallback, LOBPCG over all features, ran out of memory. Returns [(rows, U, the rows as they
+    were)]: :func:`_top_lowrank` restores Qa and rotates its eigenvectors back (v[rows] = U v[rows])."""
+    if Da.size <= head:
+        cand = np.arange(Da.size)
+    else:
+        cand = np.flatnonzero(Da <= np.partition(Da, head - 1)[head - 1])
+    vals, inv, counts = np.unique(Da[cand], return_inverse=True, return_counts=True)
+    out = []
+    for g in np.flatnonzero((counts > 1) & (counts <= _DEFLATE_MAX)):
+        rows = cand[inv == g]
+        G = np.array(Qa[rows])
+        U, sv, Wt = np.linalg.svd(G, full_matrices=True)
+        r = int(np.sum(sv > 1e-13 * max(float(sv[0]) if sv.size else 0.0, np.finfo(float).tiny)))
+        if r >= rows.shape[0]:
+            continue
+        Qa[rows] = 0.0
+        Qa[rows[:r]] = sv[:r, None] * Wt[:r]
+        out.append((rows, U, G))
+    return out
+
+
 def _top_lowrank(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: bool = True
                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_top_lowrank_deflated` with the groups of equal diagonal values deflated first (:func:`_deflate`);
+    ``Qa`` is as it was on return."""
+    groups = _deflate(Qa, Da, k + Qa.shape[1] + 1) if Qa.shape[0] > k else []
+    try:
+        got = _top_lowrank_deflated(Qa, Da, k, use_moments)
+    finally:
+        for rows, _, G in groups:
+            Qa[rows] = G
+    if got is not None:
+        for rows, U, _ in groups:
+            got[1][rows] = U @ got[1][rows]
+    return got
+
+
+def _top_lowrank_deflated(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: bool = True
+                          ) -> tuple[np.ndarray, np.ndarray] | None:
     """The largest ``k`` eigenpairs of A = Qa Qa^T - diag(Da) (Qa m x c, Da >= 0) without an eigensolver over m.
 
     A diagonal plus a rank-c matrix: with M(t) = Qa^T (t I + diag(Da))^-1 Qa (c x c), Sylvester's law of inertia

@@ -410,3 +410,29 @@ def test_top_eigenpairs_from_moments_are_those_from_sweeps_and_eigh():
         vals, V = U._top_lowrank(Qa, Da, k, use_moments=use)
         np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-12 * scale)
         np.testing.assert_allclose(A @ V, V * vals, atol=1e-10 * scale)
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_secular_eigenpairs_with_duplicated_rows_at_the_smallest_diagonal_values_are_eigh(c):
+    """Duplicated features: groups of equal rows of Q at equal diagonal values, among them the smallest (a pole of
+    multiplicity above its rank, as in a kddb-size W step, whose eigenvalue the secular equation does not have):
+    eigenpairs as eigh's, and Q given back as it was."""
+    rng = np.random.default_rng(c)
+    m, k = 300, c + 2
+    Qa = rng.standard_normal((m, c)) * 10.0
+    Qa[:, -1] = -Qa[:, :-1].sum(axis=1)  # rank c - 1, as Zc^T U
+    Da = rng.uniform(2.0, 50.0, m)
+    Da[:6], Qa[:6] = 1.25, Qa[0]  # six identical rows at the smallest value
+    Da[6:11], Qa[6:11] = 1.5, Qa[6]
+    Da[11:15] = 1.75  # equal values, rows of rank min(4, c - 1)
+    Q0 = Qa.copy()
+    got = U._top_lowrank(Qa, Da, k)
+    assert got is not None
+    np.testing.assert_array_equal(Qa, Q0)
+    vals, V = got
+    A = Q0 @ Q0.T - np.diag(Da)
+    ref = np.linalg.eigvalsh(A)[::-1][:k]
+    scale = max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
+    np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
