@@ -799,10 +799,16 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
         one = X.ndim == 1
         X2 = X[:, None] if one else X
         nprod[0] += X2.shape[1]
-        full = np.zeros((d, X2.shape[1]))
-        full[idx] = X2
-        out = (1.0 - alpha) * Zc.rmatvec(Zc.matvec(full))[idx] if alpha != 1.0 else np.zeros_like(X2)
-        out = out + alpha * (Qa @ (Qa.T @ X2)) - beta * Da[:, None] * X2
+        out = Qa @ (Qa.T @ X2)
+        if alpha != 1.0:  # the scatter's part, two passes over the data from all features' rows
+            full = np.zeros((d, X2.shape[1]))
+            full[idx] = X2
+            out *= alpha
+            out += (1.0 - alpha) * Zc.rmatvec(Zc.matvec(full))[idx]
+            del full
+        # alpha = 1 (the default) needs no d x p array of all features: at kddb size that one (960 MB, made for
+        # every product and not used) was part of the driver's 17.7 GB when the secular solve fell back to LOBPCG
+        out -= beta * Da[:, None] * X2
         return out[:, 0] if one else out
 
     op = LinearOperator((idx.size, idx.size), matvec=apply, matmat=apply, dtype=np.float64)

@@ -140,16 +140,13 @@ def test_matrix_free_w_step_is_dense_eigh(standardize, alpha, beta):
         np.testing.assert_allclose(Zc.scatter(), St, atol=1e-9 * np.abs(St).max())
 
 
-@pytest.mark.parametrize("standardize", [None, "zscore"])
-@pytest.mark.parametrize("beta, k", [(1.0, 3), (0.05, 3), (0.0, 2)])  # beta = 0, k = 3: a null space, no unique 3rd
-def test_alpha_one_w_step_needs_no_pass(standardize, beta, k):
-    """With alpha = 1 (the default) S_t - S_w = S_b is rank c: the W step is a diagonal plus a rank-c matrix, solved
-    by its secular equation without touching the data, and equals the dense eigh of S_b - beta D."""
+def _alpha_one_problem(standardize, beta, c=3):
+    """A W step's problem with alpha = 1 on the sparse test data: (M, Zc, Q = Zc^T U, U, D, the active features,
+    the explicit dense S_b - beta D on them, S_b = S_t - S_w formed from the centred matrix)."""
     X = _data("sparse")
     M = Matrix(X, standardize=standardize, block_width=25)
     Xc = _centred(X, standardize)
     n, d = Xc.shape
-    c = 3
     rng = np.random.default_rng(5)
     labels = rng.integers(0, c, size=n)
     Dd = rng.uniform(0.2, 3.0, size=d)
@@ -159,11 +156,19 @@ def test_alpha_one_w_step_needs_no_pass(standardize, beta, k):
     Uo = np.zeros((n, c))
     Uo[np.arange(n), labels] = 1.0
     Sb = Xc.T @ Uo @ np.linalg.inv(Uo.T @ Uo) @ Uo.T @ Xc  # S_t - S_w, formed explicitly
-    A = (Sb - beta * np.diag(Dd))[np.ix_(idx, idx)]
+    Zc = U._Centred(M)
+    return M, Zc, Zc.rmatvec(Uo), Uo, Dd, active, (Sb - beta * np.diag(Dd))[np.ix_(idx, idx)]
+
+
+@pytest.mark.parametrize("standardize", [None, "zscore"])
+@pytest.mark.parametrize("beta, k", [(1.0, 3), (0.05, 3), (0.0, 2)])  # beta = 0, k = 3: a null space, no unique 3rd
+def test_alpha_one_w_step_needs_no_pass(standardize, beta, k):
+    """With alpha = 1 (the default) S_t - S_w = S_b is rank c: the W step is a diagonal plus a rank-c matrix, solved
+    by its secular equation without touching the data, and equals the dense eigh of S_b - beta D."""
+    M, Zc, Q, Uo, Dd, active, A = _alpha_one_problem(standardize, beta)
+    d, idx = Dd.shape[0], np.flatnonzero(active)
     ref_vals, ref_vecs = np.linalg.eigh(A)
     ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
-    Zc = U._Centred(M)
-    Q = Zc.rmatvec(Uo)
     passes = M.passes
     vals, W, nprod = U._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
     assert nprod == 0 and M.passes == passes  # the secular solve, not LOBPCG
@@ -434,3 +439,18 @@ def _assert_top_eigenpairs_are_eigh(Qa, Da, k):
     np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
     np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
     np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
+
+
+def test_alpha_one_w_step_falls_back_to_lobpcg_without_passes(monkeypatch):
+    """Where the secular solve gives up (None), the alpha = 1 W step runs LOBPCG on S_b - beta D, applied from Q
+    alone (no pass over the data, no array over all features): its eigenvalues are the dense eigh's."""
+    k, beta = 3, 1.0
+    M, Zc, Q, Uo, Dd, active, A = _alpha_one_problem(None, beta)
+    d, idx = Dd.shape[0], np.flatnonzero(active)
+    ref_vals = np.linalg.eigvalsh(A)[::-1][:k]
+    monkeypatch.setattr(U, "_top_lowrank", lambda *a, **kw: None)
+    passes = M.passes
+    vals, W, nprod = U._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
+    assert nprod > 0 and M.passes == passes
+    np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-5 * max(1.0, np.abs(ref_vals).max()))
+    assert np.all(W[~active] == 0.0)
