@@ -258,14 +258,17 @@ def block_matvec(src, W, n_rows):
     return out
 
 
-def partition_matvec_into(srcs, Ws, into, slots, U=None):
+def partition_matvec_into(srcs, Ws, into, slots, U=None, tfs=None):
     """X_b W_b of each of a partition's blocks written into its slot of ``into`` (a
     :class:`~dufs.engine.shm.SharedArray` of shape (n_blocks, n_rows, p)): ``slots`` are the blocks' indices.
     With ``U`` (the whole (n_features, p) W, a shared one or an array), ``Ws`` are the blocks' (start, stop) rows
-    of it. Returns the number of blocks written."""
+    of it, each scaled here by its block's inv when ``tfs`` (the blocks' (mu, inv)) is given. Returns the number of
+    blocks written."""
     if U is not None:
         U = local_array(U)
         Ws = [U[a:b] for a, b in Ws]
+        if tfs is not None:
+            Ws = [W if tf is None or tf[1] is None else W * tf[1][:, None] for W, tf in zip(Ws, tfs, strict=True)]
     target = writable_array(into)
     for src, W, i in zip(srcs, Ws, slots, strict=True):
         b = resolve(src)
