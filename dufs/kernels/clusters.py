@@ -1,5 +1,6 @@
 """Dense per-cluster reductions of an n x p array ``Y`` with integer ``labels`` (UFCM's U step judges every k-means
-candidate by them): one sweep over the rows each, no n x p temporary. Accumulation in float64.
+candidate by them), and per-bin moments of the rows of a d x c array (UFCM's W step, :func:`bin_moments`): one
+sweep over the rows each, no temporary over them. Accumulation in float64.
 """
 
 from __future__ import annotations

@@ -222,11 +222,17 @@ def class_targets(M: Matrix, y: Any, method: str) -> np.ndarray:
     """The labels ``y`` (one per row of ``M``), checked to be classes before any pass over the data: numbers as
     float64, other labels (strings) as given; a continuous target, a single class or a non-finite label is a
     :class:`ParameterError` (:func:`dufs.methods.labels.class_labels`)."""
+    return _class_targets_and_codes(M, y, method)[0]
+
+
+def _class_targets_and_codes(M: Matrix, y: Any, method: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`class_targets`' labels with each sample's class index and the number of classes, from the same
+    check (one sort of the labels: the index among the sorted distinct labels is :func:`encode_labels`' code)."""
     if y is None:
         raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
     values, classes = check_labels(y, M.shape[0])
-    class_labels(values, method)
-    return values if classes is None else np.asarray(y).ravel()
+    distinct, codes = class_labels(values, method)
+    return (values if classes is None else np.asarray(y).ravel()), codes, int(distinct.shape[0])
 
 
 def margins(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) -> tuple[bool, dict, np.ndarray,
@@ -271,15 +277,14 @@ def margin_spec(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) 
     score); a callable's relevance is computed now, on the driver."""
     check_params(MMFS_PARAMS, {"theta": theta, "gamma": gamma}, "mmfs")
     auto = isinstance(gamma, str)
-    y = class_targets(M, y, "mmfs")
+    y, codes, n_classes = _class_targets_and_codes(M, y, "mmfs")
     common = {"m": int(M.shape[0]), "standardize": M.standardize, "theta": float(theta)}
     if callable(relevance_kind):
         return auto, MarginSpec(kind="given", r=relevance(M, y, geometry(M), relevance_kind), **common)
     y = np.asarray(y).ravel()
-    classes, codes = encode_labels(y)
-    if classes.shape[0] < 2:
+    if n_classes < 2:
         raise ParameterError("MMFS: the labels are constant, so every feature's relevance is 0")
-    counts = np.bincount(codes, minlength=classes.shape[0]).astype(np.float64)
+    counts = np.bincount(codes, minlength=n_classes).astype(np.float64)
     if relevance_kind == "fisher":
         from dufs.methods.filters import fisher_scores
 
@@ -290,7 +295,7 @@ def margin_spec(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) 
     if relevance_kind != "correlation":
         raise ParameterError(f"The 'relevance' parameter of mmfs must be 'correlation', 'fisher' or a callable; "
                              f"got {relevance_kind!r}.")
-    if classes.shape[0] > 2:
+    if n_classes > 2:
         return auto, MarginSpec(kind="ratio", codes=codes, counts=counts, **common)
     yv = np.asarray(y, dtype=np.float64) if y.dtype.kind in "biuf" else codes.astype(np.float64)
     yc = yv - yv.mean()

@@ -499,7 +499,7 @@ def _deflate(Qa: np.ndarray, Da: np.ndarray, head: int) -> list[tuple[np.ndarray
     out = []
     for g in np.flatnonzero((counts > 1) & (counts <= _DEFLATE_MAX)):
         rows = cand[inv == g]
-        G = np.array(Qa[rows])
+        G = Qa[rows]  # a copy (fancy indexing): the rows as they were
         U, sv, Wt = np.linalg.svd(G, full_matrices=True)
         r = int(np.sum(sv > 1e-13 * max(float(sv[0]) if sv.size else 0.0, np.finfo(float).tiny)))
         if r >= rows.shape[0]:
