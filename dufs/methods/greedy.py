@@ -141,6 +141,12 @@ def _block_transform(coef: np.ndarray, shift: np.ndarray) -> dict:
             "shift": np.ascontiguousarray(shift, dtype=np.float64)}
 
 
+# LapAOFS's step vectors V = [B r, B Z_S d] go to the workers in float32 (the products accumulate in float64) once
+# they are larger than this in float64: a step's kernel gathers two numbers a nonzero from random rows of V, and
+# n x 2 float64 outgrows a server's last-level cache at n ~ 1M (2M x 2: 3.5-4x a one-vector pass's kernel, in
+# float32 1.2x; docs/methods.md). Not JCFS: a candidate in the selected span has both its numbers at rounding level
+# and their ratio is its score
+_STEP_F32_BYTES = 1 << 23
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
 # fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
 _ATTACH_STEP = 1 << 22  # ... except a partition's best, which carries its column up to this many nonzeros shared
@@ -449,6 +455,8 @@ class GreedyRun:
                                   per_block=(2, 3), state=self._fresh())
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
+        if self.mode == A_OPTIMAL and V.nbytes > _STEP_F32_BYTES and V.dtype == np.float64:
+            V = V.astype(np.float32)  # (C order) its column sums below from these values: x_j^T 1-consistent
         V = np.ascontiguousarray(V)
         with shipped(V, broadcast=True, shared=True) as Va:  # every block's worker reads it
             props, new = self._map(_step, p, Va, col_sums(V), s_p, c2, self.mode, self.dir if save else None,
