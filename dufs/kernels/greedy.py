@@ -188,3 +188,83 @@ def xwx_anchor(indptr, indices, data, z_indptr, z_indices, z_data, lam_inv):
             acc[a] = 0.0
         out[j] = s
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- the driver's
+# products with the selected columns Z_S (a list of sparse columns, each its rows and values). A LapAOFS selection
+# takes the heavy columns first (a 2M-row bench's first 50 hold 19.5M nonzeros), and the column-at-a-time product
+# swept the whole n x p result once a column: by row tiles, every column's rows in a tile go into that tile's rows
+# while they are in cache. ``cuts[t]`` holds column t's offsets at the tile edges 0, TILE_ROWS, 2 TILE_ROWS, ..., n
+# (:func:`tile_cuts`); the tiles [b0, b1) are one thread's share.
+TILE_ROWS = 1 << 17
+
+
+def tile_cuts(rows: np.ndarray, n: int) -> np.ndarray:
+    """Offsets into a column's sorted ``rows`` at the row-tile edges of an n-row array (int64, one more than the
+    tiles)."""
+    edges = np.append(np.arange(0, n, TILE_ROWS, dtype=np.int64), n)
+    return np.searchsorted(rows, edges).astype(np.int64)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def cols_apply(inds, dats, cuts, w, out, b0, b1):
+    """out[r] = sum_t w[t, :] x_t[r] for the rows r of tiles [b0, b1) (written, not accumulated), x_t the sparse
+    columns ``(inds[t], dats[t])``; ``w`` (k, p) float64, ``out`` (n, p) float64."""
+    n = out.shape[0]
+    p = out.shape[1]
+    for b in range(b0, b1):
+        for i in range(b * TILE_ROWS, min(n, (b + 1) * TILE_ROWS)):
+            for j in range(p):
+                out[i, j] = 0.0
+        for t in range(len(inds)):
+            ix = inds[t]
+            dx = dats[t]
+            c = cuts[t]
+            if p == 2:
+                w0 = w[t, 0]
+                w1 = w[t, 1]
+                for q in range(c[b], c[b + 1]):
+                    i = ix[q]
+                    x = np.float64(dx[q])
+                    out[i, 0] += x * w0
+                    out[i, 1] += x * w1
+            else:
+                for q in range(c[b], c[b + 1]):
+                    i = ix[q]
+                    x = np.float64(dx[q])
+                    for j in range(p):
+                        out[i, j] += x * w[t, j]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def cols_tapply(inds, dats, V, out, t0, t1):
+    """out[t, :] = x_t^T V for the columns t in [t0, t1); ``V`` (n, p), ``out`` (k, p) float64."""
+    p = V.shape[1]
+    for t in range(t0, t1):
+        ix = inds[t]
+        dx = dats[t]
+        if p == 1:
+            a = 0.0
+            for q in range(ix.shape[0]):
+                a += np.float64(dx[q]) * V[ix[q], 0]
+            out[t, 0] = a
+            continue
+        acc = np.zeros(p)
+        for q in range(ix.shape[0]):
+            i = ix[q]
+            x = np.float64(dx[q])
+            for j in range(p):
+                acc[j] += x * V[i, j]
+        out[t, :] = acc
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def anchor_b(z, Y, wd, WY, lam1, out, r0, r1):
+    """A greedy step's vectors B [z - Y[:, 0], Y[:, 1:]] on an anchor graph, for the rows [r0, r1):
+    out[:, j] = wd * y_j - lam1 * WY[:, j] with y_0 = z - Y[:, 0] (B = diag(wd) - lam1 W, WY = W y given); ``out``
+    float64 or float32 (the products are rounded once, at the end)."""
+    p = Y.shape[1]
+    for i in range(r0, r1):
+        out[i, 0] = wd[i] * (z[i] - Y[i, 0]) - lam1 * WY[i, 0]
+        for j in range(1, p):
+            out[i, j] = wd[i] * Y[i, j] - lam1 * WY[i, j]

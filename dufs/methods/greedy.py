@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
@@ -49,8 +50,20 @@ from dufs.engine.graphs import (
 )
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
-from dufs.kernels.blockops import col_sums, csc_matvec, csc_rmatvec
-from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, JCFS, best, greedy_update, xwx_anchor, xwx_graph
+from dufs.kernels.blockops import col_sums, csc_rmatvec
+from dufs.kernels.greedy import (
+    A_OPTIMAL,
+    D_OPTIMAL,
+    JCFS,
+    anchor_b,
+    best,
+    cols_apply,
+    cols_tapply,
+    greedy_update,
+    tile_cuts,
+    xwx_anchor,
+    xwx_graph,
+)
 from dufs.methods.params import (
     CHECKPOINT_PARAMS,
     GRAPH_PARAMS,
@@ -147,6 +160,36 @@ def _block_transform(coef: np.ndarray, shift: np.ndarray) -> dict:
 # float32 1.2x; docs/methods.md). Not JCFS: a candidate in the selected span has both its numbers at rounding level
 # and their ratio is its score
 _STEP_F32_BYTES = 1 << 23
+
+
+def _step_dtype(mode: int, shape: tuple) -> Any:
+    """The dtype a step's vectors go to the blocks in (:data:`_STEP_F32_BYTES`)."""
+    return np.float32 if mode == A_OPTIMAL and 8 * int(np.prod(shape)) > _STEP_F32_BYTES else np.float64
+
+
+_INT32_ARRAY = numba.types.int32[::1]
+_INT64_ARRAY = numba.types.int64[::1]
+_VALUE_ARRAY = {np.dtype(np.float32): numba.types.float32[::1], np.dtype(np.float64): numba.types.float64[::1]}
+_DRIVER_THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+_POOL: Any = None
+
+
+def _in_threads(fn: Any, count: int, bounds: Any = None) -> None:
+    """``fn(a, b)`` over [0, count) in up to :data:`_DRIVER_THREADS` near-equal ranges at once (the driver's
+    products with the selected columns, numba kernels that release the GIL: the workers wait for them, so the
+    driver's cores are free); ``bounds(parts)``, if given, cuts the ranges instead."""
+    global _POOL
+    parts = max(1, min(_DRIVER_THREADS, count))
+    if parts == 1:
+        fn(0, count)
+        return
+    cut = bounds(parts) if bounds is not None else [count * i // parts for i in range(parts + 1)]
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(_DRIVER_THREADS, thread_name_prefix="dufs-driver")
+    for f in [_POOL.submit(fn, cut[i], cut[i + 1]) for i in range(parts)]:
+        f.result()
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
 # fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
 _ATTACH_STEP = 1 << 22  # ... except a partition's best, which carries its column up to this many nonzeros shared
@@ -267,6 +310,7 @@ class SelectedColumns:
         self.coef = np.zeros(0)
         self.shift = np.zeros(0)
         self.H = np.zeros((0, 0))
+        self._nb: tuple | None = None  # :meth:`_numba_lists`
 
     @property
     def k(self) -> int:
@@ -289,15 +333,33 @@ class SelectedColumns:
         dat = np.concatenate([c[2] for c in self.cols]) if self.cols else np.zeros(0, self.dtype)
         return sp.csc_array((dat, ind, ptr), shape=(self.n, self.k))
 
-    def apply(self, c: np.ndarray) -> np.ndarray:
-        """Z_S c (an n-vector, or n x p for a k x p ``c``)."""
+    def _numba_lists(self) -> tuple:
+        """The columns as numba typed lists (rows, values, tile cuts), extended as columns are added."""
+        from numba.typed import List
+
+        if self._nb is None:
+            self._nb = (List.empty_list(_INT32_ARRAY), List.empty_list(_VALUE_ARRAY[self.dtype]),
+                        List.empty_list(_INT64_ARRAY))
+        inds, dats, cuts = self._nb
+        for _, rows, vals in self.cols[len(inds):]:
+            inds.append(rows)
+            dats.append(vals)
+            cuts.append(tile_cuts(rows, self.n))
+        return self._nb
+
+    def apply(self, c: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Z_S c (an n-vector, or n x p for a k x p ``c``; into ``out``, n x p float64, when given)."""
         one = c.ndim == 1
         w = np.ascontiguousarray(self.coef[:, None] * (c[:, None] if one else c))
-        out = np.zeros((self.n, w.shape[1]))
-        if self.k:
-            for t, (ptr, ind, dat) in enumerate(self.cols):
-                csc_matvec(ptr, ind, dat, w[t:t + 1], out)
-            out -= (self.shift @ w)[None, :]
+        if out is None:
+            out = np.empty((self.n, w.shape[1]))
+        if not self.k:
+            out[:] = 0.0
+        else:
+            inds, dats, cuts = self._numba_lists()
+            _in_threads(lambda a, b: cols_apply(inds, dats, cuts, w, out, a, b), len(cuts[0]) - 1)
+            if self.shift.any():
+                out -= (self.shift @ w)[None, :]
         return out[:, 0] if one else out
 
     def gram(self) -> np.ndarray:
@@ -317,10 +379,15 @@ class SelectedColumns:
         V2 = np.ascontiguousarray(V[:, None] if one else V, dtype=np.float64)
         out = np.zeros((self.k, V2.shape[1]))
         if self.k:
-            for t, (ptr, ind, dat) in enumerate(self.cols):
-                csc_rmatvec(ptr, ind, dat, V2, out[t:t + 1])
+            inds, dats, _ = self._numba_lists()
+            _in_threads(lambda a, b: cols_tapply(inds, dats, V2, out, a, b), self.k, self._nnz_bounds)
             out = self.coef[:, None] * (out - self.shift[:, None] * col_sums(V2)[None, :])
         return out[:, 0] if one else out
+
+    def _nnz_bounds(self, parts: int) -> list[int]:
+        """Column bounds splitting the selected columns' nonzeros into ``parts`` near-equal shares."""
+        nnz = np.cumsum([len(c[1]) for c in self.cols])
+        return [0, *np.searchsorted(nnz, nnz[-1] * np.arange(1, parts) / parts, side="right").tolist(), self.k]
 
     def solve(self, b: np.ndarray) -> np.ndarray:
         if self.k == 0:
@@ -402,6 +469,7 @@ class GreedyRun:
         self.Ysq = 0.0 if Y is None else float(sum(np.dot(Y[:, j], Y[:, j].astype(np.float64))
                                                    for j in range(Y.shape[1])))
         self.state: Any = None
+        self._ybuf: np.ndarray | None = None  # :meth:`_scratch`
         self.parts: list[list[int]] | None = None  # the partitions of the block state (None: one task a block)
         self.recoveries = 0
         self.replayed = 0
@@ -455,9 +523,7 @@ class GreedyRun:
                                   per_block=(2, 3), state=self._fresh())
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
-        if self.mode == A_OPTIMAL and V.nbytes > _STEP_F32_BYTES and V.dtype == np.float64:
-            V = V.astype(np.float32)  # (C order) its column sums below from these values: x_j^T 1-consistent
-        V = np.ascontiguousarray(V)
+        V = np.ascontiguousarray(V, dtype=_step_dtype(self.mode, V.shape))  # the column sums below from these values
         with shipped(V, broadcast=True, shared=True) as Va:  # every block's worker reads it
             props, new = self._map(_step, p, Va, col_sums(V), s_p, c2, self.mode, self.dir if save else None,
                                    state=self.state)
@@ -547,18 +613,24 @@ class GreedyRun:
         s_p = gpp - float(u @ c)
         if self.mode == A_OPTIMAL:
             d = S.solve(c)
-            Y = S.apply(np.column_stack([c, d]))  # [Z_S c, Z_S d]
-            np.subtract(z, Y[:, 0], out=Y[:, 0])  # r = z_p - Z_S c
-            Q = np.column_stack([a_p - self.AS.T @ c, self.AS.T @ d])  # Zh^T [r, Z_S d]
+            Y = S.apply(np.column_stack([c, d]), out=self._scratch(2))  # [Z_S c, Z_S d]
+            Q = np.column_stack([a_p - self.AS.T @ c, self.AS.T @ d])  # Zh^T [r, Z_S d], r = z_p - Z_S c
         else:
-            Y = (z - S.apply(c))[:, None]
+            Y = S.apply(c[:, None], out=self._scratch(1))
             Q = (a_p - self.AS.T @ c)[:, None]
-        V = W.zp(li[:, None] * Q)  # W y = Zh Lambda^-1 Zh^T y, then B y = (1 + lambda1 d) y - lambda1 W y in place
-        V *= -lam1
-        Y *= self.wd[:, None]
-        V += Y
+        WY = W.zp(li[:, None] * Q)  # W y = Zh Lambda^-1 Zh^T y
+        # B y = (1 + lambda1 d) y - lambda1 W y, in the dtype the step ships it in
+        V = np.empty(Y.shape, dtype=_step_dtype(self.mode, Y.shape))
+        wd = self.wd
+        _in_threads(lambda a, b: anchor_b(z, Y, wd, WY, lam1, V, a, b), n)
         self.AS = np.vstack([self.AS, a_p[None, :]])
         return self._record(p, col, u, gpp, c, s_p, V)
+
+    def _scratch(self, p: int) -> np.ndarray:
+        """An n x p float64 array kept between steps (a fresh one's pages fault in again every step)."""
+        if self._ybuf is None or self._ybuf.shape[1] != p:
+            self._ybuf = np.empty((self.n, p))
+        return self._ybuf
 
     def vectors_at(self, t: int) -> tuple[np.ndarray, float, float]:
         """(V, s_p, c2) of step t, recomputed from the selection (for a replay after a restart or a lost worker)."""

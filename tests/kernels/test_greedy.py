@@ -217,3 +217,49 @@ def test_greedy_update_without_a_transform_is_the_raw_columns(cols):
             assert np.array_equal(v, v0)
         jr, scr = _dense_best(mode, s, v, selected, np.zeros(d))
         assert j == jr and sc == pytest.approx(scr, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_selected_columns_products_by_row_tiles_in_threads(monkeypatch, dtype):
+    """The driver's products with the selected columns (``SelectedColumns.apply`` / ``tapply``: row tiles, thread
+    ranges) against SciPy's on an array of several tiles, the transform included, on 1 and 3 threads."""
+    from dufs.kernels.greedy import TILE_ROWS
+    from dufs.methods import greedy as G
+
+    rng = np.random.default_rng(5)
+    n, k = 2 * TILE_ROWS + 777, 7
+    sizes = [1, 5, 3000, 40_000, TILE_ROWS, 2 * TILE_ROWS, 90]  # one column runs through every tile
+    rows = [np.sort(rng.choice(n, size=s, replace=False)).astype(np.int32) for s in sizes]
+    vals = [rng.standard_normal(s).astype(dtype) for s in sizes]
+    coef, shift = rng.uniform(0.5, 2.0, k), rng.uniform(-0.3, 0.3, k)
+    X = sp.csc_array((np.concatenate(vals), np.concatenate(rows), np.r_[0, np.cumsum(sizes)]), shape=(n, k))
+    for threads in (1, 3):
+        monkeypatch.setattr(G, "_DRIVER_THREADS", threads)
+        S = G.SelectedColumns(n, 0.1, dtype)
+        for t in range(k):
+            S.append(t, (rows[t], vals[t]), coef[t], shift[t])
+        for p in (1, 2, 3):
+            c = rng.standard_normal((k, p))
+            want = X @ (coef[:, None] * c) - (shift * coef) @ c
+            out = np.full((n, p), np.nan)
+            np.testing.assert_allclose(S.apply(c, out=out), want, rtol=1e-12, atol=1e-12)
+            V = rng.standard_normal((n, p))
+            want_t = coef[:, None] * (X.T @ V - shift[:, None] * V.sum(axis=0)[None, :])
+            np.testing.assert_allclose(S.tapply(V), want_t, rtol=1e-10, atol=1e-10)
+        c1 = rng.standard_normal(k)  # a vector gives a vector
+        np.testing.assert_allclose(S.apply(c1), X @ (coef * c1) - (shift * coef) @ c1, rtol=1e-12, atol=1e-12)
+
+
+def test_anchor_b_is_the_documented_formula():
+    from dufs.kernels.greedy import anchor_b
+
+    rng = np.random.default_rng(2)
+    n = 50
+    z, wd = rng.standard_normal(n), rng.uniform(1, 2, n)
+    Y, WY = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    want = wd[:, None] * np.column_stack([z - Y[:, 0], Y[:, 1]]) - 0.3 * WY
+    for dtype, tol in ((np.float64, 1e-15), (np.float32, 1e-6)):
+        out = np.empty((n, 2), dtype=dtype)
+        anchor_b(z, Y, wd, WY, 0.3, out, 0, 20)
+        anchor_b(z, Y, wd, WY, 0.3, out, 20, n)
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
