@@ -25,6 +25,7 @@ W = Zh Lambda^-1 Zh^T with Lambda = diag(Zh^T 1): the Laplacian is a low-rank-pl
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Literal
 
 import numpy as np
@@ -413,18 +414,46 @@ class AnchorGraph:
         blocks, one all-reduce of an n_anchors x p matrix) when :meth:`_by_pieces`."""
         V = np.asarray(V, dtype=np.float64)
         if self._by_pieces():
-            return self.pieces.rows.reduce(_rows_zt, self.pieces, args=(V,), with_rows=False)
+            from dufs.engine.dispatch import shipped, tree_sum_values
+
+            # one task a worker over its pieces, V through /dev/shm where the workers share it (a kddb-size V is
+            # 154 MB: scattered, it went to every worker by TCP); the pieces' products summed here in the fixed
+            # tree of Rows.reduce
+            with shipped(V, broadcast=True, shared=True) as Vs:
+                parts = self.pieces.rows.map_held(_rows_zt, self.pieces, args=(Vs,), with_rows=False)
+            return tree_sum_values(parts)
         return _zh_t(self.Zh, V)
 
-    def zp(self, P: Any) -> np.ndarray:
-        """Zh P (n, or n x p) for P of shape (n_anchors,) or (n_anchors, p): piece by piece when
-        :meth:`_by_pieces` (the result gathered: n x p within ``dufs.engine.max-task-bytes``)."""
+    def zp(self, P: Any, dtype: Any = np.float64) -> np.ndarray:
+        """Zh P (n, or n x p) for P of shape (n_anchors,) or (n_anchors, p), in ``dtype`` (float64 or float32: a
+        caller that rounds the result to float32 anyway has it written so, half the bytes): piece by piece when
+        :meth:`_by_pieces` (n x p within ``dufs.engine.max-task-bytes``; written by the workers into a file in
+        /dev/shm where they share this machine's, else gathered)."""
         P = np.asarray(P, dtype=np.float64)
-        if self._by_pieces():
-            width = 1 if P.ndim == 1 else P.shape[1]
-            return np.asarray(self.pieces.rows.map(_rows_zp, self.pieces, args=(P,), width=width, with_rows=False)
-                              .gather("W V"))
-        return _zh_p(self.Zh, P)
+        if not self._by_pieces():
+            return np.asarray(_zh_p(self.Zh, P), dtype=dtype)
+        from dufs.engine.rows import max_task_bytes
+        from dufs.engine.shm import receive_eligible, receive_or_none
+
+        rows = self.pieces.rows
+        width = 1 if P.ndim == 1 else P.shape[1]
+        nbytes = self._n * width * np.dtype(dtype).itemsize
+        if width > 1 and nbytes > max_task_bytes():
+            from dask.utils import format_bytes
+
+            raise ParameterError(f"W V is {format_bytes(nbytes)} ({self._n:,} x {width}), over "
+                                 f"dufs.engine.max-task-bytes ({format_bytes(max_task_bytes())}): it stays in row "
+                                 f"pieces on the workers")
+        if receive_eligible(rows.live_client(), nbytes):
+            with contextlib.ExitStack() as stack:
+                got = receive_or_none(stack, (self._n, width), dtype)
+                if got is not None:
+                    rows.map_held(_rows_zp_into, self.pieces, args=(P.reshape(P.shape[0], -1), got[0]),
+                                  with_rows=False)
+                    out = np.array(got[1])
+                    return out[:, 0] if P.ndim == 1 else out
+        parts = rows.map_held(_rows_zp, self.pieces, args=(P,), with_rows=False)
+        return np.asarray(np.concatenate(parts), dtype=dtype)
 
     @property
     def degrees(self) -> np.ndarray:
@@ -672,14 +701,23 @@ def _zh_p(Z: Any, P: np.ndarray) -> np.ndarray:
     return out[:, 0] if P.ndim == 1 else out
 
 
-def _rows_zt(X: Any, start: int, Z: Any, V: np.ndarray) -> np.ndarray:
-    """Zh_b^T V_b: this piece's share of Zh^T V (V whole, sliced to the piece's rows)."""
-    return _zh_t(Z, V[start:start + Z.shape[0]])
+def _rows_zt(X: Any, start: int, Z: Any, V: Any) -> np.ndarray:
+    """Zh_b^T V_b: this piece's share of Zh^T V (V whole, or its shared reference, sliced to the piece's rows)."""
+    from dufs.engine.shm import local_array
+
+    return _zh_t(Z, local_array(V)[start:start + Z.shape[0]])
 
 
 def _rows_zp(X: Any, start: int, Z: Any, P: np.ndarray) -> np.ndarray:
     """Zh_b P: this piece's rows of Zh P."""
     return _zh_p(Z, P)
+
+
+def _rows_zp_into(X: Any, start: int, Z: Any, P: np.ndarray, out: Any) -> None:
+    """Zh_b P written into this piece's rows of the results file ``out`` (n x p, :func:`~dufs.engine.shm.receive`)."""
+    from dufs.engine.shm import writable_array
+
+    writable_array(out)[start:start + Z.shape[0]] = _zh_p(Z, P)
 
 
 def _rows_degrees(X: Any, start: int, Z: Any, w: np.ndarray) -> np.ndarray:

@@ -159,20 +159,34 @@ def test_anchor_weights_are_the_s_nearest_and_sum_to_one(anchor_case):
         np.testing.assert_allclose(Zd[i, near], k / k.sum(), rtol=1e-9)
 
 
-def test_anchor_products_in_row_pieces(cluster_client):
+@pytest.mark.parametrize("shared", ["off", "all"])
+def test_anchor_products_in_row_pieces(cluster_client, shared):
     """W V, the degrees and the Laplacian computed piece by piece on the row blocks (the driver never gathers Zh,
-    as for a Zh above dufs.engine.graph-driver-bytes) equal the same graph's Zh formed densely afterwards."""
+    as for a Zh above dufs.engine.graph-driver-bytes) equal the same graph's Zh formed densely afterwards, with the
+    vectors and results sent as messages or (``shared="all"``: every size eligible) through /dev/shm; Zh P also
+    written in float32."""
+    from dufs.engine import shm
+
+    shm.release_files()  # no pooled results' file from earlier tests
     X = _sparse_data(300, 40, seed=3)
-    with cluster_client.as_current():
+    conf = {"dufs.engine.shared-memory": "off"} if shared == "off" else {"dufs.engine.shared-memory-bytes": 1}
+    with cluster_client.as_current(), dask.config.set(conf):
         M = Matrix(X, standardize="zscore", block_width=9)
         with dask.config.set({"dufs.store.row-block": 64}):
             G = anchor_graph(M, n_anchors=12, n_neighbors=3, embed_dim=8, random_state=2, keep_embedding=False)
         assert G.in_pieces and len(G.pieces.items) == 5
         V = np.random.default_rng(1).standard_normal((300, 2))
+        P = np.random.default_rng(2).standard_normal((12, 2))
         with dask.config.set({"dufs.engine.graph-driver-bytes": 1}):  # as for a large Zh
             WV, deg, LV = G.matvec_W(V), G.degrees, G.laplacian(normed=True) @ V[:, 0]
+            ZP32, ZtV = G.zp(P, dtype=np.float32), G.zt(V[:, 0])
         assert G.in_pieces  # nothing was gathered
         Zd = G.Zh.toarray()
+    assert bool(shm._RESULTS.free) == (shared == "all")  # the products' results came through its pooled files
+    shm.release_files()
+    assert ZP32.dtype == np.float32
+    np.testing.assert_allclose(ZP32, Zd @ P, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ZtV, Zd.T @ V[:, 0], rtol=1e-12, atol=1e-12)
     lam = Zd.sum(0)
     Wd = Zd @ np.diag(np.where(lam > 0, 1 / np.where(lam > 0, lam, 1), 0)) @ Zd.T
     np.testing.assert_allclose(WV, Wd @ V, rtol=1e-10, atol=1e-12)
