@@ -86,23 +86,24 @@ def _step_floor(client: Any, n: int, seed: int, repeats: int) -> dict:
     """:func:`_step_kernels_alone` on every worker at once, its vectors where a step's go (one copy in shared memory
     for the workers where :func:`~dufs.engine.shm.shared_eligible`, else each worker its own)."""
     from dufs.engine.shm import publish, shared_eligible
-    from dufs.methods.greedy import _STEP_F32_BYTES
+    from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL
+    from dufs.methods.greedy import _step_dtype
 
     V2 = np.random.default_rng(seed).standard_normal((n, 2))
-    V1 = np.ascontiguousarray(V2[:, :1])
-    if V2.nbytes > _STEP_F32_BYTES:  # as a LapAOFS step ships them
-        V2 = V2.astype(np.float32)
+    V1 = np.ascontiguousarray(V2[:, :1])  # the plain pass's
+    # as the steps ship them
+    Vd, Va = V1.astype(_step_dtype(D_OPTIMAL, V1.shape)), V2.astype(_step_dtype(A_OPTIMAL, V2.shape))
     with contextlib.ExitStack() as stack:
-        refs = [stack.enter_context(publish(V)) if shared_eligible(client, V) else V for V in (V1, V2)]
-        return client.run(_step_kernels_alone, V1=refs[0], V2=refs[1], repeats=repeats)
+        refs = [stack.enter_context(publish(V)) if shared_eligible(client, V) else V for V in (V1, Vd, Va)]
+        return client.run(_step_kernels_alone, V1=refs[0], Vd=refs[1], Va=refs[2], repeats=repeats)
 
 
-def _step_kernels_alone(dask_worker: Any, V1: Any, V2: Any, repeats: int) -> dict[str, float]:
+def _step_kernels_alone(dask_worker: Any, V1: Any, Vd: Any, Va: Any, repeats: int) -> dict[str, float]:
     """The floor of a greedy step on this worker, no Dask: the median seconds of the step's kernel
     (:func:`~dufs.kernels.greedy.greedy_update`, identity transform, into spare arrays) over this worker's persisted
-    blocks with one float64 vector (LapDOFS, ``one_s``) and with two (LapAOFS, ``two_s``: float32 where its steps'
-    are), and of the plain pass's kernel (``csc_rmatvec``, one float64 vector, ``pass_kernel_s``); every output's
-    pages touched before the clock starts."""
+    blocks with one vector ``Vd`` (LapDOFS, ``one_s``) and with two, ``Va`` (LapAOFS, ``two_s``), in the dtype the
+    steps ship them in, and of the plain pass's kernel (``csc_rmatvec``, one float64 vector ``V1``,
+    ``pass_kernel_s``); every output's pages touched before the clock starts."""
     from dufs.engine import FeatureBlock
     from dufs.engine.shm import local_array
     from dufs.kernels.blockops import csc_rmatvec
@@ -111,8 +112,8 @@ def _step_kernels_alone(dask_worker: Any, V1: Any, V2: Any, repeats: int) -> dic
     blocks = [b for b in list(dask_worker.data.values()) if isinstance(b, FeatureBlock)]
     if not blocks:
         return {"one_s": 0.0, "two_s": 0.0, "pass_kernel_s": 0.0}
-    V1, V2 = local_array(V1), local_array(V2)
-    vs = np.asarray(V2.sum(axis=0), dtype=np.float64)
+    V1, Vd, Va = local_array(V1), local_array(Vd), local_array(Va)
+    vs = np.asarray(Va.sum(axis=0), dtype=np.float64)
     st = [{k: np.full(b.width, 1.0 + i) for i, k in enumerate(("s", "v", "s_out", "v_out", "tiny"))} for b in blocks]
     for x in st:
         x["tiny"][:] = 1e-10
@@ -129,7 +130,7 @@ def _step_kernels_alone(dask_worker: Any, V1: Any, V2: Any, repeats: int) -> dic
             csc_rmatvec(b.indptr, b.indices, b.data, V1, o)
 
     out: dict[str, list[float]] = {"one_s": [], "two_s": [], "pass_kernel_s": []}
-    calls = {"one_s": lambda: run(V1, D_OPTIMAL), "two_s": lambda: run(V2, A_OPTIMAL), "pass_kernel_s": rmatvec}
+    calls = {"one_s": lambda: run(Vd, D_OPTIMAL), "two_s": lambda: run(Va, A_OPTIMAL), "pass_kernel_s": rmatvec}
     for f in calls.values():
         f()  # untimed: compiles, faults the pages in
     for _ in range(repeats):  # interleaved: the three see the same moments of a noisy machine
@@ -157,7 +158,7 @@ def _table(res: dict, workers: tuple[int, ...], ks: tuple[int, ...], say: Any, n
             v["floor_a"], v["floor_d"] = fa, fd
             say(f"    the step's floor, its kernel alone (no Dask, no driver) against the pass's kernel alone, this "
                 f"run: LapAOFS (two vectors, as its steps ship them) {v['two_s'] * 1e3:.0f} ms = {fa:.2f}x, "
-                f"LapDOFS {v['one_s'] * 1e3:.0f} ms = "
+                f"LapDOFS (one, as shipped) {v['one_s'] * 1e3:.0f} ms = "
                 f"{fd:.2f}x (pass kernel {pk * 1e3:.0f} ms): the steps reach {fa / (step / v['pass_s']):.0%} and "
                 f"{fd / (v['d_step_s'] / v['pass_s']):.0%} of it")
     if 1 in workers and 2 in workers:

@@ -154,17 +154,17 @@ def _block_transform(coef: np.ndarray, shift: np.ndarray) -> dict:
             "shift": np.ascontiguousarray(shift, dtype=np.float64)}
 
 
-# LapAOFS's step vectors V = [B r, B Z_S d] go to the workers in float32 (the products accumulate in float64) once
-# they are larger than this in float64: a step's kernel gathers two numbers a nonzero from random rows of V, and
-# n x 2 float64 outgrows a server's last-level cache at n ~ 1M (2M x 2: 3.5-4x a one-vector pass's kernel, in
-# float32 1.2x; docs/methods.md). Not JCFS: a candidate in the selected span has both its numbers at rounding level
-# and their ratio is its score
+# LapAOFS's and LapDOFS's step vectors (V = [B r, B Z_S d], or [B r]) go to the workers in float32 (the products
+# accumulate in float64) once they are larger than this in float64: a step's kernel gathers V's row at every
+# nonzero, from random rows, and n x 2 float64 outgrows a server's last-level cache at n ~ 1M (2M x 2: 3.5-4x a
+# one-vector pass's kernel, in float32 1.2x; docs/methods.md); at kddb size it halves what a step ships. Not JCFS:
+# a candidate in the selected span has both its numbers at rounding level and their ratio is its score
 _STEP_F32_BYTES = 1 << 23
 
 
 def _step_dtype(mode: int, shape: tuple) -> Any:
     """The dtype a step's vectors go to the blocks in (:data:`_STEP_F32_BYTES`)."""
-    return np.float32 if mode == A_OPTIMAL and 8 * int(np.prod(shape)) > _STEP_F32_BYTES else np.float64
+    return np.float32 if mode != JCFS and 8 * int(np.prod(shape)) > _STEP_F32_BYTES else np.float64
 
 
 _INT32_ARRAY = numba.types.int32[::1]
@@ -190,6 +190,8 @@ def _in_threads(fn: Any, count: int, bounds: Any = None) -> None:
         _POOL = ThreadPoolExecutor(_DRIVER_THREADS, thread_name_prefix="dufs-driver")
     for f in [_POOL.submit(fn, cut[i], cut[i + 1]) for i in range(parts)]:
         f.result()
+
+
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
 # fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
 _ATTACH_STEP = 1 << 22  # ... except a partition's best, which carries its column up to this many nonzeros shared
@@ -228,20 +230,28 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
     spare = state.get("spare") or {k: np.empty_like(state[k]) for k in swapped}
     np.copyto(spare["sel"], state["sel"])  # s and v: the kernel reads the state's and writes the spares
     st = {"v": state["v"], **spare, "spare": {k: state[k] for k in swapped}, "tiny": state["tiny"],
-          "step": state["step"] + 1, "coef": state["coef"], "shift": state["shift"]}
+          "step": state["step"] + 1, "coef": state["coef"], "shift": state["shift"],
+          "tiny_saved": state.get("tiny_saved", False)}
     if blk.start <= p < blk.stop:
         st["sel"][p - blk.start] = True
     found = greedy_update(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], V, vsum, s_p, c2, state["s"],
                           state["v"], st["sel"], mode, st["tiny"], st["s"], st["v"])
     if save is not None:
-        _save_block(save, blk.start, st)
+        _save_block(save, blk.start, st, mode)
     return st, _proposal(blk, st, mode, found)
 
 
-def _save_block(directory: str, start: int, st: dict) -> None:
+def _save_block(directory: str, start: int, st: dict, mode: int) -> None:
+    """The block's candidates after step ``st["step"]``: (s, sel, and v but for LapDOFS, whose v stays 0) a step,
+    the thresholds ``tiny`` (fixed at the start) once a run, in their own file (at kddb size a step wrote 750 MB,
+    a third of it the same thresholds again)."""
+    if not st["tiny_saved"]:
+        atomic_write(os.path.join(directory, f"block-{start}-tiny.npy"), lambda f: np.save(f, st["tiny"]),
+                     fsync=False)
+        st["tiny_saved"] = True
     path = os.path.join(directory, f"block-{start}-{st['step']}.npz")
-    atomic_write(path, lambda f: np.savez(f, s=st["s"], v=st["v"], sel=st["sel"], tiny=st["tiny"],
-                                          step=np.int64(st["step"])), fsync=False)  # every step: no fsync
+    keep = {"s": st["s"], "sel": st["sel"], **({} if mode == D_OPTIMAL else {"v": st["v"]})}
+    atomic_write(path, lambda f: np.savez(f, **keep, step=np.int64(st["step"])), fsync=False)  # every step: no fsync
     # keep the two newest steps of this block (a resume needs one step that every block has written)
     old = os.path.join(directory, f"block-{start}-{st['step'] - 2}.npz")
     with contextlib.suppress(OSError):
@@ -249,9 +259,17 @@ def _save_block(directory: str, start: int, st: dict) -> None:
 
 
 def _load_blocks(blk, state, directory, step, coef, shift):
-    with np.load(os.path.join(directory, f"block-{blk.start}-{step}.npz")) as z:
-        st = {"s": np.array(z["s"]), "v": np.array(z["v"]), "sel": np.array(z["sel"]), "tiny": np.array(z["tiny"]),
-              "step": int(z["step"]), **_block_transform(coef, shift)}
+    path = os.path.join(directory, f"block-{blk.start}-{step}.npz")
+    with np.load(path) as z:
+        s = np.array(z["s"])
+        st = {"s": s, "v": np.array(z["v"]) if "v" in z else np.zeros_like(s), "sel": np.array(z["sel"]),
+              "tiny": np.array(z["tiny"]) if "tiny" in z else np.load(os.path.join(directory,
+                                                                                   f"block-{blk.start}-tiny.npy")),
+              "step": int(z["step"]), "tiny_saved": True, **_block_transform(coef, shift)}
+    if st["tiny"].shape != s.shape:
+        raise ParameterError(f"the greedy checkpoint {directory} does not match this run's blocks (block {blk.start}: "
+                             f"{s.shape[0]} candidates, {st['tiny'].shape[0]} thresholds); delete it or run with "
+                             f"resume=False")
     return st, None
 
 
@@ -618,9 +636,10 @@ class GreedyRun:
         else:
             Y = S.apply(c[:, None], out=self._scratch(1))
             Q = (a_p - self.AS.T @ c)[:, None]
-        WY = W.zp(li[:, None] * Q)  # W y = Zh Lambda^-1 Zh^T y
-        # B y = (1 + lambda1 d) y - lambda1 W y, in the dtype the step ships it in
-        V = np.empty(Y.shape, dtype=_step_dtype(self.mode, Y.shape))
+        # B y = (1 + lambda1 d) y - lambda1 W y in the dtype the step ships it in, and W y = Zh Lambda^-1 Zh^T y too
+        dt = _step_dtype(self.mode, Y.shape)
+        WY = W.zp(li[:, None] * Q, dtype=dt)
+        V = np.empty(Y.shape, dtype=dt)
         wd = self.wd
         _in_threads(lambda a, b: anchor_b(z, Y, wd, WY, lam1, V, a, b), n)
         self.AS = np.vstack([self.AS, a_p[None, :]])

@@ -104,11 +104,12 @@ def test_lap_matches_the_papers_sequential_scheme(method, name):
     _assert_same(_fit_lap(X, method, W=Wg), _ref(method, name), X=X, W=W)
 
 
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
 @pytest.mark.parametrize("name", ["dense", "sparse", "coil20", "orl"])
-def test_lapaofs_with_its_step_vectors_in_float32(monkeypatch, name):
-    """Large LapAOFS step vectors go to the blocks in float32 (their products accumulate in float64): forced on
-    for every step, the same picks as the float64 reference, and the criterion and objective (the driver's, in
-    float64 from the selected columns) as close as before."""
+def test_lap_with_its_step_vectors_in_float32(monkeypatch, method, name):
+    """Large step vectors go to the blocks in float32 (their products accumulate in float64): forced on for every
+    step, the same picks as the float64 reference, and the criterion and objective (the driver's, in float64 from
+    the selected columns) as close as before."""
     monkeypatch.setattr(greedy, "_STEP_F32_BYTES", 0)
     seen = []
     orig = greedy.greedy_update
@@ -119,7 +120,7 @@ def test_lapaofs_with_its_step_vectors_in_float32(monkeypatch, name):
 
     monkeypatch.setattr(greedy, "greedy_update", spy)
     X, W = _data(name), _graph(name)
-    _assert_same(_fit_lap(X, "lapaofs", W=sp.csr_array(W)), _ref("lapaofs", name), X=X, W=W)
+    _assert_same(_fit_lap(X, method, W=sp.csr_array(W)), _ref(method, name), X=X, W=W)
     assert seen and set(seen) == {np.dtype(np.float32)}
 
 

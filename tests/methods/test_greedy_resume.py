@@ -40,8 +40,8 @@ def _steps(path) -> int:
         return 0
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, every):
+@pytest.mark.parametrize("every,criterion", [(1, "A"), (3, "A"), (3, "D")])
+def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, every, criterion):
     path, X = store
     ck = tmp_path / "ck"
     k = 40
@@ -59,8 +59,8 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
         lg.setLevel(logging.DEBUG)
         lg.addHandler(Slow())
         with dask.config.set(scheduler="sync"):
-            lapofs(Matrix({path!r}), n_features={k}, criterion="A", n_neighbors=4, checkpoint={str(ck)!r},
-                   checkpoint_every={every})
+            lapofs(Matrix({path!r}), n_features={k}, criterion={criterion!r}, n_neighbors=4,
+                   checkpoint={str(ck)!r}, checkpoint_every={every})
         print("FINISHED")
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -76,9 +76,14 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
             proc.kill()
     done = _steps(ck / "selection.json")
     assert 15 <= done < k
+    # a step's block files hold what changes (LapDOFS's v stays 0); the thresholds are written once a block
+    steps = sorted(ck.glob("block-*-*.npz"))
+    assert steps and len(list(ck.glob("block-*-tiny.npy"))) == len({f.name.split("-")[1] for f in steps})
+    with np.load(steps[0]) as z:
+        assert set(z.files) == ({"s", "sel", "step"} if criterion == "D" else {"s", "v", "sel", "step"})
     with dask.config.set(scheduler="sync"):
-        ref = lapofs(Matrix(path), n_features=k, criterion="A", n_neighbors=4, checkpoint=None)
-        res = lapofs(Matrix(path), n_features=k, criterion="A", n_neighbors=4, checkpoint=str(ck),
+        ref = lapofs(Matrix(path), n_features=k, criterion=criterion, n_neighbors=4, checkpoint=None)
+        res = lapofs(Matrix(path), n_features=k, criterion=criterion, n_neighbors=4, checkpoint=str(ck),
                      checkpoint_every=every, resume=True)
     np.testing.assert_array_equal(res.indices, ref.indices)
     np.testing.assert_allclose(res.criterion, ref.criterion, rtol=1e-10)
@@ -88,7 +93,7 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
     assert res.diagnostics["passes_replayed"] <= every - 1 + 1
     # a checkpoint of another problem is refused, naming the file
     with dask.config.set(scheduler="sync"), pytest.raises(ParameterError, match="selection.json"):
-        lapofs(Matrix(path), n_features=k, criterion="A", lambda2=0.5, n_neighbors=4, checkpoint=str(ck),
+        lapofs(Matrix(path), n_features=k, criterion=criterion, lambda2=0.5, n_neighbors=4, checkpoint=str(ck),
                resume=True)
 
 
