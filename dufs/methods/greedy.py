@@ -194,9 +194,11 @@ def _in_threads(fn: Any, count: int, bounds: Any = None) -> None:
 
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
 # fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
-_ATTACH_STEP = 1 << 22  # ... except a partition's best, which carries its column up to this many nonzeros shared
+_ATTACH_STEP = 1 << 25  # ... except a partition's best, which carries its column up to this many nonzeros shared
 # among the partitions (a partition's best is the step's winner often: with 1 worker always). Fetched alone, the
-# winner's column was a round of tasks a step, 20 ms of a 0.23 s LapDOFS step for a 1M-row hub column
+# winner's column was a round of tasks a step, 20 ms of a 0.23 s LapDOFS step for a 1M-row hub column, and at kddb
+# size (hubs of 5-18M nonzeros, over the earlier 4M) 0.1-0.5 s of a 4.6 s LapAOFS step against 0.1 s more in the pass
+# for carrying them (16M nonzeros a partition on 2 workers: 128 MB through /dev/shm)
 
 
 def _proposal(blk, st, mode, found=None):
