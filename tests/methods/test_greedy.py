@@ -104,12 +104,9 @@ def test_lap_matches_the_papers_sequential_scheme(method, name):
     _assert_same(_fit_lap(X, method, W=Wg), _ref(method, name), X=X, W=W)
 
 
-@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
-@pytest.mark.parametrize("name", ["dense", "sparse", "coil20", "orl"])
-def test_lap_with_its_step_vectors_in_float32(monkeypatch, method, name):
-    """Large step vectors go to the blocks in float32 (their products accumulate in float64): forced on for every
-    step, the same picks as the float64 reference, and the criterion and objective (the driver's, in float64 from
-    the selected columns) as close as before."""
+def _step_dtypes_forced(monkeypatch):
+    """Every step's vectors shipped in float32 where the method allows it (the size bound at 0); returns the list
+    into which each step's kernel call appends the dtype of the vectors it was given."""
     monkeypatch.setattr(greedy, "_STEP_F32_BYTES", 0)
     seen = []
     orig = greedy.greedy_update
@@ -119,6 +116,16 @@ def test_lap_with_its_step_vectors_in_float32(monkeypatch, method, name):
         return orig(*args, **kw)
 
     monkeypatch.setattr(greedy, "greedy_update", spy)
+    return seen
+
+
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
+@pytest.mark.parametrize("name", ["dense", "sparse", "coil20", "orl"])
+def test_lap_with_its_step_vectors_in_float32(monkeypatch, method, name):
+    """Large step vectors go to the blocks in float32 (their products accumulate in float64): forced on for every
+    step, the same picks as the float64 reference, and the criterion and objective (the driver's, in float64 from
+    the selected columns) as close as before."""
+    seen = _step_dtypes_forced(monkeypatch)
     X, W = _data(name), _graph(name)
     _assert_same(_fit_lap(X, method, W=sp.csr_array(W)), _ref(method, name), X=X, W=W)
     assert seen and set(seen) == {np.dtype(np.float32)}
@@ -284,6 +291,17 @@ def test_jcfs_matches_algorithm_1(name, m, c, lam):
     sel = _fit_jcfs(X, sp.csr_array(W), m, c, lam)
     np.testing.assert_array_equal(np.asarray(sel.indices), ref.order)
     assert sel.diagnostics["iterations"] == ref.iterations
+
+
+def test_jcfs_keeps_its_step_vectors_in_float64(monkeypatch):
+    """JCFS's steps stay in float64 whatever their size (docs/methods.md: an in-span candidate's score is a ratio of
+    two rounding-level numbers), and pick as Algorithm 1 does."""
+    seen = _step_dtypes_forced(monkeypatch)
+    X = _data("dense")
+    W = knn_affinity(_dense(X), 5)
+    ref = jcfs_paper(_dense(X), W, 20, 3, 1e-3, 1e-4, max_iter=10)
+    np.testing.assert_array_equal(np.asarray(_fit_jcfs(X, sp.csr_array(W), 20, 3, 1e-3).indices), ref.order)
+    assert seen and set(seen) == {np.dtype(np.float64)}
 
 
 def test_jcfs_as_printed_with_m0_one_half():
