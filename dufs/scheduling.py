@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["current_client", "distributed_client"]
+__all__ = ["current_client", "distributed_client", "local_cores"]
 
 _DISTRIBUTED = (None, "dask.distributed", "distributed")
 
@@ -37,3 +37,11 @@ def current_client() -> Any | None:
     if dask.config.get("scheduler", None) not in _DISTRIBUTED:
         return None
     return distributed_client()
+
+
+def local_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says, else the machine's count): the
+    threads the driver's own parallel work uses."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -432,18 +432,13 @@ class AnchorGraph:
         P = np.asarray(P, dtype=np.float64)
         if not self._by_pieces():
             return np.asarray(_zh_p(self.Zh, P), dtype=dtype)
-        from dufs.engine.rows import max_task_bytes
+        from dufs.engine.rows import check_gather
         from dufs.engine.shm import receive_eligible, receive_or_none
 
         rows = self.pieces.rows
         width = 1 if P.ndim == 1 else P.shape[1]
         nbytes = self._n * width * np.dtype(dtype).itemsize
-        if width > 1 and nbytes > max_task_bytes():
-            from dask.utils import format_bytes
-
-            raise ParameterError(f"W V is {format_bytes(nbytes)} ({self._n:,} x {width}), over "
-                                 f"dufs.engine.max-task-bytes ({format_bytes(max_task_bytes())}): it stays in row "
-                                 f"pieces on the workers")
+        check_gather("W V", self._n, width, nbytes)
         if receive_eligible(rows.live_client(), nbytes):
             with contextlib.ExitStack() as stack:
                 got = receive_or_none(stack, (self._n, width), dtype)

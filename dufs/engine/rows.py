@@ -23,12 +23,20 @@ from dufs import config
 from dufs.errors import DufsError, ParameterError
 from dufs.scheduling import current_client
 
-__all__ = ["Pieces", "RowBlock", "Rows", "max_task_bytes"]
+__all__ = ["Pieces", "RowBlock", "Rows", "check_gather", "max_task_bytes"]
 
 
 def max_task_bytes() -> int:
     """``dufs.engine.max-task-bytes``: the most bytes of sample-space data one task, or the driver, may hold."""
     return config.parse_bytes(config.get("engine.max-task-bytes"))
+
+
+def check_gather(what: str, n_rows: int, width: int, nbytes: int) -> None:
+    """Refuse to bring an n_rows x width sample-space array of ``nbytes`` whole to one process above
+    ``dufs.engine.max-task-bytes`` (a plain n-vector, width 1, is always allowed)."""
+    if width > 1 and nbytes > max_task_bytes():
+        raise ParameterError(f"{what} is {_size(nbytes)} ({n_rows:,} x {width}), over dufs.engine.max-task-bytes "
+                             f"({_size(max_task_bytes())}): it stays in row pieces on the workers")
 
 
 def _size(b: int) -> str:
@@ -111,10 +119,7 @@ class Pieces:
     def gather(self, what: str = "the array") -> Any:
         """The whole array in this process: refused above ``dufs.engine.max-task-bytes`` (a plain n-vector, width 1,
         is always allowed)."""
-        if self.width > 1 and self.nbytes > max_task_bytes():
-            raise ParameterError(f"{what} is {_size(self.nbytes)} ({self.n_rows:,} x {self.width}), over "
-                                 f"dufs.engine.max-task-bytes ({_size(max_task_bytes())}): it stays in row pieces "
-                                 f"on the workers")
+        check_gather(what, self.n_rows, self.width, self.nbytes)
         client = self.rows.live_client()
         items = client.gather(self.items) if client is not None else self.items
         return _concat(*items) if items else np.zeros((0, self.width))
@@ -199,16 +204,13 @@ class Rows:
         :meth:`map`, which recomputes it."""
         client = self.live_client()
         first = pieces[0].items if pieces else []
-        if client is None or not first:
+        who = client.who_has(first) if client is not None and first else {}
+        if client is None or not first or not all(who.get(f.key) for f in first):
             items = self.map(fn, *pieces, args=args, with_rows=with_rows).items
             return list(client.gather(items)) if client is not None else list(items)
-        who = client.who_has(first)
         groups: dict[str, list[int]] = {}
         for i, f in enumerate(first):
-            held = who.get(f.key) or ()
-            if not held:
-                return list(client.gather(self.map(fn, *pieces, args=args, with_rows=with_rows).items))
-            groups.setdefault(held[0], []).append(i)
+            groups.setdefault(who[f.key][0], []).append(i)
         args = tuple(self._share(a) for a in args)
         futs = {a: client.submit(_run_each, fn, [self.blocks[i] for i in idx], self.n_features,
                                  [tuple(p.items[i] for p in pieces) for i in idx], args, with_rows, workers=[a],

@@ -76,6 +76,7 @@ from dufs.methods.params import (
     table,
 )
 from dufs.methods.solver import atomic_write, checkpoint_dir, recoverable, release
+from dufs.scheduling import local_cores
 
 log = get_logger(__name__)
 
@@ -170,7 +171,7 @@ def _step_dtype(mode: int, shape: tuple) -> Any:
 _INT32_ARRAY = numba.types.int32[::1]
 _INT64_ARRAY = numba.types.int64[::1]
 _VALUE_ARRAY = {np.dtype(np.float32): numba.types.float32[::1], np.dtype(np.float64): numba.types.float64[::1]}
-_DRIVER_THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+_DRIVER_THREADS = min(4, local_cores())
 _POOL: Any = None
 
 

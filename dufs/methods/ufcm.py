@@ -60,6 +60,7 @@ from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.clusters import bin_moments, cluster_means, kmeans_term, nearest
 from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
+from dufs.scheduling import local_cores
 
 __all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
 
@@ -229,14 +230,12 @@ def _in_threads(calls: list[Any]) -> Any:
     """The results of ``calls`` (functions of no argument), in order, computed in up to one thread per core of
     this process (k-means runs release the GIL), with at most that many results made ahead of the one the
     consumer is at: the U step's candidates are n-vectors (150 MB each at kddb size), held a few at a time."""
-    import os
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from threadpoolctl import threadpool_limits
 
-    width = max(1, min(len(calls), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                       else os.cpu_count() or 1))
+    width = max(1, min(len(calls), local_cores()))
     with threadpool_limits(limits=1, user_api="blas"):  # BLAS's thread count is global: set once, here
         if width == 1:
             for call in calls:
