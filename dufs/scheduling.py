@@ -12,9 +12,10 @@ Two questions, two answers:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-__all__ = ["current_client", "distributed_client", "local_cores"]
+__all__ = ["current_client", "distributed_client", "local_cores", "thread_limits"]
 
 _DISTRIBUTED = (None, "dask.distributed", "distributed")
 
@@ -45,3 +46,17 @@ def local_cores() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@functools.cache
+def _controller() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def thread_limits(limits: int, user_api: str) -> Any:
+    """A context that holds ``user_api``'s ("blas", "openmp") thread pools to ``limits`` threads, from one
+    ``ThreadpoolController`` made once a process: ``threadpoolctl.threadpool_limits`` makes a new one each call,
+    scanning the libraries the process has loaded (4-5 ms a call, a fifth of a UFCM k-means run on 16K rows)."""
+    return _controller().limit(limits=limits, user_api=user_api)

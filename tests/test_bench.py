@@ -132,7 +132,7 @@ def test_bench_ufcm_prints_its_figures(tmp_path):
     assert res.exit_code == 0, res.output
     out = res.output
     for label in ("1 worker", "2 workers", "plain pass Z^T v", "UFCM outer iteration", "target <= 60",
-                  "where an iteration goes: 2 passes (Zc^T U of 10 columns, Zc W of 10)",
+                  "where an iteration goes: 2 passes (Zc^T U of the 10 clusters' labels, Zc W of 10)",
                   "the method's own algebra in this process", "the floor of this target", "peak RSS per worker",
                   "machine ceiling", "of this machine's ceiling"):
         assert label in out, (label, out)

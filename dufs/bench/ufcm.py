@@ -79,10 +79,10 @@ def _table(res: dict, workers: tuple[int, ...], say: Any, n: int) -> None:
         ratio = v["iter_s"] / v["pass_s"]
         res[f"w{w}"]["iter_over_pass"] = ratio
         t = v["timings"]
-        # the split: the products the iteration asks of the matrix (Zc^T U with c columns, Zc W with d', each one
-        # sweep over the data), and the rest, the method's own algebra in this process (the W step's secular solve
-        # over d x c, the U step's 1 + n_init k-means runs over n x d'), which no faster pass shortens: the
-        # target's floor on this machine
+        # the split: the products the iteration asks of the matrix (Zc^T U from the c clusters' labels, Zc W with d'
+        # columns, each one sweep over the data), and the rest, the method's own algebra in this process (the W
+        # step's secular solve over d x c, the U step's 1 + n_init k-means runs over n x d'), which no faster pass
+        # shortens: the target's floor on this machine
         own = max(v["iter_s"] - v["products_s_per_iter"], 0.0)
         v["own_s"] = own
         v["floor_passes"] = own / v["pass_s"]
@@ -90,8 +90,8 @@ def _table(res: dict, workers: tuple[int, ...], say: Any, n: int) -> None:
             f"{v['iter_s']:.2f} s = {ratio:.0f}x a pass (target <= 60; W step {t['w_step']:.1f} s, U step "
             f"{t['u_step']:.1f} s over {v['iterations']} iterations); start (column statistics, PCA, k-means) "
             f"{v['setup_s']:.1f} s")
-        say(f"    where an iteration goes: {v['products_per_iter']:.0f} passes (Zc^T U of {res['n_clusters']} "
-            f"columns, Zc W of {res['n_components']}) {v['products_s_per_iter']:.2f} s = "
+        say(f"    where an iteration goes: {v['products_per_iter']:.0f} passes (Zc^T U of the {res['n_clusters']} "
+            f"clusters' labels, Zc W of {res['n_components']}) {v['products_s_per_iter']:.2f} s = "
             f"{v['products_s_per_iter'] / v['pass_s']:.0f}x a plain pass; the method's own algebra in this process "
             f"(the W step's secular solve, the U step's k-means runs) {own:.2f} s = {v['floor_passes']:.0f} plain "
             f"passes, the floor of this target on this machine whatever a pass costs")
@@ -111,8 +111,8 @@ def _table(res: dict, workers: tuple[int, ...], say: Any, n: int) -> None:
 
 @contextlib.contextmanager
 def _timed_products(M: Any) -> Any:
-    """(start, seconds) of each ``M.matvec`` / ``M.rmatvec`` call while inside (the instance's methods wrapped, put
-    back on leaving)."""
+    """(start, seconds) of each ``M.matvec`` / ``M.rmatvec`` / ``M.label_rmatvec`` call while inside (the
+    instance's methods wrapped, put back on leaving)."""
     calls: list[tuple[float, float]] = []
 
     def timed(f: Any) -> Any:
@@ -124,8 +124,8 @@ def _timed_products(M: Any) -> Any:
                 calls.append((t, time.perf_counter() - t))
         return call
 
-    M.matvec, M.rmatvec = timed(M.matvec), timed(M.rmatvec)
+    M.matvec, M.rmatvec, M.label_rmatvec = timed(M.matvec), timed(M.rmatvec), timed(M.label_rmatvec)
     try:
         yield calls
     finally:
-        del M.matvec, M.rmatvec
+        del M.matvec, M.rmatvec, M.label_rmatvec

@@ -20,7 +20,7 @@ from dufs.engine.direct import Resident, fetch_resident, release_resident
 from dufs.engine.shm import local_array, writable_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
-from dufs.kernels.blockops import csc_matvec, csc_rmatvec
+from dufs.kernels.blockops import csc_label_sums, csc_matvec, csc_rmatvec
 
 __all__ = ["BlockInfo", "BlockState", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
            "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
@@ -190,51 +190,64 @@ class BlockState:
         self.items = []
 
 
-def block_rmatvec(src, V, vsum, tf, dtype=None):
+def block_rmatvec(src, V, vsum, tf, dtype=None, classes=0):
     """Z_b^T V of one block (float64 (width, p), or ``dtype``), written into a pooled buffer
-    (:func:`dufs.engine.buffers.buffer`)."""
+    (:func:`dufs.engine.buffers.buffer`). ``classes`` > 0: ``V`` is an integer label vector and V stands for its
+    n_rows x ``classes`` indicator (:func:`_product`)."""
     b = resolve(src)
     V = local_array(V)
     direct = _direct(dtype, [tf])
-    out = buffer((b.indptr.shape[0] - 1, V.shape[1]), dtype if direct else np.float64)
-    csc_rmatvec(b.indptr, b.indices, b.data, V, out)
+    out = buffer((b.indptr.shape[0] - 1, classes or V.shape[1]), dtype if direct else np.float64)
+    _product(b, V, out, classes)
     return out if direct else _cast(standardize_rows(out, tf[0], vsum, tf[1]), dtype)
 
 
-def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None):
+def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None, classes=0):
     """Z_b^T V of a partition's blocks, stacked in the order given into one pooled float64 (sum of widths, p)
     buffer (or ``dtype``): one task and one result a partition.
 
     ``into`` (a :class:`~dufs.engine.shm.SharedArray` of the whole (n_features, p) result, :func:`receive`) with
     ``starts`` (each block's first feature): each block's rows written there in place, nothing sent back but the
-    number of rows written."""
+    number of rows written. ``classes`` > 0: ``V`` is an integer label vector standing for its indicator
+    (:func:`_product`)."""
     blocks = [resolve(s) for s in srcs]
     V = local_array(V)
     direct = _direct(dtype, tfs)
+    p = classes or V.shape[1]
     if into is not None:
         target = writable_array(into)
         for b, (mu, inv), a in zip(blocks, tfs, starts, strict=True):
             w = b.indptr.shape[0] - 1
             if direct or target.dtype == np.float64:  # the kernel writes the result's rows itself
                 part = target[a:a + w]
-                csc_rmatvec(b.indptr, b.indices, b.data, V, part)
+                _product(b, V, part, classes)
                 if not direct:
                     standardize_rows(part, mu, vsum, inv)
             else:  # a float32 result with a transform: made in float64, rounded once
-                part = buffer((w, V.shape[1]), np.float64)
-                csc_rmatvec(b.indptr, b.indices, b.data, V, part)
+                part = buffer((w, p), np.float64)
+                _product(b, V, part, classes)
                 np.copyto(target[a:a + w], standardize_rows(part, mu, vsum, inv), casting="same_kind")
         return sum(b.indptr.shape[0] - 1 for b in blocks)
-    out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), V.shape[1]), dtype if direct else np.float64)
+    out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), p), dtype if direct else np.float64)
     o = 0
     for b, (mu, inv) in zip(blocks, tfs, strict=True):
         w = b.indptr.shape[0] - 1
         part = out[o:o + w]
-        csc_rmatvec(b.indptr, b.indices, b.data, V, part)
+        _product(b, V, part, classes)
         if not direct:
             standardize_rows(part, mu, vsum, inv)
         o += w
     return out if direct else _cast(out, dtype)
+
+
+def _product(b, V, out, classes):
+    """``out[:] = X_b^T V``; with ``classes`` > 0, ``V`` is an integer label vector and the product is with its
+    n_rows x ``classes`` indicator (:func:`~dufs.kernels.blockops.csc_label_sums`: the same sums, from the labels
+    instead of the indicator's n_rows x classes numbers)."""
+    if classes:
+        csc_label_sums(b.indptr, b.indices, b.data, V, out)
+    else:
+        csc_rmatvec(b.indptr, b.indices, b.data, V, out)
 
 
 def _direct(dtype, tfs) -> bool:

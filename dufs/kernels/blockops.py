@@ -9,7 +9,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["col_sums", "csc_class_stats", "csc_column_stats", "csc_matvec", "csc_rmatvec"]
+__all__ = ["col_sums", "csc_class_stats", "csc_column_stats", "csc_label_sums", "csc_matvec", "csc_rmatvec"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -159,6 +159,23 @@ def csc_rmatvec(indptr, indices, data, V, out):
     ``[0, n_rows)`` (they are not bounds-checked)."""
     for q0, w in _groups(V.shape[1]):
         _RMATVEC[w](indptr, indices, data, V, out, q0)
+    return out
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def csc_label_sums(indptr, indices, data, labels, out):
+    """``out[:] = X_block^T U`` for U the n_rows x c indicator of ``labels`` (U[i, labels[i]] = 1, c =
+    ``out.shape[1]``): each column's sum of the values in the rows of each label, float64 ``(n_cols_block, c)``
+    (overwritten). The same sums, added in the same order, as :func:`csc_rmatvec` with U itself (its other
+    columns' terms are v * 0 = 0), from the labels (4 bytes a row, read at random from the cache) instead of U
+    (8 c bytes a row: 16 MB at 200K rows and c = 10, a 10-column sweep 5x a one-vector pass's time). Labels must lie
+    in ``[0, c)`` and row indices in ``[0, n_rows)`` (neither is checked here)."""
+    c = out.shape[1]
+    for j in range(indptr.shape[0] - 1):
+        for q in range(c):
+            out[j, q] = 0.0
+        for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            out[j, np.uint64(labels[np.uint64(indices[k])])] += np.float64(data[k])
     return out
 
 

@@ -60,7 +60,7 @@ from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.clusters import bin_moments, cluster_means, kmeans_term, nearest
 from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
-from dufs.scheduling import local_cores
+from dufs.scheduling import local_cores, thread_limits
 
 __all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
 
@@ -138,12 +138,23 @@ class _Centred:
         temporary is 240 MB a column)."""
         out = self.M.rmatvec(T)
         if self.m is not None:
-            s = col_sums(T)
-            if out.ndim == 1:
-                out -= s * self.m
-            else:
-                for a in range(0, out.shape[0], _SECULAR_CHUNK):  # in slabs of rows: contiguous, no temporary
-                    out[a:a + _SECULAR_CHUNK] -= self.m[a:a + _SECULAR_CHUNK, None] * s[None, :]
+            self._centre(out, col_sums(T))
+        return out
+
+    def _centre(self, out: np.ndarray, s: np.ndarray) -> None:
+        """out -= m s^T (s: the column sums of the vectors Z^T was applied to), in place."""
+        if out.ndim == 1:
+            out -= s * self.m
+        else:
+            for a in range(0, out.shape[0], _SECULAR_CHUNK):  # in slabs of rows: contiguous, no temporary
+                out[a:a + _SECULAR_CHUNK] -= self.m[a:a + _SECULAR_CHUNK, None] * s[None, :]
+
+    def label_rmatvec(self, labels: np.ndarray, c: int) -> np.ndarray:
+        """Zc^T U for U the n x c indicator of ``labels`` (d x c): one pass that ships the labels, not U
+        (:meth:`Matrix.label_rmatvec`); the same numbers as :meth:`rmatvec` of U."""
+        out = self.M.label_rmatvec(labels, c)
+        if self.m is not None:
+            self._centre(out, np.bincount(labels, minlength=c).astype(np.float64))
         return out
 
     def scatter(self) -> np.ndarray:
@@ -163,12 +174,6 @@ class _Centred:
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
-def _onehot(labels: np.ndarray, c: int) -> np.ndarray:
-    U = np.zeros((labels.shape[0], c))
-    U[np.arange(labels.shape[0]), labels] = 1.0
-    return U
-
-
 def _centroids(Y: np.ndarray, labels: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
     """Centroids (c x d') of the clusters of Y and their sizes (eq. (10) for one U): one sweep over Y."""
     return cluster_means(np.ascontiguousarray(Y, dtype=np.float64), np.asarray(labels, dtype=np.int64), int(c))
@@ -188,11 +193,10 @@ def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int, *, refine: bool = True)
     of ``_KMEANS_SAMPLE`` rows first; ``refine`` False then stops at one assignment of all rows to the sample's
     centres (:func:`_choose` refines the candidate that wins)."""
     from sklearn.cluster import KMeans
-    from threadpoolctl import threadpool_limits
 
     # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (40x slower on a
     # loaded 2-core machine). OpenMP's thread count is per calling thread, so this holds in a pool's thread too
-    with threadpool_limits(limits=1, user_api="openmp"):
+    with thread_limits(1, "openmp"):
         if isinstance(init, str) and Y.shape[0] > _KMEANS_SAMPLE_ABOVE:
             pick = np.random.default_rng(seed).choice(Y.shape[0], size=_KMEANS_SAMPLE, replace=False)
             init = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd").fit(
@@ -233,10 +237,8 @@ def _in_threads(calls: list[Any]) -> Any:
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    from threadpoolctl import threadpool_limits
-
     width = max(1, min(len(calls), local_cores()))
-    with threadpool_limits(limits=1, user_api="blas"):  # BLAS's thread count is global: set once, here
+    with thread_limits(1, "blas"):  # BLAS's thread count is global: set once, here
         if width == 1:
             for call in calls:
                 yield call()
@@ -1010,7 +1012,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
         t1 = time.perf_counter()
         counts = np.bincount(labels, minlength=c).astype(np.float64)
-        Q = Zc.rmatvec(_onehot(labels, c))
+        Q = Zc.label_rmatvec(labels, c)  # Zc^T U, U the labels' indicator
         Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
         # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
         vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,

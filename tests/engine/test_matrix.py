@@ -43,6 +43,25 @@ def _check_products(M, D, mode, rng, p):
     assert r32.dtype == np.float32 and r32.shape == (d, p)
     ref = Z.T @ V
     np.testing.assert_allclose(r32, ref.astype(np.float32), rtol=2 ** -22, atol=1e-10 + 2 ** -22 * np.abs(ref).max())
+    _check_label_rmatvec(M, Z, rng)
+
+
+def _check_label_rmatvec(M, Z, rng):
+    """Z^T U for U the indicator of labels against dense NumPy, and the same numbers as M.rmatvec(U); a float32
+    result rounded once; a label with no sample gives its column of the transform's part alone."""
+    n, d = Z.shape
+    c = int(rng.integers(1, 5))
+    labels = rng.integers(0, c, n)
+    U = np.zeros((n, c + 1))
+    U[np.arange(n), labels] = 1.0  # label c has no sample
+    got = M.label_rmatvec(labels, c + 1)
+    assert got.shape == (d, c + 1) and got.dtype == np.float64
+    np.testing.assert_allclose(got, Z.T @ U, **TOL)
+    assert np.array_equal(got, M.rmatvec(U))
+    g32 = M.label_rmatvec(labels.astype(np.int8), c + 1, dtype=np.float32)
+    ref = Z.T @ U
+    assert g32.dtype == np.float32
+    np.testing.assert_allclose(g32, ref.astype(np.float32), rtol=2 ** -22, atol=1e-10 + 2 ** -22 * np.abs(ref).max())
 
 
 @settings(max_examples=60, deadline=None)
@@ -127,6 +146,8 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
             np.testing.assert_allclose(r32, ref, rtol=2 ** -22, atol=1e-10 + 2 ** -22 * np.abs(ref).max())
         with pytest.raises(ParameterError, match="dtype"):
             M.rmatvec(V, dtype=np.int32)
+        _check_label_rmatvec(M, Z, rng)  # tasks over blocks read from the store
+        _check_label_rmatvec(Matrix(store, standardize="zscore").persist(), Z, rng)  # one task a worker
         # a wide product (n x p above dufs.engine.wide-product-bytes): one accumulating task per worker, persisted
         # blocks or re-read ones
         for Mw in (Matrix(X.tocsc(), standardize="zscore", block_width=16),
@@ -149,6 +170,12 @@ def test_bad_parameters():
         Matrix(X).matvec(np.ones((2, 2)))
     with pytest.raises(ParameterError):
         Matrix(X).column_stats(np.ones(2))
+    bad = [(np.array([0, 1, 2]), 2, r"in \[0, n_labels\) = \[0, 2\)"), (np.array([0, -1, 1]), 2, "lie in"),
+           (np.zeros(3), 2, "integers"), (np.zeros(2, int), 2, r"shape \(n_samples,\)"),
+           (np.zeros(3, int), 0, "n_labels"), (np.zeros(3, int), 1.5, "n_labels")]
+    for labels, c, what in bad:
+        with pytest.raises(ParameterError, match=what):
+            Matrix(X).label_rmatvec(labels, c)
     with pytest.raises(ParameterError):
         Matrix([[1.0]])
     assert isinstance(Matrix(X).column_stats(), ColumnStats)

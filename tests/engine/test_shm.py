@@ -122,6 +122,10 @@ def test_pass_reads_one_shared_copy_on_the_cluster(cluster_client):
                 assert got.dtype == dt
                 np.testing.assert_allclose(got, ref, rtol=0, atol=(1e-12 if dt == np.float64 else 1e-6)
                                            * np.abs(ref).max())
+        labels = rng.integers(0, 4, 3000)
+        U = np.zeros((3000, 4))
+        U[np.arange(3000), labels] = 1.0
+        np.testing.assert_allclose(M.label_rmatvec(labels, 4), Z.T @ U, rtol=0, atol=1e-12 * np.abs(Z.T @ U).max())
         maps = cluster_client.run(_worker_maps)
         written = cluster_client.run(_worker_results_maps)
         M.release()

@@ -7,7 +7,14 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dufs.kernels.blockops import col_sums, csc_class_stats, csc_column_stats, csc_matvec, csc_rmatvec
+from dufs.kernels.blockops import (
+    col_sums,
+    csc_class_stats,
+    csc_column_stats,
+    csc_label_sums,
+    csc_matvec,
+    csc_rmatvec,
+)
 from dufs.testing.strategies import sparse_matrices
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
@@ -87,6 +94,27 @@ def test_rmatvec_and_matvec_match_scipy(X, p, seed):
     expect = acc + A64 @ U
     csc_matvec(*_buffers(A), U, acc)  # accumulates
     np.testing.assert_allclose(acc, expect, **TOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=sparse_matrices(max_rows=25, max_cols=20), c=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+def test_label_sums_are_the_product_with_the_labels_indicator(X, c, seed):
+    """X^T U for U the labels' indicator, against NumPy's per-label column sums; and bit for bit the general
+    kernel's product with U itself (the same sums in the same order), for int32 and int64 labels."""
+    A = _tame(X)
+    n, d = A.shape
+    labels = np.random.default_rng(seed).integers(0, c, n)
+    D = A.toarray().astype(np.float64)
+    ref = np.column_stack([D[labels == q].sum(axis=0) for q in range(c)]) if d else np.zeros((0, c))
+    U = np.zeros((n, c))
+    U[np.arange(n), labels] = 1.0
+    general = np.empty((d, c))
+    csc_rmatvec(*_buffers(A), U, general)
+    for lab in (labels.astype(np.int32), labels.astype(np.int64)):
+        out = np.full((d, c), np.nan)
+        csc_label_sums(*_buffers(A), lab, out)
+        np.testing.assert_allclose(out, ref, **TOL)
+        assert np.array_equal(out, general)
 
 
 def test_kernels_on_float32_and_int64_indices():
