@@ -221,7 +221,7 @@ def _choose(Y: np.ndarray, c: int, fixed: list[Any], starts: list[int], seed: in
     sampled = Y.shape[0] > _KMEANS_SAMPLE_ABOVE
     calls = [f if callable(f) else (lambda f=f: f) for f in fixed] + [
         functools.partial(_kmeans, Y, c, "k-means++", s, refine=not sampled) for s in starts]
-    labels, km, j = _best_partition(Y, c, _in_threads(calls))
+    labels, km, j = _best_partition(Y, c, _in_threads([functools.partial(_judged, Y, c, f) for f in calls]))
     if sampled and j >= len(fixed):
         lab = _kmeans(Y, c, _centroids(Y, labels, c)[0], seed)
         v = _own_term(Y, lab, c)
@@ -260,12 +260,18 @@ def _own_term(Y: np.ndarray, labels: np.ndarray, c: int) -> float | None:
     return None if counts.min() == 0 else _km_term(Y, labels, C)
 
 
+def _judged(Y: np.ndarray, c: int, call: Any) -> tuple[np.ndarray, float | None]:
+    """A candidate made by ``call`` and its k-means term (:func:`_own_term`), in the thread that made it."""
+    lab = call()
+    return lab, _own_term(Y, lab, c)
+
+
 def _best_partition(Y: np.ndarray, c: int, candidates: Any) -> tuple[np.ndarray, float, int]:
     """The candidate of smallest k-means term (each with its own centroids); ties keep the earlier one.
-    ``candidates`` may be a generator: only the best so far and the one at hand are held (n-vectors each)."""
+    ``candidates``: (labels, term or None) pairs (:func:`_judged`), perhaps a generator: only the best so far and
+    the one at hand are held (n-vectors each)."""
     best, best_v, best_j = None, np.inf, -1
-    for j, lab in enumerate(candidates):
-        v = _own_term(Y, lab, c)
+    for j, (lab, v) in enumerate(candidates):
         if v is not None and v < best_v:
             best, best_v, best_j = lab, v, j
     if best is None:
@@ -298,6 +304,27 @@ _MODEL_ROWS = 32  # rows beyond the k + 1 smallest diagonal values whose terms t
 
 def _slabs(Q: np.ndarray) -> Any:
     return (Q[a:a + _SECULAR_CHUNK] for a in range(0, Q.shape[0], _SECULAR_CHUNK))
+
+
+# row ranges of the W step's sweeps over Q (d x c), computed side by side in this process's threads while the
+# workers wait: a fixed number, so the order of every sum (and the result) does not depend on the cores
+_PIECES = 4
+
+
+def _over_pieces(fn: Any, m: int) -> list:
+    """``[fn(a, b), ...]`` over up to ``_PIECES`` contiguous row ranges [a, b) of m rows (cut at multiples of
+    ``_SECULAR_CHUNK``, so each range's slabs are the serial sweep's), computed in threads (:func:`_in_threads`)."""
+    slabs = -(-m // _SECULAR_CHUNK)
+    k = max(1, min(_PIECES, slabs))
+    cuts = [min(m, (slabs * i // k) * _SECULAR_CHUNK) for i in range(k + 1)]
+    return list(_in_threads([functools.partial(fn, cuts[i], cuts[i + 1]) for i in range(k)]))
+
+
+def _gram(Q: np.ndarray) -> np.ndarray:
+    """Q^T Q of a tall Q, in slabs over the row pieces (:func:`_over_pieces`)."""
+    def part(a: int, b: int) -> np.ndarray:
+        return sum((q.T @ q for q in _slabs(Q[a:b])), np.zeros((Q.shape[1], Q.shape[1])))
+    return sum(_over_pieces(part, Q.shape[0]), np.zeros((Q.shape[1], Q.shape[1])))
 
 
 def _secular_m_and_slope(Qa: np.ndarray, Da: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -336,8 +363,13 @@ class _SecularMoments:
         top = float(D.max()) - d_k if D.size else 0.0
         n_bins = int(np.floor(np.log(top / floor) / lr)) + 1 if top > floor else 0
         centre = floor * np.exp(lr * (np.arange(n_bins) + 0.5))  # D_b - D_(k): the bins' geometric centres
-        packed, count = bin_moments(np.ascontiguousarray(Q), np.ascontiguousarray(D, dtype=np.float64), d_k, floor,
-                                    lr, d_k + centre, _BIN_TERMS)
+        Qc, Dc = np.ascontiguousarray(Q), np.ascontiguousarray(D, dtype=np.float64)
+        parts = _over_pieces(lambda a, b: bin_moments(Qc[a:b], Dc[a:b], d_k, floor, lr, d_k + centre, _BIN_TERMS),
+                             Q.shape[0])
+        packed, count = parts[0]
+        for more, n_more in parts[1:]:
+            packed += more
+            count += n_more
         keep = np.flatnonzero(count)
         c = Q.shape[1]
         iu = np.triu_indices(c)
@@ -552,7 +584,7 @@ def _top_lowrank_deflated(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: b
     # centred: Q 1 = Zc^T 1 = 0). M(t) is B (B^T M(t) B) B^T: the secular functions below are the r x r matrices
     # B^T M(t) B, without the zero eigenvalue M(t) keeps at every t (among the poles it sits between the
     # eigenvalues that cross 1, and Newton's method on the i-th would follow it)
-    g_ev, B = np.linalg.eigh(sum(q.T @ q for q in _slabs(Ql))) if live.size else (np.zeros(c), np.eye(c))
+    g_ev, B = np.linalg.eigh(_gram(Ql)) if live.size else (np.zeros(c), np.eye(c))
     top = float(g_ev[-1]) if live.size else 0.0  # ||Qa||_2^2
     B = B[:, g_ev > 1e-13 * c * top] if top > 0.0 else B
     c = B.shape[1]
@@ -679,30 +711,36 @@ def _top_lowrank_deflated(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: b
         return None
     order = np.argsort(-np.asarray(cand_vals), kind="stable")[:k]
     vals = np.asarray(cand_vals)[order]
-    V = np.zeros((m, k))
     cols = [j for j, i in enumerate(order) if not isinstance(cand_ys[i], int)]
+    whole = len(cols) == k and live.size == m
+    V = np.empty((m, k)) if whole else np.zeros((m, k))  # every row written below when whole
     if cols:  # every root's eigenvector in one sweep over Ql (one product with its c x k y's), not one a root
         Yk = np.column_stack([cand_ys[order[j]] for j in cols])
         tk = vals[cols]
-        whole = len(cols) == k and live.size == m
-        for a in range(0, live.size, _SECULAR_CHUNK):
-            sl = slice(a, a + _SECULAR_CHUNK)
-            blk = (Ql[sl] @ Yk) / (tk[None, :] + Dl[sl, None])
-            if whole:
-                V[sl] = blk
-            else:
-                V[live[sl][:, None], cols] = blk
+
+        def vectors(lo: int, hi: int) -> None:
+            for a in range(lo, hi, _SECULAR_CHUNK):
+                sl = slice(a, min(a + _SECULAR_CHUNK, hi))
+                blk = (Ql[sl] @ Yk) / (tk[None, :] + Dl[sl, None])
+                if whole:
+                    V[sl] = blk
+                else:
+                    V[live[sl][:, None], cols] = blk
+        _over_pieces(vectors, live.size)
     for j, i in enumerate(order):
         if isinstance(cand_ys[i], int):
             V[cand_ys[i], j] = 1.0
     V = _orth(V, inplace=True)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
     QtV = Qa.T @ V
-    res2 = np.zeros(k)
-    for a in range(0, m, _SECULAR_CHUNK):  # ||A v - t v|| in slabs (no d x k temporaries)
-        sl = slice(a, a + _SECULAR_CHUNK)
-        R = Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl]
-        res2 += np.einsum("ij,ij->j", R, R)
-    res = np.sqrt(res2)
+
+    def residuals(lo: int, hi: int) -> np.ndarray:  # ||A v - t v||^2 in slabs (no d x k temporaries)
+        r2 = np.zeros(k)
+        for a in range(lo, hi, _SECULAR_CHUNK):
+            sl = slice(a, min(a + _SECULAR_CHUNK, hi))
+            R = Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl]
+            r2 += np.einsum("ij,ij->j", R, R)
+        return r2
+    res = np.sqrt(sum(_over_pieces(residuals, m), np.zeros(k)))
     if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
         return None
     return vals, V
@@ -715,15 +753,17 @@ def _orth(S: np.ndarray, *, inplace: bool = False) -> np.ndarray:
     ``numpy.linalg.qr``, as without ``inplace``)."""
     Q = S
     for _ in range(2):
-        G = Q.T @ Q
+        G = _gram(Q) if inplace else Q.T @ Q
         try:
             Lc = np.linalg.cholesky(0.5 * (G + G.T))
         except np.linalg.LinAlgError:
             return np.linalg.qr(S)[0]
         T = np.linalg.inv(Lc).T
         if inplace:
-            for a in range(0, Q.shape[0], _SECULAR_CHUNK):
-                Q[a:a + _SECULAR_CHUNK] = Q[a:a + _SECULAR_CHUNK] @ T
+            def apply(lo: int, hi: int, Q: np.ndarray = Q, T: np.ndarray = T) -> None:
+                for a in range(lo, hi, _SECULAR_CHUNK):
+                    Q[a:min(a + _SECULAR_CHUNK, hi)] = Q[a:min(a + _SECULAR_CHUNK, hi)] @ T
+            _over_pieces(apply, Q.shape[0])
         else:
             Q = Q @ T
     return Q
