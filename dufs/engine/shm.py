@@ -10,8 +10,8 @@ kernels ran 2.04x faster than one (docs/architecture.md, "Measured facts").
 pass writes into pages that exist and that the workers have mapped before) and yields a :class:`SharedArray`, a
 small picklable reference that travels in the graph; :func:`local_array` in the task maps it read-only (a worker
 keeps its mappings: the blocks of one pass, and later passes, map it once) and checks that the file still holds
-that publication. It is used where it pays (:func:`shared_eligible`): two or more
-workers, all of which see the driver's ``/dev/shm`` (:func:`workers_share_memory`, asked once per set of workers:
+that publication. It is used where it pays (:func:`shared_eligible`): workers, one or more,
+all of which see the driver's ``/dev/shm`` (:func:`workers_share_memory`, asked once per set of workers:
 LocalCluster workers, or ``dask worker`` processes started on the driver's machine), and a vector of at least
 ``dufs.engine.shared-memory-bytes`` (and at most ``dufs.engine.shared-memory-max-bytes``: no limit by default). Other
 vectors, and workers on other machines, get the array scattered as before, and so does a vector whose file cannot
@@ -274,18 +274,20 @@ def _switched_off() -> bool:
 def shared_eligible(client: Any, x: Any) -> bool:
     """Whether :func:`publish` should carry ``x`` to ``client``'s workers: a numeric ndarray of at least
     ``dufs.engine.shared-memory-bytes`` and at most ``dufs.engine.shared-memory-max-bytes``, shared memory not
-    switched off, and at least two workers, every one on this machine.
+    switched off, and every worker on this machine.
 
-    One worker has nothing to share (its private copy sits in huge pages: on the 2-core test machine a 1-worker
-    pass over a shared float64 2M-row vector ran about 8% slower than over its own copy). Two workers over a
-    shared vector larger than the cache ran their kernels no faster than over their own copies, but a copy each
-    costs a transfer each: a 2-worker pass over a 2M x 2 float64 V (30 MiB) took 192 ms shared against 238 ms
-    scattered, 2M x 10 (152 MiB) 1041 against 1187 ms, so there is no upper limit by default."""
+    One worker too: its private copy sits in huge pages (the shared file's are 4 KiB: a 1-worker pass over a
+    shared float64 2M-row vector ran about 8% slower), but scattered it costs a transfer a pass: 5.6 ms of a 21 ms
+    pass over 200K rows, and with the vector shared the 2M x 5M bench's 1-worker pass went 96.6 -> 92.1 ms (its
+    float32 8 MB vector's kernel 3.6% slower than over a private copy). Two workers over a shared vector larger
+    than the cache ran their kernels no faster than over their own copies, but a copy each costs a transfer each:
+    a 2-worker pass over a 2M x 2 float64 V (30 MiB) took 192 ms shared against 238 ms scattered, 2M x 10
+    (152 MiB) 1041 against 1187 ms, so there is no upper limit by default."""
     if client is None or not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf" or _switched_off():
         return False
     if not config.parse_bytes(config.get("engine.shared-memory-bytes")) <= x.nbytes <= _largest():
         return False
-    return workers_share_memory(client) >= 2
+    return workers_share_memory(client) >= 1
 
 
 # ------------------------------------------------------------------------------------------------ a call's result

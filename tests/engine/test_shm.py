@@ -216,7 +216,7 @@ def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_cli
 
 def test_a_vector_of_any_size_is_shared_unless_capped(cluster_client):
     """Two workers on this machine share a vector larger than any cache (a copy each costs a transfer each, one
-    copy a write); ``dufs.engine.shared-memory-max-bytes`` caps it, and one worker never shares."""
+    copy a write); ``dufs.engine.shared-memory-max-bytes`` caps it."""
     big = np.zeros(6_000_000)  # 48 MB
     assert shm.shared_eligible(cluster_client, big)
     with dask.config.set({"dufs.engine.shared-memory-max-bytes": "32MiB"}):
@@ -224,6 +224,25 @@ def test_a_vector_of_any_size_is_shared_unless_capped(cluster_client):
         assert shm.shared_eligible(cluster_client, big[:3_000_000])
     with dask.config.set({"dufs.engine.shared-memory-bytes": "64MiB"}):
         assert not shm.shared_eligible(cluster_client, big)
+
+
+def test_one_worker_reads_the_vector_from_shared_memory():
+    """A single worker on this machine maps the pass's vector from /dev/shm too (scattered, it cost a transfer every
+    pass), and the products agree with dense NumPy."""
+    from distributed import Client, LocalCluster
+
+    X = sp.csc_array(sp.random(2000, 300, density=0.02, format="csc", random_state=2, dtype=np.float32))
+    v = np.random.default_rng(2).standard_normal(2000)
+    D = X.toarray().astype(np.float64)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=40) as lc, Client(lc, set_as_default=False) as one, one.as_current(), \
+            dask.config.set(ALL):
+        assert shm.shared_eligible(one, v)
+        M = as_matrix(X, block_width=64, persist=True)
+        np.testing.assert_allclose(M.rmatvec(v), D.T @ v, rtol=0, atol=1e-12 * np.abs(D.T @ v).max())
+        maps = one.run(_worker_maps)
+        M.release()
+    assert all(any(p.startswith(f"/dev/shm/dufs-{os.getpid()}-") for p in m) for m in maps.values()), maps
 
 
 def test_products_z_u_sum_their_partials_from_shared_memory_as_the_workers_do(cluster_client):
