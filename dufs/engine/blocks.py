@@ -277,17 +277,19 @@ def partition_matvec_into(srcs, Ws, into, slots, U=None, tfs=None):
     With ``U`` (the whole (n_features, p) W, a shared one or an array), ``Ws`` are the blocks' (start, stop) rows
     of it, each scaled here by its block's inv when ``tfs`` (the blocks' (mu, inv)) is given. Returns the number of
     blocks written."""
+    scales = [None] * len(srcs)
     if U is not None:
         U = local_array(U)
         Ws = [U[a:b] for a, b in Ws]
-        if tfs is not None:
-            Ws = [W if tf is None or tf[1] is None else W * tf[1][:, None] for W, tf in zip(Ws, tfs, strict=True)]
+        if tfs is not None:  # each row scaled by the kernel as it reads it: no scaled copy of the block's rows
+            scales = [None if tf is None or tf[1] is None else np.ascontiguousarray(tf[1], dtype=np.float64)
+                      for tf in tfs]
     target = writable_array(into)
-    for src, W, i in zip(srcs, Ws, slots, strict=True):
+    for src, W, i, sc in zip(srcs, Ws, slots, scales, strict=True):
         b = resolve(src)
         out = target[i]
         out.fill(0.0)
-        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
+        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out, sc)
     return len(slots)
 
 

@@ -144,6 +144,13 @@ _RMATVEC = [None] + [_generate(_RMATVEC_TEMPLATE, f"_csc_rmatvec_{p}", p,
 _MATVEC = [None] + [_generate(_MATVEC_TEMPLATE, f"_csc_matvec_{p}", p,
                               "        u{q} = np.float64(U[j, q0 + {q}])",
                               "            out[r, q0 + {q}] += v * u{q}") for p in range(1, _UNROLL + 1)]
+# the same with each row of U scaled by ``scale[j]`` as it is read (``scale`` passed in the ``q0`` tuple's place:
+# the template's signature stays one): the product of a block with U diag-scaled, no scaled copy of U made
+_MATVEC_SCALED = [None] + [_generate(_MATVEC_TEMPLATE.replace("(indptr, indices, data, U, out, q0)",
+                                                              "(indptr, indices, data, U, out, q0, scale)"),
+                                     f"_csc_matvec_scaled_{p}", p,
+                                     "        u{q} = np.float64(U[j, q0 + {q}]) * scale[j]",
+                                     "            out[r, q0 + {q}] += v * u{q}") for p in range(1, _UNROLL + 1)]
 
 
 def _groups(p: int):
@@ -179,13 +186,18 @@ def csc_label_sums(indptr, indices, data, labels, out):
     return out
 
 
-def csc_matvec(indptr, indices, data, U, out):
-    """``out += X_block U``: U float64 ``(n_cols_block, p)``, out float64 ``(n_rows, p)`` (accumulated into).
+def csc_matvec(indptr, indices, data, U, out, scale=None):
+    """``out += X_block U``: U float64 ``(n_cols_block, p)``, out float64 ``(n_rows, p)`` (accumulated into); with
+    ``scale`` (float64 ``(n_cols_block,)``), ``out += X_block diag(scale) U``, each row of U scaled as it is read
+    (the same numbers as the product with the scaled copy, without making it).
 
     One sweep over the nonzeros for up to 16 columns (one more per further 16). Row indices must be in
     ``[0, n_rows)`` (they are not bounds-checked)."""
     for q0, w in _groups(U.shape[1]):
-        _MATVEC[w](indptr, indices, data, U, out, q0)
+        if scale is None:
+            _MATVEC[w](indptr, indices, data, U, out, q0)
+        else:
+            _MATVEC_SCALED[w](indptr, indices, data, U, out, q0, scale)
     return out
 
 

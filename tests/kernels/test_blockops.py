@@ -92,8 +92,16 @@ def test_rmatvec_and_matvec_match_scipy(X, p, seed):
     np.testing.assert_allclose(out, A64.T @ V, **TOL)
     acc = rng.standard_normal((n, p))
     expect = acc + A64 @ U
+    start = acc.copy()
     csc_matvec(*_buffers(A), U, acc)  # accumulates
     np.testing.assert_allclose(acc, expect, **TOL)
+    # each row of U scaled as it is read: X diag(s) U, the same numbers as the product with the scaled copy
+    sc = rng.uniform(0.5, 2.0, d)
+    fused, copied = start.copy(), start.copy()
+    csc_matvec(*_buffers(A), U, fused, sc)
+    csc_matvec(*_buffers(A), sc[:, None] * U, copied)
+    np.testing.assert_allclose(fused, start + A64 @ (sc[:, None] * U), **TOL)
+    assert np.array_equal(fused, copied)
 
 
 @settings(max_examples=60, deadline=None)
