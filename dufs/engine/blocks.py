@@ -20,7 +20,7 @@ from dufs.engine.direct import Resident, fetch_resident, release_resident
 from dufs.engine.shm import local_array, writable_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
-from dufs.kernels.blockops import csc_label_sums, csc_matvec, csc_rmatvec
+from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
 
 __all__ = ["BlockInfo", "BlockState", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
            "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
@@ -198,7 +198,7 @@ def block_rmatvec(src, V, vsum, tf, dtype=None, classes=0):
     V = local_array(V)
     direct = _direct(dtype, [tf])
     out = buffer((b.indptr.shape[0] - 1, classes or V.shape[1]), dtype if direct else np.float64)
-    _product(b, V, out, classes)
+    _product(b, _grouped(V, classes), out, classes)
     return out if direct else _cast(standardize_rows(out, tf[0], vsum, tf[1]), dtype)
 
 
@@ -214,6 +214,7 @@ def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None, cl
     V = local_array(V)
     direct = _direct(dtype, tfs)
     p = classes or V.shape[1]
+    V = _grouped(V, classes)  # a wide V's column groups, copied once for all the partition's blocks
     if into is not None:
         target = writable_array(into)
         for b, (mu, inv), a in zip(blocks, tfs, starts, strict=True):
@@ -240,14 +241,44 @@ def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None, cl
     return out if direct else _cast(out, dtype)
 
 
+def _grouped(V, classes):
+    """A label vector (``classes`` > 0) as it is; else V's columns as [(first column, contiguous columns), ...] in
+    the groups :func:`~dufs.kernels.blockops.column_groups` sweeps at once (V itself when one group)."""
+    if classes:
+        return V
+    groups = column_groups(V.shape[0], V.shape[1], V.dtype.itemsize)
+    if len(groups) == 1:
+        return [(0, V)]
+    return [(q0, np.ascontiguousarray(V[:, q0:q0 + w])) for q0, w in groups]
+
+
 def _product(b, V, out, classes):
-    """``out[:] = X_b^T V``; with ``classes`` > 0, ``V`` is an integer label vector and the product is with its
-    n_rows x ``classes`` indicator (:func:`~dufs.kernels.blockops.csc_label_sums`: the same sums, from the labels
-    instead of the indicator's n_rows x classes numbers)."""
+    """``out[:] = X_b^T V``, V as :func:`_grouped` gives it (each group's columns of ``out`` in one sweep); with
+    ``classes`` > 0, ``V`` is an integer label vector and the product is with its n_rows x ``classes`` indicator
+    (:func:`~dufs.kernels.blockops.csc_label_sums`: the same sums, from the labels instead of the indicator's
+    n_rows x classes numbers)."""
     if classes:
         csc_label_sums(b.indptr, b.indices, b.data, V, out)
-    else:
-        csc_rmatvec(b.indptr, b.indices, b.data, V, out)
+        return
+    for q0, Vg in V:
+        csc_rmatvec(b.indptr, b.indices, b.data, Vg, out if len(V) == 1 else out[:, q0:q0 + Vg.shape[1]])
+
+
+def _matvec(b, W, out, scale=None):
+    """``out += X_b W`` (diag(``scale``) W when given), a wide W's columns in the groups
+    :func:`~dufs.kernels.blockops.column_groups` sweeps at once, each accumulated in a contiguous n_rows x width
+    array of its own (the randomly written rows) and added into ``out``'s columns after."""
+    W = np.ascontiguousarray(W)
+    groups = column_groups(out.shape[0], W.shape[1])
+    if len(groups) == 1:
+        csc_matvec(b.indptr, b.indices, b.data, W, out, scale)
+        return
+    acc = np.empty((out.shape[0], groups[0][1]))
+    for q0, w in groups:
+        t = acc[:, :w] if w == acc.shape[1] else np.empty((out.shape[0], w))
+        t.fill(0.0)
+        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W[:, q0:q0 + w]), t, scale)
+        out[:, q0:q0 + w] += t
 
 
 def _direct(dtype, tfs) -> bool:
@@ -267,7 +298,7 @@ def _cast(out, dtype):
 def block_matvec(src, W, n_rows):
     b = resolve(src)
     out = np.zeros((n_rows, W.shape[1]), dtype=np.float64)
-    csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
+    _matvec(b, W, out)
     return out
 
 
@@ -289,7 +320,7 @@ def partition_matvec_into(srcs, Ws, into, slots, U=None, tfs=None):
         b = resolve(src)
         out = target[i]
         out.fill(0.0)
-        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out, sc)
+        _matvec(b, W, out, sc)
     return len(slots)
 
 
@@ -298,7 +329,7 @@ def group_matvec(srcs, Ws, n_rows):
     out = np.zeros((n_rows, Ws[0].shape[1]), dtype=np.float64)
     for src, W in zip(srcs, Ws, strict=True):
         b = resolve(src)
-        csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W), out)
+        _matvec(b, W, out)
     return out
 
 

@@ -158,6 +158,30 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
                 np.testing.assert_allclose(Mw.matvec(U[:, 0]), Z @ U[:, 0], **TOL)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_wide_products_in_column_groups_match_dense(mode, monkeypatch):
+    """A product wider than the cache holds runs in contiguous groups of columns (one sweep each): the same
+    numbers as one sweep over all of them, and dense NumPy's; column_groups' widths."""
+    from dufs.kernels import blockops
+
+    assert blockops.column_groups(200_000, 20) == [(0, 5), (5, 5), (10, 5), (15, 5)]
+    assert blockops.column_groups(200_000, 4) == [(0, 4)]
+    assert blockops.column_groups(2_000_000, 20) == [(0, 20)]  # even 4 columns far past the cache: one sweep
+    rng = np.random.default_rng(5)
+    X = sp.random_array((60, 40), density=0.2, format="csc", rng=rng)
+    D = X.toarray()
+    Z = _dense_z(D, mode)
+    V, U = rng.standard_normal((60, 9)), rng.standard_normal((40, 9))
+    M = Matrix(X, standardize=mode, block_width=16)
+    one = M.rmatvec(V), M.matvec(U)
+    monkeypatch.setattr(blockops, "_GROUP_BYTES", 60 * 8 * 4)  # groups of 3 columns
+    assert blockops.column_groups(60, 9) == [(0, 3), (3, 3), (6, 3)]
+    got = M.rmatvec(V), M.matvec(U)
+    np.testing.assert_allclose(got[0], Z.T @ V, **TOL)
+    np.testing.assert_allclose(got[1], Z @ U, **TOL)
+    assert np.array_equal(got[0], one[0]) and np.array_equal(got[1], one[1])
+
+
 def test_bad_parameters():
     X = sp.csr_array(np.eye(3))
     with pytest.raises(ParameterError):
