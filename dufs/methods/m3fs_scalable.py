@@ -203,7 +203,7 @@ def _objectives(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: f
     V2 = V.reshape(V.shape[0], -1)
     w2 = np.einsum("kp,kp->k", V2, V2)
     on = sigma > 0
-    if np.any(w2[~on] > 0):
+    if np.any((w2 > 0) & ~on):  # elementwise, no boolean take (5 ms at a million features)
         return [float("inf")] * len(smoothings)
     reg = 0.5 * float(np.divide(w2, sigma, out=np.zeros_like(w2), where=on).sum())
     mv, _ = _manifold(L, F, lambda_)
@@ -311,7 +311,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     if V0 is not None:
         V0 = np.asarray(V0, dtype=np.float64).reshape(d, p)
         on = s_half > 0
-        U[on] = V0[on] / s_half[on, None]
+        np.divide(V0, s_half[:, None], out=U, where=on[:, None])  # 0 where sigma is (a boolean take: 3x slower)
     b = float(b0) if binary else 0.0
     projected_same = True
     if not binary:
@@ -365,7 +365,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + mv, G
 
     # the caller's scores are those of U when V0 has no weight where sigma is 0 (U is zero there)
-    warm = F0 is not None and V0 is not None and not np.any(V0[s_half <= 0] != 0.0) and projected_same
+    warm = F0 is not None and V0 is not None and not np.any((V0 != 0.0) & (s_half <= 0)[:, None]) and projected_same
     if binary:
         Fu = np.array(F0[:, 0] if F0.ndim == 2 else F0, dtype=np.float64) - float(b0) if warm \
             else scores(U, 0.0)[:, 0]
