@@ -76,7 +76,7 @@ from dufs.methods.params import (
     table,
 )
 from dufs.methods.solver import atomic_write, checkpoint_dir, recoverable, release
-from dufs.scheduling import local_cores
+from dufs.scheduling import local_cores, thread_limits
 
 log = get_logger(__name__)
 
@@ -748,6 +748,13 @@ def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: 
 
 
 def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
+    """The greedy selection's steps, the driver's BLAS on one thread meanwhile (:func:`~dufs.scheduling.thread_limits`:
+    OpenBLAS's threads spin-wait after a call, and the workers' next pass, on the same cores, ran slower)."""
+    with thread_limits(1, "blas"):
+        return _run_greedy(run, resume, verbose_name)
+
+
+def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
     t0 = time.perf_counter()
     M, k = run.M, run.k
     done = 0  # update passes applied to the block state

@@ -64,6 +64,7 @@ from dufs.engine.graphs import AnchorGraph, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.vstep import fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
 from dufs.methods.m3fs import sigma_step
+from dufs.scheduling import thread_limits
 
 log = get_logger(__name__)
 
@@ -701,38 +702,42 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     def spent() -> bool:
         return max_passes is not None and M.passes - solve0 >= int(max_passes)
 
-    solve0 = M.passes
-    lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
-                                                               np.zeros((d, p)), 0.0, np.zeros((n, p)), 1.0, 0)
-    # label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin may
-    # belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep the
-    # result when J_mu goes down (so J_mu stays monotone over the whole run).
-    n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
-    polished: list[dict] = []
-    tried: set[int] = set()
-    for _ in range(n_polish):
-        if spent():
-            break
-        if binary:
-            margin = np.abs(F[:, 0])
-        else:
-            top2 = np.sort(F, axis=1)[:, -2:]
-            margin = top2[:, 1] - top2[:, 0]
-        j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
-        if j is None:
-            break
-        tried.add(j)
-        lab2 = lab.copy()
-        lab2[j] = 1 - lab2[j] if binary else int(np.argsort(F[j])[-2])
-        trial = alternate(lab2, sigma, V, b, F, Lip, -1)
-        ok = trial[6] < J - 1e-12 * max(abs(J), 1.0)
-        polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial[6]),
-                         "objective_exact": float(trial[7]), "accepted": bool(ok)})
-        if ok:
-            lab, sigma, V, b, F, Lip, J, Je, converged, _ = trial
-            hist.append(J)
-            exact.append(Je)
-            log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
+    # the driver's BLAS on one thread while the workers compute: OpenBLAS's threads spin-wait after a call, and a
+    # pass right after a threaded np.vdot over a million features took 18-19 ms against 12-15 (on 1 and 2 workers
+    # of this 2-core machine; the driver's vectors are memory-bound, one thread loses nothing there)
+    with thread_limits(1, "blas"):
+        solve0 = M.passes
+        lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
+                                                                   np.zeros((d, p)), 0.0, np.zeros((n, p)), 1.0, 0)
+        # label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin may
+        # belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep the
+        # result when J_mu goes down (so J_mu stays monotone over the whole run).
+        n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
+        polished: list[dict] = []
+        tried: set[int] = set()
+        for _ in range(n_polish):
+            if spent():
+                break
+            if binary:
+                margin = np.abs(F[:, 0])
+            else:
+                top2 = np.sort(F, axis=1)[:, -2:]
+                margin = top2[:, 1] - top2[:, 0]
+            j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
+            if j is None:
+                break
+            tried.add(j)
+            lab2 = lab.copy()
+            lab2[j] = 1 - lab2[j] if binary else int(np.argsort(F[j])[-2])
+            trial = alternate(lab2, sigma, V, b, F, Lip, -1)
+            ok = trial[6] < J - 1e-12 * max(abs(J), 1.0)
+            polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial[6]),
+                             "objective_exact": float(trial[7]), "accepted": bool(ok)})
+            if ok:
+                lab, sigma, V, b, F, Lip, J, Je, converged, _ = trial
+                hist.append(J)
+                exact.append(Je)
+                log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
     sel = ranked_head(sigma, n_features)  # by sigma, ties to the lower index (no d-sized sort on the driver)
     diag = {"iterations": len(iters), "converged": converged, "passes": M.passes - passes0,
             "passes_per_iteration": it_passes, "iteration_seconds": it_s, "inner_iterations": inner,

@@ -45,6 +45,7 @@ eqs. (6)-(14), Algorithm 1, Proposition 1.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -1035,48 +1036,51 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     history: list[dict] = []
     converged = False
     products = nprod
-    for it in range(max_iter):
-        t_it = time.perf_counter()
-        # step 6: D (eq. (7)); rows at zero stay there
-        r = np.sqrt(np.einsum("ij,ij->i", W, W))
-        active = r > _EPS
-        if active.sum() <= k:
-            active = everyone
-        Dd = np.zeros(d)
-        Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
-        # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
-        t1 = time.perf_counter()
-        s1, ss = seeds(1)[0], seeds(n_init)
-        labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
-        timings["u_step"] += time.perf_counter() - t1
-        # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
-        t1 = time.perf_counter()
-        counts = np.bincount(labels, minlength=c).astype(np.float64)
-        Q = Zc.label_rmatvec(labels, c)  # Zc^T U, U the labels' indicator
-        Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
-        # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
-        vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,
-                                 q_scaled=True, out=W)
-        products += nprod
-        timings["w_step"] += time.perf_counter() - t1
-        # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
-        t1 = time.perf_counter()
-        G = (W.T @ Q) / np.sqrt(counts)[None, :]
-        Y = Zc.matvec(W)
-        C = G.T
-        timings["g_step"] += time.perf_counter() - t1
-        f_new = ufcm_objective(Y, W, labels, G, alpha, beta, p)
-        objective.append(f_new)
-        history.append({"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
-                        "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
-                        "seconds": time.perf_counter() - t_it})
-        log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new, chosen,
-                 history[-1]["seconds"])
-        rise = f_new - f
-        f = f_new
-        if abs(rise) <= tol * max(1.0, abs(f)):
-            converged = True
-            break
+    # matrix-free, the driver's BLAS on one thread while the workers compute (scheduling.thread_limits); the
+    # dense path's d x d eigendecompositions keep their threads
+    with thread_limits(1, "blas") if not dense else contextlib.nullcontext():
+        for it in range(max_iter):
+            t_it = time.perf_counter()
+            # step 6: D (eq. (7)); rows at zero stay there
+            r = np.sqrt(np.einsum("ij,ij->i", W, W))
+            active = r > _EPS
+            if active.sum() <= k:
+                active = everyone
+            Dd = np.zeros(d)
+            Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
+            # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
+            t1 = time.perf_counter()
+            s1, ss = seeds(1)[0], seeds(n_init)
+            labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
+            timings["u_step"] += time.perf_counter() - t1
+            # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
+            t1 = time.perf_counter()
+            counts = np.bincount(labels, minlength=c).astype(np.float64)
+            Q = Zc.label_rmatvec(labels, c)  # Zc^T U, U the labels' indicator
+            Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
+            # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
+            vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,
+                                     q_scaled=True, out=W)
+            products += nprod
+            timings["w_step"] += time.perf_counter() - t1
+            # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
+            t1 = time.perf_counter()
+            G = (W.T @ Q) / np.sqrt(counts)[None, :]
+            Y = Zc.matvec(W)
+            C = G.T
+            timings["g_step"] += time.perf_counter() - t1
+            f_new = ufcm_objective(Y, W, labels, G, alpha, beta, p)
+            objective.append(f_new)
+            history.append({"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
+                            "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
+                            "seconds": time.perf_counter() - t_it})
+            log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new, chosen,
+                     history[-1]["seconds"])
+            rise = f_new - f
+            f = f_new
+            if abs(rise) <= tol * max(1.0, abs(f)):
+                converged = True
+                break
     G = C.T
     scores = np.sqrt(np.einsum("ij,ij->i", W, W))
     diagnostics = {"iterations": len(history), "converged": converged, "timings": timings,
