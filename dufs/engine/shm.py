@@ -276,18 +276,22 @@ def shared_eligible(client: Any, x: Any) -> bool:
     ``dufs.engine.shared-memory-bytes`` and at most ``dufs.engine.shared-memory-max-bytes``, shared memory not
     switched off, and every worker on this machine.
 
-    One worker too: its private copy sits in huge pages (the shared file's are 4 KiB: a 1-worker pass over a
-    shared float64 2M-row vector ran about 8% slower), but scattered it costs a transfer a pass: 5.6 ms of a 21 ms
-    pass over 200K rows, and with the vector shared the 2M x 5M bench's 1-worker pass went 96.6 -> 92.1 ms (its
-    float32 8 MB vector's kernel 3.6% slower than over a private copy). Two workers over a shared vector larger
-    than the cache ran their kernels no faster than over their own copies, but a copy each costs a transfer each:
-    a 2-worker pass over a 2M x 2 float64 V (30 MiB) took 192 ms shared against 238 ms scattered, 2M x 10
+    One worker too, for a vector of at most ``_ONE_WORKER_MAX`` bytes: scattered, it costs a transfer a pass (5.6
+    ms of a 21 ms pass over 200K rows; the 2M x 5M bench's 1-worker pass over a float32 8 MB vector 111 -> 98 ms
+    shared). A larger one goes scattered, into the worker's huge pages: read at random through the shared file's
+    4 KiB pages, a float64 16 MB vector's pass took 152 ms against 131 scattered. Two workers over a shared vector
+    larger than the cache ran their kernels no faster than over their own copies, but a copy each costs a transfer
+    each: a 2-worker pass over a 2M x 2 float64 V (30 MiB) took 192 ms shared against 238 ms scattered, 2M x 10
     (152 MiB) 1041 against 1187 ms, so there is no upper limit by default."""
     if client is None or not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf" or _switched_off():
         return False
     if not config.parse_bytes(config.get("engine.shared-memory-bytes")) <= x.nbytes <= _largest():
         return False
-    return workers_share_memory(client) >= 1
+    held = workers_share_memory(client)
+    return held >= 2 or (held == 1 and x.nbytes <= _ONE_WORKER_MAX)
+
+
+_ONE_WORKER_MAX = 8 << 20  # the largest vector shared with a single worker (see shared_eligible)
 
 
 # ------------------------------------------------------------------------------------------------ a call's result
