@@ -344,7 +344,10 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
     StoreError
         An output that must not be written (see ``overwrite``), or an unfinished conversion in the way.
     """
-    ins = [os.fspath(p) for p in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+    # local paths made absolute here: the tasks that read them run on workers whose working directory may be another
+    # (`dask worker` processes started elsewhere); a relative name read there was another file, or none
+    ins = [p if _is_url(p) else os.path.abspath(p)
+           for p in (os.fspath(q) for q in (inputs if isinstance(inputs, (list, tuple)) else [inputs]))]
     many = isinstance(output, (list, tuple))
     outs = [os.fspath(p) for p in (output if many else [output])]
     if not ins:

@@ -907,3 +907,16 @@ def test_qid_on_a_process_cluster(tmp_path, cluster_client):
     assert st.n_blocks("csr") == 6
     assert_equals_sklearn(st, *sk_load(text))
     assert rep.qid_lines == n_qid == st.provenance["qid_lines"]
+
+
+def test_relative_input_paths_on_workers_with_another_working_directory(tmp_path, cluster_client, monkeypatch):
+    """A relative input is this process's file, not one of that name in the workers' working directory: a
+    ``dask worker`` started elsewhere read the other file, or failed with "No such file"."""
+    theirs = cluster_client.run(os.getcwd)
+    assert all(os.path.realpath(d) != os.path.realpath(tmp_path) for d in theirs.values())
+    text = b"1 1:0.5 3:2\n-1 2:1.5\n1 3:1 4:0.25\n"
+    write(tmp_path / "rel.svm", text)
+    monkeypatch.chdir(tmp_path)
+    st, rep = convert("rel.svm", "rel.zarr", client=cluster_client)
+    assert rep.rows == 3 and os.path.isdir(tmp_path / "rel.zarr")
+    assert_equals_sklearn(st, *sk_load(text))
