@@ -442,7 +442,9 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
         if upd == 0 or left == 0:
             break
     d = a - per["alpha"]
-    dws = (wsl - ws) / sigma
+    dws = wsl  # the epoch's w becomes its change, in place: no n_samples temporaries (16 MB each at 2M samples)
+    dws -= ws
+    dws /= sigma
     sc = RoundTotals(dt=float((wtl[0] - wt[0]) / sigma), dS=float((wtl[1] - wt[1]) / sigma), ds=float(d.sum()),
                      slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
     dal, at = [], 0
