@@ -275,7 +275,7 @@ def _matvec(b, W, out, scale=None):
         return
     acc = np.empty((out.shape[0], groups[0][1]))
     for q0, w in groups:
-        t = acc[:, :w] if w == acc.shape[1] else np.empty((out.shape[0], w))
+        t = acc if w == acc.shape[1] else np.empty((out.shape[0], w))  # the last group may be narrower
         t.fill(0.0)
         csc_matvec(b.indptr, b.indices, b.data, np.ascontiguousarray(W[:, q0:q0 + w]), t, scale)
         out[:, q0:q0 + w] += t

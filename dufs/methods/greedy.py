@@ -76,7 +76,7 @@ from dufs.methods.params import (
     table,
 )
 from dufs.methods.solver import atomic_write, checkpoint_dir, recoverable, release
-from dufs.scheduling import local_cores, thread_limits
+from dufs.scheduling import local_cores, one_blas_thread
 
 log = get_logger(__name__)
 
@@ -748,9 +748,8 @@ def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: 
 
 
 def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
-    """The greedy selection's steps, the driver's BLAS on one thread meanwhile (:func:`~dufs.scheduling.thread_limits`:
-    OpenBLAS's threads spin-wait after a call, and the workers' next pass, on the same cores, ran slower)."""
-    with thread_limits(1, "blas"):
+    """The greedy selection's steps (the driver in :func:`~dufs.scheduling.one_blas_thread` meanwhile)."""
+    with one_blas_thread():
         return _run_greedy(run, resume, verbose_name)
 
 

@@ -64,7 +64,7 @@ from dufs.engine.graphs import AnchorGraph, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.vstep import fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
 from dufs.methods.m3fs import sigma_step
-from dufs.scheduling import thread_limits
+from dufs.scheduling import one_blas_thread
 
 log = get_logger(__name__)
 
@@ -702,10 +702,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     def spent() -> bool:
         return max_passes is not None and M.passes - solve0 >= int(max_passes)
 
-    # the driver's BLAS on one thread while the workers compute: OpenBLAS's threads spin-wait after a call, and a
-    # pass right after a threaded np.vdot over a million features took 18-19 ms against 12-15 (on 1 and 2 workers
-    # of this 2-core machine; the driver's vectors are memory-bound, one thread loses nothing there)
-    with thread_limits(1, "blas"):
+    with one_blas_thread():
         solve0 = M.passes
         lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
                                                                    np.zeros((d, p)), 0.0, np.zeros((n, p)), 1.0, 0)

@@ -49,7 +49,7 @@ from dufs.methods.params import (
     table,
 )
 from dufs.methods.solver import checkpoint_dir, release
-from dufs.scheduling import current_client, thread_limits
+from dufs.scheduling import current_client, one_blas_thread
 
 #: MMFS's parameters, as ``dufs.fit(method="mmfs")`` and ``dufs.MMFS`` take them (``relevance`` is the function's
 #: ``relevance_kind``; ``kernel``, ``rbf_gamma`` and ``max_features`` choose :mod:`dufs.methods.mmfs_kernel`)
@@ -461,7 +461,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         gk = gammas[k]
         if w is not None and alpha0 is not None:  # warm start: w depends on alpha only; b = gamma sum(alpha)
             w = (w[0], w[1], gk * float(alpha0.sum()))
-        with thread_limits(1, "blas"):  # the driver's BLAS on one thread meanwhile (dufs.scheduling.thread_limits)
+        with one_blas_thread():
             out = solve(M, rho, geo, C=float(C), gamma=gk, tol=float(tol), max_epochs=int(max_epochs),
                         random_state=int(random_state), partitions=partitions, state=state, w=w, trace=trace,
                         alpha0=alpha0, checkpoint=ck, checkpoint_every=int(checkpoint_every),

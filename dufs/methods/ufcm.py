@@ -61,7 +61,7 @@ from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.clusters import bin_moments, cluster_means, kmeans_term, nearest
 from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
-from dufs.scheduling import local_cores, thread_limits
+from dufs.scheduling import local_cores, one_blas_thread, thread_limits
 
 __all__ = ["UFCMResult", "ufcm", "ufcm_objective"]
 
@@ -150,12 +150,13 @@ class _Centred:
             for a in range(0, out.shape[0], _SECULAR_CHUNK):  # in slabs of rows: contiguous, no temporary
                 out[a:a + _SECULAR_CHUNK] -= self.m[a:a + _SECULAR_CHUNK, None] * s[None, :]
 
-    def label_rmatvec(self, labels: np.ndarray, c: int) -> np.ndarray:
-        """Zc^T U for U the n x c indicator of ``labels`` (d x c): one pass that ships the labels, not U
-        (:meth:`Matrix.label_rmatvec`); the same numbers as :meth:`rmatvec` of U."""
+    def label_rmatvec(self, labels: np.ndarray, c: int, counts: np.ndarray) -> np.ndarray:
+        """Zc^T U for U the n x c indicator of ``labels`` (d x c), ``counts`` its column sums (the clusters'
+        sizes): one pass that ships the labels, not U (:meth:`Matrix.label_rmatvec`); the same numbers as
+        :meth:`rmatvec` of U."""
         out = self.M.label_rmatvec(labels, c)
         if self.m is not None:
-            self._centre(out, np.bincount(labels, minlength=c).astype(np.float64))
+            self._centre(out, counts)
         return out
 
     def scatter(self) -> np.ndarray:
@@ -1036,9 +1037,8 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     history: list[dict] = []
     converged = False
     products = nprod
-    # matrix-free, the driver's BLAS on one thread while the workers compute (scheduling.thread_limits); the
-    # dense path's d x d eigendecompositions keep their threads
-    with thread_limits(1, "blas") if not dense else contextlib.nullcontext():
+    # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its threads
+    with one_blas_thread() if not dense else contextlib.nullcontext():
         for it in range(max_iter):
             t_it = time.perf_counter()
             # step 6: D (eq. (7)); rows at zero stay there
@@ -1056,7 +1056,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
             # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
             t1 = time.perf_counter()
             counts = np.bincount(labels, minlength=c).astype(np.float64)
-            Q = Zc.label_rmatvec(labels, c)  # Zc^T U, U the labels' indicator
+            Q = Zc.label_rmatvec(labels, c, counts)  # Zc^T U, U the labels' indicator
             Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
             # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
             vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,
