@@ -564,7 +564,8 @@ class StoreBuilder:
         t1 = time.perf_counter()
         # rows within their row block -> rows of the store
         indptr, indices, data = merge_spills(cols, rows, vals, width, col0=shift + lo_f,
-                                             seg_counts=np.maximum(count, 0), seg_rows=row_bounds[:-1])
+                                             seg_counts=np.maximum(count, 0), seg_rows=row_bounds[:-1],
+                                             granule=self.granule)
         del cols, rows, vals
         t2 = time.perf_counter()
         blk = layout.new_block_group(self._group(), FEATURES, j)

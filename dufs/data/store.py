@@ -58,10 +58,25 @@ def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int 
     without one file per chunk (used for the transpose's spill, read in many small slices).
     """
     values = np.ascontiguousarray(values)
-    arr = group.create_array(name, **_array_spec(values, chunk, sharded))
+    spec = _array_spec(values, chunk, sharded)
+    if not sharded and _write_direct(group, name, values, spec):
+        return group[name]
+    arr = group.create_array(name, **spec)
     if values.size:
         arr[...] = values
     return arr
+
+
+def _write_direct(group: zarr.Group, name: str, values: np.ndarray, spec: dict) -> bool:
+    """Write the array as files where the group is a local directory (:mod:`dufs.data._direct`); False where it is
+    not, or its codecs are not ones written that way (then Zarr writes it)."""
+    from zarr.storage import LocalStore
+
+    from dufs.data import _direct
+
+    if values.ndim != 1 or not isinstance(group.store, LocalStore) or group.store.read_only:
+        return False
+    return _direct.write_local(os.path.join(str(group.store.root), group.path), name, values, spec)
 
 
 def _array_spec(values: np.ndarray, chunk: int | None, sharded: bool = False) -> dict:
@@ -81,6 +96,10 @@ def write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray], *, chunk: int
 
     from zarr.core.sync import sync
 
+    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    arrays = {k: v for k, v in arrays.items() if not _write_direct(group, k, v, _array_spec(v, chunk))}
+    if not arrays:
+        return
     agroup = zarr.AsyncGroup(metadata=group.metadata, store_path=group.store_path)
 
     async def one(name: str, values: np.ndarray) -> None:

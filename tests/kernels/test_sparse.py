@@ -82,13 +82,15 @@ def test_spills_of_row_blocks_merge_into_scipys_column_blocks(X, data):
             pv.append(vals[a:b])
             counts.append(b - a)
         # as the builder gives them: raw spill columns and rows local to their row block, segment by segment
-        indptr, indices, vals = merge_spills(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv), hi - lo,
-                                             col0=lo, seg_counts=counts, seg_rows=row_bounds[:-1])
+        # (granule by granule, as the builder merges them, and in one sweep)
         want = ref[:, lo:hi]
-        np.testing.assert_array_equal(indptr, want.indptr)
-        np.testing.assert_array_equal(indices, want.indices)
-        np.testing.assert_array_equal(vals, want.data)
-        assert indptr.dtype == np.int64 and indices.dtype == np.int32 and vals.dtype == X.dtype
+        for g in (granule, 0):
+            indptr, indices, vals = merge_spills(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv), hi - lo,
+                                                 col0=lo, seg_counts=counts, seg_rows=row_bounds[:-1], granule=g)
+            np.testing.assert_array_equal(indptr, want.indptr)
+            np.testing.assert_array_equal(indices, want.indices)
+            np.testing.assert_array_equal(vals, want.data)
+            assert indptr.dtype == np.int64 and indices.dtype == np.int32 and vals.dtype == X.dtype
         # one segment of rows already global: the same
         glob = [r.astype(np.int64) + r0 for r, r0 in zip(pr, row_bounds[:-1], strict=True)]
         again = merge_spills(np.concatenate(pc).astype(np.int64) - lo, np.concatenate(glob), np.concatenate(pv),
@@ -104,6 +106,10 @@ def test_merge_spills_refuses_a_column_outside_the_block():
         merge_spills(np.array([-1]), np.array([0]), np.array([1.0]), 3)
     with pytest.raises(ValueError, match="column outside the block"):  # inside once col0 is taken off: not 8
         merge_spills(np.array([5, 8], np.int32), np.array([0, 1], np.int32), np.array([1.0, 2.0]), 3, col0=5)
+    with pytest.raises(ValueError, match="not in granule order"):  # column 5 (granule 1) before column 1 (granule 0)
+        merge_spills(np.array([5, 1]), np.array([0, 1]), np.array([1.0, 2.0]), 6, granule=4)
+    with pytest.raises(ValueError, match="granule must be"):
+        merge_spills(np.array([0]), np.array([0]), np.array([1.0]), 2, granule=-1)
     with pytest.raises(ValueError, match="segments do not cover"):
         merge_spills(np.array([0, 1]), np.array([0, 1]), np.array([1.0, 2.0]), 3, seg_counts=[1], seg_rows=[0])
     indptr, indices, data = merge_spills(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), 2)
