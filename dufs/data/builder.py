@@ -253,9 +253,9 @@ class StoreBuilder:
             arrays[layout.ROW_LABELS] = y
         write_arrays(blk, arrays, chunk=self.chunk)
         t1 = time.perf_counter()
-        cols, rows, vals, goff = csr_to_spill(indptr, indices, data, self.granule)
-        head = layout.SpillHeader(int(goff.shape[0]), int(cols.shape[0]), self.value_dtype)
-        self.partial.write_parts(layout.spill_file(i), [head.encode(), goff, cols, rows, vals])
+        entries, goff = csr_to_spill(indptr, indices, data, self.granule)
+        head = layout.SpillHeader(int(goff.shape[0]), int(entries.shape[0]), self.value_dtype)
+        self.partial.write_parts(layout.spill_file(i), [head.encode(), goff, entries])
         if timings is not None:
             timings["write rows"] = timings.get("write rows", 0.0) + t1 - t0
             timings["spill"] = timings.get("spill", 0.0) + time.perf_counter() - t1
@@ -539,7 +539,7 @@ class StoreBuilder:
                                 row_nnz: list) -> tuple[dict[str, float], np.ndarray]:
         """Task: feature block ``j`` from one slice of every row block's spill. Returns the seconds of its phases and
         the block's nonzeros per feature (int32: a feature has at most ``n_rows`` < 2**31 of them)."""
-        from dufs.kernels.sparse import merge_spills
+        from dufs.kernels.sparse import entry_dtype, merge_spills
 
         t0 = time.perf_counter()
         lo_raw, hi_raw = int(bounds_raw[j]), int(bounds_raw[j + 1])
@@ -548,25 +548,21 @@ class StoreBuilder:
         width = max(hi_f - lo_f, 0)
         count = offsets[:, j + 1] - offsets[:, j]
         starts = np.concatenate([[0], np.cumsum(np.maximum(count, 0))])
-        cols = np.empty(int(starts[-1]), np.int32)
-        rows = np.empty(int(starts[-1]), np.int32)
-        vals = np.empty(int(starts[-1]), self.value_dtype)
-        for i in np.flatnonzero(count > 0).tolist():  # one slice of each section of row block i's spill
+        entries = np.empty(int(starts[-1]), entry_dtype(self.value_dtype))
+        for i in np.flatnonzero(count > 0).tolist():  # one slice of row block i's spill
             lo, a, b = int(offsets[i, j]), int(starts[i]), int(starts[i + 1])
             head = self._spill_head(i)
             if head.nnz != row_nnz[i] or offsets[i, j + 1] > head.nnz:
                 raise StoreError(f"{self.partial.child(layout.spill_file(i))}: the spill holds {head.nnz} entries, row "
                                  f"block {i} {row_nnz[i]}: the partial build is damaged; start again with --overwrite")
+            at, dtype = head.sections()["entries"]
             with self.partial.reader(layout.spill_file(i)) as r:
-                for name, out in (("cols", cols), ("rows", rows), ("vals", vals)):
-                    at, dtype = head.sections()[name]
-                    r.read_into(at + lo * dtype.itemsize, out[a:b])
+                r.read_into(at + lo * dtype.itemsize, entries[a:b])
         t1 = time.perf_counter()
         # rows within their row block -> rows of the store
-        indptr, indices, data = merge_spills(cols, rows, vals, width, col0=shift + lo_f,
-                                             seg_counts=np.maximum(count, 0), seg_rows=row_bounds[:-1],
-                                             granule=self.granule)
-        del cols, rows, vals
+        indptr, indices, data = merge_spills(entries, width, col0=shift + lo_f, seg_counts=np.maximum(count, 0),
+                                             seg_rows=row_bounds[:-1], granule=self.granule)
+        del entries
         t2 = time.perf_counter()
         blk = layout.new_block_group(self._group(), FEATURES, j)
         blk.attrs.put(layout.unfinished_block_attrs())

@@ -63,7 +63,7 @@ ROW_LABELS = "y"  # a row block's labels, written by the build (and left in the 
 INDICES_FIX = "indices_fix"  # a row block's indices rewritten for the final index base, before they replace them
 SPILL = "spill"  # the directory of the transpose's spill files (not a Zarr node)
 #: the spill's format: a resume refuses a partial build whose spill files another format wrote
-SPILL_FORMAT = 2
+SPILL_FORMAT = 3
 _CHUNK_PREFIX = "c"  # Zarr v3's default chunk key encoding: "<array>/c/<k>"
 
 # attributes
@@ -154,10 +154,10 @@ class SpillHeader:
     """The head of a spill file: what its sections hold, so that a slice of any section is one read.
 
     A spill file is this header (:data:`SPILL_HEADER_BYTES`), then ``goff`` (int64, ``n_offsets``: where each granule
-    of ``feature-granule`` raw columns starts), ``cols`` (int32 raw column indices, ``nnz``), ``rows`` (int32 rows
-    within the row block) and ``vals`` (``value_dtype``): the block's entries bucketed by granule, rows ascending in
-    each bucket. Raw little-endian buffers, no compression and no Zarr: the spill is scratch, written once, read in
-    slices once and removed.
+    of ``feature-granule`` raw columns starts) and ``entries`` (``nnz`` records of
+    :func:`dufs.kernels.sparse.entry_dtype`: the int32 raw column, the int32 row within the row block and the value in
+    ``value_dtype``): the block's entries bucketed by granule, rows ascending in each bucket. Raw little-endian
+    buffers, no compression and no Zarr: the spill is scratch, written once, read in slices once and removed.
     """
 
     n_offsets: int
@@ -165,13 +165,12 @@ class SpillHeader:
     value_dtype: np.dtype
 
     def sections(self) -> dict[str, tuple[int, np.dtype]]:
-        """``{name: (byte offset, dtype)}`` of ``goff``, ``cols``, ``rows`` and ``vals``."""
-        out, at = {}, SPILL_HEADER_BYTES
-        for name, dtype, n in (("goff", np.dtype("<i8"), self.n_offsets), ("cols", np.dtype("<i4"), self.nnz),
-                               ("rows", np.dtype("<i4"), self.nnz), ("vals", self.value_dtype, self.nnz)):
-            out[name] = (at, dtype)
-            at += n * dtype.itemsize
-        return out
+        """``{name: (byte offset, dtype)}`` of ``goff`` and ``entries``."""
+        from dufs.kernels.sparse import entry_dtype
+
+        entry = entry_dtype(self.value_dtype)
+        return {"goff": (SPILL_HEADER_BYTES, np.dtype("<i8")),
+                "entries": (SPILL_HEADER_BYTES + self.n_offsets * 8, entry)}
 
     @property
     def file_bytes(self) -> int:

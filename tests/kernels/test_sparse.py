@@ -8,12 +8,15 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dufs.kernels.sparse import csr_to_spill, merge_spills
+from dufs.kernels.sparse import csr_to_spill, entry_dtype, merge_spills, spill_entries
 from dufs.testing.strategies import sparse_matrices
 
 
 def _spill(X, granule):
-    return csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, granule)
+    """The spill's columns, rows, values and granule offsets, as arrays of their own."""
+    entries, goff = csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, granule)
+    assert entries.dtype == entry_dtype(X.dtype) and entries.dtype.itemsize == 8 + X.dtype.itemsize
+    return entries["col"], entries["row"], entries["val"], goff
 
 
 @settings(max_examples=60, deadline=None)
@@ -53,7 +56,7 @@ def test_csr_to_spill_keeps_duplicates_and_zeros_in_storage_order(X, granule):
     np.testing.assert_array_equal(rows, r[order])
     np.testing.assert_array_equal(vals, X.data[order])
     if X.nnz:
-        indptr, indices, data = merge_spills(cols, rows, vals, X.shape[1])
+        indptr, indices, data = merge_spills(spill_entries(cols, rows, vals), X.shape[1])
         by_cell = np.lexsort((np.arange(X.nnz), r, X.indices))
         np.testing.assert_array_equal(indices, r[by_cell])
         np.testing.assert_array_equal(data, X.data[by_cell])
@@ -84,33 +87,40 @@ def test_spills_of_row_blocks_merge_into_scipys_column_blocks(X, data):
         # as the builder gives them: raw spill columns and rows local to their row block, segment by segment
         # (granule by granule, as the builder merges them, and in one sweep)
         want = ref[:, lo:hi]
+        entries = spill_entries(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv))
         for g in (granule, 0):
-            indptr, indices, vals = merge_spills(np.concatenate(pc), np.concatenate(pr), np.concatenate(pv), hi - lo,
-                                                 col0=lo, seg_counts=counts, seg_rows=row_bounds[:-1], granule=g)
+            indptr, indices, vals = merge_spills(entries, hi - lo, col0=lo, seg_counts=counts,
+                                                 seg_rows=row_bounds[:-1], granule=g)
             np.testing.assert_array_equal(indptr, want.indptr)
             np.testing.assert_array_equal(indices, want.indices)
             np.testing.assert_array_equal(vals, want.data)
             assert indptr.dtype == np.int64 and indices.dtype == np.int32 and vals.dtype == X.dtype
         # one segment of rows already global: the same
         glob = [r.astype(np.int64) + r0 for r, r0 in zip(pr, row_bounds[:-1], strict=True)]
-        again = merge_spills(np.concatenate(pc).astype(np.int64) - lo, np.concatenate(glob), np.concatenate(pv),
-                             hi - lo)
+        again = merge_spills(spill_entries(np.concatenate(pc).astype(np.int64) - lo, np.concatenate(glob),
+                                           np.concatenate(pv)), hi - lo)
         for got, ref_part in zip(again, (want.indptr, want.indices, want.data), strict=True):
             np.testing.assert_array_equal(got, ref_part)
 
 
+def _e(cols, rows, vals):
+    return spill_entries(np.asarray(cols), np.asarray(rows), np.asarray(vals, dtype=np.float64))
+
+
 def test_merge_spills_refuses_a_column_outside_the_block():
     with pytest.raises(ValueError, match="column outside the block"):
-        merge_spills(np.array([0, 3]), np.array([0, 1]), np.array([1.0, 2.0]), 3)
+        merge_spills(_e([0, 3], [0, 1], [1.0, 2.0]), 3)
     with pytest.raises(ValueError, match="column outside the block"):
-        merge_spills(np.array([-1]), np.array([0]), np.array([1.0]), 3)
+        merge_spills(_e([-1], [0], [1.0]), 3)
     with pytest.raises(ValueError, match="column outside the block"):  # inside once col0 is taken off: not 8
-        merge_spills(np.array([5, 8], np.int32), np.array([0, 1], np.int32), np.array([1.0, 2.0]), 3, col0=5)
+        merge_spills(_e([5, 8], [0, 1], [1.0, 2.0]), 3, col0=5)
     with pytest.raises(ValueError, match="not in granule order"):  # column 5 (granule 1) before column 1 (granule 0)
-        merge_spills(np.array([5, 1]), np.array([0, 1]), np.array([1.0, 2.0]), 6, granule=4)
+        merge_spills(_e([5, 1], [0, 1], [1.0, 2.0]), 6, granule=4)
     with pytest.raises(ValueError, match="granule must be"):
-        merge_spills(np.array([0]), np.array([0]), np.array([1.0]), 2, granule=-1)
+        merge_spills(_e([0], [0], [1.0]), 2, granule=-1)
     with pytest.raises(ValueError, match="segments do not cover"):
-        merge_spills(np.array([0, 1]), np.array([0, 1]), np.array([1.0, 2.0]), 3, seg_counts=[1], seg_rows=[0])
-    indptr, indices, data = merge_spills(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), 2)
+        merge_spills(_e([0, 1], [0, 1], [1.0, 2.0]), 3, seg_counts=[1], seg_rows=[0])
+    with pytest.raises(ValueError, match="spill entries"):
+        merge_spills(np.zeros(3, np.int32), 3)
+    indptr, indices, data = merge_spills(_e([], [], []), 2)
     assert indptr.tolist() == [0, 0, 0] and indices.size == 0 and data.size == 0
