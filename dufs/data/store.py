@@ -67,16 +67,20 @@ def write_array(group: zarr.Group, name: str, values: np.ndarray, *, chunk: int 
     return arr
 
 
-def _write_direct(group: zarr.Group, name: str, values: np.ndarray, spec: dict) -> bool:
+def _write_direct(group: zarr.Group | str, name: str, values: np.ndarray, spec: dict) -> bool:
     """Write the array as files where the group is a local directory (:mod:`dufs.data._direct`); False where it is
     not, or its codecs are not ones written that way (then Zarr writes it)."""
     from zarr.storage import LocalStore
 
     from dufs.data import _direct
 
-    if values.ndim != 1 or not isinstance(group.store, LocalStore) or group.store.read_only:
+    if isinstance(group, str):
+        where = group
+    elif isinstance(group.store, LocalStore) and not group.store.read_only:
+        where = os.path.join(str(group.store.root), group.path)
+    else:
         return False
-    return _direct.write_local(os.path.join(str(group.store.root), group.path), name, values, spec)
+    return values.ndim == 1 and _direct.write_local(where, name, values, spec)
 
 
 def _array_spec(values: np.ndarray, chunk: int | None, sharded: bool = False) -> dict:
@@ -88,8 +92,9 @@ def _array_spec(values: np.ndarray, chunk: int | None, sharded: bool = False) ->
             "compressors": compressors(), "fill_value": 0, "overwrite": True, "config": {"write_empty_chunks": True}}
 
 
-def write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray], *, chunk: int | None = None) -> None:
-    """:func:`write_array` of several arrays of one group at once: created and written concurrently in one call
+def write_arrays(group: zarr.Group | str, arrays: dict[str, np.ndarray], *, chunk: int | None = None) -> None:
+    """:func:`write_array` of several arrays of one group (or of the group at a local directory) at once: written
+    as files where the group is local (:mod:`dufs.data._direct`), else created and written concurrently in one call
     to Zarr's event loop (its codecs run on its threads), not one array after another (on a local disk, a row
     block's four arrays took 2-3 times as long one by one)."""
     import asyncio
@@ -100,6 +105,8 @@ def write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray], *, chunk: int
     arrays = {k: v for k, v in arrays.items() if not _write_direct(group, k, v, _array_spec(v, chunk))}
     if not arrays:
         return
+    if isinstance(group, str):
+        group = zarr.open_group(group, mode="r+", zarr_format=3)
     agroup = zarr.AsyncGroup(metadata=group.metadata, store_path=group.store_path)
 
     async def one(name: str, values: np.ndarray) -> None:

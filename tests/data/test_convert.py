@@ -613,16 +613,18 @@ def assert_identical_stores(a: dufs.SparseStore, b: dufs.SparseStore) -> None:
 
 @pytest.fixture(scope="module")
 def kill_data(tmp_path_factory):
-    """A 20-block file (and an 8-block .bz2), and the store of a one-shot conversion of each."""
+    """A 100-block file (and an 8-block .bz2), and the store of a one-shot conversion of each. Enough blocks that a
+    conversion seen k blocks in (k at most half) is still running when the kill lands: a 20-block one has finished
+    in between."""
     d = tmp_path_factory.mktemp("kill")
-    X, y = random_data(800, 600, 10 / 600, seed=21)
+    X, y = random_data(4000, 600, 10 / 600, seed=21)
     text = svm_text(X, y)
     src = write(d / "big.svm", text)
     srcz = write(d / "big.svm.bz2", b"".join(lines_of(text)[:320]))
     with dask.config.set(KILL):
         ref, _ = convert_libsvm(src, d / "ref.zarr", value_dtype="float64", block_bytes=KILL_BB)
         refz, _ = convert_libsvm(srcz, d / "refz.zarr", value_dtype="float64", block_bytes=KILL_BB)
-    assert 15 <= ref.n_blocks("csr") <= 25 and ref.n_blocks("csc") >= 6
+    assert 75 <= ref.n_blocks("csr") <= 125 and ref.n_blocks("csc") >= 6
     assert 6 <= refz.n_blocks("csr") and refz.n_blocks("csc") >= 3
     assert_equals_sklearn(ref, *sk_load(text))
     return src, srcz, ref, refz
