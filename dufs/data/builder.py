@@ -36,6 +36,7 @@ from dufs._logging import get_logger
 from dufs.data import _direct, layout
 from dufs.data._exec import Executor
 from dufs.data._fs import Location, acquire_lock, lock_is_live, release_lock
+from dufs.data._scratch import scratch
 from dufs.data.layout import FEATURES, FORMAT_VERSION, LOCK_NAME, ROWS, RowBlockMeta, StoreMeta
 from dufs.data.store import SparseStore, compressors, read_array, store_kind, write_array, write_arrays
 from dufs.errors import ParameterError, StoreError
@@ -227,7 +228,7 @@ class StoreBuilder:
         ``write rows`` (the CSR arrays into Zarr) and ``spill`` (bucketing the entries, writing the spill file) are
         added to it.
         """
-        from dufs.kernels.sparse import csr_to_spill
+        from dufs.kernels.sparse import csr_to_spill, entry_dtype
 
         t0 = time.perf_counter()
 
@@ -235,16 +236,21 @@ class StoreBuilder:
         n_rows = indptr.shape[0] - 1
         nnz = int(indptr[-1])
         indices = np.asarray(indices)[:nnz]
-        if nnz and (indices.min() < 0 or indices.max() > INT32_MAX):
+        lo, hi = (int(indices.min()), int(indices.max())) if nnz else (-1, -1)
+        if nnz and (lo < 0 or hi > INT32_MAX):
             raise ParameterError(f"row block {i}: column indices must lie in [0, 2**31 - 1]")
-        indices = np.ascontiguousarray(indices, dtype=np.int32)
-        data = np.ascontiguousarray(np.asarray(data)[:nnz], dtype=self.value_dtype)
+        # the block's arrays in this process's scratch memory (no fresh pages a block: dufs.data._scratch)
+        indices = _in_scratch("row block indices", indices, np.int32)
+        data = _in_scratch("row block values", np.asarray(data)[:nnz], self.value_dtype)
         if n_rows > INT32_MAX:
             raise ParameterError(f"row block {i} has too many rows ({n_rows})")
         blk = self._new_block(ROWS, i)
         indptr_name, indices_name, data_name = layout.BLOCK_ARRAYS
-        guess = 1 if raw_indices and (nnz == 0 or int(indices.min()) >= 1) else 0
-        arrays = {indptr_name: indptr, indices_name: indices - np.int32(guess) if guess else indices, data_name: data}
+        guess = 1 if raw_indices and (nnz == 0 or lo >= 1) else 0
+        stored = indices
+        if guess:  # the spill keeps the raw indices
+            stored = np.subtract(indices, np.int32(guess), out=scratch("row block indices, based", nnz, np.int32))
+        arrays = {indptr_name: indptr, indices_name: stored, data_name: data}
         if y is not None:
             y = np.asarray(y, dtype=np.float64).ravel()
             if y.shape[0] != n_rows:
@@ -252,13 +258,14 @@ class StoreBuilder:
             arrays[layout.ROW_LABELS] = y
         write_arrays(blk, arrays, chunk=self.chunk)
         t1 = time.perf_counter()
-        entries, goff = csr_to_spill(indptr, indices, data, self.granule)
+        entries, goff = csr_to_spill(indptr, indices, data, self.granule,
+                                     out=scratch("spill", nnz, entry_dtype(self.value_dtype)))
         head = layout.SpillHeader(int(goff.shape[0]), int(entries.shape[0]), self.value_dtype)
         self.partial.write_parts(layout.spill_file(i), [head.encode(), goff, entries])
         if timings is not None:
             timings["write rows"] = timings.get("write rows", 0.0) + t1 - t0
             timings["spill"] = timings.get("spill", 0.0) + time.perf_counter() - t1
-        info = RowBlockMeta(i, n_rows, nnz, int(indices.min()) if nnz else -1, int(indices.max()) if nnz else -1,
+        info = RowBlockMeta(i, n_rows, nnz, lo, hi,
                             has_y=y is not None, raw_indices=raw_indices, indices_shift=guess, extra=dict(extra or {}))
         # one write (zarr's attrs.update writes key by key): "complete" never lands without the counts
         self._finish_block(blk, layout.row_block_attrs(info))
@@ -567,7 +574,8 @@ class StoreBuilder:
         width = max(hi_f - lo_f, 0)
         count = offsets[:, j + 1] - offsets[:, j]
         starts = np.concatenate([[0], np.cumsum(np.maximum(count, 0))])
-        entries = np.empty(int(starts[-1]), entry_dtype(self.value_dtype))
+        n = int(starts[-1])  # in this process's scratch memory, as the parse tasks' arrays (dufs.data._scratch)
+        entries = scratch("transpose entries", n, entry_dtype(self.value_dtype))
         for i in np.flatnonzero(count > 0).tolist():  # one slice of row block i's spill
             lo, a, b = int(offsets[i, j]), int(starts[i]), int(starts[i + 1])
             head = self._spill_head(i)
@@ -580,7 +588,9 @@ class StoreBuilder:
         t1 = time.perf_counter()
         # rows within their row block -> rows of the store
         indptr, indices, data = merge_spills(entries, width, col0=shift + lo_f, seg_counts=np.maximum(count, 0),
-                                             seg_rows=row_bounds[:-1], granule=self.granule)
+                                             seg_rows=row_bounds[:-1], granule=self.granule,
+                                             out=(scratch("transpose rows", n, np.int32),
+                                                  scratch("transpose values", n, self.value_dtype)))
         del entries
         t2 = time.perf_counter()
         blk = self._new_block(FEATURES, j)
@@ -589,6 +599,15 @@ class StoreBuilder:
             int(indptr[-1]), lo_f, lo_f + width, content_checksum(indptr, indices, data))))  # one write
         phases = {"transpose read": t1 - t0, "transpose merge": t2 - t1, "transpose write": time.perf_counter() - t2}
         return phases, np.diff(indptr).astype(np.int32)
+
+
+def _in_scratch(name: str, a: np.ndarray, dtype: Any) -> np.ndarray:
+    """``a`` as a C-contiguous array of ``dtype``: itself when it is one, else a copy in scratch memory."""
+    if a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    out = scratch(name, a.size, dtype)
+    np.copyto(out, a, casting="unsafe")
+    return out
 
 
 @contextlib.contextmanager

@@ -35,7 +35,8 @@ from dufs import config
 from dufs._logging import get_logger
 from dufs.data import bz2blocks
 from dufs.data._exec import Executor
-from dufs.data._fs import Location
+from dufs.data._fs import Location, RangeReader
+from dufs.data._scratch import scratch
 from dufs.data.builder import StoreBuilder
 from dufs.data.bz2blocks import Bz2Range
 from dufs.data.layout import IngestRecord, RowBlockMeta
@@ -178,8 +179,11 @@ def _read_exactly(f: Any, n: int, path: str, offset: int, line: int) -> bytes:
 
 
 def _read_range(path: str, start: int, stop: int) -> np.ndarray:
-    if not _is_url(path):
-        return np.fromfile(path, dtype=np.uint8, count=stop - start, offset=start)
+    if not _is_url(path):  # into this process's scratch memory (no fresh pages a block: dufs.data._scratch)
+        out = scratch("text", stop - start, np.uint8)
+        with RangeReader(path, local=True) as r:  # a short file: EOFError
+            r.read_into(start, out)
+        return out
     with fsspec.open(path, "rb") as f:
         f.seek(start)
         return np.frombuffer(f.read(stop - start), dtype=np.uint8)
@@ -191,7 +195,7 @@ def _is_url(path: str) -> bool:
 
 def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any, opts: dict) -> dict:
     """Task: parse one unit and write it as a row block. Returns counts, or the first error (nothing written)."""
-    from dufs.kernels.libsvm import error_message, parse_block
+    from dufs.kernels.libsvm import count_entries, error_message, parse_block
 
     t0 = time.perf_counter()
     base = unit.start
@@ -204,15 +208,18 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
                     "bytes": 0, "skipped": [], "error": None, "decompress": " ".join(str(exc).split())}
     buf = _read_range(path, unit.start, unit.stop) if payload is None else np.frombuffer(payload, np.uint8)
     t1 = time.perf_counter()
-    pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX, allow_qid=True)
+    n = count_entries(buf)  # the parser's entries in scratch memory too
+    pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX, allow_qid=True,
+                     buffers=(scratch("parsed indices", n, np.int64), scratch("parsed values", n, np.float64)))
     timings = {"read": t1 - t0, "parse": time.perf_counter() - t1}
     skipped = [(int(a), int(b), error_message(int(c))) for a, b, c in
                zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes, strict=True)]
     res = {"block": unit.block, "unit": unit, "n_lines": pb.n_lines, "n_blank": pb.n_blank,
            "n_comment": pb.n_comment, "n_skipped": pb.n_skipped, "bytes": int(buf.size),
            "skipped": skipped, "error": None, "timings": timings}
+    data = scratch("values", pb.data.size, builder.value_dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        data = pb.data.astype(builder.value_dtype)
+        np.copyto(data, pb.data, casting="unsafe")
     indptr, indices, labels, row_lines, row_qid = pb.indptr, pb.indices, pb.labels, pb.row_lines, pb.row_qid
     # the rows before a parse error come first: a line that breaks the options there is the first bad line
     bad = _option_errors(pb, data, opts)
@@ -240,7 +247,7 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
         skipped = sorted(skipped + more)[:10]
         res.update(n_skipped=pb.n_skipped + len(bad), skipped=skipped)
     info = builder.write_row_block(
-        unit.block, indptr, indices - (1 if opts["zero_based"] is False else 0), data, labels,
+        unit.block, indptr, indices - 1 if opts["zero_based"] is False else indices, data, labels,
         raw_indices=opts["zero_based"] == "auto",
         extra=IngestRecord(n_lines=pb.n_lines, n_blank=pb.n_blank, n_comment=pb.n_comment,
                            n_skipped=res["n_skipped"], n_qid=int(np.count_nonzero(row_qid)), bytes=int(buf.size),

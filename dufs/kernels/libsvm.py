@@ -451,7 +451,20 @@ def _sort_row(indices, data, s, e, slow, slow_lo, slow_hi):
 
 
 @_jit
-def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_capacity):
+def _count_byte(buf, byte):
+    n = 0
+    for k in range(buf.shape[0]):
+        n += buf[k] == byte
+    return n
+
+
+def count_entries(buf: np.ndarray) -> int:
+    """The most entries (``index:value`` fields) :func:`parse_block` can find in ``buf``: its colons."""
+    return int(_count_byte(_as_buffer(buf), np.uint8(_COLON)))
+
+
+@_jit
+def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_capacity, indices_buf, data_buf):
     n = buf.shape[0]
     n_nl = 0
     n_colon = 0
@@ -466,8 +479,12 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_c
     row_qid = np.zeros(n_lines, dtype=np.bool_)
     indptr = np.empty(n_lines + 1, dtype=np.int64)
     indptr[0] = 0
-    indices = np.empty(n_colon, dtype=np.int64)
-    data = np.empty(n_colon, dtype=np.float64)
+    if indices_buf.shape[0] >= n_colon and data_buf.shape[0] >= n_colon:  # the caller's memory
+        indices = indices_buf[:n_colon]
+        data = data_buf[:n_colon]
+    else:
+        indices = np.empty(n_colon, dtype=np.int64)
+        data = np.empty(n_colon, dtype=np.float64)
     # tokens for Python's float: start, end, slot (data index, or -(row + 1) for a label), line,
     # row, line start; the first slow_capacity of them (nslow counts them all)
     slow = np.empty((slow_capacity, 6), dtype=np.int64)
@@ -682,6 +699,7 @@ def parse_block(
     max_recorded: int = 10,
     index_limit: int = 2**31 - 1,
     allow_qid: bool = False,
+    buffers: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> ParsedBlock:
     """Parse whole lines of libsvm/svmlight text into CSR buffers.
 
@@ -703,6 +721,9 @@ def parse_block(
         False: a ``qid`` field is an error (``ErrorCode.QID``). True: a ``qid:N`` field right after
         the label (``N`` an integer, else ``ErrorCode.BAD_QID``) is read and ignored, as by
         scikit-learn's ``load_svmlight_file``; ``row_qid`` flags the rows that had one.
+    buffers : (int64 array, float64 array), optional
+        Memory for the entries' indices and values, each of at least :func:`count_entries` items: the returned
+        ``indices`` and ``data`` are then views of them (smaller ones are not used).
 
     Returns
     -------
@@ -730,10 +751,18 @@ def parse_block(
             "The 'index_limit' parameter of parse_block must be an int in [0, 2**63 // 10); "
             f"got {index_limit!r}."
         )
+    if buffers is None:
+        bufs = (np.empty(0, np.int64), np.empty(0, np.float64))
+    else:
+        bufs = tuple(np.asarray(b) for b in buffers)
+        if (len(bufs) != 2 or bufs[0].dtype != np.int64 or bufs[1].dtype != np.float64
+                or not all(b.ndim == 1 and b.flags.c_contiguous and b.flags.writeable for b in bufs)):
+            raise ParameterError("The 'buffers' parameter of parse_block must be a writable C-contiguous 1-D int64 "
+                                 "array and a float64 one.")
     args = (buf, bool(skip_errors), int(max_recorded), int(index_limit), bool(allow_qid))
-    out = _parse_kernel(*args, _SLOW_CAPACITY)
+    out = _parse_kernel(*args, _SLOW_CAPACITY, *bufs)
     if out[-1] > _SLOW_CAPACITY:  # more tokens for Python's float than the table held: again, with room for all
-        out = _parse_kernel(*args, int(out[-1]))
+        out = _parse_kernel(*args, int(out[-1]), *bufs)
     (
         labels,
         indptr,

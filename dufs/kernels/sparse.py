@@ -50,34 +50,37 @@ def _csr_to_spill(indptr, indices, data, granule, out):
     return goff
 
 
-def csr_to_spill(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, granule: int):
+def csr_to_spill(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, granule: int, *,
+                 out: np.ndarray | None = None):
     """Entries of a CSR block bucketed by granules of ``granule`` columns, in storage order (so rows ascending) in each
     bucket, with the offsets of the buckets: what :func:`merge_spills` sorts by column.
 
     Returns ``entries`` (:func:`entry_dtype` of the data's dtype: ``col``, ``row`` local to the block, ``val``) and
     ``goff`` (int64, length n_granules + 1): the entries of columns ``[g*granule, (g+1)*granule)`` are
-    ``entries[goff[g]:goff[g+1]]``.
+    ``entries[goff[g]:goff[g+1]]``. ``out``: where to put the entries (as many as the block has, of that dtype).
     """
     data = np.ascontiguousarray(data)
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-    out = np.empty(int(indptr[-1]), entry_dtype(data.dtype))
+    if out is None:
+        out = np.empty(int(indptr[-1]), entry_dtype(data.dtype))
+    elif out.shape != (int(indptr[-1]),) or out.dtype != entry_dtype(data.dtype):
+        raise ValueError(f"csr_to_spill: out must hold {int(indptr[-1])} entries of {entry_dtype(data.dtype)}")
     goff = _csr_to_spill(indptr, np.ascontiguousarray(indices), data, np.int64(granule), out)
     return out, goff
 
 
 @numba.njit(nogil=True, cache=True)
-def _merge_spills(entries, width, col0, seg_ends, seg_rows, granule, data):
+def _merge_spills(entries, width, col0, seg_ends, seg_rows, granule, indices, data):
     nnz = entries.shape[0]
     indptr = np.zeros(width + 1, dtype=np.int64)
     for k in range(nnz):
         c = np.int64(entries[k].col) - col0
         if c < 0 or c >= width:
-            return indptr, np.empty(0, dtype=np.int32), 1
+            return indptr, 1
         indptr[c + 1] += 1
     for c in range(width):
         indptr[c + 1] += indptr[c]
     pos = indptr[:-1].copy()
-    indices = np.empty(nnz, dtype=np.int32)
     nseg = seg_ends.shape[0]
     ptr = np.empty(nseg, dtype=np.int64)
     for s in range(nseg):
@@ -95,7 +98,7 @@ def _merge_spills(entries, width, col0, seg_ends, seg_rows, granule, data):
             while k < end and entries[k].col < limit:
                 e = entries[k]
                 if e.col < lower:  # a granule before this one, after a later one: not in granule order
-                    return indptr, indices, 2
+                    return indptr, 2
                 c = np.int64(e.col) - col0
                 p = pos[c]
                 indices[p] = e.row + base
@@ -103,11 +106,12 @@ def _merge_spills(entries, width, col0, seg_ends, seg_rows, granule, data):
                 pos[c] = p + 1
                 k += 1
             ptr[s] = k
-    return indptr, indices, 0
+    return indptr, 0
 
 
 def merge_spills(entries: np.ndarray, width: int, *, col0: int = 0, seg_counts: np.ndarray | None = None,
-                 seg_rows: np.ndarray | None = None, granule: int = 0):
+                 seg_rows: np.ndarray | None = None, granule: int = 0,
+                 out: tuple[np.ndarray, np.ndarray] | None = None):
     """CSC buffers of ``width`` columns from spill entries (:func:`entry_dtype`) given in row-block order (stable by
     column).
 
@@ -117,7 +121,7 @@ def merge_spills(entries: np.ndarray, width: int, *, col0: int = 0, seg_counts: 
     row-block order). ``granule``: each segment's entries are bucketed by granules of that many columns (as
     :func:`csr_to_spill` writes them; ``col // granule`` never decreases within a segment), which lets the merge
     fill the output a granule at a time; 0: any order. Returns ``indptr`` (int64), ``indices`` (int32: rows of a
-    store are below 2**31) and ``data``.
+    store are below 2**31) and ``data``; ``out``: the memory for the last two (as many items as entries).
     """
     entries = np.ascontiguousarray(entries)
     if entries.dtype.names != ("col", "row", "val") or entries.dtype != entry_dtype(entries.dtype["val"]):
@@ -132,9 +136,15 @@ def merge_spills(entries: np.ndarray, width: int, *, col0: int = 0, seg_counts: 
     if granule < 0:
         raise ValueError(f"merge_spills: granule must be >= 0, got {granule}")
     whole = max(int(col0) + int(width), 1) if not granule else int(granule)  # 0: one granule holding every column
-    data = np.empty(entries.shape[0], entries.dtype["val"].newbyteorder("="))
-    indptr, indices, bad = _merge_spills(entries, np.int64(width), np.int64(col0), seg_ends, seg_rows, np.int64(whole),
-                                         data)
+    n, vdt = entries.shape[0], entries.dtype["val"].newbyteorder("=")
+    if out is None:
+        indices, data = np.empty(n, np.int32), np.empty(n, vdt)
+    else:
+        indices, data = out
+        if indices.shape != (n,) or indices.dtype != np.int32 or data.shape != (n,) or data.dtype != vdt:
+            raise ValueError(f"merge_spills: out must be {n} int32 rows and {n} values of {vdt}")
+    indptr, bad = _merge_spills(entries, np.int64(width), np.int64(col0), seg_ends, seg_rows, np.int64(whole),
+                                indices, data)
     if bad == 1:
         raise ValueError("merge_spills: column outside the block")
     if bad == 2:

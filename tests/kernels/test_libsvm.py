@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from sklearn.datasets import load_svmlight_file
 
 from dufs.errors import ParameterError
-from dufs.kernels.libsvm import ERROR_MESSAGES, ErrorCode, ParsedBlock, error_message, parse_block
+from dufs.kernels.libsvm import (
+    ERROR_MESSAGES,
+    ErrorCode,
+    ParsedBlock,
+    count_entries,
+    error_message,
+    parse_block,
+)
 
 
 def bits(a) -> np.ndarray:
@@ -162,6 +169,12 @@ def test_random_files_match_sklearn(case):
     ours, ref, lines = case
     block = parse_block(np.frombuffer(ours, dtype=np.uint8))
     assert_matches(block, ref)
+    # into the caller's memory (as dufs convert parses): the same, in views of it
+    n = count_entries(ours)
+    bufs = (np.full(n + 3, -7, np.int64), np.full(n + 3, np.nan))
+    into = parse_block(np.frombuffer(ours, dtype=np.uint8), buffers=bufs)
+    assert_matches(into, ref)
+    assert np.shares_memory(into.indices, bufs[0]) == np.shares_memory(into.data, bufs[1]) == (into.nnz > 0)
     assert block.n_lines == len(lines)
     n_blank = sum(1 for line in lines if not line.strip())
     n_comment = sum(1 for line in lines if line.strip().startswith("#"))
@@ -333,11 +346,16 @@ def test_more_slow_tokens_than_the_kernels_table():
         lines.append(f"{r % 3}_0 " + " ".join(toks))
         order = np.argsort(idx)
         rows.append((float(f"{r % 3}_0"), idx[order], [float(toks[k].split(":")[1]) for k in order]))
-    block = parse_block("\n".join(lines).encode(), skip_errors=True)
-    assert block.n_skipped == sum(1 for r in range(600) if r % 97 == 5)
-    assert block.labels.tolist() == [r[0] for r in rows]
-    assert block.indices.tolist() == [int(i) for r in rows for i in r[1]]
-    assert block.data.tolist() == [v for r in rows for v in r[2]]
+    text = "\n".join(lines).encode()
+    n = count_entries(text)
+    for buffers in (None, (np.empty(n, np.int64), np.empty(n)), (np.empty(n - 1, np.int64), np.empty(n))):
+        block = parse_block(text, skip_errors=True, buffers=buffers)  # (buffers one short: not used)
+        assert block.n_skipped == sum(1 for r in range(600) if r % 97 == 5)
+        assert block.labels.tolist() == [r[0] for r in rows]
+        assert block.indices.tolist() == [int(i) for r in rows for i in r[1]]
+        assert block.data.tolist() == [v for r in rows for v in r[2]]
+        if buffers is not None:
+            assert np.shares_memory(block.indices, buffers[0]) == (buffers[0].size == n)
 
 
 def test_long_unsorted_rows_are_sorted():
@@ -388,6 +406,10 @@ def test_input_validation():
         parse_block(b"1\n", max_recorded=-1)
     with pytest.raises(ParameterError, match="'index_limit' parameter"):
         parse_block(b"1\n", index_limit=-5)
+    strided = np.empty(8, np.int64)[::2]
+    for bad in ((np.empty(4, np.int32), np.empty(4)), (np.empty(4, np.int64),), (strided, np.empty(4))):
+        with pytest.raises(ParameterError, match="'buffers' parameter"):
+            parse_block(b"1 2:3\n", buffers=bad)
     with pytest.raises(ParameterError, match="Unknown libsvm error code"):
         error_message(99)
     assert set(ERROR_MESSAGES) == set(ErrorCode)

@@ -103,6 +103,31 @@ def test_spills_of_row_blocks_merge_into_scipys_column_blocks(X, data):
             np.testing.assert_array_equal(got, ref_part)
 
 
+def test_csr_to_spill_into_given_memory():
+    X = sp.random_array((30, 50), density=0.2, rng=3, format="csr", dtype=np.float32)
+    want, goff_want = csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, 8)
+    out = np.zeros(X.nnz, entry_dtype(np.float32))
+    got, goff = csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, 8, out=out)
+    assert got is out and np.array_equal(goff, goff_want) and got.tobytes() == want.tobytes()
+    for bad in (np.zeros(X.nnz + 1, entry_dtype(np.float32)), np.zeros(X.nnz, entry_dtype(np.float64))):
+        with pytest.raises(ValueError, match="out must hold"):
+            csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, 8, out=bad)
+
+
+def test_merge_spills_into_given_memory():
+    X = sp.random_array((30, 50), density=0.2, rng=4, format="csr", dtype=np.float32)
+    entries, _ = csr_to_spill(X.indptr, X.indices.astype(np.int32), X.data, 8)
+    out = (np.zeros(X.nnz, np.int32), np.zeros(X.nnz, np.float32))
+    indptr, indices, data = merge_spills(entries, 50, granule=8, out=out)
+    assert indices is out[0] and data is out[1]
+    ref = sp.csc_array(X)
+    ref.sort_indices()
+    for got, want in zip((indptr, indices, data), (ref.indptr, ref.indices, ref.data), strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="out must be"):
+        merge_spills(entries, 50, out=(np.zeros(X.nnz, np.int32), np.zeros(X.nnz, np.float64)))
+
+
 def _e(cols, rows, vals):
     return spill_entries(np.asarray(cols), np.asarray(rows), np.asarray(vals, dtype=np.float64))
 
