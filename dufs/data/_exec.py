@@ -12,7 +12,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from dufs._logging import get_logger
 from dufs.scheduling import current_client
+
+log = get_logger(__name__)
 
 
 class Executor:
@@ -69,9 +72,24 @@ class Executor:
             raise
         return out
 
+    def run_everywhere(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` in every worker process (and here, where the tasks ran on local threads)."""
+        if self.client is not None:
+            self.client.run(fn)
+        else:
+            fn()
+
     def close(self) -> None:
+        """Shut the local threads down, and let the scratch memory the tasks kept go (:mod:`dufs.data._scratch`:
+        a build's tasks reuse it from block to block; after the build the workers' memory is the methods')."""
+        from dufs.data import _scratch
+
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.run_everywhere(_scratch.release)
+        except Exception as exc:  # noqa: BLE001 - a cluster closing or gone: its processes' memory goes with them
+            log.debug("scratch memory not released on the workers: %s", exc)
 
     def __enter__(self) -> Executor:
         return self

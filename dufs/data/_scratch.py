@@ -7,7 +7,7 @@ its pages fault in again on first touch: on the 2-vCPU test machine a parse task
 8 MiB of text) cost 10-28 ms of a 55-68 ms task. :func:`scratch` hands out a view of an array this thread kept
 from an earlier task, grown when a block needs more, once nothing else refers to it (as
 :mod:`dufs.engine.buffers` decides for a pass's results); memory is one array per name and thread, the size of the
-largest block seen.
+largest block seen, until :func:`release` (the end of a build) lets it all go.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import threading
 
 import numpy as np
 
-_LOCAL = threading.local()
-# references to a kept array that nobody else holds, as counted in scratch(): the dict's value, the name `kept` and
+_LOCK = threading.Lock()
+_POOLS: dict[int, dict[str, np.ndarray]] = {}  # thread -> name -> the array kept
+# references to a kept array that nobody else holds, as counted in scratch(): the pool's value, the name `kept` and
 # getrefcount's own argument
 _BASELINE = 3
 
@@ -28,11 +29,22 @@ def scratch(name: str, n: int, dtype: np.dtype | type) -> np.ndarray:
     the same ``name`` when that array is no longer referred to (else freshly allocated, and kept in its place)."""
     dtype = np.dtype(dtype)
     need = int(n) * dtype.itemsize
-    pool = getattr(_LOCAL, "pool", None)
-    if pool is None:
-        pool = _LOCAL.pool = {}
+    with _LOCK:
+        pool = _POOLS.setdefault(threading.get_ident(), {})
     kept = pool.get(name)
     if kept is None or kept.nbytes < need or sys.getrefcount(kept) > _BASELINE:
         kept = np.empty(max(need + need // 4, 1 << 16), np.uint8)  # room for somewhat larger blocks
         pool[name] = kept
     return kept[:need].view(dtype)
+
+
+def release() -> None:
+    """Let every thread's kept arrays go (those still in use stay valid: they are only no longer kept)."""
+    with _LOCK:
+        _POOLS.clear()
+
+
+def kept_bytes() -> int:
+    """Bytes of scratch memory this process keeps."""
+    with _LOCK:
+        return sum(a.nbytes for pool in _POOLS.values() for a in list(pool.values()))

@@ -911,6 +911,23 @@ def test_qid_on_a_process_cluster(tmp_path, cluster_client):
     assert rep.qid_lines == n_qid == st.provenance["qid_lines"]
 
 
+@pytest.mark.slow
+def test_many_blocks_a_worker_reuse_scratch_memory_and_leave_none(tmp_path, cluster_client):
+    """Blocks of several sizes, many a worker (each task's arrays in memory an earlier task used: dufs.data._scratch):
+    the store is scikit-learn's; once the conversion is over the workers keep no scratch memory."""
+    from dufs.data import _scratch
+
+    X, y = random_data(1500, 400, 12 / 400, seed=52)
+    long_lines = sp.random_array((60, 400), density=0.5, rng=1, format="csr")  # a few much longer lines
+    X = sp.vstack([X[:700], long_lines, X[760:]], format="csr")
+    text = svm_text(X, y)
+    src = write(tmp_path / "m.svm", text)
+    st, rep = convert(src, tmp_path / "out.zarr", block_bytes=len(text) // 25 + 1, client=cluster_client)
+    assert st.n_blocks("csr") >= 20
+    assert_equals_sklearn(st, *sk_load(text))
+    assert set(cluster_client.run(_scratch.kept_bytes).values()) == {0}
+
+
 def test_relative_input_paths_on_workers_with_another_working_directory(tmp_path, cluster_client, monkeypatch):
     """A relative input is this process's file, not one of that name in the workers' working directory: a
     ``dask worker`` started elsewhere read the other file, or failed with "No such file"."""
