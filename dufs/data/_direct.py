@@ -29,6 +29,7 @@ _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 def _CRC32C(b: Any) -> Any:  # noqa: N802 - a marker in an encoder list: append the crc32c of the bytes so far
     return b
 
+
 _templates: dict[tuple, tuple[dict, list[Callable[[Any], Any]]] | None] = {}
 
 
@@ -88,8 +89,10 @@ def write_local(root: str, name: str, values: np.ndarray, spec: dict) -> bool:
     meta = {**meta, "shape": [int(values.shape[0])],
             "chunk_grid": {**meta["chunk_grid"], "configuration": {"chunk_shape": [chunk]}}}
     path = os.path.join(root, name)
-    if os.path.lexists(path):  # as Zarr's overwrite: no chunk of an earlier, longer array is left behind
-        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    if os.path.isdir(path) and not os.path.islink(path):  # as Zarr's overwrite: no chunk of an earlier, longer
+        shutil.rmtree(path)                                # array is left behind
+    elif os.path.lexists(path):
+        os.remove(path)
     os.makedirs(os.path.join(path, "c") if values.size else path)
     raw = memoryview(np.ascontiguousarray(values)).cast("B")
     step = chunk * values.dtype.itemsize
