@@ -104,8 +104,8 @@ def _warm_numba_caches() -> None:
         M.rmatvec(np.ones(20))
         M.matvec(np.ones(7))
         Xc = X.astype(dt)
-        entries, _ = csr_to_spill(Xc.indptr, Xc.indices.astype(np.int32), Xc.data, 4)
-        merge_spills(entries, 7, granule=4)
+        entries, goff = csr_to_spill(Xc.indptr, Xc.indices.astype(np.int32), Xc.data, 4)
+        merge_spills(entries, 7, granule=4, bounds=goff[None, np.minimum(np.arange(3), goff.shape[0] - 1)])
     parse_block(b"1 1:2 3:4\n-1 2:1\n")
     parse_block(np.frombuffer(b"1 1:2\n", dtype=np.uint8))
     from dufs.data.synthetic import SyntheticSpec, generate_rows

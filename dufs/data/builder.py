@@ -576,19 +576,33 @@ class StoreBuilder:
         starts = np.concatenate([[0], np.cumsum(np.maximum(count, 0))])
         n = int(starts[-1])  # in this process's scratch memory, as the parse tasks' arrays (dufs.data._scratch)
         entries = scratch("transpose entries", n, entry_dtype(self.value_dtype))
-        for i in np.flatnonzero(count > 0).tolist():  # one slice of row block i's spill
+        G = self.granule
+        g0, g1 = lo_raw // G, -(-hi_raw // G)  # the block's granules (its raw bounds are granule multiples)
+        # where each row block's entries of each of those granules lie in `entries`: its spill's granule offsets
+        bounds = np.repeat(starts[:-1, None], g1 - g0 + 1, axis=1)
+        for i in np.flatnonzero(count > 0).tolist():  # one slice of row block i's spill, and its offsets
             lo, a, b = int(offsets[i, j]), int(starts[i]), int(starts[i + 1])
             head = self._spill_head(i)
             if head.nnz != row_nnz[i] or offsets[i, j + 1] > head.nnz:
                 raise StoreError(f"{self.partial.child(layout.spill_file(i))}: the spill holds {head.nnz} entries, row "
                                  f"block {i} {row_nnz[i]}: the partial build is damaged; start again with --overwrite")
-            at, dtype = head.sections()["entries"]
+            sections = head.sections()
+            at, dtype = sections["entries"]
+            n_gran = head.n_offsets - 1
+            ga, gb = min(g0, n_gran), min(g1, n_gran)
+            goff = np.empty(gb - ga + 1, np.int64)
             with self.partial.reader(layout.spill_file(i)) as r:
                 r.read_into(at + lo * dtype.itemsize, entries[a:b])
+                r.read_into(sections["goff"][0] + 8 * ga, goff)
+            if goff[0] != lo or goff[-1] != offsets[i, j + 1]:
+                raise StoreError(f"{self.partial.child(layout.spill_file(i))}: its granule offsets disagree with "
+                                 f"the ones read before: the partial build is damaged; start again with --overwrite")
+            bounds[i, :gb - ga + 1] = a + goff - lo
+            bounds[i, gb - ga + 1:] = b
         t1 = time.perf_counter()
         # rows within their row block -> rows of the store
-        indptr, indices, data = merge_spills(entries, width, col0=shift + lo_f, seg_counts=np.maximum(count, 0),
-                                             seg_rows=row_bounds[:-1], granule=self.granule,
+        indptr, indices, data = merge_spills(entries, width, granule=G, bounds=bounds, first_granule=g0,
+                                             col0=shift + lo_f, seg_rows=row_bounds[:-1],
                                              out=(scratch("transpose rows", n, np.int32),
                                                   scratch("transpose values", n, self.value_dtype)))
         del entries

@@ -63,7 +63,7 @@ ROW_LABELS = "y"  # a row block's labels, written by the build (and left in the 
 INDICES_FIX = "indices_fix"  # a row block's indices rewritten for the final index base, before they replace them
 SPILL = "spill"  # the directory of the transpose's spill files (not a Zarr node)
 #: the spill's format: a resume refuses a partial build whose spill files another format wrote
-SPILL_FORMAT = 3
+SPILL_FORMAT = 4
 _CHUNK_PREFIX = "c"  # Zarr v3's default chunk key encoding: "<array>/c/<k>"
 
 # attributes
@@ -155,9 +155,10 @@ class SpillHeader:
 
     A spill file is this header (:data:`SPILL_HEADER_BYTES`), then ``goff`` (int64, ``n_offsets``: where each granule
     of ``feature-granule`` raw columns starts) and ``entries`` (``nnz`` records of
-    :func:`dufs.kernels.sparse.entry_dtype`: the int32 raw column, the int32 row within the row block and the value in
-    ``value_dtype``): the block's entries bucketed by granule, rows ascending in each bucket. Raw little-endian
-    buffers, no compression and no Zarr: the spill is scratch, written once, read in slices once and removed.
+    :func:`dufs.kernels.sparse.entry_dtype`: the column's offset in its granule (uint16), the int32 row within the
+    row block and the value in ``value_dtype``): the block's entries bucketed by granule, rows ascending in each
+    bucket. Raw little-endian buffers, no compression and no Zarr: the spill is scratch, written once, read in
+    slices once and removed.
     """
 
     n_offsets: int
@@ -175,7 +176,9 @@ class SpillHeader:
     @property
     def file_bytes(self) -> int:
         """The size of the whole file."""
-        return SPILL_HEADER_BYTES + self.n_offsets * 8 + self.nnz * (8 + self.value_dtype.itemsize)
+        from dufs.kernels.sparse import entry_dtype
+
+        return SPILL_HEADER_BYTES + self.n_offsets * 8 + self.nnz * entry_dtype(self.value_dtype).itemsize
 
     def encode(self) -> bytes:
         dt = self.value_dtype.newbyteorder("<").str.encode()
