@@ -78,6 +78,11 @@ class StoreBuilder:
         self.resume = resume
         self.options = dict(options or {})
         self.granule = int(config.get("store.feature-granule"))
+        from dufs.kernels.sparse import MAX_GRANULE
+
+        if not 1 <= self.granule <= MAX_GRANULE:  # a spill entry holds its feature's offset in its granule in 16 bits
+            raise ParameterError(f"The 'dufs.store.feature-granule' setting must be an int in [1, {MAX_GRANULE}]; "
+                                 f"got {self.granule}.")
         self.chunk = int(config.get("store.chunk-elements"))
         self._locked = False
 

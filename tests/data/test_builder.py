@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from dufs.data.builder import StoreBuilder
-from dufs.errors import StoreError
+from dufs.errors import ParameterError, StoreError
 
 
 def _half_built(path, X, granule):
@@ -83,3 +83,11 @@ def test_resume_removes_temporary_files_of_a_killed_write(tmp_path):
     left = [p.name for p in path.rglob("*.partial")]
     assert left == []
     assert (st.to_scipy("csr") != X).nnz == 0
+
+
+@pytest.mark.parametrize("granule", [0, 65537])
+def test_a_granule_a_spill_entry_cannot_address_is_refused_before_anything_is_written(tmp_path, granule):
+    with dask.config.set({"dufs.store.feature-granule": granule}):
+        with pytest.raises(ParameterError, match=r"'dufs.store.feature-granule' setting must be an int in \[1, 65536"):
+            StoreBuilder(tmp_path / "g.zarr", options={"x": 1})
+    assert not list(tmp_path.iterdir())
