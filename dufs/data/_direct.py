@@ -16,12 +16,13 @@ import json
 import os
 import shutil
 import struct
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import crc32c
 import numpy as np
+
+from dufs.data._fs import Location
 
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
@@ -118,7 +119,8 @@ _group_template: dict | None = None
 
 def write_group(path: str, attributes: dict) -> None:
     """The Zarr group at the directory ``path`` (made when missing) with ``attributes``: its ``zarr.json`` is the
-    document Zarr writes for a group with them, replaced in one rename (a reader sees the old one or the new)."""
+    document Zarr writes for a group with them, replaced whole (:meth:`~dufs.data._fs.Location.write_parts`: a
+    reader sees the old one or the new)."""
     global _group_template
     if _group_template is None:
         import zarr
@@ -127,13 +129,5 @@ def write_group(path: str, attributes: dict) -> None:
         held: dict = {}
         zarr.create_group(store=MemoryStore(held), zarr_format=3)
         _group_template = json.loads(held["zarr.json"].to_bytes())
-    os.makedirs(path, exist_ok=True)
-    tmp = os.path.join(path, f"zarr.json.{uuid.uuid4().hex}.partial")
-    try:
-        with open(tmp, "w") as f:
-            json.dump({**_group_template, "attributes": attributes}, f, indent=2)
-        os.replace(tmp, os.path.join(path, "zarr.json"))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    doc = json.dumps({**_group_template, "attributes": attributes}, indent=2).encode()
+    Location(path).write_parts("zarr.json", [doc])
