@@ -9,6 +9,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from dufs.kernels._prefetch import DISTANCE, prefetch_row  # noqa: F401 (read by the generated kernels)
+
 __all__ = ["col_sums", "column_groups", "csc_class_stats", "csc_column_stats", "csc_label_sums", "csc_matvec",
            "csc_rmatvec"]
 
@@ -99,10 +101,13 @@ _UNROLL = 16
 
 _RMATVEC_TEMPLATE = """
 def {name}(indptr, indices, data, V, out, q0):
+    nnz = np.uint64(indices.shape[0])
     for j in range(indptr.shape[0] - 1):
 {init}
         # unsigned positions: no negative-index wraparound checks in the inner loop (docs/architecture.md)
         for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            if k + np.uint64(DISTANCE) < nnz:  # V's row of a nonzero ahead (a hint: the sums are unchanged)
+                prefetch_row(V, indices[k + np.uint64(DISTANCE)])
             r = np.uint64(indices[k])
             v = np.float64(data[k])
 {body}
@@ -112,9 +117,12 @@ def {name}(indptr, indices, data, V, out, q0):
 
 _MATVEC_TEMPLATE = """
 def {name}(indptr, indices, data, U, out, q0):
+    nnz = np.uint64(indices.shape[0])
     for j in range(indptr.shape[0] - 1):
 {init}
         for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
+            if k + np.uint64(DISTANCE) < nnz:  # out's row of a nonzero ahead
+                prefetch_row(out, indices[k + np.uint64(DISTANCE)])
             r = np.uint64(indices[k])
             v = np.float64(data[k])
 {body}
