@@ -409,6 +409,12 @@ class AnchorGraph:
         return self.in_pieces and self.pieces.nbytes >= min(
             config.parse_bytes(config.get("engine.graph-driver-bytes")), max_task_bytes())
 
+    @property
+    def products_here(self) -> bool:
+        """Whether products with Zh run in this process (:attr:`Zh` here or gathered once), not piece by piece on the
+        workers (:meth:`_by_pieces`): a caller may then work on Zh's rows itself."""
+        return not self._by_pieces()
+
     def zt(self, V: Any) -> np.ndarray:
         """Zh^T V (n_anchors, or n_anchors x p) for V of shape (n,) or (n, p): piece by piece (V shared with the row
         blocks, one all-reduce of an n_anchors x p matrix) when :meth:`_by_pieces`."""

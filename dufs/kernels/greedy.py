@@ -245,25 +245,33 @@ def cols_apply(inds, dats, cuts, w, out, b0, b1):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def cols_tapply(inds, dats, V, out, t0, t1):
-    """out[t, :] = x_t^T V for the columns t in [t0, t1); ``V`` (n, p), ``out`` (k, p) float64."""
+def cols_tapply(inds, dats, cuts, V, out, t0, t1):
+    """out[t, :] = x_t^T V for the columns t in [t0, t1); ``V`` (n, p), ``out`` (k, p) float64. By row tiles, as
+    :func:`cols_apply`: each tile of V is read once for all the columns (a heavy column's rows touch most of V's
+    cache lines, so column by column V came from memory once a column); each column's terms are added in the order
+    of its rows all the same, so the sums are those of the column-at-a-time product."""
     p = V.shape[1]
     for t in range(t0, t1):
-        ix = inds[t]
-        dx = dats[t]
-        if p == 1:
-            a = 0.0
-            for q in range(ix.shape[0]):
-                a += np.float64(dx[q]) * V[ix[q], 0]
-            out[t, 0] = a
-            continue
-        acc = np.zeros(p)
-        for q in range(ix.shape[0]):
-            i = ix[q]
-            x = np.float64(dx[q])
-            for j in range(p):
-                acc[j] += x * V[i, j]
-        out[t, :] = acc
+        for j in range(p):
+            out[t, j] = 0.0
+    if t1 <= t0:
+        return
+    for b in range(cuts[t0].shape[0] - 1):
+        for t in range(t0, t1):
+            ix = inds[t]
+            dx = dats[t]
+            c = cuts[t]
+            if p == 1:
+                a = out[t, 0]
+                for q in range(c[b], c[b + 1]):
+                    a += np.float64(dx[q]) * V[ix[q], 0]
+                out[t, 0] = a
+                continue
+            for q in range(c[b], c[b + 1]):
+                i = ix[q]
+                x = np.float64(dx[q])
+                for j in range(p):
+                    out[t, j] += x * V[i, j]
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -276,3 +284,37 @@ def anchor_b(z, Y, wd, WY, lam1, out, r0, r1):
         out[i, 0] = wd[i] * (z[i] - Y[i, 0]) - lam1 * WY[i, 0]
         for j in range(1, p):
             out[i, j] = wd[i] * Y[i, j] - lam1 * WY[i, j]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def anchor_zt_column(zh_indptr, zh_indices, zh_data, rows, vals, coef, out):
+    """out[:] = Zh^T z for z = coef * x, x the sparse column ``(rows, vals)`` (sorted rows) and Zh in CSR (n x m):
+    only x's rows of Zh are read. The same products added in the same order as the product over the dense z (whose
+    other rows add zeros), so the same numbers; ``out`` float64 (m,), overwritten."""
+    for a in range(out.shape[0]):
+        out[a] = 0.0
+    for q in range(rows.shape[0]):
+        r = np.uint64(rows[q])
+        zi = np.float64(vals[q])
+        if coef != 1.0:
+            zi *= coef
+        for k in range(np.uint64(zh_indptr[r]), np.uint64(zh_indptr[r + np.uint64(1)])):
+            out[np.uint64(zh_indices[k])] += np.float64(zh_data[k]) * zi
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def anchor_step_vectors(zh_indptr, zh_indices, zh_data, P, z, Y, wd, lam1, out, r0, r1):
+    """:func:`anchor_b` with W y made row by row in the same sweep, for the rows [r0, r1): out[i, j] = wd[i] * y_ij
+    - lam1 * (Zh[i, :] @ P[:, j]) with y_i0 = z[i] - Y[i, 0], y_ij = Y[i, j] (B = diag(wd) - lam1 W, W = Zh
+    Lambda^-1 Zh^T, P = Lambda^-1 Zh^T [y_0, ...]: m x p, in cache; Zh in CSR, a few nonzeros a row). No n x p W y
+    made first and read again; ``out`` float64 or float32, each number rounded once."""
+    p = Y.shape[1]
+    for i in range(r0, r1):
+        a = np.uint64(zh_indptr[i])
+        b = np.uint64(zh_indptr[i + 1])
+        for j in range(p):
+            w = 0.0
+            for k in range(a, b):
+                w += np.float64(zh_data[k]) * P[np.uint64(zh_indices[k]), j]
+            y = z[i] - Y[i, 0] if j == 0 else Y[i, j]
+            out[i, j] = wd[i] * y - lam1 * w

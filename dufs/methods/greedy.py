@@ -56,6 +56,8 @@ from dufs.kernels.greedy import (
     D_OPTIMAL,
     JCFS,
     anchor_b,
+    anchor_step_vectors,
+    anchor_zt_column,
     best,
     cols_apply,
     cols_tapply,
@@ -400,8 +402,8 @@ class SelectedColumns:
         V2 = np.ascontiguousarray(V[:, None] if one else V, dtype=np.float64)
         out = np.zeros((self.k, V2.shape[1]))
         if self.k:
-            inds, dats, _ = self._numba_lists()
-            _in_threads(lambda a, b: cols_tapply(inds, dats, V2, out, a, b), self.k, self._nnz_bounds)
+            inds, dats, cuts = self._numba_lists()
+            _in_threads(lambda a, b: cols_tapply(inds, dats, cuts, V2, out, a, b), self.k, self._nnz_bounds)
             out = self.coef[:, None] * (out - self.shift[:, None] * col_sums(V2)[None, :])
         return out[:, 0] if one else out
 
@@ -625,7 +627,14 @@ class GreedyRun:
         columns, made two of each."""
         S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
         z = _dense_z(n, col, self.coef[p], self.shift[p])
-        a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
+        here = W.products_here  # Zh on the driver: its products here, row by row
+        if here and not self.shift[p]:  # z = coef x is sparse: Zh^T z from x's rows of Zh alone
+            a_p = np.empty(W.n_anchors)
+            Zh = W.Zh
+            anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, np.asarray(col[0]), np.asarray(col[1]),
+                             float(self.coef[p]), a_p)
+        else:
+            a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
         wz = self.wd * z
         lia = li * a_p
         u = S.tapply(wz) - lam1 * (self.AS @ lia)  # Z_S^T B z_p
@@ -639,12 +648,19 @@ class GreedyRun:
         else:
             Y = S.apply(c[:, None], out=self._scratch(1))
             Q = (a_p - self.AS.T @ c)[:, None]
-        # B y = (1 + lambda1 d) y - lambda1 W y in the dtype the step ships it in, and W y = Zh Lambda^-1 Zh^T y too
+        # B y = (1 + lambda1 d) y - lambda1 W y in the dtype the step ships it in, with W y = Zh Lambda^-1 Zh^T y:
+        # Zh here, row by row in the same sweep; in pieces, W y from the workers first (in that dtype too)
         dt = _step_dtype(self.mode, Y.shape)
-        WY = W.zp(li[:, None] * Q, dtype=dt)
+        P = np.ascontiguousarray(li[:, None] * Q)
         V = np.empty(Y.shape, dtype=dt)
         wd = self.wd
-        _in_threads(lambda a, b: anchor_b(z, Y, wd, WY, lam1, V, a, b), n)
+        if here:
+            Zh = W.Zh
+            _in_threads(lambda a, b: anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, lam1, V, a, b),
+                        n)
+        else:
+            WY = W.zp(P, dtype=dt)
+            _in_threads(lambda a, b: anchor_b(z, Y, wd, WY, lam1, V, a, b), n)
         self.AS = np.vstack([self.AS, a_p[None, :]])
         return self._record(p, col, u, gpp, c, s_p, V)
 

@@ -263,3 +263,57 @@ def test_anchor_b_is_the_documented_formula():
         anchor_b(z, Y, wd, WY, 0.3, out, 0, 20)
         anchor_b(z, Y, wd, WY, 0.3, out, 20, n)
         np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
+
+def _anchor_Zh(n, m, seed):
+    """A CSR anchor weight matrix like the graph's: 3 anchors a row (some rows none), rows summing to 1."""
+    rng = np.random.default_rng(seed)
+    rows, cols, vals = [], [], []
+    for i in range(n):
+        if i % 7 == 3:
+            continue
+        a = rng.choice(m, size=3, replace=False)
+        w = rng.uniform(0.1, 1.0, 3)
+        rows += [i] * 3
+        cols += a.tolist()
+        vals += (w / w.sum()).tolist()
+    return sp.csr_array((vals, (rows, cols)), shape=(n, m))
+
+
+@pytest.mark.parametrize("coef", [1.0, 0.37])
+def test_anchor_zt_column_is_scipy_over_the_dense_column(coef):
+    from dufs.kernels.greedy import anchor_zt_column
+
+    n, m = 400, 16
+    Zh = _anchor_Zh(n, m, 3)
+    rng = np.random.default_rng(4)
+    rows = np.sort(rng.choice(n, size=60, replace=False)).astype(np.int32)
+    vals = rng.standard_normal(60).astype(np.float32)
+    z = np.zeros(n)
+    z[rows] = vals
+    z *= coef
+    out = np.full(m, np.nan)
+    anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, rows, vals, coef, out)
+    np.testing.assert_allclose(out, Zh.T @ z, rtol=1e-13, atol=1e-15)
+    anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, rows[:0], vals[:0], coef, out)  # an empty column
+    np.testing.assert_array_equal(out, np.zeros(m))
+
+
+def test_anchor_step_vectors_is_b_of_the_documented_vectors():
+    """out = diag(wd) [z - Y_0, Y_1] - lam1 Zh P, P = Lambda^-1 Zh^T [...] given: dense NumPy on the same numbers."""
+    from dufs.kernels.greedy import anchor_step_vectors
+
+    n, m = 300, 12
+    Zh = _anchor_Zh(n, m, 5)
+    rng = np.random.default_rng(6)
+    z, wd = rng.standard_normal(n), rng.uniform(1, 2, n)
+    for p in (1, 2):
+        Y, P = rng.standard_normal((n, p)), rng.standard_normal((m, p))
+        y = Y.copy()
+        y[:, 0] = z - Y[:, 0]
+        want = wd[:, None] * y - 0.3 * (Zh.toarray() @ P)
+        for dtype, tol in ((np.float64, 1e-13), (np.float32, 1e-6)):
+            out = np.empty((n, p), dtype=dtype)
+            anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, 0.3, out, 0, 111)
+            anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, 0.3, out, 111, n)
+            np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
