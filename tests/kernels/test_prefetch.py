@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from dufs.kernels._prefetch import DISTANCE, prefetch_row
 from dufs.kernels.blockops import _MATVEC, _RMATVEC, csc_matvec, csc_rmatvec
+from dufs.kernels.dcd import dcd_gradient, dcd_start
 from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL, _update1, _update2, greedy_update
 
 
@@ -82,6 +83,28 @@ def test_greedy_update_with_the_hint_equals_dense_numpy(mode):
         np.testing.assert_allclose(v_out, want_v, rtol=1e-12, atol=1e-12)
 
 
+def test_dcd_sweeps_with_the_hint_equal_dense_numpy():
+    """MMFS's gradient sweeps (dcd_gradient, dcd_start): f_j^T w + b with f_j = coef_j (x_j - shift_j 1), w = ws +
+    t 1, against the dense columns."""
+    indptr, indices, data, A = _block(2500, 180, 30, seed=11)
+    rng = np.random.default_rng(12)
+    n, d = A.shape
+    coef, shift = rng.uniform(0.5, 2, d), rng.uniform(-0.2, 0.2, d)
+    colsum = np.asarray(A.astype(np.float64).sum(axis=0)).ravel()
+    ws = rng.standard_normal(n)
+    t, b = 0.3, -0.7
+    wt = np.array([t, ws.sum()])
+    F = coef[None, :] * (A.toarray().astype(np.float64) - shift[None, :])
+    want = F.T @ (ws + t) + b
+    g = np.empty(d)
+    dcd_gradient(indptr, indices, data, coef, shift, colsum, ws, wt, n, b, g)
+    np.testing.assert_allclose(g, want, rtol=1e-11, atol=1e-11)
+    rho, alpha = rng.uniform(0, 1, d), np.zeros(d)
+    g2, index = np.empty(d), np.empty(d, dtype=np.int64)
+    dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, n, b, rho, alpha, 1.0, g2, index)
+    np.testing.assert_array_equal(g2, g)
+
+
 def _ir(dispatcher) -> str:
     """The LLVM IR of ``dispatcher``'s source compiled afresh for the types it was called with (code loaded from
     numba's cache cannot be inspected)."""
@@ -101,5 +124,10 @@ def test_the_hint_is_emitted_where_the_random_reads_are():
         V = np.ones((500, width), dtype=np.float32)
         greedy_update(indptr, indices, data, None, None, V, np.ones(width), 2.0, 1.0, np.full(40, 3.0),
                       np.zeros(40), np.zeros(40, np.bool_), mode, np.full(40, 1e-12), np.empty(40), np.empty(40))
-    for fn in (_RMATVEC[1], _MATVEC[1], _update1, _update2):
+    ws = np.ones(500)
+    dcd_gradient(indptr, indices, data, np.ones(40), np.zeros(40), np.ones(40), ws, np.zeros(2), 500, 0.0,
+                 np.empty(40))
+    dcd_start(indptr, indices, data, np.ones(40), np.zeros(40), np.ones(40), ws, np.zeros(2), 500, 0.0, np.ones(40),
+              np.zeros(40), 1.0, np.empty(40), np.empty(40, dtype=np.int64))
+    for fn in (_RMATVEC[1], _MATVEC[1], _update1, _update2, dcd_gradient, dcd_start):
         assert "llvm.prefetch" in _ir(fn), fn
