@@ -35,6 +35,7 @@ from dufs._logging import get_logger
 from dufs.engine import Matrix, check_labels, transform_of
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
+from dufs.kernels.dcd import mmfs_geometry
 from dufs.methods.labels import class_labels, unique_codes
 from dufs.methods.mmfs_solver import Checkpoint, init_state, margin_summary, mmfs_top, primal, solve
 from dufs.methods.params import (
@@ -116,7 +117,22 @@ def geometry(M: Matrix) -> dict[str, np.ndarray]:
 
 
 def _geometry_of(st: Any, m: int, standardize: str | None, d: int) -> dict[str, np.ndarray]:
-    """:func:`geometry` from column statistics (of the whole matrix, or of one block: every number is per feature)."""
+    """:func:`geometry` from column statistics (of the whole matrix, or of one block: every number is per feature),
+    in one sweep (:func:`~dufs.kernels.dcd.mmfs_geometry`) where the statistics carry the centred sums of squares,
+    else by :func:`_geometry_numpy`."""
+    if st.m2 is None or st.min is None or st.max is None:
+        return _geometry_numpy(st, m, standardize, d)
+    f64 = [np.ascontiguousarray(a, dtype=np.float64) for a in (st.sum, st.sumsq, st.m2, st.min, st.max)]
+    coef, shift, qii = np.empty(d), np.empty(d), np.empty(d)
+    mmfs_geometry(*f64, int(st.n_rows), int(m), _GEOMETRY_MODE[standardize], coef, shift, qii)
+    return {"coef": coef, "shift": shift, "colsum": f64[0], "qii": qii}
+
+
+_GEOMETRY_MODE = {None: 0, "scale": 1, "zscore": 2}
+
+
+def _geometry_numpy(st: Any, m: int, standardize: str | None, d: int) -> dict[str, np.ndarray]:
+    """:func:`geometry` from column statistics by NumPy expressions (the engine's :func:`transform_of`)."""
     mu, inv = transform_of(st, standardize)
     shift = np.zeros(d) if mu is None else np.asarray(mu, dtype=np.float64)
     coef = np.ones(d) if inv is None else np.asarray(inv, dtype=np.float64) / np.sqrt(m)

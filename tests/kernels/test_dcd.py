@@ -227,3 +227,28 @@ def test_dcd_start_is_the_gradient_the_gap_terms_and_the_working_set():
     G = g2 - rho
     assert k == k2 == np.sum(~(((alpha <= 0) & (G > 0)) | ((alpha >= C) & (G < 0)))) and 0 < k < d
     np.testing.assert_array_equal(index[:k], index2[:k2])
+
+
+@pytest.mark.parametrize("standardize", [None, "scale", "zscore"])
+def test_mmfs_geometry_sweep_equals_the_numpy_expressions(standardize):
+    """The one-sweep geometry gives the NumPy expressions' numbers bit for bit, constant, empty-variance and
+    rounding-negative features included, and for statistics over no rows."""
+    from dufs.engine.stats import ColumnStats
+    from dufs.methods.mmfs import _geometry_numpy, _geometry_of
+
+    rng = np.random.default_rng(3)
+    d = 400
+    s = rng.standard_normal(d) * 50
+    ss = rng.uniform(0, 1e4, d)
+    m2 = rng.uniform(0, 1e3, d)
+    m2[:10] = -1e-13  # a centred sum of squares rounded below 0
+    m2[10:20] = 0.0
+    mn, mx = rng.uniform(-2, 0, d), rng.uniform(0, 2, d)
+    mx[20:40] = mn[20:40]  # constant features
+    for n_rows in (1234, 0):
+        st = ColumnStats(n_rows, s, ss, np.zeros(d, dtype=np.int64), mn, mx, m2)
+        got, want = _geometry_of(st, 1234, standardize, d), _geometry_numpy(st, 1234, standardize, d)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+            assert np.array_equal(np.signbit(got[k]), np.signbit(want[k])), k
