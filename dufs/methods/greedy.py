@@ -404,7 +404,9 @@ class SelectedColumns:
         if self.k:
             inds, dats, cuts = self._numba_lists()
             _in_threads(lambda a, b: cols_tapply(inds, dats, cuts, V2, out, a, b), self.k, self._nnz_bounds)
-            out = self.coef[:, None] * (out - self.shift[:, None] * col_sums(V2)[None, :])
+            if self.shift.any():  # else out - 0 * sums = out: V's column sums (a sweep over n x p) not needed
+                out = out - self.shift[:, None] * col_sums(V2)[None, :]
+            out = self.coef[:, None] * out
         return out[:, 0] if one else out
 
     def _nnz_bounds(self, parts: int) -> list[int]:
@@ -470,6 +472,7 @@ class GreedyRun:
         mu, inv = M.transform
         self.coef = np.ones(M.shape[1]) if inv is None else np.asarray(inv, dtype=np.float64)
         self.shift = np.zeros(M.shape[1]) if mu is None else np.asarray(mu, dtype=np.float64)
+        self.raw = mu is None and inv is None  # every block's columns as stored: a step's kernel reads no V sums
         self.n = n
         self.dir = checkpoint
         self.every = checkpoint_every
@@ -547,8 +550,9 @@ class GreedyRun:
 
     def pass_(self, p: int, V: np.ndarray, s_p: float, c2: float, save: bool) -> list:
         V = np.ascontiguousarray(V, dtype=_step_dtype(self.mode, V.shape))  # the column sums below from these values
+        vsum = np.zeros(V.shape[1]) if self.raw else col_sums(V)  # read only by blocks with a transform
         with shipped(V, broadcast=True, shared=True) as Va:  # every block's worker reads it
-            props, new = self._map(_step, p, Va, col_sums(V), s_p, c2, self.mode, self.dir if save else None,
+            props, new = self._map(_step, p, Va, vsum, s_p, c2, self.mode, self.dir if save else None,
                                    state=self.state)
         release(self.state)
         self.state = new
