@@ -30,12 +30,13 @@ def _dot(indptr, indices, data, j, ws):
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _dot_ahead(indptr, indices, data, j, ws):
-    """:func:`_dot` for a sweep over the block's columns in storage order: ws's row of the nonzero 32 ahead (in
-    the next columns, which the sweep reads next) asked for as it goes (the same sum)."""
+    """:func:`_dot` for a sweep over the block's columns in storage order: ws's row of a nonzero ahead (in the next
+    columns, which the sweep reads next) asked for as it goes (the same sum). The epoch, which visits columns out
+    of that order, reads with :func:`_dot`."""
     acc = 0.0
     nnz = np.uint64(indices.shape[0])
     for k in range(np.uint64(indptr[j]), np.uint64(indptr[j + 1])):
-        if k + np.uint64(DISTANCE) < nnz:
+        if k + np.uint64(DISTANCE) < nnz:  # written out, as in every kernel (dufs.kernels._prefetch)
             prefetch_row(ws, indices[k + np.uint64(DISTANCE)])
         acc += np.float64(data[k]) * ws[np.uint64(indices[k])]
     return acc
@@ -43,13 +44,8 @@ def _dot_ahead(indptr, indices, data, j, ws):
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j):
-    """f_j^T w + b, with w = ws + t 1 and S = 1^T ws."""
-    return coef[j] * (_dot(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
-
-
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _grad_sweep(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j):
-    """:func:`_grad` in a sweep over the columns in storage order (:func:`_dot_ahead`)."""
+    """f_j^T w + b, with w = ws + t 1 and S = 1^T ws, in a sweep over the columns in storage order
+    (:func:`_dot_ahead`)."""
     return coef[j] * (_dot_ahead(indptr, indices, data, j, ws) + t * colsum[j] - shift[j] * (S + m * t)) + b
 
 
@@ -64,7 +60,7 @@ def dcd_gradient(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, out):
     """``out[j] = f_j^T w + b`` for every feature of the block (one pass over its nonzeros)."""
     t, S = wt[0], wt[1]
     for j in range(indptr.shape[0] - 1):
-        out[j] = _grad_sweep(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
+        out[j] = _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
     return out
 
 
@@ -80,7 +76,7 @@ def dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, rho, alp
     ra = 0.0
     k = 0
     for j in range(indptr.shape[0] - 1):
-        gj = _grad_sweep(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
+        gj = _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
         g[j] = gj
         rj = rho[j]
         a = alpha[j]

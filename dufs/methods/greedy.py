@@ -631,10 +631,9 @@ class GreedyRun:
         columns, made two of each."""
         S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
         z = _dense_z(n, col, self.coef[p], self.shift[p])
-        here = W.products_here  # Zh on the driver: its products here, row by row
-        if here and not self.shift[p]:  # z = coef x is sparse: Zh^T z from x's rows of Zh alone
+        Zh = W.Zh if W.products_here else None  # Zh on the driver: its products here, row by row
+        if Zh is not None and not self.shift[p]:  # z = coef x is sparse: Zh^T z from x's rows of Zh alone
             a_p = np.empty(W.n_anchors)
-            Zh = W.Zh
             anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, np.asarray(col[0]), np.asarray(col[1]),
                              float(self.coef[p]), a_p)
         else:
@@ -658,8 +657,7 @@ class GreedyRun:
         P = np.ascontiguousarray(li[:, None] * Q)
         V = np.empty(Y.shape, dtype=dt)
         wd = self.wd
-        if here:
-            Zh = W.Zh
+        if Zh is not None:
             _in_threads(lambda a, b: anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, lam1, V, a, b),
                         n)
         else:
