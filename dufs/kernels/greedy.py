@@ -203,7 +203,9 @@ def xwx_anchor(indptr, indices, data, z_indptr, z_indices, z_data, lam_inv):
 # takes the heavy columns first (a 2M-row bench's first 50 hold 19.5M nonzeros), and the column-at-a-time product
 # swept the whole n x p result once a column: by row tiles, every column's rows in a tile go into that tile's rows
 # while they are in cache. ``cuts[t]`` holds column t's offsets at the tile edges 0, TILE_ROWS, 2 TILE_ROWS, ..., n
-# (:func:`tile_cuts`); the tiles [b0, b1) are one thread's share.
+# (:func:`tile_cuts`); the tiles [b0, b1) are one thread's share. A column whose values are all one number (binary
+# data: kddb's and the bench's hub columns) comes with that value alone (``dats[t]`` of length 1): the sweeps read
+# its rows only, half the bytes, and multiply by the same number, so the same sums.
 TILE_ROWS = 1 << 17
 
 
@@ -228,7 +230,21 @@ def cols_apply(inds, dats, cuts, w, out, b0, b1):
             ix = inds[t]
             dx = dats[t]
             c = cuts[t]
-            if p == 2:
+            if dx.shape[0] == 1:  # one value for every row: the same products
+                x = np.float64(dx[0])
+                if p == 2:
+                    w0 = x * w[t, 0]
+                    w1 = x * w[t, 1]
+                    for q in range(c[b], c[b + 1]):
+                        i = ix[q]
+                        out[i, 0] += w0
+                        out[i, 1] += w1
+                else:
+                    for q in range(c[b], c[b + 1]):
+                        i = ix[q]
+                        for j in range(p):
+                            out[i, j] += x * w[t, j]
+            elif p == 2:
                 w0 = w[t, 0]
                 w1 = w[t, 1]
                 for q in range(c[b], c[b + 1]):
@@ -261,6 +277,19 @@ def cols_tapply(inds, dats, cuts, V, out, t0, t1):
             ix = inds[t]
             dx = dats[t]
             c = cuts[t]
+            if dx.shape[0] == 1:  # one value for every row
+                x = np.float64(dx[0])
+                if p == 1:
+                    a = out[t, 0]
+                    for q in range(c[b], c[b + 1]):
+                        a += x * V[ix[q], 0]
+                    out[t, 0] = a
+                    continue
+                for q in range(c[b], c[b + 1]):
+                    i = ix[q]
+                    for j in range(p):
+                        out[t, j] += x * V[i, j]
+                continue
             if p == 1:
                 a = out[t, 0]
                 for q in range(c[b], c[b + 1]):

@@ -357,7 +357,8 @@ class SelectedColumns:
         return sp.csc_array((dat, ind, ptr), shape=(self.n, self.k))
 
     def _numba_lists(self) -> tuple:
-        """The columns as numba typed lists (rows, values, tile cuts), extended as columns are added."""
+        """The columns as numba typed lists (rows, values, tile cuts), extended as columns are added; a column of one
+        value (binary data) gives that value alone (the kernels then read its rows only)."""
         from numba.typed import List
 
         if self._nb is None:
@@ -366,7 +367,7 @@ class SelectedColumns:
         inds, dats, cuts = self._nb
         for _, rows, vals in self.cols[len(inds):]:
             inds.append(rows)
-            dats.append(vals)
+            dats.append(vals[:1].copy() if vals.shape[0] and (vals == vals[0]).all() else vals)  # one value: alone
             cuts.append(tile_cuts(rows, self.n))
         return self._nb
 

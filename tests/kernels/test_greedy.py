@@ -222,7 +222,8 @@ def test_greedy_update_without_a_transform_is_the_raw_columns(cols):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_selected_columns_products_by_row_tiles_in_threads(monkeypatch, dtype):
     """The driver's products with the selected columns (``SelectedColumns.apply`` / ``tapply``: row tiles, thread
-    ranges) against SciPy's on an array of several tiles, the transform included, on 1 and 3 threads."""
+    ranges) against SciPy's on an array of several tiles, the transform included, on 1 and 3 threads, with columns
+    of one value among them."""
     from dufs.kernels.greedy import TILE_ROWS
     from dufs.methods import greedy as G
 
@@ -231,6 +232,8 @@ def test_selected_columns_products_by_row_tiles_in_threads(monkeypatch, dtype):
     sizes = [1, 5, 3000, 40_000, TILE_ROWS, 2 * TILE_ROWS, 90]  # one column runs through every tile
     rows = [np.sort(rng.choice(n, size=s, replace=False)).astype(np.int32) for s in sizes]
     vals = [rng.standard_normal(s).astype(dtype) for s in sizes]
+    vals[3][:] = 1.0  # binary columns (and one of another single value) go to the kernels as their value alone
+    vals[5][:] = 2.5
     coef, shift = rng.uniform(0.5, 2.0, k), rng.uniform(-0.3, 0.3, k)
     X = sp.csc_array((np.concatenate(vals), np.concatenate(rows), np.r_[0, np.cumsum(sizes)]), shape=(n, k))
     for threads in (1, 3):
@@ -238,6 +241,7 @@ def test_selected_columns_products_by_row_tiles_in_threads(monkeypatch, dtype):
         S = G.SelectedColumns(n, 0.1, dtype)
         for t in range(k):
             S.append(t, (rows[t], vals[t]), coef[t], shift[t])
+        assert [d.shape[0] for d in S._numba_lists()[1]] == [1, 5, 3000, 1, TILE_ROWS, 1, 90]
         for p in (1, 2, 3):
             c = rng.standard_normal((k, p))
             want = X @ (coef[:, None] * c) - (shift * coef) @ c
@@ -317,3 +321,4 @@ def test_anchor_step_vectors_is_b_of_the_documented_vectors():
             anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, 0.3, out, 0, 111)
             anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, 0.3, out, 111, n)
             np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
