@@ -58,7 +58,9 @@ def check_n_features(n_features: Any, n_total: int, method: str) -> int:
 _FIX = {"mmfs": "raise C, or give a smaller fixed gamma (the bias weight)",
         "qpfs": "change alpha_mix or the relevance",
         "m3fs": "lower lambda_ (the manifold weight), raise C, or try solver='alternating'",
-        "ufcm": "lower alpha (the within-cluster weight), or check n_clusters",
+        "ufcm": "on term counts or other text give standardize=None with the rows scaled to unit norm (zscore "
+                "makes the documents with rare words outliers), else lower alpha (the within-cluster weight) or check "
+                "n_clusters",
         "jcfs": "lower lambda_ or raise gamma",
         "lapaofs": "lower lambda1 (the graph weight) or check the graph (n_neighbors)",
         "lapdofs": "lower lambda1 (the graph weight) or check the graph (n_neighbors)",
@@ -69,14 +71,20 @@ _FIX = {"mmfs": "raise C, or give a smaller fixed gamma (the bias weight)",
 
 def _degenerate(method: str, scores: Any, by_scores: bool, diag: dict, params: dict) -> str | None:
     """What makes a result meaningless, or None: every score NaN, every score equal (the ranking is then by index
-    alone), no feature in MMFS's support, every sample in one cluster (unless one was asked for)."""
+    alone), no feature in MMFS's support, every sample in one cluster (unless one was asked for) or all but under
+    1% of them."""
     fix = _FIX.get(method, "change its parameters")
     if method == "m3fs" and diag.get("solver") == "alternating":
         fix = "lower lambda_ (the manifold weight) or raise C"  # not "try the solver it ran"
     labels = diag.get("labels")
-    if labels is not None and len(labels) > 1 and np.unique(np.asarray(labels)).size < 2 \
-            and params.get("n_clusters", N_CLUSTERS) != 1:
-        return f"{method}: every sample fell in one cluster, so the selection says nothing about clusters; {fix}"
+    if labels is not None and len(labels) > 1 and params.get("n_clusters", N_CLUSTERS) != 1:
+        counts = np.unique(np.asarray(labels), return_counts=True)[1]
+        if counts.size < 2:
+            return f"{method}: every sample fell in one cluster, so the selection says nothing about clusters; {fix}"
+        if 100 * int(counts.min()) < len(labels):  # a cluster of under 1% of the samples: outliers singled out
+            return (f"{method}: almost every sample fell in one cluster ({int(counts.max()):,} of {len(labels):,}; "
+                    f"the smallest holds {int(counts.min()):,}): the clustering singled out outliers, so the "
+                    f"selection says little about clusters; {fix}")
     if method == "mmfs" and diag.get("support", 1) == 0:
         return f"mmfs: no feature entered the support (every alpha is 0); the ranking is the dual gradient's; {fix}"
     if by_scores and scores is not None:

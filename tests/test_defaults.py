@@ -73,6 +73,12 @@ WEAK = {
     # v-solver before and after the exact bias elimination, and its 20 features score 0.506. The 0.591 this case
     # used to reach came from where the old v-solver stopped at inner_tol = 1e-3 (J_mu = 0.9722724).
     ("m3fs", "pcmac"): "the alternation's tightly solved selection scores 0.506",
+    # UFCM's pseudo-labels on raw term counts single out outliers: 2 of 1,943 documents in one cluster under the
+    # default zscore (a rare word's nonzero becomes sqrt(n / its count), so a document with one is far from all),
+    # 3 with standardize=None; alpha (1e-3 .. 1e3) changes nothing. With the rows scaled to unit norm and
+    # standardize=None: 1,633 / 310. Its 20 features still beat random subsets by LinearSVC accuracy, but the
+    # default run now warns that its clustering is degenerate (the fix it names is the one above)
+    ("ufcm", "pcmac"): "UFCM's clusters on raw term counts: 1,941 and 2 documents",
 }
 
 
@@ -218,6 +224,23 @@ def test_a_collapsed_m3fs_run_warns_naming_the_parameter():
     with pytest.warns(dufs.errors.DufsWarning, match="every sample fell in one cluster.*lambda_"):
         sel = dufs.fit(X, method="m3fs", n_features=10, n_clusters=2, solver="faithful", lambda_=1.0)
     assert "one cluster" in sel.diagnostics["degenerate"]
+
+
+def test_a_clustering_of_outliers_warns_and_names_the_fix():
+    """UFCM's default on raw term counts (PCMAC) puts all but 2 of 1,943 documents in one cluster: a DufsWarning says
+    so, names what to change, and the diagnostics record it; with that change (rows of unit norm, standardize=None)
+    the clusters are no longer outliers and nothing is said."""
+    from sklearn.preprocessing import normalize
+
+    X, _, k = DATA["pcmac"]
+    with pytest.warns(dufs.errors.DufsWarning, match="almost every sample fell in one cluster.*standardize=None"):
+        sel = dufs.fit(X, method="ufcm", n_features=k, n_clusters=2)
+    counts = np.bincount(sel.diagnostics["labels"])
+    assert counts.min() * 100 < counts.sum() and "outliers" in sel.diagnostics["degenerate"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dufs.errors.DufsWarning)
+        sel = dufs.fit(normalize(X), method="ufcm", n_features=k, n_clusters=2, standardize=None)
+    assert np.bincount(sel.diagnostics["labels"]).min() * 100 >= X.shape[0]
 
 
 def test_constant_scores_warn():

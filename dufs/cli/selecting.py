@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from dufs.cli.app import (
     fail,
     out,
 )
-from dufs.errors import DufsError, ParameterError
+from dufs.errors import DufsError, DufsWarning, ParameterError
 from dufs.methods import NAMES
 
 
@@ -64,8 +65,15 @@ def select(
             if client is not None and getattr(client, "dashboard_link", None):
                 console.print(f"dashboard: {client.dashboard_link}", highlight=False, soft_wrap=True)
             local = client is None and workers == 0 and not scheduler  # --workers 0: threads in this process
-            sel = dufs.fit(store, method=method, n_features=k, client=False if local else client, standardize=std,
-                           **params)
+            with warnings.catch_warnings(record=True) as caught:  # a degenerate result: said as a warning line
+                warnings.simplefilter("always", DufsWarning)
+                sel = dufs.fit(store, method=method, n_features=k, client=False if local else client,
+                               standardize=std, **params)
+            for w in caught:
+                if issubclass(w.category, DufsWarning):
+                    console.print(f"[yellow]warning:[/] {escape(str(w.message))}", highlight=False, soft_wrap=True)
+                else:
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         if output is not None:
             sel.to_json(output)
     except DufsError as exc:
@@ -202,10 +210,6 @@ def load_selection_file(path: Path) -> Any:
 
     if not path.is_file():
         raise ParameterError(f"{path}: no such selection file" + (" (a directory)" if path.is_dir() else ""))
-    import warnings
-
-    from dufs.errors import DufsWarning
-
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DufsWarning)
