@@ -243,6 +243,21 @@ def test_a_clustering_of_outliers_warns_and_names_the_fix():
     assert np.bincount(sel.diagnostics["labels"]).min() * 100 >= X.shape[0]
 
 
+def test_a_cluster_of_under_one_percent_is_degenerate():
+    """The rule behind that warning: a smallest cluster of under 1% of the samples (199 + 1) is, 1% itself (198 + 2)
+    is not; empty cluster indices are not clusters; labels of any type."""
+    from dufs.api import _degenerate
+
+    def said(labels):
+        return _degenerate("jcfs", None, False, {"labels": labels}, {}) or ""
+
+    assert "almost every sample" in said(np.r_[np.zeros(199, int), 1])
+    assert said(np.r_[np.zeros(198, int), np.ones(2, int)]) == ""
+    assert said(np.r_[np.zeros(198, int), np.full(2, 5)]) == ""
+    assert "almost every sample" in said(np.array(["a"] * 200 + ["b"]))
+    assert "every sample fell in one cluster" in said(np.full(10, 3))
+
+
 def test_constant_scores_warn():
     """Variance on standardised columns: every score is 1 and the ranking is by index alone; a DufsWarning says so."""
     X = DATA["breast"][0]
