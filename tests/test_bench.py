@@ -54,7 +54,7 @@ def test_bench_mmfs_prints_its_figures(tmp_path):
                   "visit orders", "storage order", "block-random, runs of 256", "1 worker", "2 workers",
                   "converged", "rounds", "speed-up 2 workers vs 1", "of the gradient pass's speed-up",
                   "median of 3 solves", "peak RSS per worker", "vectors of",
-                  "the gradient pass alone through the cluster", "half before the solves and half after"):
+                  "the gradient pass alone through the cluster", "median of 10, half before the solves and half after"):
         assert label in out, (label, out)
     assert "NOT converged" not in out
 

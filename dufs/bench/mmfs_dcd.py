@@ -295,7 +295,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
             # the process with its blocks resident and the engine imported, before the solver
             idle = max(client.run(rss).values()) - bb
             # the gradient pass alone, before the solves and after them (its time moves with the worker's state)
-            grad_walls = _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(3, int(repeats)), seed=seed)
+            grad_walls = _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(5, int(repeats)), seed=seed)
             pool0 = max(client.run(_pooled).values())
             walls, runs = [], []
             with WorkerPeak(client) as wp:
@@ -305,7 +305,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
                     walls.append(time.perf_counter() - t0)
                     runs.append(r)
             pool = max(client.run(_pooled).values())
-            grad_walls += _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(3, int(repeats)), seed=seed)
+            grad_walls += _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(5, int(repeats)), seed=seed)
             M.release()
         wall = median(walls)
         r = runs[walls.index(sorted(walls)[(len(walls) - 1) // 2])]  # the median solve (its trace, its rounds)
