@@ -48,7 +48,7 @@ def test_select_then_evaluate(tmp_path):
     r = CliRunner().invoke(app, ["info", str(out)])
     assert r.exit_code == 0 and "MISSING" in r.output, r.output
     r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "train.zarr"), str(out), "--test",
-                                 str(tmp_path / "test.zarr"), "--ks", "50"])
+                                 str(tmp_path / "test.zarr"), "--ks", "50", "--figure", str(fig)])
     assert r.exit_code == 0, r.output
     assert f"{acc:.4f}" in r.output
 
