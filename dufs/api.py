@@ -86,10 +86,11 @@ def _degenerate(method: str, scores: Any, by_scores: bool, diag: dict, params: d
             counts = np.unique(lab, return_counts=True)[1]
         if counts.size < 2:
             return f"{method}: every sample fell in one cluster, so the selection says nothing about clusters; {fix}"
-        if 100 * int(counts.min()) < len(labels):  # a cluster of under 1% of the samples: outliers singled out
+        rest = len(labels) - int(counts.max())
+        if 100 * rest < len(labels):  # one cluster holds all but under 1% of the samples: outliers singled out
             return (f"{method}: almost every sample fell in one cluster ({int(counts.max()):,} of {len(labels):,}; "
-                    f"the smallest holds {int(counts.min()):,}): the clustering singled out outliers, so the "
-                    f"selection says little about clusters; {fix}")
+                    f"the others hold {rest:,}): the clustering singled out outliers, so the selection says little "
+                    f"about clusters; {fix}")
     if method == "mmfs" and diag.get("support", 1) == 0:
         return f"mmfs: no feature entered the support (every alpha is 0); the ranking is the dual gradient's; {fix}"
     if by_scores and scores is not None:

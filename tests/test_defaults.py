@@ -244,8 +244,9 @@ def test_a_clustering_of_outliers_warns_and_names_the_fix():
 
 
 def test_a_cluster_of_under_one_percent_is_degenerate():
-    """The rule behind that warning: a smallest cluster of under 1% of the samples (199 + 1) is, 1% itself (198 + 2)
-    is not; empty cluster indices are not clusters; labels of any type."""
+    """The rule behind that warning: one cluster holding all but under 1% of the samples (199 + 1) is degenerate, all
+    but 1% itself (198 + 2) is not, nor are many small clusters; empty cluster indices are not clusters; labels of
+    any type."""
     from dufs.api import _degenerate
 
     def said(labels):
@@ -255,6 +256,7 @@ def test_a_cluster_of_under_one_percent_is_degenerate():
     assert said(np.r_[np.zeros(198, int), np.ones(2, int)]) == ""
     assert said(np.r_[np.zeros(198, int), np.full(2, 5)]) == ""
     assert "almost every sample" in said(np.array(["a"] * 200 + ["b"]))
+    assert said(np.arange(1000) % 200) == ""  # many small clusters, none holding almost every sample
     assert "every sample fell in one cluster" in said(np.full(10, 3))
 
 
