@@ -65,18 +65,21 @@ def dcd_gradient(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, out):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, rho, alpha, C, g, index):
+def dcd_start(indptr, indices, data, coef, shift, colsum, ws, wt, m, b, rho, alpha, C, g, index, at_zero=False):
     """A round's start on a block in one sweep over its per-feature arrays: ``g[j] = f_j^T w + b``
     (:func:`dcd_gradient`), the gap terms (:func:`gap_terms`) and the working set (:func:`active_set` with
     thresholds 0: written to ``index``). Returns ``(gap, sum alpha, rho^T alpha, n_active)``. Three sweeps over g,
-    rho and alpha made one: those arrays are 8 bytes a feature each, read from memory every round."""
+    rho and alpha made one: those arrays are 8 bytes a feature each, read from memory every round.
+
+    ``at_zero``: the caller knows ws = 0 and wt = 0 (a cold start's first round), so f_j^T w = 0 and g[j] = b for
+    every j, the same number the sweep makes (finite data): the nonzeros are not read (a pass saved)."""
     t, S = wt[0], wt[1]
     gap = 0.0
     sa = 0.0
     ra = 0.0
     k = 0
     for j in range(indptr.shape[0] - 1):
-        gj = _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
+        gj = 0.0 + b if at_zero else _grad(indptr, indices, data, coef, shift, colsum, ws, t, S, m, b, j)
         g[j] = gj
         rj = rho[j]
         a = alpha[j]

@@ -84,7 +84,7 @@ def _init_from_spec(blocks, state, spec, r_given, alpha0, seed):
     return out, summary
 
 
-def _start(blk, st, ws, wt, b, step, m, C, dal=None):
+def _start(blk, st, ws, wt, b, step, m, C, dal=None, at_zero=False):
     """A block's part of a round's start: apply last round's step (along ``dal`` when the driver ran the block's
     epoch), the exact gradient, the gap terms at (w, b) and the working set, in one sweep (:func:`dcd_start`).
     Returns (state, [gap, sum alpha, rho^T alpha], working set: local indices, a view valid for this round).
@@ -126,7 +126,7 @@ def _start(blk, st, ws, wt, b, step, m, C, dal=None):
     if index is None:
         index = st["index"] = np.empty(blk.width, dtype=np.int64)
     gap, sa, ra, n_active = dcd_start(blk.indptr, blk.indices, blk.data, st["coef"], st["shift"], st["colsum"], ws,
-                                      wt, m, b, st["rho"], st["alpha"], C, g, index)
+                                      wt, m, b, st["rho"], st["alpha"], C, g, index, bool(at_zero))
     st["dalpha"] = _NO_STEP
     return st, (gap, sa, ra), index[:n_active]
 
@@ -333,7 +333,7 @@ class PartitionResult:
 
 
 def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sigma, dal=None, budget=0, part=0,
-           have=None):
+           have=None, at_zero=False):
     """One round of a partition (its blocks, in a random order): apply last round's step and compute the gap terms
     at (w, b) on every block, then (if ``epoch``) one DCD epoch over all of them against one local copy of w, with
     the bias held at ``b`` unless ``update_bias`` (one partition: serial DCD; or CoCoA+ with ``sigma`` > 1).
@@ -341,7 +341,8 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     ``dal`` (one item a block, or None): the blocks' directions when the driver ran their epoch last round.
     When the partition's working sets hold at most ``budget`` nonzeros, it runs no epoch and returns them
     (:func:`_payload`, tagged with ``part``; ``have``, one item a block: the columns the driver already holds) for
-    the driver's epoch instead.
+    the driver's epoch instead. ``at_zero``: ws and wt are zero (a cold start's first round): the gradient is the
+    bias alone and the start reads no nonzeros (:func:`dcd_start`).
 
     Returns the new states and a :class:`PartitionResult`: the change of ws and the round's :class:`RoundTotals`
     (dws, dt, dS: the change of w that the alphas' change makes, whatever ``sigma``)."""
@@ -351,7 +352,7 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     tail = RoundTotals(partitions=1.0)
     new, sets = [], []
     for q, (blk, st) in enumerate(zip(blocks, states, strict=True)):
-        st, (gap, sa, ra), ix = _start(blk, st, ws, wt, b, step, m, C, None if dal is None else dal[q])
+        st, (gap, sa, ra), ix = _start(blk, st, ws, wt, b, step, m, C, None if dal is None else dal[q], at_zero)
         pidx, pv = st["pdir"]
         if pidx.size:  # the slope along the momentum direction, at the round's start (g is exact there)
             tail.pslope += float((st["g"][pidx] - st["rho"][pidx]) @ pv)
@@ -652,6 +653,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     seed = int(random_state)
     # alpha = 0, b = 0 (``cold``: the state given was made at alpha = 0, by :func:`init_state`)
     cold = cold or (w is None and alpha0 is None and state is None)
+    at_zero = w is None  # w = 0, b = 0: the first round's start need not read the data (dcd_start)
     if w is None:
         ws, wt, b = np.zeros(m), np.zeros(2), 0.0
     else:
@@ -706,6 +708,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                                               not last, sigma, None if dal is None else PerBlock(dal), budget,
                                               PerBlock(partition_of),
                                               None if cache is None else PerBlock(cache.known(bounds)),
+                                              at_zero and r == 0,
                                               state=state, reduce="sum", partitions=partitions)
             release(state)
             state = new_state
@@ -713,12 +716,21 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             dws, tl = res.dense(), res.tail
             dal = None
             mode = "serial" if K == 1 else "cocoa+" if cocoa else "held-bias"
+            # the gap at this round's start (the driver's epochs below add no gap terms)
+            gap, ra = tl.gap, tl.rho_alpha
+            wnorm2 = float(ws @ ws)  # ws is w itself: the driver folds the constant part in every round
+            obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
+            rel = gap / max(abs(obj), 1e-300)
+            done = rel <= tol or gap <= 0.0
+            # a round that ends the solve runs no driver epoch: its step would never be applied (on 2 workers,
+            # 60-90 ms of serial DCD on the 2M x 5M bench store)
+            serial = tl.epochs_run == 0
             if res.cols:
+                mode = "serial working set" if serial else mode
+            if res.cols and not done:
                 # the partitions whose working sets were small sent them: with no partition running its own epoch,
                 # one serial epoch over all of them, the bias moving (exact DCD on the working set); otherwise an
                 # epoch per partition, as the partition would have run it
-                serial = tl.epochs_run == 0
-                mode = "serial working set" if serial else mode
                 by: dict = {}
                 for c in res.cols:
                     by.setdefault(-1 if serial else c["part"], []).append(c if cache is None else cache.complete(c))
@@ -732,12 +744,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                     for start, ix, d in dl:
                         dal[int(np.searchsorted(bounds, start, side="right")) - 1] = (ix, d)
                 dal = dal if any(v is not None for v in dal) else None  # None: the block keeps its own
-            dt, ds, slope, gap, ra = tl.dt, tl.ds, tl.slope, tl.gap, tl.rho_alpha
-            wnorm2 = float(ws @ ws)  # ws is w itself: the driver folds the constant part in every round
-            obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
-            rel = gap / max(abs(obj), 1e-300)
+            dt, ds, slope = tl.dt, tl.ds, tl.slope
             r += 1
-            done = rel <= tol or gap <= 0.0
             fresh = False
             if done or last or (snap_on and r % every == 0):
                 # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)

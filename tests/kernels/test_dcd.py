@@ -229,6 +229,28 @@ def test_dcd_start_is_the_gradient_the_gap_terms_and_the_working_set():
     np.testing.assert_array_equal(index[:k], index2[:k2])
 
 
+@pytest.mark.parametrize("b", [0.0, 0.25, -0.4])
+def test_dcd_start_at_zero_reads_no_data_and_gives_the_sweeps_numbers(b):
+    """At w = 0 (a cold start's first round) the start without the sweep gives the sweep's numbers, bit for bit:
+    g = b (the dense product F^T 0 + b), the gap terms and the working set; with the data unreadable (NaN values,
+    which the sweep would carry into g) it still does, so the nonzeros are not read."""
+    buf, coef, shift, colsum, _, rho, F = _problem(8, m=80, d=120)
+    m, d = F.shape
+    C = 0.7
+    alpha = np.random.default_rng(5).choice([0.0, C, 0.2], d)
+    ws, wt = np.zeros(m), np.zeros(2)
+    got = []
+    for at_zero, data in ((False, buf[2]), (True, buf[2]), (True, np.full_like(buf[2], np.nan))):
+        g, index = np.full(d, np.nan), np.full(d, -1, dtype=np.int64)
+        terms = dcd_start(buf[0], buf[1], data, coef, shift, colsum, ws, wt, float(m), b, rho, alpha, C, g, index,
+                          at_zero)
+        got.append((g, terms, index[:terms[3]].copy()))
+    np.testing.assert_array_equal(got[0][0], F.T @ ws + b)
+    for g, terms, index in got[1:]:
+        assert np.array_equal(g, got[0][0]) and terms == got[0][1]
+        np.testing.assert_array_equal(index, got[0][2])
+
+
 @pytest.mark.parametrize("standardize", [None, "scale", "zscore"])
 def test_mmfs_geometry_sweep_equals_the_numpy_expressions(standardize):
     """The one-sweep geometry gives the NumPy expressions' numbers bit for bit, constant, empty-variance and
