@@ -771,6 +771,19 @@ def _orth(S: np.ndarray, *, inplace: bool = False) -> np.ndarray:
     return Q
 
 
+def _residual_norms(S: np.ndarray, V: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
+    """||S[:, j] - theta_j V[:, j]|| for the first k columns of the d x b arrays S and V, in row slabs side by side in
+    threads (no d x k temporary; column by column, each norm read a column of a C-order array, a cache line for
+    8 bytes: on 1M x 20, 0.16 s an iteration of the PCA start against its two passes' 0.45 s)."""
+    def part(lo: int, hi: int) -> np.ndarray:
+        r2 = np.zeros(k)
+        for a in range(lo, hi, _SECULAR_CHUNK):
+            R = S[a:min(a + _SECULAR_CHUNK, hi), :k] - theta[None, :k] * V[a:min(a + _SECULAR_CHUNK, hi), :k]
+            r2 += np.einsum("ij,ij->j", R, R)
+        return r2
+    return np.sqrt(sum(_over_pieces(part, S.shape[0]), np.zeros(k)))
+
+
 def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float = _PCA_TOL,
                  max_iter: int = _PCA_MAXITER, V0: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray, int, bool]:
@@ -781,7 +794,9 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
     value. Returns (values, vectors, products, converged)."""
     d = Zc.d
     b = min(d, k + max(4, k)) if V0 is None else V0.shape[1]
-    V = _orth(rng.standard_normal((d, b)) if V0 is None else V0)
+    # in place where the array is ours (a fresh d x b array for each Cholesky QR pass faulted its pages in: 0.23 s
+    # a call on 1M x 20, against 0.10 s)
+    V = _orth(rng.standard_normal((d, b)), inplace=True) if V0 is None else _orth(V0)
     products, converged = 0, False
     theta = np.zeros(b)
     for _ in range(max_iter):
@@ -793,7 +808,7 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
         S = Zc.rmatvec(T @ R)  # S_t V, d x b
         del T
         products += b
-        res = np.array([np.linalg.norm(S[:, j] - theta[j] * V[:, j]) for j in range(k)])
+        res = _residual_norms(S, V, theta, k)
         log.info("ufcm: PCA start, block iteration %d: top eigenvalues %s, largest relative residual %.3g",
                  products // b, np.array2string(theta[:k], precision=6),
                  float(res.max()) / max(abs(theta[0]), np.finfo(float).tiny))
@@ -801,7 +816,7 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
             converged = True
             break
         del V
-        V = _orth(S)
+        V = _orth(S, inplace=True)
         del S
     return theta[:k], V[:, :k], products, converged
 

@@ -220,6 +220,19 @@ def test_matrix_free_pca_start_is_dense_eigh(standardize):
     assert np.max(subspace_angles(W, ref_vecs)) < 1e-6
 
 
+@pytest.mark.parametrize("d", [7, (1 << 14) * 3 + 5])
+def test_pca_residual_norms_are_numpys(d, monkeypatch):
+    """The PCA start's residuals ||S v_j - theta_j v_j|| by row slabs in threads: NumPy's column norms, across
+    slab and thread boundaries (a small slab size makes several on the small case too)."""
+    if d == 7:
+        monkeypatch.setattr(U, "_SECULAR_CHUNK", 2)
+    rng = np.random.default_rng(d)
+    S, V = rng.standard_normal((d, 6)), rng.standard_normal((d, 6))
+    theta = rng.uniform(-2.0, 50.0, 6)
+    ref = np.linalg.norm(S[:, :4] - theta[None, :4] * V[:, :4], axis=0)
+    np.testing.assert_allclose(U._residual_norms(S, V, theta, 4), ref, rtol=1e-13)
+
+
 def test_sampled_pca_start_above_the_row_bound(monkeypatch):
     """Above ``_PCA_SAMPLE_ABOVE`` samples the PCA start comes from a sample of rows, refined on all rows: W is
     orthonormal, every feature with data has a row (none is frozen at zero by the sample missing it), and its span
