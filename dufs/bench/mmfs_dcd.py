@@ -373,7 +373,8 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds in "
             f"{v['n_partitions']} partition{'s' if v['n_partitions'] > 1 else ''} "
             f"({', '.join(f'{n} {k}' for k, n in v['rules'].items())}), about {v['rounds'] + 1} passes over the "
-            f"data (a gradient a round, the epochs over working sets, one relevance pass); support "
+            f"data (the first round's epoch over every feature, a gradient in each later round, one relevance "
+            f"pass; the epochs over working sets are small); support "
             f"{v['support']:,}; column stats {v['stats_s']:.1f} s")
         say(f"    medians a round: {v['round_med']:.3f} s on the driver, {v['map_med']:.3f} s of it waiting for the "
             f"partitions' tasks; a partition's step + gradient + gap terms {v['start_med']:.3f} s")
