@@ -52,6 +52,11 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
             futures.append(client.submit(materialize, s, key=key, workers=[place[i]], allow_other_workers=True,
                                          pure=False))
     wait(futures)
+    # the placement was for loading them: a block that dask recomputes after its worker was lost may go to any
+    # worker. Kept, the restriction to an address that no longer exists stalls the block for good once it has gone
+    # to "no-worker" (no worker running at that moment: both of a 2-worker cluster lost at once); distributed then
+    # starts such a task on a worker that joins only when that worker is one it was restricted to, loose or not
+    client.sync(client.scheduler.set_restrictions, worker={f.key: None for f in futures})
     return futures, {"mode": "persisted", "bytes": need, "cluster_memory": memory, "n_workers": len(workers),
                      "reason": "persisted in the workers' memory, balanced by nonzeros"}
 

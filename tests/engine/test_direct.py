@@ -214,3 +214,48 @@ def test_state_kept_on_a_worker_follows_a_block_that_moved(cluster_client):
         assert any("gather-" in x for x in story), story
         new.release()
         M.release()
+
+
+def test_persisted_blocks_come_back_after_every_worker_is_lost(cluster_client, tmp_path):
+    """Both worker processes killed at once (their nannies start new ones, at new addresses): the next pass has dask
+    recompute the persisted blocks from the store on the new workers and gives SciPy's product. Placed when loaded,
+    the blocks are not tied to the lost workers: restricted to an address that no longer exists, a block that went
+    to "no-worker" while no worker was running stayed there for good, and the pass with it."""
+    import signal
+    import threading
+
+    from dufs.data import write_store
+    from dufs.testing import patience
+
+    rng = np.random.default_rng(3)
+    X = sp.random(400, 90, density=0.1, format="csr", random_state=rng, dtype=np.float64)
+    store = write_store(X, tmp_path / "s.zarr", feature_block=15, value_dtype=np.float64)
+    v = rng.standard_normal(400)
+    with cluster_client.as_current():
+        M = as_matrix(store.path, persist=True)
+        assert M.residency["mode"] == "persisted"
+        np.testing.assert_allclose(M.rmatvec(v), X.T @ v, rtol=1e-12)
+        pids = cluster_client.run(os.getpid)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        end = time.monotonic() + patience(120)
+        while time.monotonic() < end:
+            now = cluster_client.scheduler_info(n_workers=-1)["workers"]
+            if len(now) == 2 and not set(now) & set(pids):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the nannies did not restart both workers")
+        got: list = []
+
+        def product() -> None:
+            with cluster_client.as_current():  # the client is current per thread
+                got.append(M.rmatvec(v))
+
+        # in a daemon thread: a stalled pass fails the test instead of hanging the suite (or its exit)
+        t = threading.Thread(target=product, daemon=True)
+        t.start()
+        t.join(patience(120))
+        assert got, "the pass after every worker was lost did not finish"
+        np.testing.assert_allclose(got[0], X.T @ v, rtol=1e-12)
+        M.release()
