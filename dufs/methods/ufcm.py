@@ -735,14 +735,7 @@ def _top_lowrank_deflated(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: b
     V = _orth(V, inplace=True)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
     QtV = Qa.T @ V
 
-    def residuals(lo: int, hi: int) -> np.ndarray:  # ||A v - t v||^2 in slabs (no d x k temporaries)
-        r2 = np.zeros(k)
-        for a in range(lo, hi, _SECULAR_CHUNK):
-            sl = slice(a, min(a + _SECULAR_CHUNK, hi))
-            R = Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl]
-            r2 += np.einsum("ij,ij->j", R, R)
-        return r2
-    res = np.sqrt(sum(_over_pieces(residuals, m), np.zeros(k)))
+    res = _column_norms(m, k, lambda sl: Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl])  # ||A v - t v||
     if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
         return None
     return vals, V
@@ -771,17 +764,23 @@ def _orth(S: np.ndarray, *, inplace: bool = False) -> np.ndarray:
     return Q
 
 
-def _residual_norms(S: np.ndarray, V: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
-    """||S[:, j] - theta_j V[:, j]|| for the first k columns of the d x b arrays S and V, in row slabs side by side in
-    threads (no d x k temporary; column by column, each norm read a column of a C-order array, a cache line for
-    8 bytes: on 1M x 20, 0.16 s an iteration of the PCA start against its two passes' 0.45 s)."""
+def _column_norms(m: int, k: int, rows: Any) -> np.ndarray:
+    """The norms of the k columns of an m x k matrix given by ``rows(slice)`` (its rows in that slice), made and
+    summed in row slabs side by side in threads (:func:`_over_pieces`): no m x k temporary, every row read once."""
     def part(lo: int, hi: int) -> np.ndarray:
         r2 = np.zeros(k)
         for a in range(lo, hi, _SECULAR_CHUNK):
-            R = S[a:min(a + _SECULAR_CHUNK, hi), :k] - theta[None, :k] * V[a:min(a + _SECULAR_CHUNK, hi), :k]
+            R = rows(slice(a, min(a + _SECULAR_CHUNK, hi)))
             r2 += np.einsum("ij,ij->j", R, R)
         return r2
-    return np.sqrt(sum(_over_pieces(part, S.shape[0]), np.zeros(k)))
+    return np.sqrt(sum(_over_pieces(part, m), np.zeros(k)))
+
+
+def _residual_norms(S: np.ndarray, V: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
+    """||S[:, j] - theta_j V[:, j]|| for the first k columns of the d x b arrays S and V (:func:`_column_norms`;
+    column by column, each norm read a column of a C-order array, a cache line for 8 bytes: on 1M x 20, 0.16 s an
+    iteration of the PCA start against its two passes' 0.45 s)."""
+    return _column_norms(S.shape[0], k, lambda sl: S[sl, :k] - theta[None, :k] * V[sl, :k])
 
 
 def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float = _PCA_TOL,

@@ -226,6 +226,7 @@ def test_persisted_blocks_come_back_after_every_worker_is_lost(cluster_client, t
 
     from dufs.data import write_store
     from dufs.testing import patience
+    from tests.deploy._support import wait_until
 
     rng = np.random.default_rng(3)
     X = sp.random(400, 90, density=0.1, format="csr", random_state=rng, dtype=np.float64)
@@ -238,14 +239,12 @@ def test_persisted_blocks_come_back_after_every_worker_is_lost(cluster_client, t
         pids = cluster_client.run(os.getpid)
         for pid in pids.values():
             os.kill(pid, signal.SIGKILL)
-        end = time.monotonic() + patience(120)
-        while time.monotonic() < end:
+
+        def restarted() -> bool:  # both workers back, at new addresses
             now = cluster_client.scheduler_info(n_workers=-1)["workers"]
-            if len(now) == 2 and not set(now) & set(pids):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the nannies did not restart both workers")
+            return len(now) == 2 and not set(now) & set(pids)
+
+        wait_until(restarted, patience(120), "both workers restarted")
         got: list = []
 
         def product() -> None:
