@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import weakref
 
 import dask
 import numpy as np
@@ -211,6 +212,33 @@ def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_cli
                 pass
         np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=tol)
         assert not _ours()
+        M.release()
+
+
+def test_a_pass_result_reuses_the_memory_of_one_its_caller_let_go(cluster_client):
+    """The driver copies a pass's results out of their /dev/shm file into an array of its pool
+    (dufs.engine.buffers): the memory of a result its caller dropped serves the next one, one the caller still holds
+    is left as it was; the numbers are SciPy's each time."""
+    from dufs.engine import buffers
+
+    X = sp.csc_array(sp.random(500, 40_000, density=0.002, format="csc", random_state=5, dtype=np.float32))
+    v = np.random.default_rng(5).standard_normal(500)
+    ref = X.astype(np.float64).T @ v
+    tol = 1e-12 * np.abs(ref).max()
+    with cluster_client.as_current(), dask.config.set(ALL):
+        M = as_matrix(X, block_width=5000, persist=True)
+        buffers.clear()
+        a = M.rmatvec(v)
+        np.testing.assert_allclose(a, ref, rtol=0, atol=tol)
+        kept = weakref.ref(a.base)  # the (d, 1) array a views
+        del a
+        assert kept() is not None  # the pool's
+        b = M.rmatvec(2 * v)
+        assert b.base is kept()  # the dropped result's array
+        c = M.rmatvec(3 * v)
+        assert c.base is not b.base  # b is held: another array
+        np.testing.assert_allclose(b, 2 * ref, rtol=0, atol=2 * tol)
+        np.testing.assert_allclose(c, 3 * ref, rtol=0, atol=3 * tol)
         M.release()
 
 
