@@ -226,11 +226,12 @@ def _order_name(o: int) -> str:
 def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
          store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), seed: int = 0,
          C: float = 1.0, gamma: float = 1.0, tol: float = 1e-3, ll_eps: tuple[float, ...] = (1.0, 0.1),
-         orders: tuple[int, ...] = (0, -1, 64, 256, 1024, 4096), max_epochs: int = 200, repeats: int = 3) -> dict:
+         orders: tuple[int, ...] = (0, -1, 64, 256, 1024, 4096), max_epochs: int = 200, repeats: int = 5) -> dict:
     """MMFS-DCD on the kddb-like store: (a) our DCD epoch in this process against LIBLINEAR ``-s 3`` per iteration
     on the same problem; visit orders on one block; (b) ``mmfs`` wall time to ``tol`` with 1 and 2 workers, the
-    median of ``repeats`` solves on the same cluster (one solve's time moves 10-30% from run to run on the 2-core
-    test machine); (c) peak memory per worker against its blocks plus O(n_samples) vectors, over all the solves."""
+    median of ``repeats`` solves on the same cluster after one untimed solve (one solve's time moves 10-30% from run
+    to run on the 2-core test machine); (c) peak memory per worker against its blocks plus O(n_samples) vectors,
+    over all the solves."""
     from dufs.engine import FeatureBlock, as_matrix
     from dufs.methods.mmfs import geometry, relevance
     from dufs.methods.mmfs import mmfs as run_mmfs
@@ -294,6 +295,9 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
             stats_s = time.perf_counter() - t0
             # the process with its blocks resident and the engine imported, before the solver
             idle = max(client.run(rss).values()) - bb
+            # one solve not timed: a fresh cluster's first one ran 1.1-1.4x the next (2.3-3.7 s against 1.8-2.7 s
+            # on 1 worker): the solver's kernels loaded from numba's cache, its arrays' pages faulted in
+            run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
             # the gradient pass alone, before the solves and after them (its time moves with the worker's state)
             grad_walls = _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(5, int(repeats)), seed=seed)
             pool0 = max(client.run(_pooled).values())
@@ -368,8 +372,9 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
     for w in workers:
         v = res[f"w{w}"]
         each = ", ".join(f"{t:.1f} s" for t in v["walls_s"])
-        say(f"  {w} worker{'s' if w > 1 else ' '}: {v['wall_s']:.1f} s (median of {len(v['walls_s'])} solves: {each}; "
-            f"rounds {', '.join(str(x) for x in v['all_rounds'])}) to relative gap {v['rel_gap']:.1e} "
+        say(f"  {w} worker{'s' if w > 1 else ' '}: {v['wall_s']:.1f} s (median of {len(v['walls_s'])} solves after an "
+            f"untimed one: {each}; rounds {', '.join(str(x) for x in v['all_rounds'])}) to relative gap "
+            f"{v['rel_gap']:.1e} "
             f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds in "
             f"{v['n_partitions']} partition{'s' if v['n_partitions'] > 1 else ''} "
             f"({', '.join(f'{n} {k}' for k, n in v['rules'].items())}), about {v['rounds'] + 1} passes over the "
