@@ -72,7 +72,8 @@ def test_bench_greedy_prints_its_figures(tmp_path):
                   "LapAOFS step (k = 8)",
                   "of which the driver", "LapDOFS step", "checkpointed each step", "speed-up of a step",
                   "k = 20: peak RSS per worker", "peak at k = 20 / peak at k = 8", "machine ceiling",
-                  "of this machine's ceiling", "the step's floor", "half before the steps and half after"):
+                  "of this machine's ceiling", "the step's floor", "half before the steps and half after",
+                  "where a step goes (medians): the update pass", "the slower worker's calls"):
         assert label in out, (label, out)
 
 

@@ -63,8 +63,11 @@ def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int
                     r = lapofs(M, n_features=k, criterion="A", W=Wg, checkpoint=None)
                     wall = time.perf_counter() - t0
                 steps = r.diagnostics["step_seconds"][1:]  # the first includes the start pass
+                calls = [c for c in r.diagnostics["pass_call_seconds"][1:] if c is not None]
                 out[f"k{k}"] = {"step_s": median(steps), "wall_s": wall, "peak": wp.peak,
                                 "driver_s": median(r.diagnostics["driver_seconds"][1:]),
+                                "update_s": median(r.diagnostics["pass_seconds"][1:]),
+                                "calls_s": median(calls) if calls else None,
                                 "first": r.indices[:5].tolist()}
             k0 = ks[0]
             # LapDOFS updates the Schur complements only: its pass gathers one vector, not two
@@ -158,6 +161,13 @@ def _table(res: dict, workers: tuple[int, ...], ks: tuple[int, ...], say: Any, n
             f"{step:.3f} s = {step / v['pass_s']:.2f}x a pass (target <= 1.5), of which the driver {drv:.3f} s; "
             f"LapDOFS step {v['d_step_s']:.3f} s = {v['d_step_s'] / v['pass_s']:.2f}x; LapAOFS with every block's "
             f"candidates checkpointed each step {v['checkpoint_step_s']:.3f} s")
+        up, calls = v[f"k{k0}"]["update_s"], v[f"k{k0}"]["calls_s"]
+        say(f"    where a step goes (medians): the update pass {up:.3f} s"
+            + (f" (the slower worker's calls {calls:.3f} s, the rest {up - calls:.3f} s: V shipped, the calls "
+               f"started, the proposals back)" if calls is not None else " (run as tasks)")
+            + f", the driver {drv:.3f} s (the next V: Z_S^T B z_p and B Z_S (c, d), the k selected columns read "
+              f"twice, and the anchor graph's rows), the rest {step - up - drv:.3f} s (the winner chosen, its "
+              f"column placed)")
         if v.get("pass_kernel_s"):
             pk = v["pass_kernel_s"]
             fa, fd = v["two_s"] / pk, v["one_s"] / pk

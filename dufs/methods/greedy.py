@@ -39,6 +39,7 @@ import scipy.sparse as sp
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock
+from dufs.engine.direct import last_timeline
 from dufs.engine.dispatch import current_client, shipped
 from dufs.engine.graphs import (
     AnchorGraph,
@@ -766,6 +767,15 @@ def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: 
             exc = e
 
 
+def _calls_seconds(before: list) -> float | None:
+    """The longest of the workers' call times (on their clocks) in the direct pass that just ran, or None when it
+    ran as tasks: :func:`~dufs.engine.direct.last_timeline` then still holds ``before``, an older pass's."""
+    tl = last_timeline()
+    if not tl or tl == before:
+        return None
+    return max(t1 - t0 for _, t0, t1 in tl)
+
+
 def run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult:
     """The greedy selection's steps (the driver in :func:`~dufs.scheduling.one_blas_thread` meanwhile)."""
     with one_blas_thread():
@@ -794,13 +804,18 @@ def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult
         props = run.init_state([])
     times: list[float] = []  # per step: the update pass of the previous choice, then this choice
     driver: list[float] = []  # of which the driver's part (V for the next pass, the criterion, H)
+    passes: list[float] = []  # ... and the update pass (0 for the first step's start)
+    calls: list[float | None] = []  # of which the slowest worker's calls, where the pass ran as direct calls
     while run.sel.k < k:
         ts = time.perf_counter()
+        tp, tc = 0.0, None
         if run.sel.k > done:  # the previous choice still has its update pass to run
             t = run.sel.k - 1
             try:
                 V, s_p, c2 = pending
+                before = last_timeline()
                 props = run.pass_(run.sel.ids[t], V, s_p, c2, save=run.save_at(t + 1))
+                tp, tc = time.perf_counter() - ts, _calls_seconds(before)
             except Exception as e:
                 props = _rebuild_after(run, e, t, verbose_name)
                 continue
@@ -809,6 +824,8 @@ def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult
         td = time.perf_counter()
         pending = run.take(p, col)
         driver.append(time.perf_counter() - td)
+        passes.append(tp)
+        calls.append(tc)
         run.save_driver(done)
         times.append(time.perf_counter() - ts)
         log.debug("%s step %d: feature %d, criterion %.6g, objective %.6g", verbose_name, run.sel.k - 1, p,
@@ -817,6 +834,7 @@ def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult
     return GreedyResult(indices=np.asarray(run.sel.ids, dtype=np.int64), criterion=np.asarray(run.criterion),
                         objective=np.asarray(run.objective),
                         diagnostics={"steps": k, "step_seconds": times, "driver_seconds": driver,
+                                     "pass_seconds": passes, "pass_call_seconds": calls,
                                      "select_time": time.perf_counter() - t0,
                                      "recoveries": run.recoveries, "passes_replayed": run.replayed,
                                      "resumed_steps": run.resumed,

@@ -202,3 +202,28 @@ def test_jcfs_keeps_y_in_float32_above_the_bound(cluster_client, store):
     np.testing.assert_allclose(Y32, Y64, atol=1e-6)
     np.testing.assert_allclose(v32, v64, rtol=1e-12)
     np.testing.assert_array_equal(single.indices, double.indices)
+
+
+def test_a_greedy_selection_reports_where_its_steps_went(cluster_client, store):
+    """Each step's time split in the diagnostics: the update pass (none in the first step, which follows the start
+    pass) and the driver's part within the step's time, and the slowest worker's calls within the pass where it
+    ran as direct calls on the persisted blocks (``None`` where not)."""
+    from dufs.engine import as_matrix
+    from dufs.methods.greedy import lapofs
+
+    _, path = store
+    with cluster_client.as_current():
+        M = as_matrix(path, standardize=None, persist=True)
+        try:
+            r = lapofs(M, n_features=6, criterion="A", W=_graph(M), checkpoint=None)
+        finally:
+            M.release()
+    dg = r.diagnostics
+    steps, drv, upd, calls = (dg[key] for key in ("step_seconds", "driver_seconds", "pass_seconds",
+                                                  "pass_call_seconds"))
+    assert len(steps) == len(drv) == len(upd) == len(calls) == 6
+    assert upd[0] == 0.0 and calls[0] is None
+    assert all(u > 0 for u in upd[1:])
+    assert all(u + d <= s for u, d, s in zip(upd, drv, steps, strict=True))
+    assert all(c is None or 0 < c <= u for c, u in zip(calls, upd, strict=True))
+    assert any(c is not None for c in calls), "the steps ran as direct calls on the persisted blocks"
