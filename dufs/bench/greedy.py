@@ -67,6 +67,9 @@ def greedy(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int
                 out[f"k{k}"] = {"step_s": median(steps), "wall_s": wall, "peak": wp.peak,
                                 "driver_s": median(r.diagnostics["driver_seconds"][1:]),
                                 "update_s": median(r.diagnostics["pass_seconds"][1:]),
+                                "rest_s": median([t - u - dr for t, u, dr in zip(
+                                    steps, r.diagnostics["pass_seconds"][1:], r.diagnostics["driver_seconds"][1:],
+                                    strict=True)]),
                                 "calls_s": median(calls) if calls else None,
                                 "first": r.indices[:5].tolist()}
             k0 = ks[0]
@@ -166,8 +169,8 @@ def _table(res: dict, workers: tuple[int, ...], ks: tuple[int, ...], say: Any, n
             + (f" (the slower worker's calls {calls:.3f} s, the rest {up - calls:.3f} s: V shipped, the calls "
                f"started, the proposals back)" if calls is not None else " (run as tasks)")
             + f", the driver {drv:.3f} s (the next V: Z_S^T B z_p and B Z_S (c, d), the k selected columns read "
-              f"twice, and the anchor graph's rows), the rest {step - up - drv:.3f} s (the winner chosen, its "
-              f"column placed)")
+              f"twice, and the anchor graph's rows), the rest {v[f'k{k0}']['rest_s']:.3f} s (the winner chosen, "
+              f"its column placed)")
         if v.get("pass_kernel_s"):
             pk = v["pass_kernel_s"]
             fa, fd = v["two_s"] / pk, v["one_s"] / pk

@@ -62,15 +62,63 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
 
 
 def plan_placement(est: list[int], workers: list[str]) -> dict[int, str]:
-    """Block index -> worker address: greedy by nonzeros (largest first) onto the least loaded worker, a fixed,
-    balanced placement (``est``: each block's nonzeros, or its width when unknown)."""
+    """Block index -> worker address, a fixed placement balanced by nonzeros (``est``: each block's nonzeros, or
+    its width when unknown): greedy, largest first onto the least loaded worker, then (:func:`_refine`) single
+    blocks moved, or two swapped, between the most loaded worker and another while that lowers the larger load.
+    The greedy split alone left the 2M x 5M bench store's 16 blocks at 30.8M / 29.2M nonzeros on 2 workers, and
+    the worker with more a step's kernel time in every greedy step (136 against 125 ms over their blocks in one
+    process); balanced, 131 / 130 ms."""
     load = {addr: 0 for addr in workers}
     place = {}
     for i in sorted(range(len(est)), key=lambda i: (-est[i], i)):
         addr = min(load, key=lambda a: (load[a], a))
         place[i] = addr
         load[addr] += max(est[i], 1)
-    return place
+    return _refine(place, [max(int(e), 1) for e in est], list(load))
+
+
+def _refine(place: dict[int, str], est: list[int], workers: list[str]) -> dict[int, str]:
+    """``place`` improved by local moves: while the most loaded worker has a block whose move to another worker,
+    or whose swap with one of that worker's blocks, leaves both below its load, the best such (the smallest larger
+    load of the two; ties to the lower indices) is made. Ends where no single move or swap lowers the largest
+    load between the most loaded worker and any other (at most 4 moves a block)."""
+    if len(workers) < 2:
+        return place
+    e = np.asarray(est, dtype=np.int64)
+    owner = {a: j for j, a in enumerate(workers)}
+    where = np.array([owner[place[i]] for i in range(len(est))], dtype=np.int64)
+    load = np.bincount(where, weights=e, minlength=len(workers)).astype(np.int64)
+    for _ in range(4 * len(est)):
+        hi = int(np.argmax(load))  # the lowest index among equals
+        on_hi = np.flatnonzero(where == hi)
+        best: tuple | None = None  # (new larger load, i, j or -1, lo)
+        for lo in np.argsort(load, kind="stable"):
+            lo = int(lo)
+            if lo == hi:
+                continue
+            on_lo = np.flatnonzero(where == lo)
+            # a move of i from hi to lo; a swap of i (on hi) with j (on lo)
+            moved = np.maximum(load[hi] - e[on_hi], load[lo] + e[on_hi])
+            cands = [(int(moved[q]), int(on_hi[q]), -1, lo) for q in np.flatnonzero(moved < load[hi])]
+            if on_lo.size:
+                d = e[on_hi][:, None] - e[on_lo][None, :]
+                swapped = np.maximum(load[hi] - d, load[lo] + d)
+                qs, rs = np.nonzero(swapped < load[hi])
+                cands += [(int(swapped[q, r]), int(on_hi[q]), int(on_lo[r]), lo) for q, r in zip(qs, rs, strict=True)]
+            if cands:
+                c = min(cands)
+                best = c if best is None or c < best else best
+        if best is None:
+            break
+        _, i, j, lo = best
+        where[i] = lo
+        load[hi] -= e[i]
+        load[lo] += e[i]
+        if j >= 0:
+            where[j] = hi
+            load[lo] -= e[j]
+            load[hi] += e[j]
+    return {i: workers[int(where[i])] for i in range(len(est))}
 
 
 def partition(nnz_per_block: Any, where: list[str | None], n: int) -> list[list[int]]:
