@@ -91,23 +91,23 @@ def _refine(place: dict[int, str], est: list[int], workers: list[str]) -> dict[i
     for _ in range(4 * len(est)):
         hi = int(np.argmax(load))  # the lowest index among equals
         on_hi = np.flatnonzero(where == hi)
-        best: tuple | None = None  # (new larger load, i, j or -1, lo)
-        for lo in np.argsort(load, kind="stable"):
-            lo = int(lo)
+        best: tuple | None = None  # (new larger load, i, j or -1, lo): the smallest, ties to the lower indices
+        for lo in range(len(workers)):
             if lo == hi:
                 continue
-            on_lo = np.flatnonzero(where == lo)
-            # a move of i from hi to lo; a swap of i (on hi) with j (on lo)
+            # a move of i from hi to lo (the first smallest: the lowest i), or a swap of i with j on lo
             moved = np.maximum(load[hi] - e[on_hi], load[lo] + e[on_hi])
-            cands = [(int(moved[q]), int(on_hi[q]), -1, lo) for q in np.flatnonzero(moved < load[hi])]
+            q = int(np.argmin(moved))
+            found = [(int(moved[q]), int(on_hi[q]), -1, lo)]
+            on_lo = np.flatnonzero(where == lo)
             if on_lo.size:
                 d = e[on_hi][:, None] - e[on_lo][None, :]
                 swapped = np.maximum(load[hi] - d, load[lo] + d)
-                qs, rs = np.nonzero(swapped < load[hi])
-                cands += [(int(swapped[q, r]), int(on_hi[q]), int(on_lo[r]), lo) for q, r in zip(qs, rs, strict=True)]
-            if cands:
-                c = min(cands)
-                best = c if best is None or c < best else best
+                q, r = np.unravel_index(int(np.argmin(swapped)), swapped.shape)
+                found.append((int(swapped[q, r]), int(on_hi[q]), int(on_lo[r]), lo))
+            for c in found:
+                if c[0] < load[hi] and (best is None or c < best):
+                    best = c
         if best is None:
             break
         _, i, j, lo = best
