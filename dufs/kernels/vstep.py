@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numba
 
-__all__ = ["fista_gradient", "fista_momentum", "fista_trial", "hinge_bias_slope"]
+__all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_trial", "hinge_bias_slope"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -30,6 +30,13 @@ def hinge_bias_slope(f, y, b, mu):
         elif t > 0.0:
             acc += y[i]
     return acc, inside
+
+
+@numba.njit(nogil=True, cache=True)
+def axpy(a, x, y):
+    """In place, y += a x (flat arrays): no temporary n-vector."""
+    for i in range(y.shape[0]):
+        y[i] += a * x[i]
 
 
 @numba.njit(nogil=True, cache=True)

@@ -62,7 +62,7 @@ from dufs.engine import Matrix
 from dufs.engine.blocks import ranked_head
 from dufs.engine.graphs import AnchorGraph, laplacian_operator
 from dufs.errors import ParameterError
-from dufs.kernels.vstep import fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
+from dufs.kernels.vstep import axpy, fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
 from dufs.methods.m3fs import sigma_step
 from dufs.scheduling import one_blas_thread
 
@@ -333,17 +333,21 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
 
     a_vec = np.zeros(0) if bal.a is None else np.ascontiguousarray(bal.a, dtype=np.float64)
 
-    def settle(U: np.ndarray, Fu: np.ndarray, b: float, aU: float | None = None
+    def settle(U: np.ndarray, Fu: np.ndarray, b: float, aU: float | None = None, LFu: np.ndarray | None = None
                ) -> tuple[float, np.ndarray, np.ndarray | None]:
         """Two clusters: the bias is eliminated, min over b of J(u, b) (the balance constraint is an interval
         of b for every u), from ``Fu`` = Z S^1/2 u without it, starting at ``b``: (b, F = Fu + b, L F). FISTA
         then runs on phi(u) = min_b J(u, b), convex and as smooth (a partial minimisation), with the gradient
         below. With b a coordinate of the gradient step instead, a hinge linear in b (few scores within mu of the
         margin) made b walk to the balance bound by a fixed step an iteration: 8 of a v-step's 14 iterations on a
-        200K-row store. ``aU``: a^T u, when the caller has it."""
+        200K-row store. ``aU``: a^T u, when the caller has it; ``LFu``: L Fu, when the caller has it (its own
+        array: it becomes L F)."""
         LG = None
         if lambda_ != 0.0:
-            LG = (LZs @ U)[:, 0] if LZs is not None else np.asarray(L @ Fu[:, None]).ravel()
+            if LFu is not None:
+                LG = LFu
+            else:
+                LG = (LZs @ U)[:, 0] if LZs is not None else np.asarray(L @ Fu[:, None]).ravel()
         if aU is None:
             aU = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
         b = _best_bias(Fu, yy, LG, L1v, lambda_, c, smoothing, (-bal.l - aU) / n, (bal.l - aU) / n, b)
@@ -354,9 +358,14 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             LG += b * L1v
         return b, Fu[:, None], None if LG is None else LG[:, None]
 
-    def value(U: np.ndarray, b: float, F: np.ndarray, LF: np.ndarray | None = None, uu: float | None = None
-              ) -> tuple[float, np.ndarray]:
+    def value(U: np.ndarray, b: float, F: np.ndarray, LF: np.ndarray | None = None, uu: float | None = None,
+              keep: bool = False) -> tuple[float, np.ndarray]:
+        """The majoriser's value at (U, b) with scores F and its gradient in F; ``LF`` = L F when the caller has it
+        (used up, unless ``keep``)."""
         lv, G = _loss(F, yy, smoothing, c)
+        if keep and LF is not None and lambda_ != 0.0:  # the caller keeps L F (the next momentum step's)
+            axpy(2.0 * lambda_, LF.reshape(-1), G.reshape(-1))
+            return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * float(np.vdot(F, LF)), G
         if LF is None and LZs is not None:
             LF = LZs @ U
             if binary and b != 0.0:
@@ -371,12 +380,15 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         Fu = np.array(F0[:, 0] if F0.ndim == 2 else F0, dtype=np.float64) - float(b0) if warm \
             else scores(U, 0.0)[:, 0]
         b, F, LF = settle(U, Fu, b)
-        Fx, Gx = value(U, b, F, LF)
+        Fx, Gx = value(U, b, F, LF, keep=True)
     else:
         F = np.array(F0, dtype=np.float64).reshape(n, p) if warm else scores(U, b)
         Fx, Gx = value(U, b, F)
     x, xb, xF = U, b, F
     xp, xpb, xpF = U, b, F
+    # two clusters with a manifold term: L F at x and at xp (x is always the best point), so that L F at the
+    # extrapolated point is extrapolated too (L is linear) instead of a product with L an iteration
+    xLF = xpLF = LF if binary else None
     t = 1.0
     Lip = float(lipschitz)
     g0 = None
@@ -399,7 +411,13 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
             yFu = yF[:, 0]
             yFu -= yb  # its scores less the extrapolated bias
-            yb, yF, LF = settle(yU, yFu, yb, aY)
+            LFu = None
+            if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
+                LFu = xLF[:, 0] - xpLF[:, 0]
+                LFu *= beta
+                LFu += xLF[:, 0]
+                axpy(-yb, L1v, LFu)
+            yb, yF, LF = settle(yU, yFu, yb, aY, LFu)
             Fy, R = value(yU, yb, yF, LF, uuY)
         else:
             yU = x - xp
@@ -421,14 +439,14 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             if binary:
                 nU, sv = np.empty((d, 1)), np.empty(d)
                 aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
-                nb, nF, LF = settle(nU, M.matvec(sv), yb, aN)
+                nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
                 del sv
-                Fn = value(nU, nb, nF, LF, uuN)[0]
+                Fn = value(nU, nb, nF, nLF, uuN, keep=True)[0]
             else:
                 nU = gU * (-1.0 / Lip)
                 nU += yU
                 nU, nb = bal.project(nU, 0.0)
-                nF = scores(nU, nb)
+                nF, nLF = scores(nU, nb), None
                 Fn = value(nU, nb, nF)[0]
                 dU = nU - yU
                 dd = float(np.vdot(dU, dU))
@@ -437,7 +455,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             quad = gd + 0.5 * Lip * dd
             if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
                 break
-            del nU, nF
+            del nU, nF, nLF
             Lip *= 2.0
         del yU, yF, gU
         gm = Lip * np.sqrt(dd)
@@ -447,10 +465,13 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             t = 1.0
             xp, xpb, xpF = best[1], best[2], best[3]
             x, xb, xF = best[1], best[2], best[3]
+            xpLF = xLF
         else:
             xp, xpb, xpF = x, xb, xF
             x, xb, xF = nU, nb, nF
             best = (Fn, nU, nb, nF)
+            if binary and xLF is not None:
+                xpLF, xLF = xLF, nLF
         if gm <= tol * max(g0, 1e-300) or gm == 0.0 or stalled >= _STALL or \
                 0.5 * gm * gm <= value_rtol * abs(best[0]):
             break
