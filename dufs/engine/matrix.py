@@ -544,11 +544,12 @@ class Matrix:
 
     def _rmatvec_shared(self, units: list[list[int]], Vs: Any, vsum: Any, tf: list, dt: Any, shape: tuple,
                         dtype: np.dtype, classes: int = 0) -> np.ndarray | None:
-        """The partitions' results written by the tasks into one file in /dev/shm (:func:`~dufs.engine.shm.receive`)
-        and copied out here, where every worker is on this machine: none of it sent back through the network (on
-        the test machine 38 MiB of results took 21 ms of a 79 ms 2-worker pass that way). None where that is not
+        """The partitions' results written by the tasks into one file in /dev/shm (:func:`~dufs.engine.shm.receive`),
+        whose array is the result (:func:`~dufs.engine.shm.lend`; copied out where /dev/shm is short of room), where
+        every worker is on this machine: none of it sent back through the network (on the test machine 38 MiB of
+        results took 21 ms of a 79 ms 2-worker pass that way). None where that is not
         possible (workers elsewhere, shared memory off, /dev/shm full): the caller gathers them."""
-        from dufs.engine.shm import receive_eligible, receive_or_none
+        from dufs.engine.shm import lend, receive_eligible, receive_or_none
 
         if not receive_eligible(current_client(), int(np.prod(shape)) * dtype.itemsize):
             return None
@@ -572,8 +573,11 @@ class Matrix:
                     else:
                         f = delayed(partition_rmatvec)
                         self._pass_streaming([f(*a) for a in args(got[0])], "Z^T V", lambda u, r: None)
-                    # copied out into an array of this process's pool (dufs.engine.buffers: the last pass's result,
-                    # once its caller has let it go): a fresh one's pages fault in again, 4 to 40 ms for 40 MB here
+                    # the file's array is the result, where /dev/shm has room (it goes back to the pool once the
+                    # caller lets go of it); else copied out into an array of this process's pool
+                    # (dufs.engine.buffers: a fresh one's pages fault in again, 4 to 40 ms for 40 MB here)
+                    if lend(got[0]):
+                        return got[1]
                     out = buffer(shape, dtype)
                     np.copyto(out, got[1])
                     return out

@@ -27,8 +27,8 @@ def _ours() -> set[str]:
 
 
 def _results() -> set[str]:
-    """This process's pooled results' files."""
-    return {os.path.basename(p) for p, _ in shm._RESULTS.free}
+    """This process's pooled results' files (free, or lent to a pass's result)."""
+    return {os.path.basename(p) for p, _ in shm._RESULTS.free + shm._RESULTS.lent}
 
 
 def _worker_maps() -> list[str]:
@@ -215,10 +215,15 @@ def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_cli
         M.release()
 
 
-def test_a_pass_result_reuses_the_memory_of_one_its_caller_let_go(cluster_client):
-    """The driver copies a pass's results out of their /dev/shm file into an array of its pool
-    (dufs.engine.buffers): the memory of a result its caller dropped serves the next one, one the caller still holds
-    is left as it was; the numbers are SciPy's each time."""
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_a_pass_result_is_its_results_file_until_its_caller_lets_go(cluster_client, monkeypatch):
+    """A pass's result is the array of the /dev/shm file its workers wrote (no copy): a result the caller still
+    holds keeps its numbers through later passes (they take another file), the file of one it dropped serves the
+    next pass; where /dev/shm is short of room the results are copied out into the driver's pool
+    (dufs.engine.buffers) instead, the dropped one's memory reused the same way. SciPy's numbers each time."""
     from dufs.engine import buffers
 
     X = sp.csc_array(sp.random(500, 40_000, density=0.002, format="csc", random_state=5, dtype=np.float32))
@@ -227,12 +232,31 @@ def test_a_pass_result_reuses_the_memory_of_one_its_caller_let_go(cluster_client
     tol = 1e-12 * np.abs(ref).max()
     with cluster_client.as_current(), dask.config.set(ALL):
         M = as_matrix(X, block_width=5000, persist=True)
-        buffers.clear()
+        shm.release_files()
         a = M.rmatvec(v)
         np.testing.assert_allclose(a, ref, rtol=0, atol=tol)
-        kept = weakref.ref(a.base)  # the (d, 1) array a views
+        assert any(np.shares_memory(a, raw) for _, raw in shm._RESULTS.lent)  # the file's own array
+        b = M.rmatvec(2 * v)  # a held: another file
+        assert not np.shares_memory(a, b)
+        np.testing.assert_allclose(a, ref, rtol=0, atol=tol)  # a untouched by the later pass
+        at = _address(a)
         del a
-        assert kept() is not None  # the pool's
+        c = M.rmatvec(3 * v)
+        assert _address(c) == at  # the dropped result's file
+        np.testing.assert_allclose(b, 2 * ref, rtol=0, atol=2 * tol)
+        np.testing.assert_allclose(c, 3 * ref, rtol=0, atol=3 * tol)
+        assert len(_results()) == 2
+        del b, c
+
+        class Short:  # /dev/shm with 1 KiB free: no file may stay lent
+            f_bavail, f_frsize = 1, 1024
+
+        monkeypatch.setattr(shm.os, "statvfs", lambda path: Short())
+        buffers.clear()
+        a = M.rmatvec(v)
+        assert not any(np.shares_memory(a, raw) for _, raw in shm._RESULTS.free + shm._RESULTS.lent)
+        kept = weakref.ref(a.base)  # the (d, 1) pooled array a views
+        del a
         b = M.rmatvec(2 * v)
         assert b.base is kept()  # the dropped result's array
         c = M.rmatvec(3 * v)
