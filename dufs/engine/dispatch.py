@@ -27,7 +27,7 @@ import numpy as np
 from dufs.scheduling import current_client
 
 __all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "scatter_to", "share", "shareable",
-           "shipped", "tree_sum", "tree_sum_values"]
+           "shipped", "tree_sum", "tree_sum_into", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -152,6 +152,29 @@ def tree_sum_values(vals: list) -> Any:
             nxt.append(vals[-1])
         vals = nxt
     return vals[0] if vals else None
+
+
+def tree_sum_into(vals: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """:func:`tree_sum_values` of float arrays of one shape into ``out``: the same pairs added in the same order, so
+    the same numbers, with every level but the last written into ``vals``' own arrays (the caller's scratch: they
+    are overwritten) and the last into ``out``, where each level's sums were fresh arrays (a fresh 16 MB array's
+    pages fault in, several ms here)."""
+    vals = list(vals)
+    if not vals:
+        raise ValueError("tree_sum_into needs at least one array")
+    while len(vals) > 2:
+        nxt = []
+        for i in range(0, len(vals) - 1, 2):
+            np.add(vals[i], vals[i + 1], out=vals[i])
+            nxt.append(vals[i])
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    if len(vals) == 2:
+        np.add(vals[0], vals[1], out=out)
+    else:
+        np.copyto(out, vals[0])
+    return out
 
 
 def compute(tasks: list) -> list:

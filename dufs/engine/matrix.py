@@ -72,6 +72,7 @@ from dufs.engine.dispatch import (
     shareable,
     shipped,
     tree_sum,
+    tree_sum_into,
     tree_sum_values,
 )
 from dufs.engine.inputs import (
@@ -751,8 +752,9 @@ class Matrix:
                     f = delayed(partition_matvec_into)
                     tasks = [f([self._src[i] for i in u], [Ws[i] for i in u], got[0], u) for u in units]
                     self._pass_streaming(tasks, "Z U", lambda u, r: None)
-                out = tree_sum_values([got[1][i] for i in range(nb)])
-                return np.array(out) if nb == 1 else out
+                # summed in the file's slots, the last level into an array of this process's pool
+                # (dufs.engine.buffers: each level's fresh array faulted its pages in, 10 ms a product of 200K x 10)
+                return tree_sum_into([got[1][i] for i in range(nb)], buffer((n, p), np.float64))
         except DirectFailed:  # the files dropped (a call may still write into them); the product as tasks
             self._units = {}
             return None

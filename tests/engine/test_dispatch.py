@@ -63,3 +63,18 @@ def test_inline_passes_take_values():
     parts = [dask.delayed(v) for v in (1.0, 2.0, 3.0)]
     assert dispatch.compute([dispatch.tree_sum(parts)]) == [6.0]
     assert dispatch.tree_sum_values([0.1, 0.2, 0.3]) == (0.1 + 0.2) + 0.3
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 11])
+def test_tree_sum_into_adds_the_same_pairs_as_the_tree_of_values(count):
+    """The in-place tree (a matrix product's per-block partials summed in their results file) gives exactly the
+    numbers of the tree of fresh sums, pair for pair (values of mixed magnitudes, so that another order would show
+    in the last bits), and the plain sum within rounding; ``out`` is what it returns."""
+    rng = np.random.default_rng(count)
+    vals = [rng.standard_normal((50, 3)) * 10.0 ** rng.integers(-8, 8, size=(50, 3)) for _ in range(count)]
+    ref = dispatch.tree_sum_values([v.copy() for v in vals])
+    out = np.empty((50, 3))
+    got = dispatch.tree_sum_into([v.copy() for v in vals], out)
+    assert got is out
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_allclose(got, np.sum(vals, axis=0), rtol=1e-12, atol=1e-12 * np.abs(vals).max())
