@@ -173,6 +173,28 @@ def test_mmfs_rounds_from_shared_memory_reach_the_serial_objective(cluster_clien
     assert not _ours()
 
 
+def test_mmfs_margins_read_the_labels_from_shared_memory(cluster_client):
+    """The blocks' margins (MarginSpec: the scaled labels, an n-vector) go to the workers through /dev/shm where
+    they share it, not scattered inside the spec; the margins the blocks compute there are those of the whole
+    matrix computed here (mmfs.margins, dense reference of the same formulas), and the file goes with the block."""
+    from dufs.methods.mmfs import margin_spec, margins
+    from dufs.methods.mmfs_solver import margin_summary, spec_shared
+    from dufs.testing.references import labelled_problem
+
+    X, y = labelled_problem(5, n=9000, d=48)  # the labels 72 KB: a spec shipped once
+    with cluster_client.as_current(), dask.config.set(ALL):
+        M = as_matrix(X, standardize="scale", block_width=8, persist=True)
+        _, spec = margin_spec(M, y, 0.5, 0.2, "correlation")
+        assert spec.dufs_share  # the labels as an array: scattered once
+        with spec_shared(spec) as sp:
+            assert isinstance(sp.yn, shm.SharedArray) and not sp.dufs_share
+        got = margin_summary(M, spec)
+        M.release()
+    rho = margins(dufs.engine.Matrix(X, standardize="scale"), y, 0.5, 0.2, "correlation")[3]
+    np.testing.assert_allclose(got, [rho.sum(), np.linalg.norm(rho), rho.max()], rtol=1e-10)
+    assert not _ours()
+
+
 def test_results_files_are_pooled_and_a_full_dev_shm_sends_them_back(cluster_client, monkeypatch):
     """A pass's results are written into a pooled /dev/shm file: the same file serves the next pass of that size,
     results against dense NumPy each time; where /dev/shm cannot hold the file (its pages reserved up front fail)
