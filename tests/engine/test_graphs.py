@@ -89,10 +89,17 @@ def _sparse_data(n=150, d=37, seed=0):
     return sp.csr_array(X)
 
 
+@pytest.mark.parametrize("dense_rows", [True, False])
 @pytest.mark.parametrize("standardize", ["zscore", "scale", None])
-def test_knn_graph_of_matrix_equals_sklearn_on_transformed_dense(standardize):
+def test_knn_graph_of_matrix_equals_sklearn_on_transformed_dense(standardize, dense_rows, monkeypatch):
+    """Either way of making a Gram block (its rows dense, the default where they are small, or sparse x sparse)
+    gives sklearn's graph."""
     import dask
 
+    from dufs.engine import graphs
+
+    if not dense_rows:
+        monkeypatch.setattr(graphs, "_GRAM_DENSE_ROWS_BYTES", 0)
     X = _sparse_data()
     Zd = _dense_z(X.toarray(), standardize)
     want_bin = _reference(Zd, 4)
@@ -428,3 +435,23 @@ def test_anchor_graph_of_sparse_standardized_data_is_built_on_the_raw_rows():
     assert abs(G.Zh - raw.Zh).max() < 1e-12
     standardized = anchor_graph(M, 64, 3)
     assert ari(G) > 0.15 and abs(ari(standardized)) < 0.02
+
+
+def test_k_smallest_breaks_ties_as_a_stable_full_sort():
+    """The k smallest of each row, ties at the k-th value broken by the lower index without sorting the row: the
+    same (index, value) pairs as NumPy's stable full sort, on integer distances that tie at nearly every row."""
+    from dufs.engine.graphs import _k_smallest
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        m, r = int(rng.integers(2, 60)), int(rng.integers(1, 20))
+        k = int(rng.integers(1, m + 1))
+        D = rng.integers(0, 4, size=(r, m)).astype(float)
+        if trial % 3 == 0:
+            D[:, 0] = np.inf  # a self-distance
+        idx, val = _k_smallest(D, k)
+        full = np.argsort(D, axis=1, kind="stable")[:, :k]
+        fval = np.take_along_axis(D, full, axis=1)
+        order = np.lexsort((full, fval), axis=1)
+        np.testing.assert_array_equal(idx, np.take_along_axis(full, order, axis=1))
+        np.testing.assert_array_equal(val, np.take_along_axis(fval, order, axis=1))
