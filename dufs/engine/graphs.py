@@ -185,9 +185,9 @@ def _k_smallest(D: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
             # 48,842-wide row took 3-4 s a block of 686 rows)
             Dt = D[tied]
             kt = kth[tied, None]
-            eq = Dt == kt
-            need = k - (Dt < kt).sum(axis=1)
-            take = (Dt < kt) | (eq & (np.cumsum(eq, axis=1, dtype=np.int32) <= need[:, None]))
+            lt, eq = Dt < kt, Dt == kt
+            need = k - lt.sum(axis=1)
+            take = lt | (eq & (np.cumsum(eq, axis=1, dtype=np.int32) <= need[:, None]))
             cols = np.nonzero(take)[1].reshape(tied.size, k)  # row by row, k a row, in column order
             part[tied] = cols
             pd[tied] = np.take_along_axis(Dt, cols, axis=1)

@@ -405,9 +405,11 @@ class _FilePool:
         """(Under the lock.) The lent files that nothing views any more back to ``free``: the mapping's references
         are then the entry tuple's and getrefcount's argument (every array made from it, views of views too, refers
         to the mapping itself: NumPy collapses a view's base to the first array that holds the buffer)."""
-        idle = [f for f in self.lent if sys.getrefcount(f[1]) <= 2]
+        held, idle = [], []
+        for f in self.lent:
+            (idle if sys.getrefcount(f[1]) <= 2 else held).append(f)
         if idle:
-            self.lent = [f for f in self.lent if all(f is not g for g in idle)]
+            self.lent = held
             self.free.extend(idle)
             self.free.sort(key=lambda f: f[1].nbytes)
 
