@@ -935,6 +935,38 @@ class Matrix:
         out = client.gather(futs[n:])
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
+    @_inline_when_small
+    def map_sums(self, fn: Any, keys: list, *args: Any, then: Any = None, then_args: tuple = ()) -> list:
+        """One pass of ``len(keys)`` sums: for each key, the sum over blocks of ``fn(block, key, *args)`` (the fixed
+        tree of :meth:`map_blocks`), then ``then(sum, key, *then_args)`` where that sum was made (on a worker),
+        whose result comes back; results in key order. The keys are small (row ranges, say); ``args`` as in
+        :meth:`map_blocks` (:class:`PerBlock` allowed), each shipped once for all keys, like ``then_args``.
+
+        For reductions whose sums are large and whose use of them is small (the exact kNN graph: an n x rows Gram
+        block, of which a row keeps k neighbours): the sums stay on the workers, and the keys' sums are made side by
+        side on all of them, where one :meth:`map_blocks` a key brought each sum back and ran one block's task at a
+        time. Memory on the workers: up to a sum (and its parts) a key in flight; give a few keys a pass.
+        """
+        keys = list(keys)
+        if not keys:
+            return []
+        shared = [self._scatter_per_block(share(a)) for a in args]
+        fin = [share(a) for a in then_args]
+
+        def pick(a: Any, i: int) -> Any:
+            if not isinstance(a, PerBlock):
+                return a
+            v, b = a.value, self.blocks[i]
+            return v[i] if isinstance(v, list | tuple) else v[b.start:b.stop]
+
+        f = delayed(map_one)
+        g = delayed(then) if then is not None else None
+        out = []
+        for key in keys:
+            parts = [f(fn, s, (key, *(pick(a, i) for a in shared)), {}) for i, s in enumerate(self._src)]
+            out.append(tree_sum(parts) if g is None else g(tree_sum(parts), key, *fin))
+        return self._pass(out, _name(fn))
+
     def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, units: list | None,
                     reduce: str | None, pick: Any) -> tuple | str:
         """:meth:`map_blocks` with state as direct calls (:mod:`dufs.engine.direct`): each unit's

@@ -294,6 +294,43 @@ def test_map_blocks_over_groups_matches_dense(n):
         M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=groups, groups=groups)
 
 
+def _rows_times(block, span, n, scale):
+    a, b = span
+    return block.to_scipy(n)[a:b] @ scale
+
+
+def _then_affine(total, span, c):
+    return total * c + span[0]
+
+
+@pytest.mark.parametrize("where", ["inline", "graph", "cluster"])
+def test_map_sums_equals_dense(where, request):
+    """One pass of several sums over the blocks, each finished where it was summed: X[a:b] @ scale per key, then
+    c * it + a, against NumPy; keys in order, none for no keys."""
+    import dask
+
+    from dufs.engine import PerBlock
+
+    X = sp.random(40, 50, density=0.3, random_state=2, format="csc")
+    M = Matrix(X, block_width=7)
+    scale = np.linspace(0.5, 2.0, 50)
+    c = np.arange(1.0, 4.0)[:, None] * np.ones((3, 1))  # a shared argument of the finishing step
+    keys = [(0, 13), (13, 14), (14, 40)]
+    want = [X.toarray()[a:b] @ scale for a, b in keys]
+    if where == "cluster":
+        ctx = request.getfixturevalue("cluster_client").as_current()
+    else:
+        limit = 10**9 if where == "inline" else 0  # passes inline, or as Dask graphs
+        ctx = dask.config.set({"scheduler": "synchronous", "dufs.engine.inline-nnz": limit})
+    with ctx:
+        got = M.map_sums(_rows_times, keys, 40, PerBlock(scale))
+        fin = M.map_sums(_rows_times, keys, 40, PerBlock(scale), then=_then_affine, then_args=(c,))
+        assert M.map_sums(_rows_times, [], 40, PerBlock(scale)) == []
+    for g, f, w, (a, _) in zip(got, fin, want, keys, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+        np.testing.assert_allclose(f, w[None, :] * c + a, rtol=1e-12)
+
+
 def _state_where(blocks, state, w):
     from distributed import get_worker
 
