@@ -269,3 +269,36 @@ def test_best_bias_is_the_minimum_over_a_fine_grid(case):
         return c * h.sum() + lam * float(f @ L @ f)
 
     assert J(b) <= min(J(g) for g in np.linspace(lo, hi, 20001)) + 1e-12
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_spectral_start_on_a_kNN_graph_in_pieces(k):
+    """Above dense_below, the spectral start on a kNN graph that falls apart (repeated rows make cliques of their
+    own) is that of the regularised graph W + (tau / n) 1 1^T, tau the mean degree: the same labels as its dense
+    eigenvectors (NumPy's eigh), split the same way, where Lanczos on the graph's own L has 0 as an eigenvalue
+    once a piece."""
+    from scipy.sparse.csgraph import connected_components
+
+    from dufs.engine.graphs import knn_graph, laplacian_operator
+
+    rng = np.random.default_rng(3)
+    blobs = [rng.standard_normal((120, 4)) + 4.0 * np.eye(4)[c] for c in range(k)]
+    dups = [np.repeat(rng.standard_normal((1, 4)) * 8.0, 7, axis=0) for _ in range(8)]  # 8 cliques of 7 copies
+    X = np.vstack(blobs + dups)
+    n = X.shape[0]
+    W = knn_graph(X, 5)
+    assert connected_components(W)[0] >= 8
+    M = Matrix(sp.csc_array(X))
+    L = laplacian_operator(W, normed=True)
+    E = ms._lanczos_embedding(L, W, k, 0)
+    # the reference: the dense regularised normalised Laplacian's k smallest eigenvectors (the same subspace)
+    Wd = W.toarray()
+    tau = Wd.sum(axis=1).mean()
+    Wt = Wd + tau / n
+    s = 1.0 / np.sqrt(Wt.sum(axis=1))
+    vals, U = np.linalg.eigh(np.eye(n) - s[:, None] * Wt * s[None, :])
+    assert vals[k] - vals[k - 1] > 1e-3  # the reference subspace is well defined
+    np.testing.assert_allclose(E @ E.T, U[:, :k] @ U[:, :k].T, atol=1e-6)
+    # the labels of the start: every cluster holds a fair share (the cliques do not make a cluster each)
+    got = ms._init_labels(M, L, "spectral", k, 0, 0, W)
+    assert min(np.bincount(got, minlength=k)) > n // (4 * k)
