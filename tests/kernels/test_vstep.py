@@ -41,3 +41,25 @@ def test_hinge_bias_slope_is_numpy(mu):
     ya, inside = hinge_bias_slope(f, y, 0.2, mu)
     assert ya == pytest.approx(float(y @ a), rel=1e-12)
     assert inside == (int(np.sum((t > 0) & (t < mu))) if mu > 0 else 0)
+
+
+def test_top_positive_is_the_stable_sort_head_and_the_rest_sum():
+    """The k largest positive entries by value descending, ties to the lower index: the head of NumPy's stable
+    sort of -g over the positive entries; and the sum of g over every other entry (numpy's, within rounding); on
+    small integer values that tie everywhere, with zeros."""
+    from dufs.kernels.vstep import top_positive
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        d = int(rng.integers(1, 80))
+        g = rng.integers(0, 5, size=d).astype(float)
+        pos = np.flatnonzero(g > 0)
+        if not pos.size:
+            continue
+        k = int(rng.integers(1, pos.size + 1))
+        top, rest = top_positive(g, k)
+        want = pos[np.argsort(-g[pos], kind="stable")][:k]
+        np.testing.assert_array_equal(top, want)
+        keep = np.ones(d, dtype=bool)
+        keep[want] = False
+        assert rest == pytest.approx(g[keep].sum(), abs=1e-12)
