@@ -180,8 +180,11 @@ def _gram_span(block: Any, span: tuple[int, int], n: int, mu: np.ndarray | None,
 
 
 def _knn_span(G: np.ndarray, span: tuple[int, int], sq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest samples of the rows ``span`` from their summed Gram block G (n x rows), where it was summed."""
-    return knn_select(np.ascontiguousarray(G, dtype=np.float64), np.asarray(sq, dtype=np.float64), span[0], k)
+    """The k nearest samples of the rows ``span`` from their summed Gram block G (n x rows; None: no features, all
+    zero), where it was summed."""
+    sq = np.asarray(sq, dtype=np.float64)
+    G = np.zeros((sq.shape[0], span[1] - span[0])) if G is None else np.ascontiguousarray(G, dtype=np.float64)
+    return knn_select(G, sq, span[0], k)
 
 
 def _gram_of_rows(X: Any, a: int, b: int) -> np.ndarray:

@@ -940,7 +940,8 @@ class Matrix:
         """One pass of ``len(keys)`` sums: for each key, the sum over blocks of ``fn(block, key, *args)`` (the fixed
         tree of :meth:`map_blocks`), then ``then(sum, key, *then_args)`` where that sum was made (on a worker),
         whose result comes back; results in key order. The keys are small (row ranges, say); ``args`` as in
-        :meth:`map_blocks` (:class:`PerBlock` allowed), each shipped once for all keys, like ``then_args``.
+        :meth:`map_blocks` (:class:`PerBlock` allowed), each shipped once for all keys, like ``then_args``. With no
+        blocks every sum is None.
 
         For reductions whose sums are large and whose use of them is small (the exact kNN graph: an n x rows Gram
         block, of which a row keeps k neighbours): the sums stay on the workers, and the keys' sums are made side by
@@ -950,6 +951,8 @@ class Matrix:
         keys = list(keys)
         if not keys:
             return []
+        if not self._src:  # no blocks: every sum is None (map_blocks' sum of nothing), finished here
+            return [None if then is None else then(None, key, *then_args) for key in keys]
         shared = [self._scatter_per_block(share(a)) for a in args]
         fin = [share(a) for a in then_args]
 

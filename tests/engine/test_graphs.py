@@ -437,6 +437,27 @@ def test_anchor_graph_of_sparse_standardized_data_is_built_on_the_raw_rows():
     assert ari(G) > 0.15 and abs(ari(standardized)) < 0.02
 
 
+def test_k_smallest_breaks_ties_as_a_stable_full_sort():
+    """The anchor graph's nearest anchors (_k_smallest): the k smallest of each row, ties at the k-th value broken
+    by the lower index without sorting the row: the same (index, value) pairs as NumPy's stable full sort, on
+    integer distances that tie at nearly every row."""
+    from dufs.engine.graphs import _k_smallest
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        m, r = int(rng.integers(2, 60)), int(rng.integers(1, 20))
+        k = int(rng.integers(1, m + 1))
+        D = rng.integers(0, 4, size=(r, m)).astype(float)
+        if trial % 3 == 0:
+            D[:, 0] = np.inf  # a self-distance
+        idx, val = _k_smallest(D, k)
+        full = np.argsort(D, axis=1, kind="stable")[:, :k]
+        fval = np.take_along_axis(D, full, axis=1)
+        order = np.lexsort((full, fval), axis=1)
+        np.testing.assert_array_equal(idx, np.take_along_axis(full, order, axis=1))
+        np.testing.assert_array_equal(val, np.take_along_axis(fval, order, axis=1))
+
+
 def test_knn_select_breaks_ties_as_a_stable_full_sort():
     """The k nearest of each row of a Gram block, ties at the k-th distance broken by the lower index in one sweep:
     the same (index, distance) pairs as NumPy's stable full sort of the block's distances (self left out), on

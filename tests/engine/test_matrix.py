@@ -326,6 +326,9 @@ def test_map_sums_equals_dense(where, request):
         got = M.map_sums(_rows_times, keys, 40, PerBlock(scale))
         fin = M.map_sums(_rows_times, keys, 40, PerBlock(scale), then=_then_affine, then_args=(c,))
         assert M.map_sums(_rows_times, [], 40, PerBlock(scale)) == []
+        empty = Matrix(sp.csc_array((40, 0)))  # no blocks: sums of nothing are None, as map_blocks'
+        assert empty.map_sums(_rows_times, keys, 40, None) == [None] * 3
+        assert empty.map_sums(_rows_times, keys, 40, None, then=lambda t, k: (t, k)) == [(None, k) for k in keys]
     for g, f, w, (a, _) in zip(got, fin, want, keys, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-12)
         np.testing.assert_allclose(f, w[None, :] * c + a, rtol=1e-12)
