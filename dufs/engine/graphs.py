@@ -4,15 +4,14 @@
 either is among the other's k nearest neighbours; weights are 1 ("binary") or the heat kernel
 exp(-||x_i - x_j||^2 / t). No self-loops. The graph is a SciPy sparse matrix with at most 2 k n entries, never an
 n x n dense matrix. :func:`knn_graph` takes an in-memory array or a :class:`~dufs.engine.Matrix`; for a Matrix the
-distances are computed on the workers without gathering the data: per row block a:b, one
-``map_blocks(..., reduce="sum")`` pass gives the partial Gram ``G[:, a:b] = Z Z[a:b]^T`` (each feature block adds
-its own n x r dense partial, summed on the workers by the fixed tree), with the Matrix's implicit standardization
-applied without centring the sparse data: for a feature block f with Y = X_f S_f^-1 and m = S_f^-1 mu_f,
-
-    Z_f Z_f[a:b]^T = Y Y[a:b]^T - u 1^T - 1 u[a:b]^T + (m^T m) 1 1^T,   u = Y m,
-
-and the squared row norms ``||z_i||^2 = sum_f ||y_i||^2 - 2 u_i + m^T m`` come from one more pass. The driver
-holds one n x block_rows Gram block at a time (about 256 MiB by default).
+distances are computed on the workers without gathering the data: a few row blocks a:b a pass
+(:meth:`~dufs.engine.Matrix.map_sums`, two a worker), each block's partial Gram ``G[:, a:b] = Z Z[a:b]^T`` (each
+feature block adds its own n x r dense partial, summed on the workers by the fixed tree), then its rows' k nearest
+picked where it was summed (:func:`dufs.kernels.knn.knn_select`, one sweep of the block keeping a sorted k-list a
+row): only n x k neighbours come back. Distances do not see a centre, so the Matrix's implicit standardization
+enters as its scaling alone (Y = X_f S_f^-1 for a feature block f), and the squared row norms ``||y_i||^2`` come
+from one more pass. A worker holds one n x block_rows Gram block a row block in flight (about 256 MiB by default);
+the driver, the n x k neighbours.
 
 **Anchor graph** (Liu, He, Chang, "Large Graph Construction for Scalable Semi-Supervised Learning", ICML 2010),
 for large n_samples: samples are embedded by a random projection E = Z R (n x embed_dim; one pass, each feature
@@ -243,7 +242,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     ----------
     X : (n_samples, n_features) array, SciPy sparse matrix or :class:`~dufs.engine.Matrix`
         For a Matrix, the rows of its transformed matrix Z (its ``standardize``), with the Gram blocks computed
-        on the workers (one pass per row block plus one for the row norms; see the module docstring).
+        on the workers (two row blocks a worker a pass, plus one pass for the row norms; see the module docstring).
     n_neighbors : int
         k: neighbours of each sample, itself excluded.
     weights : "binary" or "heat"
