@@ -115,36 +115,9 @@ def _block_y(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None) 
     return Y, m
 
 
-def _gram_block(block: Any, n: int, a: int, b: int, mu: np.ndarray | None, inv: np.ndarray | None) -> np.ndarray:
-    """This feature block's n x (b - a) partial of Z Z[a:b]^T (dense float64)."""
-    Y, m = _block_y(block, n, mu, inv)
-    Yc = sp.csr_array(Y)
-    Yr = Yc[a:b]
-    if not Y.nnz:
-        G = np.zeros((n, b - a))
-    elif (b - a) * Y.shape[1] * 8 <= _GRAM_DENSE_ROWS_BYTES:
-        # the row block dense (bounded by block_rows x the block's width): a sparse x dense product makes the
-        # n x (b - a) block directly, where sparse x sparse built a nearly dense sparse result first (48,842 x 123
-        # one-hot rows: 0.44 against 2.6 s a block of 686 rows, the same numbers); by rows (CSR), each output row
-        # made once, where by columns (CSC) every nonzero added into a scattered row (0.13 against 0.54 s)
-        G = np.asarray(Yc @ Yr.toarray().T, dtype=np.float64)
-    else:
-        G = np.asarray((Y @ Yr.T).toarray(), dtype=np.float64)
-    if m is not None and m.size:
-        u = Y @ m
-        G -= u[:, None]
-        G -= u[None, a:b]
-        G += float(m @ m)
-    return G
-
-
-def _sqnorm_block(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None) -> np.ndarray:
-    """This feature block's part of ||z_i||^2 for every sample i."""
-    Y, m = _block_y(block, n, mu, inv)
-    out = _row_sq_norms(Y)
-    if m is not None and m.size:
-        out = out - 2.0 * (Y @ m) + float(m @ m)
-    return out
+def _sqnorm_block(block: Any, n: int, inv: np.ndarray | None) -> np.ndarray:
+    """This feature block's part of ||y_i||^2 for every sample i (Y = X_f S_f^-1: distances do not see a centre)."""
+    return _row_sq_norms(_block_y(block, n, None, inv)[0])
 
 
 def projection_rows(start: int, stop: int, embed_dim: int, random_state: int = 0) -> np.ndarray:
@@ -172,10 +145,10 @@ def _embed_block(block: Any, n: int, embed_dim: int, random_state: int, mu: np.n
 
 
 # ---------------------------------------------------------------------------------------------------- kNN
-def _gram_span(block: Any, span: tuple[int, int], n: int, mu: np.ndarray | None,
-               inv: np.ndarray | None) -> np.ndarray:
-    """:func:`_gram_block` of the rows ``span`` (a :meth:`~dufs.engine.Matrix.map_sums` key)."""
-    return _gram_block(block, n, span[0], span[1], mu, inv)
+def _gram_span(block: Any, span: tuple[int, int], n: int, inv: np.ndarray | None) -> np.ndarray:
+    """This feature block's n x rows partial of Y Y[a:b]^T, span = (a, b) (a :meth:`~dufs.engine.Matrix.map_sums`
+    key; Y = X_f S_f^-1)."""
+    return _gram_of_rows(sp.csr_array(_block_y(block, n, None, inv)[0]), span[0], span[1])
 
 
 def _knn_span(G: np.ndarray, span: tuple[int, int], sq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -187,12 +160,16 @@ def _knn_span(G: np.ndarray, span: tuple[int, int], sq: np.ndarray, k: int) -> t
 
 
 def _gram_of_rows(X: Any, a: int, b: int) -> np.ndarray:
-    """X X[a:b]^T (n x (b - a), dense float64) of an in-memory X (CSR or dense)."""
+    """X X[a:b]^T (n x (b - a), dense float64, C order) of X, CSR float64 or dense."""
     if not sp.issparse(X):
         return np.ascontiguousarray(X @ X[a:b].T)
     if not X.nnz:
         return np.zeros((X.shape[0], b - a))
-    if (b - a) * X.shape[1] * 8 <= _GRAM_DENSE_ROWS_BYTES:  # as in _gram_block
+    if (b - a) * X.shape[1] * 8 <= _GRAM_DENSE_ROWS_BYTES:
+        # the row block dense (bounded by block_rows x the width): a sparse x dense product makes the n x (b - a)
+        # block directly, where sparse x sparse built a nearly dense sparse result first (48,842 x 123 one-hot
+        # rows: 0.44 against 2.6 s a block of 686 rows, the same numbers); by rows (CSR), each output row made
+        # once, where by columns (CSC) every nonzero added into a scattered row (0.13 against 0.54 s)
         return np.ascontiguousarray(X @ X[a:b].toarray().T)
     return np.ascontiguousarray((X @ X[a:b].T).toarray())
 
@@ -284,9 +261,8 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         # distances do not change with a centre: rows scaled only (the centring of each Gram block took three
         # sweeps of it, 4 of 20 s over 48,842 z-scored rows, for the same numbers up to rounding)
         inv = X.transform.inv_scale
-        pm = None
         pi = None if inv is None else PerBlock(inv)
-        sq = X.map_blocks(_sqnorm_block, n, pm, pi, reduce="sum")
+        sq = X.map_blocks(_sqnorm_block, n, pi, reduce="sum")
         sq = np.zeros(n) if sq is None else np.asarray(sq, dtype=np.float64)
         # a few row blocks a pass, their Gram blocks summed and their neighbours picked on the workers: only the
         # neighbours come back (a Gram block is 256 MiB), and every worker has a block to work on
@@ -294,7 +270,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         wave = 2 * max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})) if client is not None else 1)
         for w0 in range(0, len(spans), wave):
             part = spans[w0:w0 + wave]
-            for span, got in zip(part, X.map_sums(_gram_span, part, n, pm, pi, then=_knn_span,
+            for span, got in zip(part, X.map_sums(_gram_span, part, n, pi, then=_knn_span,
                                                   then_args=(sq, k)), strict=True):
                 put(span, got)
     else:

@@ -869,21 +869,10 @@ class Matrix:
             partitions = groups
         units = None if partitions is None else self._check_partitions(partitions)
 
-        def pick1(a: Any, i: int) -> Any:
-            if not isinstance(a, PerBlock):
-                return a
-            v, b = a.value, self.blocks[i]
-            if isinstance(v, list | tuple):
-                if len(v) != self.n_blocks:
-                    raise ParameterError(f"a PerBlock list must have one item per block ({self.n_blocks}); "
-                                         f"got {len(v)}")
-                return v[i]
-            return v[b.start:b.stop]
-
         def pick(a: Any, u: int) -> Any:
             if units is None:
-                return pick1(a, u)
-            return [pick1(a, i) for i in units[u]] if isinstance(a, PerBlock) else a
+                return self._block_item(a, u)
+            return [self._block_item(a, i) for i in units[u]] if isinstance(a, PerBlock) else a
 
         def task_args(u: int) -> tuple:
             return tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}
@@ -955,20 +944,25 @@ class Matrix:
             return [None if then is None else then(None, key, *then_args) for key in keys]
         shared = [self._scatter_per_block(share(a)) for a in args]
         fin = [share(a) for a in then_args]
-
-        def pick(a: Any, i: int) -> Any:
-            if not isinstance(a, PerBlock):
-                return a
-            v, b = a.value, self.blocks[i]
-            return v[i] if isinstance(v, list | tuple) else v[b.start:b.stop]
-
         f = delayed(map_one)
         g = delayed(then) if then is not None else None
         out = []
         for key in keys:
-            parts = [f(fn, s, (key, *(pick(a, i) for a in shared)), {}) for i, s in enumerate(self._src)]
+            parts = [f(fn, s, (key, *(self._block_item(a, i) for a in shared)), {}) for i, s in enumerate(self._src)]
             out.append(tree_sum(parts) if g is None else g(tree_sum(parts), key, *fin))
         return self._pass(out, _name(fn))
+
+    def _block_item(self, a: Any, i: int) -> Any:
+        """Block ``i``'s item of a :class:`PerBlock` argument (its list item, or its slice over the block's
+        features); any other argument as it is."""
+        if not isinstance(a, PerBlock):
+            return a
+        v, b = a.value, self.blocks[i]
+        if isinstance(v, list | tuple):
+            if len(v) != self.n_blocks:
+                raise ParameterError(f"a PerBlock list must have one item per block ({self.n_blocks}); got {len(v)}")
+            return v[i]
+        return v[b.start:b.stop]
 
     def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, units: list | None,
                     reduce: str | None, pick: Any) -> tuple | str:
