@@ -3,6 +3,7 @@ process, where the time of a pass goes, and whether the results agree."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -61,8 +62,9 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     """One ``Matrix.rmatvec(v)`` pass (v dense over the samples) with 1 and 2 workers, blocks persisted on them,
     against SciPy's ``X.T @ v`` in one process on the same data in memory (float32 data and v), and the machine's
     ceiling: the numba kernel alone over each worker's persisted blocks. The four are measured in turn, ``repeats``
-    rounds after a warm-up (this machine's speed drifts by tens of percent within a minute: interleaving puts
-    every figure and its reference under the same conditions); medians. Also where the time of one pass goes (task
+    rounds after a warm-up, each round on every cluster size in turn (the clusters are all up, idle but for their
+    turn: this machine's speed drifts by tens of percent within a minute, and interleaving puts every figure and
+    its reference under the same conditions); medians. Also where the time of one pass goes (task
     compute vs wall) and whether the results agree."""
     from distributed import get_task_stream
 
@@ -85,64 +87,85 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     names = (block_rmatvec.__name__, partition_rmatvec.__name__)
 
     res["v_mib"] = n * np.dtype(v.dtype).itemsize / 2**20  # V is shipped in its own dtype (float32 here)
+    with contextlib.ExitStack() as stack, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        # every cluster up at once, idle but for its turn: each round measures every cluster size in turn, so the
+        # 2-worker speed-up and its ceiling compare figures taken under the same conditions (one cluster after the
+        # other put minutes of this machine's drift between them: ceilings of 1.54x and 2.16x in two runs)
+        on: dict[int, tuple[Any, Any]] = {}
+        for w in workers:
+            client = stack.enter_context(local_cluster(w))
+            with client.as_current():
+                M = as_matrix(st.path, persist=True)
+                if M.residency.get("mode") != "persisted":
+                    say(f"[yellow]warning: the blocks were not persisted ({M.residency.get('reason')})[/yellow]"
+                        if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
+                M.rmatvec(v)  # warm-up: numba compilation in the workers
+                M.rmatvec(v, gather=False).release()
+                kernel_alone_seconds(client, v, 1)
+                M.rmatvec(v, dtype=np.float32)  # warm: the float32-result kernel compiles
+            stack.callback(M.release)
+            on[w] = (client, M)
+        keys = ("sc", "times", "comp", "lead", "tail", "resident", "kern", "t32")
+        got: dict[int, dict[str, list]] = {w: {k: [] for k in keys} for w in workers}
+        out: dict[int, Any] = {}
+        out32: dict[int, Any] = {}
+        for _ in range(repeats):
+            for w in workers:
+                client, M = on[w]
+                g = got[w]
+                with client.as_current():
+                    t0 = time.perf_counter()
+                    XT @ v
+                    g["sc"].append(time.perf_counter() - t0)
+                    with get_task_stream(client) as ts:
+                        t0, w0 = time.perf_counter(), time.time()
+                        out[w] = M.rmatvec(v)
+                        g["times"].append(time.perf_counter() - t0)
+                        w1 = time.time()
+                    # the pass's task keys are named after its block function (dask.delayed's key prefix); a direct
+                    # pass (no tasks) reports its calls' times itself
+                    c, first, last = _task_timeline(ts.data, names)
+                    if c <= 0.0 and last_timeline():
+                        c, first, last = (sum(t1 - t0 for _, t0, t1 in last_timeline()),
+                                          min(t0 for _, t0, _ in last_timeline()),
+                                          max(t1 for _, _, t1 in last_timeline()))
+                    if c <= 0.0:
+                        raise RuntimeError(f"no {' or '.join(names)} task in the task stream: the breakdown would "
+                                           f"be empty (task keys: "
+                                           f"{sorted({str(r.get('key'))[:40] for r in ts.data})[:5]})")
+                    g["comp"].append(c)
+                    g["lead"].append(first - w0)
+                    g["tail"].append(w1 - last)
+                    t0 = time.perf_counter()
+                    h = M.rmatvec(v, gather=False)  # the per-block results stay on the workers
+                    g["resident"].append(time.perf_counter() - t0)
+                    h.release()
+                    t0 = time.perf_counter()
+                    out32[w] = M.rmatvec(v, dtype=np.float32)  # the result in SciPy's dtype: half the bytes back
+                    g["t32"].append(time.perf_counter() - t0)
+                    # the kernel alone, no Dask: each worker loops over its own persisted blocks, all workers at
+                    # once
+                    g["kern"].append(kernel_alone_seconds(client, v, 1))
     for w in workers:
-        with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            M = as_matrix(st.path, persist=True)
-            if M.residency.get("mode") != "persisted":
-                say(f"[yellow]warning: the blocks were not persisted ({M.residency.get('reason')})[/yellow]"
-                    if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
-            out = M.rmatvec(v)  # warm-up: numba compilation in the workers
-            M.rmatvec(v, gather=False).release()
-            kernel_alone_seconds(client, v, 1)
-            M.rmatvec(v, dtype=np.float32)  # warm: the float32-result kernel compiles
-            sc, times, comp, lead, tail, resident, kern, t32 = [], [], [], [], [], [], [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                XT @ v
-                sc.append(time.perf_counter() - t0)
-                with get_task_stream(client) as ts:
-                    t0, w0 = time.perf_counter(), time.time()
-                    out = M.rmatvec(v)
-                    times.append(time.perf_counter() - t0)
-                    w1 = time.time()
-                # the pass's task keys are named after its block function (dask.delayed's key prefix); a direct
-                # pass (no tasks) reports its calls' times itself
-                c, first, last = _task_timeline(ts.data, names)
-                if c <= 0.0 and last_timeline():
-                    c, first, last = (sum(t1 - t0 for _, t0, t1 in last_timeline()),
-                                      min(t0 for _, t0, _ in last_timeline()), max(t1 for _, _, t1 in last_timeline()))
-                if c <= 0.0:
-                    raise RuntimeError(f"no {' or '.join(names)} task in the task stream: the breakdown would be "
-                                       f"empty (task keys: {sorted({str(r.get('key'))[:40] for r in ts.data})[:5]})")
-                comp.append(c)
-                lead.append(first - w0)
-                tail.append(w1 - last)
-                t0 = time.perf_counter()
-                h = M.rmatvec(v, gather=False)  # the per-block results stay on the workers
-                resident.append(time.perf_counter() - t0)
-                h.release()
-                t0 = time.perf_counter()
-                out32 = M.rmatvec(v, dtype=np.float32)  # the result in SciPy's dtype: half the bytes back
-                t32.append(time.perf_counter() - t0)
-                # the kernel alone, no Dask: each worker loops over its own persisted blocks, all workers at once
-                kern.append(kernel_alone_seconds(client, v, 1))
-            M.release()
-        res[f"w{w}_scipy_s"] = median(sc)
-        res[f"w{w}_kernel_s"] = median(kern)
-        res[f"w{w}_resident_s"] = median(resident)
-        res[f"w{w}_f32_s"] = median(t32)
-        res[f"w{w}_f32_maxdiff"] = float(np.max(np.abs(np.asarray(out32, dtype=np.float64) - ref))) / ref_norm
+        g = got[w]
+        times = g["times"]
+        res[f"w{w}_scipy_s"] = median(g["sc"])
+        res[f"w{w}_kernel_s"] = median(g["kern"])
+        res[f"w{w}_resident_s"] = median(g["resident"])
+        res[f"w{w}_f32_s"] = median(g["t32"])
+        res[f"w{w}_f32_maxdiff"] = float(np.max(np.abs(np.asarray(out32[w], dtype=np.float64) - ref))) / ref_norm
         res[f"w{w}_s"] = median(times)
         # where the time went: one round's split (the round of median wall time), not each part's median apart.
         # Task times come from the worker's clock, corrected by distributed's estimate of its offset, so a
         # round's lead and tail may trade time with each other; within one round they still add up to its wall
         mid = int(np.argsort(times, kind="stable")[len(times) // 2])
         res[f"w{w}_split_s"] = times[mid]
-        res[f"w{w}_compute_s"] = comp[mid]
-        res[f"w{w}_lead_s"] = lead[mid]
-        res[f"w{w}_tail_s"] = tail[mid]
-        res[f"w{w}_maxdiff"] = float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / ref_norm
+        res[f"w{w}_compute_s"] = g["comp"][mid]
+        res[f"w{w}_lead_s"] = g["lead"][mid]
+        res[f"w{w}_tail_s"] = g["tail"][mid]
+        res[f"w{w}_maxdiff"] = float(np.max(np.abs(np.asarray(out[w], dtype=np.float64) - ref))) / ref_norm
+    del out, out32
     del X, XT
     res["scipy_s"] = median([res[f"w{w}_scipy_s"] for w in workers])
     _pass_table(res, workers, say, console)
