@@ -183,39 +183,48 @@ def _pooled(dask_worker=None) -> int:
     return pooled_bytes()
 
 
-def _gradient_walls(M: Any, y: np.ndarray, *, C: float, gamma: float, repeats: int, seed: int = 0) -> list:
-    """Wall seconds of the solver's gradient pass alone through the cluster, each of ``repeats``: a round with no
+class _GradientPass:
+    """The solver's gradient pass alone through the cluster, one round at a time (:meth:`wall`): a round with no
     epoch (``_round(..., epoch=False)``: the step, the exact gradient and the gap terms of every block, its
     partition's task, the tree sum, w shipped as the solve ships it), from a state made as ``mmfs`` makes it (not
     timed) and a fixed w. The same work on 1 and 2 workers, so its speed-up is the one the solve can aim at."""
-    from dufs.engine import PerBlock
-    from dufs.engine.dispatch import shipped
-    from dufs.methods.mmfs import auto_partitions, margin_spec
-    from dufs.methods.mmfs_solver import _round, init_state
-    from dufs.methods.solver import release
 
-    partitions = M.partition(auto_partitions(M))
-    K = len(partitions)
-    part_of = [0] * M.n_blocks
-    for q, blocks in enumerate(partitions):
-        for i in blocks:
-            part_of[i] = q
-    _, spec = margin_spec(M, y, 0.5, gamma, "correlation")
-    state, _ = init_state(M, partitions, spec, seed)
-    m = M.shape[0]
-    ws = np.random.default_rng(seed).standard_normal(m) * 1e-3
-    walls = []
-    for _ in range(max(1, int(repeats))):
+    def __init__(self, M: Any, y: np.ndarray, *, C: float, gamma: float, seed: int = 0):
+        from dufs.methods.mmfs import auto_partitions, margin_spec
+        from dufs.methods.mmfs_solver import init_state
+
+        self.M, self.C, self.gamma = M, C, gamma
+        self.partitions = M.partition(auto_partitions(M))
+        self.part_of = [0] * M.n_blocks
+        for q, blocks in enumerate(self.partitions):
+            for i in blocks:
+                self.part_of[i] = q
+        _, spec = margin_spec(M, y, 0.5, gamma, "correlation")
+        self.state, _ = init_state(M, self.partitions, spec, seed)
+        self.ws = np.random.default_rng(seed).standard_normal(M.shape[0]) * 1e-3
+
+    def wall(self) -> float:
+        """Wall seconds of one gradient pass (the state moves on to the pass's new one)."""
+        from dufs.engine import PerBlock
+        from dufs.engine.dispatch import shipped
+        from dufs.methods.mmfs_solver import _round
+        from dufs.methods.solver import release
+
+        K, m = len(self.partitions), self.M.shape[0]
         t0 = time.perf_counter()
-        with shipped(ws, broadcast=K > 1, shared=True) as w_arg:
-            _, new = M.map_blocks(_round, w_arg, np.zeros(2), 0.0, np.zeros(2), float(m), C, gamma, K == 1, False,
-                                  1.0, None, 0, PerBlock(part_of), None, state=state, reduce="sum",
-                                  partitions=partitions)
-        walls.append(time.perf_counter() - t0)
-        release(state)
-        state = new
-    release(state)
-    return walls
+        with shipped(self.ws, broadcast=K > 1, shared=True) as w_arg:
+            _, new = self.M.map_blocks(_round, w_arg, np.zeros(2), 0.0, np.zeros(2), float(m), self.C, self.gamma,
+                                       K == 1, False, 1.0, None, 0, PerBlock(self.part_of), None, state=self.state,
+                                       reduce="sum", partitions=self.partitions)
+        wall = time.perf_counter() - t0
+        release(self.state)
+        self.state = new
+        return wall
+
+    def close(self) -> None:
+        from dufs.methods.solver import release
+
+        release(self.state)
 
 
 def _order_name(o: int) -> str:
@@ -282,35 +291,65 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
                      for o in (0, 1024)]
     del blocks
 
-    # (b), (c): mmfs on a process cluster, blocks persisted
+    # (b), (c): mmfs on a process cluster, blocks persisted. Every cluster size up at once, idle but for its turn,
+    # and each solve and gradient pass taken on every one in turn: one cluster's solves minutes after the other's
+    # compared this machine's drift as much as the solver (2-worker solves of 1.6-2.6 s in one run)
+    reps = max(1, int(repeats))
+    on: dict[int, dict[str, Any]] = {}
+    with contextlib.ExitStack() as stack, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        for w in workers:
+            client = stack.enter_context(local_cluster(w))
+            with client.as_current():
+                M = as_matrix(st.path, standardize="scale", persist=True)
+                if M.residency.get("mode") != "persisted":
+                    say(f"warning: the blocks were not persisted ({M.residency.get('reason')})")
+                stack.callback(M.release)
+                bb = max(client.run(worker_blocks_bytes).values())
+                t0 = time.perf_counter()
+                M.stats  # noqa: B018 - the statistics pass, timed apart from the solver
+                stats_s = time.perf_counter() - t0
+                # the process with its blocks resident and the engine imported, before the solver
+                idle = max(client.run(rss).values()) - bb
+                # one solve not timed: a fresh cluster's first one ran 1.1-1.4x the next (2.3-3.7 s against 1.8-2.7
+                # s on 1 worker): the solver's kernels loaded from numba's cache, its arrays' pages faulted in
+                run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
+                on[w] = {"client": client, "M": M, "bb": bb, "stats_s": stats_s, "idle": idle, "walls": [],
+                         "runs": [], "grad": [], "pool0": max(client.run(_pooled).values())}
+
+        def gradient_passes() -> None:  # a few on every cluster in turn, from a state made on each (not timed)
+            g = {}
+            for w in workers:
+                with on[w]["client"].as_current():
+                    g[w] = _GradientPass(on[w]["M"], y, C=C, gamma=gamma, seed=seed)
+                    g[w].wall()  # its first round's index arrays fault in
+            for _ in range(max(5, reps)):
+                for w in workers:
+                    with on[w]["client"].as_current():
+                        on[w]["grad"].append(g[w].wall())
+            for w in workers:
+                with on[w]["client"].as_current():
+                    g[w].close()
+
+        # the gradient pass alone, before the solves and after them (its time moves with the worker's state)
+        gradient_passes()
+        with contextlib.ExitStack() as sampling:
+            peaks = {w: sampling.enter_context(WorkerPeak(on[w]["client"])) for w in workers}
+            for _ in range(reps):
+                for w in workers:
+                    with on[w]["client"].as_current():
+                        t0 = time.perf_counter()
+                        r = run_mmfs(on[w]["M"], y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
+                        on[w]["walls"].append(time.perf_counter() - t0)
+                        on[w]["runs"].append(r)
+        for w in workers:
+            on[w]["peak"] = peaks[w].peak
+            on[w]["pool"] = max(on[w]["client"].run(_pooled).values())
+        gradient_passes()
     for w in workers:
-        with local_cluster(w) as client, client.as_current(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            M = as_matrix(st.path, standardize="scale", persist=True)
-            if M.residency.get("mode") != "persisted":
-                say(f"warning: the blocks were not persisted ({M.residency.get('reason')})")
-            bb = max(client.run(worker_blocks_bytes).values())
-            t0 = time.perf_counter()
-            M.stats  # noqa: B018 - the statistics pass, timed apart from the solver
-            stats_s = time.perf_counter() - t0
-            # the process with its blocks resident and the engine imported, before the solver
-            idle = max(client.run(rss).values()) - bb
-            # one solve not timed: a fresh cluster's first one ran 1.1-1.4x the next (2.3-3.7 s against 1.8-2.7 s
-            # on 1 worker): the solver's kernels loaded from numba's cache, its arrays' pages faulted in
-            run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
-            # the gradient pass alone, before the solves and after them (its time moves with the worker's state)
-            grad_walls = _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(5, int(repeats)), seed=seed)
-            pool0 = max(client.run(_pooled).values())
-            walls, runs = [], []
-            with WorkerPeak(client) as wp:
-                for _ in range(max(1, int(repeats))):
-                    t0 = time.perf_counter()
-                    r = run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
-                    walls.append(time.perf_counter() - t0)
-                    runs.append(r)
-            pool = max(client.run(_pooled).values())
-            grad_walls += _gradient_walls(M, y, C=C, gamma=gamma, repeats=max(5, int(repeats)), seed=seed)
-            M.release()
+        o = on[w]
+        walls, runs, grad_walls = o["walls"], o["runs"], o["grad"]
+        bb, stats_s, idle, pool, pool0 = o["bb"], o["stats_s"], o["idle"], o["pool"], o["pool0"]
         wall = median(walls)
         r = runs[walls.index(sorted(walls)[(len(walls) - 1) // 2])]  # the median solve (its trace, its rounds)
         dg = r.diagnostics
@@ -322,7 +361,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
                         "walls_s": walls, "all_rounds": [x.diagnostics["rounds"] for x in runs],
                         "stats_s": stats_s, "grad_walls_s": grad_walls, "grad_s": median(grad_walls),
                         "rounds": dg["rounds"], "converged": dg["converged"],
-                        "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": wp.peak, "idle": idle,
+                        "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": o["peak"], "idle": idle,
                         "blocks_bytes": bb, "objective": dg["objective"], "n_partitions": K,
                         "pool_bytes": pool, "pool_growth": pool - pool0,
                         "rules": {k: sum(t["rule"] == k for t in tr) for k in sorted({t["rule"] for t in tr})},

@@ -239,6 +239,36 @@ def active_set(g, rho, alpha, C, pgmax_old, pgmin_old, index):
 
 
 @numba.njit(nogil=True, cache=True)
+def smallest_outside(alpha, g, rho, k):
+    """(indices, keys) of the k coordinates out of the support (not alpha > 0) with the smallest g - rho, by key
+    ascending then index ascending: one sweep keeping a sorted k-list (a later index enters only below the k-th
+    so far, so equal keys keep the lower index first). MMFS's ranking fills its head with these when a block's
+    support holds fewer than k: an index array of the block's other coordinates, two gathers, a partition and a
+    sort took 55-90 ms of a 2.5M-feature partition's last task."""
+    val = np.empty(k)
+    idx = np.empty(k, np.int64)
+    cnt = 0
+    for j in range(alpha.shape[0]):
+        if alpha[j] > 0.0:
+            continue
+        x = g[j] - rho[j]
+        if cnt == k and not x < val[k - 1]:
+            continue
+        if cnt < k:
+            p = cnt
+            cnt += 1
+        else:
+            p = k - 1
+        while p > 0 and val[p - 1] > x:
+            val[p] = val[p - 1]
+            idx[p] = idx[p - 1]
+            p -= 1
+        val[p] = x
+        idx[p] = j
+    return idx[:cnt].copy(), val[:cnt].copy()
+
+
+@numba.njit(nogil=True, cache=True)
 def gap_terms(g, rho, alpha, C):
     """``(sum_j C max(0, rho_j - g_j) + alpha_j (g_j - rho_j), sum alpha, rho^T alpha)`` for one block."""
     gap = 0.0

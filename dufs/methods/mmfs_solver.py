@@ -21,7 +21,7 @@ from dufs.engine import Matrix, PerBlock
 from dufs.engine.dispatch import shipped
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
-from dufs.kernels.dcd import active_set, dcd_epoch, dcd_start
+from dufs.kernels.dcd import active_set, dcd_epoch, dcd_start, smallest_outside
 from dufs.methods.solver import atomic_write, recoverable, release
 from dufs.scheduling import current_client
 
@@ -917,11 +917,10 @@ def _block_top(alpha: np.ndarray, g: np.ndarray, rho: np.ndarray, k: int) -> tup
     2M x 5M bench store."""
     sup = np.flatnonzero(alpha > 0)
     top = _best_k(sup, -alpha[sup], k)
-    rest = np.zeros(0, dtype=np.int64)
+    rest, rkey = np.zeros(0, dtype=np.int64), np.zeros(0)
     if top.shape[0] < k:
-        out = np.flatnonzero(~(alpha > 0))
-        rest = _best_k(out, g[out] - rho[out], k - top.shape[0])
+        rest, rkey = smallest_outside(alpha, g, rho, k - top.shape[0])
     i = np.concatenate([top, rest])
     grp = np.concatenate([np.zeros(top.shape[0]), np.ones(rest.shape[0])])
-    kk = np.concatenate([-alpha[top], g[rest] - rho[rest]])
+    kk = np.concatenate([-alpha[top], rkey])
     return i, grp, kk
