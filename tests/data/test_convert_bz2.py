@@ -5,6 +5,7 @@ as the sequential way does (the reference: Python's bz2 module on the whole file
 from __future__ import annotations
 
 import bz2
+import importlib.util
 import re
 
 import dask
@@ -25,6 +26,15 @@ from tests.data.test_convert import (
 )
 
 SEQUENTIAL = {"dufs.convert.parallel-bz2": False}
+DECODERS = ["stdlib"] + (["indexed_bzip2"] if importlib.util.find_spec("indexed_bzip2") else [])
+
+
+@pytest.fixture(autouse=True, params=DECODERS)
+def decoder(request):
+    """Every test here with the ranges decompressed by each decompressor (``dufs.convert.bz2-decoder``; workers of a
+    process cluster started before keep their own, the default)."""
+    with dask.config.set({"dufs.convert.bz2-decoder": request.param}):
+        yield request.param
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +173,32 @@ def test_corrupt_data_is_named(tmp_path, text, where):
 def _write(path, data: bytes):
     path.write_bytes(data)
     return path
+
+
+def test_either_decompressor_gives_the_standard_librarys_bytes_and_refuses_corrupt_streams(text, decoder):
+    """A multi-block stream rebuilt from a range of blocks decompresses to Python's bz2 bytes with the decompressor
+    in use; a garbled block (its CRC) or a garbled combined CRC raises OSError with either; an unknown
+    decompressor is a ParameterError naming the setting."""
+    import os
+    import tempfile
+
+    from dufs.errors import ParameterError
+
+    assert bz2blocks.decoder() == decoder
+    raw = bz2.compress(text, 1)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.bz2")
+        with open(path, "wb") as f:
+            f.write(raw)
+        blocks = list(bz2blocks.scan(path, len(raw)))
+        assert len(blocks) >= 3
+        stream = bz2blocks.stream_of(path, blocks[1:3])
+        assert bz2blocks.decompress(stream) == bz2.decompress(stream)
+        assert bz2blocks.decompress(bz2blocks.stream_of(path, blocks)) == text
+    for pos in (len(stream) // 2, len(stream) - 2):
+        bad = bytearray(stream)
+        bad[pos] ^= 0x5A
+        with pytest.raises(OSError):
+            bz2blocks.decompress(bytes(bad))
+    with dask.config.set({"dufs.convert.bz2-decoder": "zlib"}), pytest.raises(ParameterError, match="bz2-decoder"):
+        bz2blocks.decoder()
