@@ -390,14 +390,12 @@ def _drop(path: str) -> None:
 
 class _FilePool:
     """Files in /dev/shm kept between passes, each with this process's mapping of the whole file: a pass takes the
-    smallest free one that holds its bytes, if not half again as large (arrays of similar sizes share the pool), or
-    a new one, and gives it back
-    after; the pool keeps the largest free ones (:meth:`_trim`). A file whose array the pass hands out as its result
+    smallest free one that holds its bytes (arrays of several sizes share the pool) or a new one, and gives it back
+    after; the pool keeps the ``keep`` largest. A file whose array the pass hands out as its result
     (:meth:`lend`) comes back once nothing refers to that array any more."""
 
-    def __init__(self, keep: int, spare: int = 0):
+    def __init__(self, keep: int):
         self.keep = keep
-        self.spare = spare
         self.free: list[tuple[str, np.ndarray]] = []  # (path, the mapping), smallest first
         self.lent: list[tuple[str, np.ndarray]] = []  # files whose mapping a caller's array views
         self.lending: set[str] = set()  # files in use that go to ``lent``, not ``free``, when their block ends
@@ -436,9 +434,7 @@ class _FilePool:
         /dev/shm cannot hold a new one."""
         with self.lock:
             self._reclaim()
-            # not a file half again as large (and a MiB): a new smaller one costs less, and the large one stays for
-            # the pass it is kept for
-            fits = [f for f in self.free if nbytes <= f[1].nbytes <= 1.5 * nbytes + (1 << 20)]
+            fits = [f for f in self.free if f[1].nbytes >= nbytes]
             got = min(fits, key=lambda f: f[1].nbytes) if fits else None
             if got is not None:
                 self.free.remove(got)
@@ -458,19 +454,10 @@ class _FilePool:
                 elif ok:
                     self.free.append(got)
                     self.free.sort(key=lambda f: f[1].nbytes)
-                    drop += self._trim()
+                    while len(self.free) > self.keep:
+                        drop.append(self.free.pop(0))
             for f in drop:
                 _drop(f[0])
-
-    def _trim(self) -> list[tuple[str, np.ndarray]]:
-        """(Under the lock.) The free files the pool does not keep, taken out of it, smallest first: it keeps at
-        most ``keep``, and besides the largest at most as many bytes as the largest or ``spare`` bytes, whichever
-        is more."""
-        out = []
-        while self.free and (len(self.free) > self.keep or sum(f[1].nbytes for f in self.free[:-1])
-                             > max(self.free[-1][1].nbytes, self.spare)):
-            out.append(self.free.pop(0))
-        return out
 
     def release(self) -> None:
         """Remove the pool's files (a lent file too: the arrays made on it stay valid, its memory goes back with
@@ -481,11 +468,7 @@ class _FilePool:
             _drop(path)
 
 
-# results' files (receive): a caller that holds a pass's result while it makes the next ones, of two sizes (a
-# float64 and a float32 result: 'dufs bench pass') had a 19 MiB pass take the free 38 MiB file and the next 38 MiB
-# pass make a new one (fallocate and the mapping's pages: 25-35 ms before a 60 ms 2-worker pass) two rounds in
-# three with 2 files kept; four, up to 256 MiB besides the largest, serve that pattern from the pool
-_RESULTS = _FilePool(keep=4, spare=256 << 20)
+_RESULTS = _FilePool(keep=2)  # results' files (receive)
 _VECTORS = _FilePool(keep=2)  # vectors' files (publish)
 
 
