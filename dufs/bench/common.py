@@ -222,10 +222,20 @@ def say_ceiling(res: dict, say: Any, key: str = "kernel_s") -> float | None:
     return res["ceiling_2w"]
 
 
-def plain_pass_and_ceiling(client: Any, M: Any, v: Any, repeats: int) -> dict[str, float]:
+def plain_pass_and_ceiling(client: Any, M: Any, v: Any, repeats: int) -> dict[str, Any]:
     """The method benches' two references on one cluster: the median of ``repeats`` plain ``M.rmatvec(v)`` passes
-    (``pass_s``) and the kernel alone over the same persisted blocks (``kernel_s``, :func:`kernel_alone_seconds`)."""
-    return {"pass_s": median(plain_pass_seconds(M, v, repeats)), "kernel_s": kernel_alone_seconds(client, v, repeats)}
+    (``pass_s``; each in ``pass_walls_s``) and the kernel alone over the same persisted blocks (``kernel_s``,
+    :func:`kernel_alone_seconds`). :func:`more_plain_passes` after the method's run adds as many again."""
+    walls = plain_pass_seconds(M, v, repeats)
+    return {"pass_s": median(walls), "pass_walls_s": walls, "kernel_s": kernel_alone_seconds(client, v, repeats)}
+
+
+def more_plain_passes(ref: dict[str, Any], M: Any, v: Any) -> dict[str, Any]:
+    """``ref`` (:func:`plain_pass_and_ceiling`) with as many plain passes again, taken now (after the method's run),
+    and ``pass_s`` the median of all: half before the run and half after, as this machine's speed drifts (a
+    2-worker pass of 12 ms before one UFCM run and 17 ms before the next)."""
+    walls = list(ref["pass_walls_s"]) + plain_pass_seconds(M, v, len(ref["pass_walls_s"]))
+    return {**ref, "pass_s": median(walls), "pass_walls_s": walls}
 
 
 def say_speedup(res: dict, speedup: float, what: str, say: Any) -> None:
