@@ -10,6 +10,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from dufs.kernels.topk import in_order, offer
+
 __all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_trial", "hinge_bias_slope", "top_positive"]
 
 
@@ -88,63 +90,24 @@ def fista_trial(g, y, s, a, step, out, sv):
     return au, uu, dd, gd
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
-def _below(xa, ia, xb, ib):
-    """Whether (value xa, index ia) ranks after (xb, ib) by value descending, then index ascending."""
-    return xa < xb or (xa == xb and ia > ib)
-
-
 @numba.njit(nogil=True, cache=True)
 def top_positive(g, k):
     """(the indices of the k largest positive entries of g, by value descending then index ascending, the sum of g
-    over every other entry): one sweep keeping the best k in a heap whose root is the last of them (a later index
-    enters only above it), O(n log k) whatever the order of g, one more for the sum, then the k sorted. The sigma
-    step's water-filling (dufs.methods.m3fs.sigma_step) needs only these: at a million features an argpartition,
-    the sort of its head and the mask of the rest took 10 ms a step."""
+    over every other entry): one sweep keeping the best k in a bounded heap of -g (:mod:`dufs.kernels.topk`,
+    O(n log k) whatever the order of g), one more for the sum. The sigma step's water-filling
+    (dufs.methods.m3fs.sigma_step) needs only these: at a million features an argpartition, the sort of its head
+    and the mask of the rest took 10 ms a step."""
     val = np.empty(k)
     idx = np.empty(k, np.int64)
     cnt = 0
     for j in range(g.shape[0]):
-        x = g[j]
-        if not x > 0.0:
-            continue
-        if cnt < k:  # filling: up from the new leaf while it ranks after its parent
-            p = cnt
-            cnt += 1
-            while p > 0:
-                q = (p - 1) >> 1
-                if not _below(x, j, val[q], idx[q]):
-                    break
-                val[p] = val[q]
-                idx[p] = idx[q]
-                p = q
-            val[p] = x
-            idx[p] = j
-        elif x > val[0]:  # ahead of the last kept: it takes the root's place, down while a child ranks after it
-            p = 0
-            while True:
-                c = 2 * p + 1
-                if c >= k:
-                    break
-                if c + 1 < k and _below(val[c + 1], idx[c + 1], val[c], idx[c]):
-                    c += 1
-                if not _below(val[c], idx[c], x, j):
-                    break
-                val[p] = val[c]
-                idx[p] = idx[c]
-                p = c
-            val[p] = x
-            idx[p] = j
+        if g[j] > 0.0:
+            cnt = offer(val, idx, cnt, -g[j], j)
     rest = 0.0
     if cnt == k:
-        lo, lj = val[0], idx[0]
+        lo, lj = -val[0], idx[0]  # the last of the k kept
         for j in range(g.shape[0]):
             x = g[j]
-            if x < lo:
+            if x < lo or (x == lo and j > lj):
                 rest += x
-            elif x == lo and j > lj:
-                rest += x
-    val, idx = val[:cnt], idx[:cnt]
-    by_index = np.argsort(idx)
-    val, idx = val[by_index], idx[by_index]
-    return idx[np.argsort(-val, kind="mergesort")].copy(), rest
+    return in_order(val, idx, cnt)[0], rest
