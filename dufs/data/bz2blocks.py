@@ -25,11 +25,15 @@ decompresses the file sequentially to say where it is corrupt, or, if it is not,
 from __future__ import annotations
 
 import bz2
+import importlib.util
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from dufs import config
+from dufs.errors import ParameterError
 
 BLOCK_MAGIC = 0x314159265359
 EOS_MAGIC = 0x177245385090
@@ -238,25 +242,15 @@ def stream_of(path: str, blocks: tuple[Block, ...] | list[Block]) -> bytes:
 def decoder() -> str:
     """The decompressor :func:`decompress` uses here: ``"indexed_bzip2"`` where it is installed and
     ``dufs.convert.bz2-decoder`` is ``auto``, else ``"stdlib"`` (libbz2 through Python's :mod:`bz2`)."""
-    from dufs import config
-
     choice = str(config.get("convert.bz2-decoder")).lower()
     if choice not in ("auto", "stdlib", "indexed_bzip2"):
-        from dufs.errors import ParameterError
-
         raise ParameterError(f"dufs.convert.bz2-decoder must be 'auto', 'stdlib' or 'indexed_bzip2'; got {choice!r}.")
-    if choice == "stdlib":
-        return "stdlib"
-    try:
-        import indexed_bzip2  # noqa: F401
-    except ImportError:
-        if choice == "indexed_bzip2":
-            from dufs.errors import ParameterError
-
-            raise ParameterError("dufs.convert.bz2-decoder is 'indexed_bzip2' but it is not installed: pip install "
-                                 "'dufs[fast-bz2]', or set it to 'auto'") from None
-        return "stdlib"
-    return "indexed_bzip2"
+    if choice != "stdlib" and importlib.util.find_spec("indexed_bzip2") is not None:
+        return "indexed_bzip2"
+    if choice == "indexed_bzip2":
+        raise ParameterError("dufs.convert.bz2-decoder is 'indexed_bzip2' but it is not installed: pip install "
+                             "'dufs[fast-bz2]', or set it to 'auto'")
+    return "stdlib"
 
 
 def decompress(stream: bytes, how: str | None = None) -> bytes:
