@@ -69,10 +69,6 @@ WEAK = {
     # D-optimal on raw pixels, 10 features: k-means 0.834 (20 features: 0.992). Only lambda1 = 0.1 reached 0.894,
     # at an equal mean rank over the six sets (lower on Isolet): no setting did better overall than the paper's.
     ("lapdofs", "digits1v7"): "D-optimal design on raw pixels at K = 10",
-    # Solved tightly (inner_tol 1e-5 or 1e-7), the alternation reaches the same labels and J_mu = 0.9717323 with the
-    # v-solver before and after the exact bias elimination, and its 20 features score 0.506. The 0.591 this case
-    # used to reach came from where the old v-solver stopped at inner_tol = 1e-3 (J_mu = 0.9722724).
-    ("m3fs", "pcmac"): "the alternation's tightly solved selection scores 0.506",
     # UFCM's pseudo-labels on raw term counts single out outliers: 2 of 1,943 documents in one cluster under the
     # default zscore (a rare word's nonzero becomes sqrt(n / its count), so a document with one is far from all),
     # 3 with standardize=None; alpha (1e-3 .. 1e3) changes nothing. With the rows scaled to unit norm and

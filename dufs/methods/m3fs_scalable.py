@@ -88,10 +88,12 @@ _POLISH, _POLISH_MAX_N = 8, 5000  # polish="auto": label flips tried, up to this
 _LZ_MAX = 1 << 22
 # lambda_=None: the manifold weight is min(_LAMBDA, _LAMBDA_N / n_samples). f^T L f is a sum over the samples
 # while the hinge is an average, so a fixed weight lets the manifold term outgrow the loss as n grows: with the
-# anchor graph of a 200,000-row store 1e-2 (lambda n = 2000) put every sample in one cluster, while lambda n = 4
-# and 20 found 51 of 80 planted cluster features; at kddb size 1e-2 would also give the v-step a condition number
-# of about 1e8. Up to 2,000 samples it is the 1e-2 chosen on digits pairs, breast cancer and pcmac.
-_LAMBDA, _LAMBDA_N = 1e-2, 20.0
+# anchor graph of a 200,000-row store 1e-2 (lambda n = 2000) put every sample in one cluster, and at kddb size it
+# would give the v-step a condition number of about 1e8. min(1e-2, 20 / n) (the rule until then) put all but 8
+# of rcv1_small's 1,000 documents in one cluster and all but 60 of reuters' 7,770; 2 / n splits them 265/735 and
+# 3,562/4,208, and was as good as the earlier rule or better on every set of the study (docs/methods.md, "M3FS"): 52 of 80 planted
+# cluster features at 100,000 rows (48 at 20), k-means accuracy on digits pairs and breast cancer equal or higher.
+_LAMBDA, _LAMBDA_N = 1e-2, 2.0
 
 
 @dataclass
@@ -614,12 +616,13 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
         m, the sum of sigma; ``selected`` holds the m features of largest sigma.
     C, lambda_ : float
         The hinge weight (C/n per sample) and the manifold weight of (6)/(14). ``lambda_`` = None (the default)
-        is min(1e-2, 20 / n_samples): f^T L f is a sum over the samples while the hinge is averaged, so a fixed
+        is min(1e-2, 2 / n_samples): f^T L f is a sum over the samples while the hinge is averaged, so a fixed
         weight lets the manifold term take over as n grows (on a 200,000-row store with 4 planted clusters 1e-2
-        put every sample in one cluster, 20 / n found 51 of the 80 cluster features; at kddb size 1e-2 would give
-        the v-step a condition number of about 1e8). Up to 2,000 samples it is 1e-2: on digits 1v7, 2v7, 3v8 and
-        breast cancer, k-means accuracy on the selected features 0.99, 1.00, 0.95, 0.88 (0.99, 1.00, 0.85, 0.85
-        at 1.0); the faithful solver's 1e-4 suits its dense Gaussian graph.
+        put every sample in one cluster; at kddb size it would give the v-step a condition number of about 1e8),
+        and on term counts the earlier min(1e-2, 20 / n) singled out a few documents (rcv1_small: 8 of 1,000
+        in a cluster of their own; 2 / n: 265). On digits 1v7, 2v7, 3v8 and breast cancer, k-means accuracy on
+        the selected features 1.00, 1.00, 0.95, 0.90 (1e-2: 1.00, 1.00, 0.95, 0.88; 1.0: 0.99, 1.00, 0.85,
+        0.85); the faithful solver's 1e-4 suits its dense Gaussian graph.
     n_clusters : int
         M; 2 is problem (6) with its bias, more is (14).
     l : float, optional
