@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,8 +27,8 @@ import numpy as np
 
 from dufs.scheduling import current_client
 
-__all__ = ["compute", "current_client", "delayed", "inline_pass", "is_inline", "scatter_to", "share", "shareable",
-           "shipped", "tree_sum", "tree_sum_into", "tree_sum_values"]
+__all__ = ["compute", "current_client", "delayed", "forget", "inline_pass", "is_inline", "scatter_to", "share",
+           "shareable", "shipped", "tree_sum", "tree_sum_into", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -121,6 +122,25 @@ def scatter_to(client: Any, items: list, where: list[str]) -> list:
         for i, f in zip(idx, client.scatter([items[i] for i in idx], hash=False, workers=[addr]), strict=True):
             futs[i] = f
     return futs
+
+
+def forget(client: Any, futures: list, timeout: float = 2.0) -> None:
+    """Release scattered ``futures`` and wait (at most ``timeout`` seconds) until no worker holds them any more.
+
+    A release reaches the scheduler in the background: a cluster closed right after it (``dufs.fit``'s embedded
+    one) still finds the data on its workers, and distributed logs an error for each worker ("caused the cluster
+    to lose scattered data, which can't be recovered")."""
+    keys = [f.key for f in futures]
+    for f in futures:
+        f.release()
+    if client is None or not keys:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        while any(client.sync(client.scheduler.who_has, keys=keys).values()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except Exception:  # a scheduler gone holds nothing
+        return
 
 
 def _add(a: Any, b: Any) -> Any:

@@ -65,6 +65,7 @@ from dufs.engine.dispatch import (
     compute,
     current_client,
     delayed,
+    forget,
     inline_pass,
     is_inline,
     scatter_to,
@@ -263,6 +264,9 @@ class Matrix:
     def with_standardize(self, standardize: str | None) -> Matrix:
         """The same blocks (shared, not copied) and statistics under another standardization."""
         check_standardize(standardize)
+        # the scattered transforms' cache shared with the origin, whose release drops the view's too (a view's own
+        # outlived dufs.fit's cluster: "lose scattered data" logged as an error when the workers closed)
+        self.__dict__.setdefault("_tf_cache", {})
         out = object.__new__(Matrix)
         out.__dict__.update(self.__dict__)
         out.standardize = standardize
@@ -314,9 +318,9 @@ class Matrix:
         for s in self._src:
             if hasattr(s, "release"):
                 s.release()
-        for futs in self.__dict__.pop("_tf_cache", {}).values():
-            for f in futs:
-                f.release()
+        cache = self.__dict__.get("_tf_cache", {})  # its views' entries too (the dict is shared), emptied in place
+        forget(current_client(), [f for futs in cache.values() for f in futs])
+        cache.clear()
 
     def to_scipy(self) -> Any:
         """X (untransformed) as a SciPy ``csc_array``: for small matrices and tests (it gathers every block)."""
