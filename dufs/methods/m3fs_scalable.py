@@ -254,12 +254,21 @@ def _best_bias(Fu: np.ndarray, y: np.ndarray, LG: np.ndarray | None, L1: np.ndar
     minimised by safeguarded Newton from ``b`` on its derivative (exact on each piece: a few sweeps over the n
     scores, no pass over the data)."""
     q1 = 2.0 * lam * float(L1 @ Fu) if lam != 0.0 else 0.0  # 2 lam 1^T L Fu (L symmetric)
-    q2 = 2.0 * lam * float(L1.sum()) if lam != 0.0 else 0.0  # 2 lam 1^T L 1
+    # 2 lam 1^T L 1, at least 0 (L is positive semidefinite): an anchor graph's L 1 is 0 but for rounding, and a
+    # negative q2 of -1e-16 made the function concave
+    q2 = max(2.0 * lam * float(L1.sum()), 0.0) if lam != 0.0 else 0.0
+    # a derivative within rounding of its terms is 0: with balanced labels and scores near 0 (a first v-step) the
+    # function is flat in b, and the rounding of 1^T L Fu alone (1e-21) walked b to the balance bound, which put
+    # every score, and so every label, on one side (a 100,000-row store: one cluster at lambda_ = 1e-12, the
+    # planted two at 0)
+    noise = 1e-12 * (c * Fu.shape[0] + abs(q1))
     a_, b_ = float(lo), float(hi)
     b = min(max(float(b), a_), b_)
     for _ in range(200):
         ya, inside = hinge_bias_slope(Fu, y, b, mu)
         g = -c * ya + q1 + q2 * b
+        if abs(g) <= noise + 1e-12 * abs(q2 * b):
+            g = 0.0
         if (g >= 0.0 and b <= a_) or (g <= 0.0 and b >= b_) or g == 0.0:
             break  # at a bound the derivative points out of the interval, or a stationary point
         if g > 0.0:

@@ -273,6 +273,25 @@ def test_best_bias_is_the_minimum_over_a_fine_grid(case):
     assert J(b) <= min(J(g) for g in np.linspace(lo, hi, 20001)) + 1e-12
 
 
+@pytest.mark.parametrize("lam", [1e-12, 1e-5, 1e-2])
+@pytest.mark.parametrize("start", [0.0, 0.05])
+@pytest.mark.parametrize("seed", range(4))
+def test_best_bias_of_a_flat_function_stays_where_it_started(lam, start, seed):
+    """Balanced labels and scores all 0 (a first v-step) with L 1 = 0, as for an anchor graph's normalised
+    Laplacian: the function is constant in b, so every b of the interval is a minimum and the bias is left where
+    it started, as with lambda = 0. L 1 computed through the graph's factor is 0 but for rounding (about 1e-17 an
+    entry, here random), which alone used to walk b to the balance bound: every score, and so every label, on one
+    side (a 100,000-row store with 2 planted clusters fell in one cluster at lambda_ = 1e-12, in the two at 0)."""
+    n = 1000
+    y = np.repeat([1.0, -1.0], n // 2)
+    Fu = np.zeros(n)
+    L1 = np.random.default_rng(seed).standard_normal(n) * 1e-17
+    c, mu, lo, hi = 1.0 / n, 1e-2, -0.1, 0.1
+    b0 = ms._best_bias(Fu, y, None, None, 0.0, c, mu, lo, hi, start)
+    b = ms._best_bias(Fu, y, np.zeros(n), L1, lam, c, mu, lo, hi, start)
+    assert b0 == start and b == start
+
+
 @pytest.mark.parametrize("k", [2, 3])
 def test_spectral_start_on_a_kNN_graph_in_pieces(k):
     """Above dense_below, the spectral start on a kNN graph that falls apart (repeated rows make cliques of their
