@@ -265,7 +265,7 @@ class Matrix:
         """The same blocks (shared, not copied) and statistics under another standardization."""
         check_standardize(standardize)
         # the scattered transforms' cache shared with the origin, whose release drops the view's too (a view's own
-        # outlived dufs.fit's cluster: "lose scattered data" logged as an error when the workers closed)
+        # cache was left to the garbage collector, after dufs.fit had closed its cluster)
         self.__dict__.setdefault("_tf_cache", {})
         out = object.__new__(Matrix)
         out.__dict__.update(self.__dict__)
