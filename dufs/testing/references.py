@@ -74,3 +74,19 @@ def labelled_problem(seed=0, n=90, d=40):
     X = sp.random_array((n, d), density=0.3, rng=rng, format="csr")
     y = np.where(rng.standard_normal(n) + 2 * X[:, :3].toarray().sum(1) > 0.6, 1.0, -1.0)
     return X, y
+
+
+def planted_clusters(n: int, d: int, seed: int = 0) -> tuple[sp.csr_array, np.ndarray, np.ndarray]:
+    """kddb-like binary rows with 2 planted clusters, by NumPy alone: ``(X, z, cluster_features)``. Each row holds
+    up to 25 background features drawn by a power law (Zipf over the first d - 40) and 5 of the 20 features that
+    belong to its cluster z (the last 40: 20 a cluster)."""
+    rng = np.random.default_rng(seed)
+    z = rng.integers(0, 2, n)
+    own = np.arange(d - 40, d).reshape(2, 20)
+    p = 1.0 / np.arange(1, d - 40 + 1)
+    p /= p.sum()
+    rows = [np.concatenate([np.unique(rng.choice(d - 40, 25, p=p)), rng.choice(own[z[i]], 5, replace=False)])
+            for i in range(n)]
+    indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+    X = sp.csr_array((np.ones(indptr[-1]), np.concatenate(rows), indptr), shape=(n, d))
+    return X, z, own.ravel()
