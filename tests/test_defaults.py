@@ -26,6 +26,7 @@ import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits, load_iris
+from sklearn.metrics import adjusted_rand_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
 from threadpoolctl import threadpool_limits
@@ -34,6 +35,7 @@ import dufs
 import dufs.estimators as est
 from dufs.api import METHODS
 from dufs.data.datasets import load
+from dufs.testing.references import planted_clusters
 
 N_RANDOM = 40
 PERCENTILE = 75
@@ -274,8 +276,6 @@ def test_clustering_defaults_find_clusters_planted_in_sparse_rows(method):
     default selection holds at least 15 of the 20 chosen among the 40 cluster features. M3FS and JCFS build their
     kNN graph of sparse data on the raw rows: on the z-scored rows' graph both chose none (M3FS's labels then
     974 / 3,026 on 4,000 rows); by chance about 20 x 40 / 3,000 = 0.3."""
-    from dufs.testing.references import planted_clusters
-
     X, z, truth = planted_clusters(3000, 3000)
     kw = {"n_components": 2} if method == "ufcm" else {}
     with warnings.catch_warnings():
@@ -283,6 +283,4 @@ def test_clustering_defaults_find_clusters_planted_in_sparse_rows(method):
         sel = dufs.fit(X, method=method, n_features=20, n_clusters=2, **kw)
     assert np.isin(sel.indices, truth).sum() >= 15, sel.indices.tolist()
     if method == "m3fs":
-        from sklearn.metrics import adjusted_rand_score
-
         assert adjusted_rand_score(z, sel.diagnostics["labels"]) > 0.9

@@ -205,9 +205,7 @@ def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, 
                                 "select_gamma": select_gamma}, "jcfs")
     k = check_k(M, n_features)
     t0 = time.perf_counter()
-    # either graph of sparse data on its unstandardized rows (graph_rows), the kNN graph too: on a 20,000-row
-    # kddb-like store with 2 planted clusters none of the 20 features chosen on the z-scored rows' kNN graph was a
-    # cluster feature, all 20 on the raw rows' (rcv1_small's LinearSVC score 0.569 -> 0.708; pcmac 0.555 -> 0.545)
+    # the kNN graph of sparse data too on its unstandardized rows: graph_rows says why, with the figures
     Wg = sample_graph(graph_rows(M), W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t,
                       n_anchors=n_anchors, anchor_neighbors=anchor_neighbors, embed_dim=embed_dim,
                       random_state=random_state)

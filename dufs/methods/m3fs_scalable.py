@@ -708,9 +708,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
         if Lop.shape != (n, n):
             raise ParameterError(f"The 'L' parameter of m3fs_alternating must be {n} x {n}; got {Lop.shape}.")
     else:
-        # either graph of sparse data on its unstandardized rows (graph_rows), the kNN graph too: on a kddb-like
-        # store of 20,000 rows with 2 planted clusters, none of the 20 features chosen on the kNN graph of the
-        # z-scored rows was a cluster feature, all 20 on the raw rows' (pcmac's LinearSVC score 0.588 -> 0.627)
+        # the kNN graph of sparse data too on its unstandardized rows: graph_rows says why, with the figures
         Wg = sample_graph(graph_rows(M), W, graph=graph, n_neighbors=n_neighbors, weights=weights,
                           n_anchors=n_anchors, anchor_neighbors=anchor_neighbors, embed_dim=embed_dim,
                           random_state=random_state)
