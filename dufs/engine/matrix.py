@@ -225,6 +225,11 @@ class Matrix:
         """Passes over the data made so far (by this matrix and its ``with_standardize`` views)."""
         return self._passes[0]
 
+    def count_passes(self, k: int) -> None:
+        """Count ``k`` more passes over the data: for a :meth:`map_blocks` function that sweeps its blocks' nonzeros
+        more than once in one call (:meth:`map_blocks` counts one)."""
+        self._passes[0] += int(k)
+
     @property
     def n_blocks(self) -> int:
         return len(self.blocks)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from dufs.kernels._prefetch import DISTANCE, prefetch_row
 from dufs.kernels.topk import in_order, offer
 
-__all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_trial", "hinge_bias_slope", "top_positive"]
+__all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_sweep", "fista_trial", "hinge_bias_slope",
+           "top_positive"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -88,6 +90,59 @@ def fista_trial(g, y, s, a, step, out, sv):
         if has_a:
             au += a[k] * v
     return au, uu, dd, gd
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step, y, g, u, out):
+    """A v-step iteration's work over one CSC block in one sweep of its nonzeros, column by column: the gradient
+    g_j = si_j (X^T R)_j + y_j - ga a_j - rsum cm_j at the momentum point y_j = x_j + beta (x_j - xp_j), the trial
+    point u_j = y_j - step g_j, and its scores ``out += X_j si_j u_j`` (float64 (n_rows,), accumulated into; R is
+    float64 (n_rows,)). The same numbers as :func:`fista_momentum`, the block's Z^T R, :func:`fista_gradient`,
+    :func:`fista_trial` and the product with si u in turn, where those read the block's nonzeros twice. Returns
+    (a^T y, y^T y, a^T u, u^T u, ||u - y||^2, g^T (u - y), cm^T u); empty ``a`` or ``cm`` stand for zero."""
+    nnz = np.uint64(indices.shape[0])
+    has_a = a.shape[0] > 0
+    has_c = cm.shape[0] > 0
+    aY = 0.0
+    uuY = 0.0
+    aN = 0.0
+    uuN = 0.0
+    dd = 0.0
+    gd = 0.0
+    cu = 0.0
+    for j in range(indptr.shape[0] - 1):
+        k0 = np.uint64(indptr[j])
+        k1 = np.uint64(indptr[j + 1])
+        acc = 0.0
+        for k in range(k0, k1):
+            if k + np.uint64(DISTANCE) < nnz:  # the rows of a nonzero ahead, read here and written below
+                prefetch_row(R, indices[k + np.uint64(DISTANCE)])
+                prefetch_row(out, indices[k + np.uint64(DISTANCE)])
+            acc += np.float64(data[k]) * R[np.uint64(indices[k])]
+        yj = x[j] + beta * (x[j] - xp[j])
+        y[j] = yj
+        uuY += yj * yj
+        gj = si[j] * acc + yj
+        if has_a:
+            aY += a[j] * yj
+            gj -= ga * a[j]
+        if has_c:
+            gj -= rsum * cm[j]
+        g[j] = gj
+        dv = -step * gj
+        uj = yj + dv
+        u[j] = uj
+        uuN += uj * uj
+        dd += dv * dv
+        gd += gj * dv
+        if has_a:
+            aN += a[j] * uj
+        if has_c:
+            cu += cm[j] * uj
+        sv = si[j] * uj
+        for k in range(k0, k1):
+            out[np.uint64(indices[k])] += np.float64(data[k]) * sv
+    return aY, uuY, aN, uuN, dd, gd, cu
 
 
 @numba.njit(nogil=True, cache=True)

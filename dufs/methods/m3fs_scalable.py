@@ -37,9 +37,11 @@ hinge smoothed by Nesterov's quadratic prox with parameter ``smoothing`` = mu:
 hinge_mu(a) = max_{alpha >= 0, 1^T alpha <= 1} alpha^T a - mu/2 ||alpha||^2 (the Huber hinge for two
 clusters); 0 <= hinge - hinge_mu <= mu / 2, so the smoothed J_mu is within C mu / 2 of J. The alternation
 decreases J_mu monotonically (the three steps each lower it; the v-solver keeps its best iterate) and the result
-reports both J_mu (``objective``) and the paper's J (``objective_exact``). Each v-solver iteration is two passes
-over the data (Z^T r for the gradient, Z u for the new scores, run on the cluster when one is active), the
-Laplacian applied on the driver to n_samples-vectors (the anchor graph's never forms n x n).
+reports both J_mu (``objective``) and the paper's J (``objective_exact``). Each v-solver iteration makes two
+products with the data (Z^T r for the gradient, Z u for the new scores, run on the cluster when one is active): two
+passes, or with two clusters over blocks persisted on a cluster one sweep that makes both, the vectors over the
+features kept on the workers (:mod:`dufs.methods.m3fs_resident`); the Laplacian is applied on the driver to
+n_samples-vectors (the anchor graph's never forms n x n).
 
 References
 ----------
@@ -61,10 +63,12 @@ import scipy.sparse as sp
 from dufs._logging import get_logger
 from dufs.engine import Matrix
 from dufs.engine.blocks import ranked_head
+from dufs.engine.cluster import is_lost
 from dufs.engine.graphs import AnchorGraph, graph_rows, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.vstep import axpy, fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
 from dufs.methods.m3fs import sigma_step
+from dufs.methods.m3fs_resident import ResidentU, resident_partitions
 from dufs.scheduling import one_blas_thread
 
 log = get_logger(__name__)
@@ -295,7 +299,8 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
            smoothing: float, n_clusters: int = 2, V0: np.ndarray | None = None, b0: float = 0.0,
            colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
            lipschitz: float = 1.0, LZ: np.ndarray | None = None, L1: np.ndarray | None = None,
-           max_passes: int | None = None, F0: np.ndarray | None = None, value_rtol: float = 0.0) -> dict:
+           max_passes: int | None = None, F0: np.ndarray | None = None, value_rtol: float = 0.0,
+           resident: bool = True) -> dict:
     """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
     lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
     ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
@@ -308,11 +313,37 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     value), after ``max_iter``
     iterations at most, or once it has made ``max_passes`` passes over the data (the iteration under way finishes;
     its best point is returned). Returns a dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``,
-    ``iterations``, ``passes`` and the final ``lipschitz``.
+    ``iterations``, ``passes``, the final ``lipschitz`` and ``resident`` (whether the vectors over the features
+    stayed on the workers).
 
     ``LZ`` = L Z (n, d) and ``L1`` = L 1, when given, replace the products L F of the manifold term by
     L F = LZ S^1/2 U + b L1 (for a dense L of small n: see ``_LZ_MAX``). ``F0``: the scores Z V0 + b0, when the
-    caller has them (the last v-step's: the sigma-step leaves V as it is), saving the pass that computes them."""
+    caller has them (the last v-step's: the sigma-step leaves V as it is), saving the pass that computes them.
+
+    ``resident``: with two clusters, no ``LZ`` and the blocks persisted on a distributed cluster, the vectors over
+    the features stay on the workers beside their blocks and one call an iteration makes both of its products
+    (:mod:`dufs.methods.m3fs_resident`); a worker lost meanwhile runs the v-step again from its start, the vectors
+    on the driver."""
+    kw = dict(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
+              tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
+              value_rtol=value_rtol)
+    parts = resident_partitions(M) if resident and int(n_clusters) == 2 and (LZ is None or lambda_ == 0) \
+        else None
+    if parts is not None:
+        try:
+            return _v_step(M, sigma, y, L, parts=parts, **kw)
+        except Exception as e:
+            if not is_lost(e):
+                raise
+            log.warning("v_step: %s; the v-step again from its start, its vectors on the driver", e)
+    return _v_step(M, sigma, y, L, parts=None, **kw)
+
+
+def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lambda_: float, l: float,
+            smoothing: float, n_clusters: int, V0: np.ndarray | None, b0: float, colsum: np.ndarray | None,
+            tol: float, max_iter: int, lipschitz: float, LZ: np.ndarray | None, L1: np.ndarray | None,
+            max_passes: int | None, F0: np.ndarray | None, value_rtol: float, parts: list | None) -> dict:
+    """:func:`v_step`, its vectors over the features on the workers of ``parts`` (:class:`ResidentU`) or here."""
     n, d = M.shape
     y = np.asarray(y)
     binary = int(n_clusters) == 2
@@ -399,6 +430,11 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         Fx, Gx = value(U, b, F)
     x, xb, xF = U, b, F
     xp, xpb, xpF = U, b, F
+    rd = None
+    if parts is not None:  # u on the workers: the driver keeps a^T x and a^T x_prev (ax, axp) for a^T y
+        ax = axp = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
+        rd = ResidentU(M, U[:, 0], s_half, bal.a, parts)
+        x = xp = U = None
     # two clusters with a manifold term: L F at x and at xp (x is always the best point), so that L F at the
     # extrapolated point is extrapolated too (L is linear) instead of a product with L an iteration
     xLF = xpLF = LF if binary else None
@@ -420,8 +456,6 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         yF += xF
         LF = None
         if binary:  # fused sweeps (dufs.kernels.vstep); the best bias at the extrapolated point
-            yU = np.empty((d, 1))
-            aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
             yFu = yF[:, 0]
             yFu -= yb  # its scores less the extrapolated bias
             LFu = None
@@ -430,6 +464,11 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
                 LFu *= beta
                 LFu += xLF[:, 0]
                 axpy(-yb, L1v, LFu)
+            if rd is None:
+                yU = np.empty((d, 1))
+                aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
+            else:  # y on the workers: a^T y from a^T x and a^T x_prev, ||y||^2 comes back with the step
+                yU, aY, uuY = None, (1.0 + beta) * ax - beta * axp, 0.0
             yb, yF, LF = settle(yU, yFu, yb, aY, LFu)
             Fy, R = value(yU, yb, yF, LF, uuY)
         else:
@@ -438,39 +477,55 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             yU += x
             Fy, R = value(yU, yb, yF, LF)
         gb = float(R.sum()) if binary else 0.0  # dJ/db
-        gU = M.rmatvec(R).reshape(d, p)
-        del R
-        if binary:
-            # phi's gradient (Danskin's theorem in beta = n b + a^T u, whose interval [-l, l] does not move with
-            # u): J's in u less dJ/db a / n, nonzero when the best bias sits on the balance bound
-            fista_gradient(gU[:, 0], s_half, yU[:, 0], a_vec, gb / n)
-        else:
-            gU *= s_half[:, None]
-            gU += yU
         Lip *= 0.9
-        while True:
+        if rd is not None:  # the gradient, the trial point and its scores in one call (its two passes)
+            Fu, dots = rd.step(R, beta, gb, 1.0 / Lip)
+            del R
+            Fy += 0.5 * dots["uuY"]
+            while True:
+                nb, nF, nLF = settle(None, Fu, yb, dots["aN"])
+                Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True)[0]
+                dd, gd = dots["dd"], dots["gd"]
+                if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
+                    break
+                del nF, nLF
+                Lip *= 2.0
+                Fu, dots = rd.retrial(1.0 / Lip)
+            nU = None
+            del yF
+        else:
+            gU = M.rmatvec(R).reshape(d, p)
+            del R
             if binary:
-                nU, sv = np.empty((d, 1)), np.empty(d)
-                aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
-                nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
-                del sv
-                Fn = value(nU, nb, nF, nLF, uuN, keep=True)[0]
+                # phi's gradient (Danskin's theorem in beta = n b + a^T u, whose interval [-l, l] does not move
+                # with u): J's in u less dJ/db a / n, nonzero when the best bias sits on the balance bound
+                fista_gradient(gU[:, 0], s_half, yU[:, 0], a_vec, gb / n)
             else:
-                nU = gU * (-1.0 / Lip)
-                nU += yU
-                nU, nb = bal.project(nU, 0.0)
-                nF, nLF = scores(nU, nb), None
-                Fn = value(nU, nb, nF)[0]
-                dU = nU - yU
-                dd = float(np.vdot(dU, dU))
-                gd = float(np.vdot(gU, dU))
-                del dU
-            quad = gd + 0.5 * Lip * dd
-            if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
-                break
-            del nU, nF, nLF
-            Lip *= 2.0
-        del yU, yF, gU
+                gU *= s_half[:, None]
+                gU += yU
+            while True:
+                if binary:
+                    nU, sv = np.empty((d, 1)), np.empty(d)
+                    aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
+                    nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
+                    del sv
+                    Fn = value(nU, nb, nF, nLF, uuN, keep=True)[0]
+                else:
+                    nU = gU * (-1.0 / Lip)
+                    nU += yU
+                    nU, nb = bal.project(nU, 0.0)
+                    nF, nLF = scores(nU, nb), None
+                    Fn = value(nU, nb, nF)[0]
+                    dU = nU - yU
+                    dd = float(np.vdot(dU, dU))
+                    gd = float(np.vdot(gU, dU))
+                    del dU
+                quad = gd + 0.5 * Lip * dd
+                if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
+                    break
+                del nU, nF, nLF
+                Lip *= 2.0
+            del yU, yF, gU
         gm = Lip * np.sqrt(dd)
         g0 = gm if g0 is None else g0
         stalled = stalled + 1 if Fn >= best[0] - _STALL_REL * max(1.0, abs(best[0])) else 0
@@ -479,20 +534,29 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
             xp, xpb, xpF = best[1], best[2], best[3]
             x, xb, xF = best[1], best[2], best[3]
             xpLF = xLF
+            if rd is not None:
+                rd.restart()
+                axp = ax
         else:
             xp, xpb, xpF = x, xb, xF
             x, xb, xF = nU, nb, nF
             best = (Fn, nU, nb, nF)
             if binary and xLF is not None:
                 xpLF, xLF = xLF, nLF
+            if rd is not None:
+                rd.accept()
+                axp, ax = ax, dots["aN"]
         if gm <= tol * max(g0, 1e-300) or gm == 0.0 or stalled >= _STALL or \
                 0.5 * gm * gm <= value_rtol * abs(best[0]):
             break
         if max_passes is not None and M.passes - passes0 >= max_passes:
             break
     Fbest, U, b, F = best
+    if rd is not None:
+        U = rd.result()[:, None]
+        rd.release()
     return {"V": s_half[:, None] * U, "b": b, "F": F, "value": Fbest, "iterations": it,
-            "passes": M.passes - passes0, "lipschitz": Lip}
+            "passes": M.passes - passes0, "lipschitz": Lip, "resident": rd is not None}
 
 
 # ---------------------------------------------------------------------------------------------------- init

@@ -223,6 +223,61 @@ def test_digits1v7_against_faithful():
 
 # ---------------------------------------------------------------------------------------------------- (e) cluster
 @pytest.mark.slow
+@pytest.mark.parametrize("standardize", ["zscore", "scale"])
+def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
+    """Two clusters over blocks persisted on a cluster: the vectors over the features stay on the workers
+    (m3fs_resident, one sweep an iteration); the same optimum as CVXPY's on the transformed data made by NumPy, the
+    centring (zscore) and the balance constraint's vector (scale: Z's column sums are not 0) included."""
+    X = _data(40, 12, seed=2, sparse=True)
+    D = X.toarray()
+    Z = (D - D.mean(0)) / D.std(0) if standardize == "zscore" else D / D.std(0)
+    L = m3fs_laplacian(Z)
+    sigma = sigma_step(np.random.default_rng(3).standard_normal(12) * np.arange(12), 4.0)
+    y = np.where(np.arange(40) < 20, 1.0, -1.0)
+    C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
+    with cluster_client.as_current():
+        M = Matrix(X, standardize=standardize, block_width=4).persist()  # 3 blocks in 2 partitions
+        assert len(ms.resident_partitions(M)) == 2
+        kw = dict(C=C, lambda_=lam, l=l, smoothing=mu, colsum=Z.sum(axis=0), tol=1e-7, max_iter=4000)
+        out = ms.v_step(M, sigma, y, L, **kw)
+        here = ms.v_step(M, sigma, y, L, resident=False, **kw)
+    assert out["resident"] and not here["resident"]
+    Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, 2)
+    assert out["value"] == pytest.approx(val, rel=1e-5)
+    np.testing.assert_allclose(out["V"], Vc, atol=2e-3)
+    assert out["b"] == pytest.approx(bc, abs=2e-3)
+    np.testing.assert_allclose(out["F"][:, 0], Z @ out["V"][:, 0] + out["b"], atol=1e-9)
+    assert out["value"] == pytest.approx(here["value"], rel=1e-9)
+    assert abs(Z.sum(axis=0) @ out["V"][:, 0] + 40 * out["b"]) <= l + 1e-9
+
+
+@pytest.mark.slow
+def test_a_lost_resident_state_is_said_lost(cluster_client):
+    """The v-step runs again with its vectors on the driver when the workers lose what they kept: the error the
+    next call meets is one that says so (dufs.engine.cluster.is_lost)."""
+    from dufs.engine.cluster import is_lost
+    from dufs.methods.m3fs_resident import ResidentU, resident_partitions
+
+    X = _data(40, 12, seed=2, sparse=True)
+    with cluster_client.as_current():
+        M = Matrix(X, standardize="scale", block_width=4).persist()
+        parts = resident_partitions(M)
+        assert parts is not None and len(parts) == 2
+        rd = ResidentU(M, np.ones(12), np.full(12, 0.5), None, parts)
+        rd.step(np.ones(40), 0.0, 0.0, 0.1)
+        cluster_client.run(_forget_resident)
+        with pytest.raises(Exception) as err:
+            rd.step(np.ones(40), 0.0, 0.0, 0.1)
+        assert is_lost(err.value)
+
+
+def _forget_resident():
+    from dufs.engine import direct
+
+    direct._RESIDENT.clear()
+
+
+@pytest.mark.slow
 def test_cluster_matches_in_process(cluster_client, store_path):
     from dufs.data import write_store
 
