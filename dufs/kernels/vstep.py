@@ -14,7 +14,7 @@ from dufs.kernels._prefetch import DISTANCE, prefetch_row
 from dufs.kernels.topk import in_order, offer
 
 __all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_sweep", "fista_trial", "hinge_bias_slope",
-           "top_positive"]
+           "hinge_loss", "top_positive"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -42,6 +42,34 @@ def axpy(a, x, y):
     """In place, y += a x (flat arrays): no temporary n-vector."""
     for i in range(y.shape[0]):
         y[i] += a * x[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def hinge_loss(f, y, mu, c, grad):
+    """c sum_i hinge_mu(1 - y_i f_i) (mu > 0: the smoothed hinge sum a_i t_i - mu / 2 sum a_i^2 at t_i = 1 - y_i f_i,
+    a_i = clip(t_i / mu, 0, 1); mu = 0: sum max(t_i, 0)) and its gradient in f written into ``grad``:
+    -c a_i y_i (a_i = [t_i > 0] at mu = 0). An empty ``y`` stands for the labels that minimise it, y_i = 1 where
+    f_i >= 0, else -1. One sweep (the NumPy form took eight, and two fresh n-vectors)."""
+    best = y.shape[0] == 0
+    at = 0.0
+    aa = 0.0
+    for i in range(f.shape[0]):
+        yi = (1.0 if f[i] >= 0.0 else -1.0) if best else y[i]
+        t = 1.0 - yi * f[i]
+        if mu > 0.0:
+            a = t / mu
+            if a < 0.0:
+                a = 0.0
+            elif a > 1.0:
+                a = 1.0
+            at += a * t
+            aa += a * a
+        else:
+            a = 1.0 if t > 0.0 else 0.0
+            if t > 0.0:
+                at += t
+        grad[i] = a * -c * yi
+    return c * (at - 0.5 * mu * aa) if mu > 0.0 else c * at
 
 
 @numba.njit(nogil=True, cache=True)

@@ -66,7 +66,7 @@ from dufs.engine.blocks import ranked_head
 from dufs.engine.cluster import is_lost
 from dufs.engine.graphs import AnchorGraph, graph_rows, laplacian_operator
 from dufs.errors import ParameterError
-from dufs.kernels.vstep import axpy, fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
+from dufs.kernels.vstep import axpy, fista_gradient, fista_momentum, fista_trial, hinge_bias_slope, hinge_loss
 from dufs.methods.m3fs import sigma_step
 from dufs.methods.m3fs_resident import ResidentU, resident_partitions
 from dufs.scheduling import one_blas_thread
@@ -142,25 +142,10 @@ def _loss(F: np.ndarray, y: np.ndarray | None, mu: float, c: float) -> tuple[flo
 
     Two clusters: F (n, 1), y in {-1, +1}; M clusters: F (n, M), y in 0..M-1."""
     n, p = F.shape
-    if p == 1:  # two n-vectors of temporaries (154 MB each at kddb size), in place
-        f = F[:, 0]
-        t = np.abs(f) if y is None else y * f
-        np.subtract(1.0, t, out=t)
-        if mu > 0:
-            a = t / mu
-            np.clip(a, 0.0, 1.0, out=a)
-            val = float(a @ t) - 0.5 * mu * float(a @ a)
-        else:
-            a = (t > 0).astype(np.float64)
-            np.maximum(t, 0.0, out=t)
-            val = float(t.sum())
-        del t
-        a *= -c
-        if y is None:
-            a[f < 0] *= -1.0
-        else:
-            a *= y
-        return c * val, a[:, None]
+    if p == 1:  # one sweep, the gradient its one n-vector (y None: an empty y, the labels sign(f))
+        G = np.empty((n, 1))
+        yv = np.zeros(0) if y is None else np.asarray(y, dtype=np.float64)
+        return hinge_loss(F[:, 0], yv, float(mu), float(c), G[:, 0]), G
     lab = np.argmax(F, axis=1) if y is None else y
     rows = np.arange(n)
     A = 1.0 - F[rows, lab][:, None] + F

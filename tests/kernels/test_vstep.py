@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from dufs.kernels.vstep import fista_gradient, fista_momentum, fista_trial, hinge_bias_slope
+from dufs.kernels.blockops import csc_matvec, csc_rmatvec
+from dufs.kernels.vstep import fista_gradient, fista_momentum, fista_sweep, fista_trial, hinge_bias_slope, hinge_loss
 
 
 @pytest.mark.parametrize("with_a", [True, False])
@@ -29,6 +30,68 @@ def test_fista_kernels_are_numpy(with_a):
     np.testing.assert_allclose(sv, s * ref, rtol=1e-15, atol=1e-15)
     assert au == pytest.approx(av @ ref, rel=1e-12, abs=1e-12) and uu == pytest.approx(ref @ ref, rel=1e-12)
     assert dd == pytest.approx((ref - y) @ (ref - y), rel=1e-12) and gd == pytest.approx(g @ (ref - y), rel=1e-12)
+
+
+@pytest.mark.parametrize("best", [False, True], ids=["labels", "best-labels"])
+@pytest.mark.parametrize("mu", [0.0, 0.3])
+def test_hinge_loss_is_numpy(mu, best):
+    """The smoothed hinge (Nesterov's: the Huber-like quadratic within mu of the margin) and its gradient, from its
+    definition; an empty y is the labels sign(f) (0 counted positive)."""
+    rng = np.random.default_rng(11)
+    f = rng.standard_normal(700)
+    f[:5] = [0.0, -0.0, 1.0, 1.0 - 0.3 / 2, 2.0]  # on the margin, within mu of it, beyond
+    y = np.where(rng.random(700) < 0.5, 1.0, -1.0)
+    Y = np.where(f >= 0, 1.0, -1.0) if best else y
+    t = 1.0 - Y * f
+    if mu > 0:
+        h = np.where(t <= 0, 0.0, np.where(t >= mu, t - mu / 2, t * t / (2 * mu)))
+        a = np.clip(t / mu, 0.0, 1.0)
+    else:
+        h, a = np.maximum(t, 0.0), (t > 0).astype(float)
+    grad = np.empty(700)
+    val = hinge_loss(f, np.zeros(0) if best else y, mu, 0.7, grad)
+    assert val == pytest.approx(0.7 * h.sum(), rel=1e-12)
+    np.testing.assert_allclose(grad, -0.7 * a * Y, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("centred", [False, True])
+def test_fista_sweep_is_the_kernels_it_fuses(centred):
+    """One sweep over a CSC block against fista_momentum, X^T R, fista_gradient, fista_trial and X (si u) made by
+    NumPy and SciPy; empty rows and columns included."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(int(centred))
+    n, d = 300, 170
+    X = sp.random(n, d, density=0.05, format="csc", random_state=rng, dtype=np.float32)
+    R, x, xp, si, a = (rng.standard_normal(k) for k in (n, d, d, d, d))
+    si = np.abs(si)
+    cm = rng.standard_normal(d) if centred else np.zeros(0)
+    y, g, u = np.empty(d), np.empty(d), np.empty(d)
+    out = np.full(n, 0.5)
+    got = fista_sweep(X.indptr.astype(np.int64), X.indices, X.data, R, x, xp, 0.4, si, a, 0.2, cm, 1.5, 0.3, y, g,
+                      u, out)
+    ry = x + 0.4 * (x - xp)
+    rg = si * (X.T @ R) + ry - 0.2 * a - (1.5 * cm if centred else 0.0)
+    ru = ry - 0.3 * rg
+    np.testing.assert_allclose(y, ry, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(g, rg, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(u, ru, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out, 0.5 + X @ (si * ru), rtol=1e-12, atol=1e-12)
+    want = (a @ ry, ry @ ry, a @ ru, ru @ ru, (ru - ry) @ (ru - ry), rg @ (ru - ry), cm @ ru if centred else 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # and the separate kernels it fuses give the same numbers
+    y2, g2, u2, sv = np.empty(d), np.empty((d, 1)), np.empty(d), np.empty(d)
+    fista_momentum(x, xp, 0.4, a, y2)
+    csc_rmatvec(X.indptr.astype(np.int64), X.indices, X.data, R[:, None], g2)
+    fista_gradient(g2[:, 0], si, y2, a, 0.2)
+    if centred:
+        g2[:, 0] -= 1.5 * cm
+    fista_trial(g2[:, 0], y2, si, a, 0.3, u2, sv)
+    out2 = np.full((n, 1), 0.5)
+    csc_matvec(X.indptr.astype(np.int64), X.indices, X.data, sv[:, None], out2)
+    np.testing.assert_array_equal(g, g2[:, 0])
+    np.testing.assert_array_equal(u, u2)
+    np.testing.assert_array_equal(out, out2[:, 0])
 
 
 @pytest.mark.parametrize("mu", [0.0, 0.3])
