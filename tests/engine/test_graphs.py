@@ -220,7 +220,8 @@ def test_anchor_laplacian_operator_equals_dense(anchor_case):
     np.testing.assert_allclose(L @ V, Ld @ V, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(L.matvec(V[:, 0]), Ld @ V[:, 0], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(Ln @ V, Lnd @ V, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(Ln.matvec(V[:, 1]), Lnd @ V[:, 1], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(Ln.matvec(V[:, 1]), Lnd @ V[:, 1], rtol=1e-10, atol=1e-12)  # one kernel, Zh here
+    np.testing.assert_allclose(Ln @ V[:, 2:3], Lnd @ V[:, 2:3], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(L @ np.ones(n), 0.0, atol=1e-12)
     LV = L @ V
     np.testing.assert_allclose(V.T @ LV, (V.T @ LV).T, rtol=1e-10, atol=1e-12)  # symmetric
