@@ -1,18 +1,19 @@
 """The two-cluster v-step's feature-side vectors kept on the workers, beside the blocks (:func:`resident_partitions`).
 
 A FISTA iteration of the v-step (:func:`dufs.methods.m3fs_scalable.v_step`) makes two products with the data: the
-gradient g = Z^T R of the loss in the scores, and the scores Z s n of the trial point n = y - g / L (s = sigma^1/2,
-y the momentum point). Between them everything over the features is elementwise (the momentum, the gradient in u,
-the trial step) or a dot product. On the driver, each product ships a vector over the features one way (Z^T R back,
-s n out: 8 MB each at 1M features, 240 MB at kddb's 30M) and the driver sweeps five of them an iteration. Here
-each partition's worker keeps its features' part of x, x_prev, y, g and n, and one call a FISTA iteration does
-both products over its blocks and sends back only the partial scores (one vector over the samples) and eight
-partial dot products. The driver keeps what lives over the samples, as before, and a^T x, a^T x_prev, from which
-the momentum point's a^T y (the class balance's bound on the bias, needed before the call) is their linear
-combination; ||y||^2 comes back with the call.
+gradient g = Z^T R of the loss in the scores, and the scores Z s n of the trial point n = y - g / L (s = sigma^1/2, y
+the momentum point). Between them everything over the features is elementwise (the momentum, the gradient in u, the
+trial step) or a dot product. On the driver, each product ships a vector over the features one way (Z^T R back, s n out:
+8 MB each at 1M features, 240 MB at kddb's 30M) and the driver sweeps five of them an iteration. Here each partition's
+worker keeps its features' part of x, x_prev, y, g and n, and one call a FISTA iteration makes both products in one
+sweep of its blocks' nonzeros (:func:`~dufs.kernels.vstep.fista_sweep`) and sends back only the partial scores (one
+vector over the samples) and seven partial dot products. The driver keeps what lives over the samples, as before, and
+a^T x, a^T x_prev, from which the momentum point's a^T y (the class balance's bound on the bias, needed before the call)
+is their linear combination; ||y||^2 comes back with the call.
 
-The worker functions never change the state they are given (a task may run again): each returns a new one that
-shares the arrays it kept."""
+Each worker function returns a new state that shares the arrays it keeps, and writes into those of the state it was
+given that the new one lets go (a fresh array's pages fault in again every call): a state is used once, as the driver
+keeps only the last (a lost one is not rebuilt: the v-step runs again with its vectors on the driver)."""
 
 from __future__ import annotations
 
