@@ -321,13 +321,13 @@ def _laplacian_op(n: int, matvec_W: Any, d: np.ndarray, normed: bool, Zh: Any = 
             from dufs.kernels.anchor import normed_laplacian_vec
 
             zd = np.asarray(Zh.data, dtype=np.float64)
-            acc = np.empty(li.shape[0])
 
         def mm(V: np.ndarray) -> np.ndarray:
             V = np.asarray(V, dtype=np.float64)
             if Zh is not None and V.size == n:
+                # the n_anchors scratch a call's own: the operator may be applied from several threads
                 return normed_laplacian_vec(Zh.indptr, Zh.indices, zd, s, li, np.ascontiguousarray(V.ravel()),
-                                            acc, np.empty(n)).reshape(V.shape)
+                                            np.empty(li.shape[0]), np.empty(n)).reshape(V.shape)
             V2 = V.reshape(n, -1)
             out = np.asarray(matvec_W(s[:, None] * V2), dtype=np.float64).reshape(V2.shape)
             if not out.flags.writeable:

@@ -463,7 +463,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             Fy, R = value(yU, yb, yF, LF)
         gb = float(R.sum()) if binary else 0.0  # dJ/db
         Lip *= 0.9
-        if rd is not None:  # the gradient, the trial point and its scores in one call (its two passes)
+        if rd is not None:  # the gradient, the trial point and its scores: one call, one sweep of the data
             Fu, dots = rd.step(R, beta, gb, 1.0 / Lip)
             del R
             Fy += 0.5 * dots["uuY"]
