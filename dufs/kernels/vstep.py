@@ -127,7 +127,9 @@ def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step
     point u_j = y_j - step g_j, and its scores ``out += X_j si_j u_j`` (float64 (n_rows,), accumulated into; R is
     float64 (n_rows,)). The same numbers as :func:`fista_momentum`, the block's Z^T R, :func:`fista_gradient`,
     :func:`fista_trial` and the product with si u in turn, where those read the block's nonzeros twice. Returns
-    (a^T y, y^T y, a^T u, u^T u, ||u - y||^2, g^T (u - y), cm^T u); empty ``a`` or ``cm`` stand for zero."""
+    (a^T y, y^T y, a^T u, u^T u, ||u - y||^2, g^T (u - y), cm^T u, a^T g, y^T g); empty ``a`` or ``cm`` stand for
+    zero. The last two give the dots of the trial point y - t g for another step t without a sweep (with ||g||^2 =
+    ||u - y||^2 / step^2)."""
     nnz = np.uint64(indices.shape[0])
     has_a = a.shape[0] > 0
     has_c = cm.shape[0] > 0
@@ -138,6 +140,8 @@ def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step
     dd = 0.0
     gd = 0.0
     cu = 0.0
+    ag = 0.0
+    yg = 0.0
     for j in range(indptr.shape[0] - 1):
         k0 = np.uint64(indptr[j])
         k1 = np.uint64(indptr[j + 1])
@@ -158,6 +162,9 @@ def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step
         if has_c:
             gj -= rsum * cm[j]
         g[j] = gj
+        yg += yj * gj
+        if has_a:
+            ag += a[j] * gj
         dv = -step * gj
         uj = yj + dv
         u[j] = uj
@@ -171,7 +178,7 @@ def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step
         sv = si[j] * uj
         for k in range(k0, k1):
             out[np.uint64(indices[k])] += np.float64(data[k]) * sv
-    return aY, uuY, aN, uuN, dd, gd, cu
+    return aY, uuY, aN, uuN, dd, gd, cu, ag, yg
 
 
 @numba.njit(nogil=True, cache=True)

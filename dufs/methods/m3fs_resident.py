@@ -7,9 +7,12 @@ trial step) or a dot product. On the driver, each product ships a vector over th
 8 MB each at 1M features, 240 MB at kddb's 30M) and the driver sweeps five of them an iteration. Here each partition's
 worker keeps its features' part of x, x_prev, y, g and n, and one call a FISTA iteration makes both products in one
 sweep of its blocks' nonzeros (:func:`~dufs.kernels.vstep.fista_sweep`) and sends back only the partial scores (one
-vector over the samples) and seven partial dot products. The driver keeps what lives over the samples, as before, and
+vector over the samples) and nine partial dot products. The driver keeps what lives over the samples, as before, and
 a^T x, a^T x_prev, from which the momentum point's a^T y (the class balance's bound on the bias, needed before the call)
-is their linear combination; ||y||^2 comes back with the call.
+is their linear combination; ||y||^2 comes back with the call. A backtracking trial with a longer L (a shorter step t)
+makes no call: the trial point y - t g's scores are affine in t (from the last trial's and the momentum point's) and its
+dots quadratic (from a^T y, y^T y, a^T g, y^T g and g^T g), and the workers make it again from y and g when told it
+was taken.
 
 Each worker function returns a new state that shares the arrays it keeps, and writes into those of the state it was
 given that the new one lets go (a fresh array's pages fault in again every call): a state is used once, as the driver
@@ -24,8 +27,7 @@ import numpy as np
 from dufs.engine import Matrix
 from dufs.engine.dispatch import current_client, shipped, tree_sum_values
 from dufs.engine.shm import local_array
-from dufs.kernels.blockops import csc_matvec
-from dufs.kernels.vstep import fista_sweep, fista_trial
+from dufs.kernels.vstep import fista_sweep
 
 __all__ = ["ResidentU", "resident_partitions"]
 
@@ -58,37 +60,23 @@ def _init(blks, st, U0, si, cm, a):
 
     x = parts(U0)
     return {"si": parts(si), "cm": parts(cm), "a": parts(a) or [_NONE] * len(blks), "x": x, "xp": x, "y": None,
-            "g": None, "u": None, "sv": None}, None
+            "g": None, "u": None}, None
 
 
 def _decided(st, decision):
-    """(x, x_prev) after the driver's decision on the last trial point: taken, or a restart from x."""
-    if decision == "accept":
-        return st["u"], st["x"]
-    if decision == "restart":
+    """(x, x_prev) after the driver's decision on the last trial point: None (none yet), ("accept", step) or
+    ("restart", None). A trial point taken at another step than its sweep's (the driver's backtracking, which needs
+    no sweep: :meth:`ResidentU.retrial`) is made again from y and g first, as the sweep makes it."""
+    if decision is None:
+        return st["x"], st["xp"]
+    kind, step = decision
+    if kind == "restart":
         return st["x"], st["x"]
-    return st["x"], st["xp"]
-
-
-def _trial(blks, st, step, n, spare):
-    """The trial point n = y - step g of each block (into ``spare``'s arrays where given), its partial scores
-    X (si n) summed over the partition's blocks and the partial dots (a^T n, n^T n, ||n - y||^2, g^T (n - y),
-    cm^T n)."""
-    out = np.zeros((n, 1))
-    dots = np.zeros(5)
-    us, svs = [], []
-    for i, b in enumerate(blks):
-        w = b.indptr.shape[0] - 1
-        u = spare[i] if spare[i] is not None else np.empty(w)
-        sv = st["sv"][i] if st["sv"] is not None else np.empty((w, 1))  # read by this call alone
-        aN, uuN, dd, gd = fista_trial(st["g"][i], st["y"][i], st["si"][i], st["a"][i], step, u, sv[:, 0])
-        dots[:4] += (aN, uuN, dd, gd)
-        if st["cm"] is not None:
-            dots[4] += float(st["cm"][i] @ u)
-        csc_matvec(b.indptr, b.indices, b.data, sv, out)
-        us.append(u)
-        svs.append(sv)
-    return {**st, "u": us, "sv": svs}, out, dots
+    if step is not None:
+        for u, y, g in zip(st["u"], st["y"], st["g"], strict=True):
+            np.multiply(g, -step, out=u)
+            u += y
+    return st["u"], st["x"]
 
 
 def _free(st, x, xp, i):
@@ -109,7 +97,7 @@ def _step(blks, st, R, beta, ga, rsum, step, decision):
     n = R.shape[0]
     x, xp = _decided(st, decision)
     out = np.zeros(n)
-    dots = np.zeros(7)
+    dots = np.zeros(9)
     ys, gs, us = [], [], []
     for i, b in enumerate(blks):
         w = b.indptr.shape[0] - 1
@@ -125,12 +113,6 @@ def _step(blks, st, R, beta, ga, rsum, step, decision):
     return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, (dots, out[:, None])
 
 
-def _retrial(blks, st, step, n):
-    """The trial point again with another step (the last one was not taken: its arrays are written)."""
-    new, out, dots = _trial(blks, st, step, n, st["u"])
-    return new, (np.concatenate([np.zeros(2), dots]), out)
-
-
 def _final(blks, st, decision):
     x, xp = _decided(st, decision)
     return {**st, "x": x, "xp": xp}, x
@@ -138,9 +120,11 @@ def _final(blks, st, decision):
 
 # ---------------------------------------------------------------------------------------------------- the driver
 class ResidentU:
-    """The v-step's u over the features on the workers: ``step`` and ``retrial`` return (Z S^1/2 n, the dots
-    {"aY", "uuY", "aN", "uuN", "dd", "gd"}) for the trial point n (Z with its transform); ``accept`` or
-    ``restart`` tell the workers what became of it (sent with the next call); ``result`` brings u = x back."""
+    """The v-step's u over the features on the workers: ``step`` returns (Z S^1/2 n, the dots {"aY", "uuY", "aN",
+    "uuN", "dd", "gd"}) for the trial point n = y - step g (Z with its transform), and ``retrial`` the same for
+    another step with no call (the trial point's scores and dots are affine in the step); ``accept`` or ``restart``
+    tell the workers what became of the last trial point (sent with the next call); ``result`` brings u = x
+    back."""
 
     def __init__(self, M: Matrix, U0: np.ndarray, s_half: np.ndarray, a: np.ndarray | None,
                  parts: list[list[int]]):
@@ -148,7 +132,9 @@ class ResidentU:
         si = s_half if inv is None else s_half * inv
         self.M, self.parts, self.n = M, parts, M.shape[0]
         self.centred = mu is not None
-        self.decision: str | None = None
+        self.decision: tuple[str, float | None] | None = None
+        self.swept = self.tried = 0.0  # the step of the last sweep's trial point, and of the last trial point
+        self.base: dict[str, float] = {}  # the last sweep's a^T y, y^T y, a^T g, y^T g and g^T g
         vecs = [np.ascontiguousarray(U0, dtype=np.float64), si, None if mu is None else si * mu,
                 None if a is None or not a.size else a]
         with contextlib.ExitStack() as stack:  # through /dev/shm where the workers are on this machine
@@ -156,30 +142,41 @@ class ResidentU:
             _, self.state = M.map_blocks(_init, *refs, state=[None] * len(parts), partitions=parts)
         M.count_passes(-1)  # it sweeps no nonzeros
 
-    def _got(self, got: list) -> tuple[np.ndarray, dict]:
-        dots = np.sum([g[0] for g in got], axis=0)
-        Fu = tree_sum_values([g[1] for g in got])[:, 0]
-        if self.centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
-            Fu -= dots[6]
-        return Fu, dict(zip(("aY", "uuY", "aN", "uuN", "dd", "gd"), map(float, dots[:6]), strict=True))
-
     def step(self, R: np.ndarray, beta: float, gb: float, step: float) -> tuple[np.ndarray, dict]:
         R2 = np.ascontiguousarray(R, dtype=np.float64).reshape(self.n)
         with shipped(R2, broadcast=True, shared=True) as Ra:
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
                                                 state=self.state, partitions=self.parts)
         self.decision = None
-        return self._got(got)
+        dots = np.sum([g[0] for g in got], axis=0)
+        Fu = tree_sum_values([g[1] for g in got])[:, 0]
+        if self.centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
+            Fu -= dots[6]
+        self.swept = self.tried = float(step)
+        aY, uuY, _, _, dd, _, _, ag, yg = map(float, dots)
+        self.base = {"aY": aY, "uuY": uuY, "ag": ag, "yg": yg, "gg": dd / (step * step) if step else 0.0}
+        return Fu, dict(zip(("aY", "uuY", "aN", "uuN", "dd", "gd"), map(float, dots[:6]), strict=True))
 
-    def retrial(self, step: float) -> tuple[np.ndarray, dict]:
-        got, self.state = self.M.map_blocks(_retrial, float(step), self.n, state=self.state, partitions=self.parts)
-        return self._got(got)
+    def retrial(self, step: float, Fu: np.ndarray, yFu: np.ndarray) -> tuple[np.ndarray, dict]:
+        """The trial point y - ``step`` g's scores and dots from the last trial point's scores ``Fu`` and the
+        momentum point's ``yFu`` (both without the bias): no call, no sweep, as n = y - t g makes Z S^1/2 n and
+        its dots affine (or quadratic) in t. Backtracking took a second sweep of the data a time; the workers make
+        the trial point taken again with the next call (:func:`_decided`). ``Fu`` is written."""
+        r = float(step) / self.tried
+        Fu -= yFu  # -t_last Z S^1/2 g
+        Fu *= r
+        Fu += yFu
+        self.tried = t = float(step)
+        b = self.base
+        gg = b["gg"]
+        return Fu, {"aY": b["aY"], "uuY": b["uuY"], "aN": b["aY"] - t * b["ag"],
+                    "uuN": b["uuY"] - 2.0 * t * b["yg"] + t * t * gg, "dd": t * t * gg, "gd": -t * gg}
 
     def accept(self) -> None:
-        self.decision = "accept"
+        self.decision = ("accept", None if self.tried == self.swept else self.tried)
 
     def restart(self) -> None:
-        self.decision = "restart"
+        self.decision = ("restart", None)
 
     def result(self) -> np.ndarray:
         got, self.state = self.M.map_blocks(_final, self.decision, state=self.state, partitions=self.parts)

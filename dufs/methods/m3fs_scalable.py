@@ -473,9 +473,11 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                 dd, gd = dots["dd"], dots["gd"]
                 if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
                     break
-                del nF, nLF
                 Lip *= 2.0
-                Fu, dots = rd.retrial(1.0 / Lip)
+                Fu = nF[:, 0]
+                Fu -= nb  # the trial's scores without the bias again
+                Fu, dots = rd.retrial(1.0 / Lip, Fu, yF[:, 0] - yb)
+                del nF, nLF
             nU = None
             del yF
         else:

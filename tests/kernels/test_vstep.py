@@ -77,7 +77,8 @@ def test_fista_sweep_is_the_kernels_it_fuses(centred):
     np.testing.assert_allclose(g, rg, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(u, ru, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out, 0.5 + X @ (si * ru), rtol=1e-12, atol=1e-12)
-    want = (a @ ry, ry @ ry, a @ ru, ru @ ru, (ru - ry) @ (ru - ry), rg @ (ru - ry), cm @ ru if centred else 0.0)
+    want = (a @ ry, ry @ ry, a @ ru, ru @ ru, (ru - ry) @ (ru - ry), rg @ (ru - ry), cm @ ru if centred else 0.0,
+            a @ rg, ry @ rg)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     # and the separate kernels it fuses give the same numbers
     y2, g2, u2, sv = np.empty(d), np.empty((d, 1)), np.empty(d), np.empty(d)
