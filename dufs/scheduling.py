@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["current_client", "distributed_client", "local_cores", "one_blas_thread", "thread_limits"]
+__all__ = ["current_client", "distributed_client", "in_threads", "local_cores", "one_blas_thread",
+           "thread_limits"]
 
 _DISTRIBUTED = (None, "dask.distributed", "distributed")
 
@@ -46,6 +47,33 @@ def local_cores() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_POOL: Any = None  # in_threads's pool, made on first use
+
+
+def in_threads(fn: Any, count: int, threads: int, bounds: Any = None) -> None:
+    """``fn(a, b)`` over [0, count) in up to ``threads`` near-equal ranges at once, one on this thread (the driver's
+    numba kernels, which release the GIL: while the workers wait for the driver its cores are free); ``bounds(parts)``,
+    if given, cuts the ranges instead. One range, or a call from one of the pool's threads: ``fn(0, count)`` here."""
+    global _POOL
+    import threading
+
+    parts = max(1, min(threads, count))
+    if parts == 1 or threading.current_thread().name.startswith("dufs-driver"):  # none nested in the pool
+        fn(0, count)
+        return
+    cut = bounds(parts) if bounds is not None else [count * i // parts for i in range(parts + 1)]
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max(4, local_cores()), thread_name_prefix="dufs-driver")
+    futures = [_POOL.submit(fn, cut[i], cut[i + 1]) for i in range(1, parts)]
+    try:
+        fn(cut[0], cut[1])
+    finally:
+        for f in futures:
+            f.result()
 
 
 @functools.cache

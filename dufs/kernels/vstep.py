@@ -14,7 +14,7 @@ from dufs.kernels._prefetch import DISTANCE, prefetch_row
 from dufs.kernels.topk import in_order, offer
 
 __all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_sweep", "fista_trial", "hinge_bias_slope",
-           "hinge_loss", "top_positive"]
+           "hinge_loss", "scaled_start", "top_positive", "weighted_norm2"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -202,3 +202,39 @@ def top_positive(g, k):
             if x < lo or (x == lo and j > lj):
                 rest += x
     return in_order(val, idx, cnt)[0], rest
+
+
+@numba.njit(nogil=True, cache=True)
+def weighted_norm2(V, sigma):
+    """(sum_k ||V_k||^2 / sigma_k over the k with sigma_k > 0, whether some V_k != 0 has sigma_k <= 0 (or NaN)):
+    M3FS's regulariser (times 2) in one sweep of V (d, p) and sigma, where NumPy's row norms, mask, masked division
+    into a fresh array and sum took 13 ms at a million features."""
+    total = 0.0
+    bad = False
+    for k in range(V.shape[0]):
+        w = 0.0
+        for j in range(V.shape[1]):
+            w += V[k, j] * V[k, j]
+        if sigma[k] > 0.0:
+            total += w / sigma[k]
+        elif w > 0.0:
+            bad = True
+    return total, bad
+
+
+@numba.njit(nogil=True, cache=True)
+def scaled_start(V0, s_half, U):
+    """U = V0 / s_half by rows, 0 where s_half is not positive; returns whether V0 has a nonzero there (U's scores
+    are then not V0's). One sweep for NumPy's masked division and its check."""
+    off = False
+    for k in range(V0.shape[0]):
+        s = s_half[k]
+        if s > 0.0:
+            for j in range(V0.shape[1]):
+                U[k, j] = V0[k, j] / s
+        else:
+            for j in range(V0.shape[1]):
+                U[k, j] = 0.0
+                if V0[k, j] != 0.0:
+                    off = True
+    return off

@@ -79,7 +79,7 @@ from dufs.methods.params import (
     table,
 )
 from dufs.methods.solver import atomic_write, checkpoint_dir, recoverable, release
-from dufs.scheduling import local_cores, one_blas_thread
+from dufs.scheduling import in_threads, local_cores, one_blas_thread
 
 log = get_logger(__name__)
 
@@ -175,25 +175,12 @@ _INT32_ARRAY = numba.types.int32[::1]
 _INT64_ARRAY = numba.types.int64[::1]
 _VALUE_ARRAY = {np.dtype(np.float32): numba.types.float32[::1], np.dtype(np.float64): numba.types.float64[::1]}
 _DRIVER_THREADS = min(4, local_cores())
-_POOL: Any = None
 
 
 def _in_threads(fn: Any, count: int, bounds: Any = None) -> None:
-    """``fn(a, b)`` over [0, count) in up to :data:`_DRIVER_THREADS` near-equal ranges at once (the driver's
-    products with the selected columns, numba kernels that release the GIL: the workers wait for them, so the
-    driver's cores are free); ``bounds(parts)``, if given, cuts the ranges instead."""
-    global _POOL
-    parts = max(1, min(_DRIVER_THREADS, count))
-    if parts == 1:
-        fn(0, count)
-        return
-    cut = bounds(parts) if bounds is not None else [count * i // parts for i in range(parts + 1)]
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(_DRIVER_THREADS, thread_name_prefix="dufs-driver")
-    for f in [_POOL.submit(fn, cut[i], cut[i + 1]) for i in range(parts)]:
-        f.result()
+    """``fn(a, b)`` over [0, count) in up to :data:`_DRIVER_THREADS` ranges at once (:func:`dufs.scheduling.in_threads`:
+    the driver's products with the selected columns, numba kernels that release the GIL)."""
+    in_threads(fn, count, _DRIVER_THREADS, bounds)
 
 
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is

@@ -229,6 +229,26 @@ def test_anchor_laplacian_operator_equals_dense(anchor_case):
     assert np.all(np.einsum("ij,ij->j", V, Ln @ V) >= -1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_anchor_laplacian_vec_in_row_ranges_is_scipy(threads):
+    """L v = v - s (Zh (li (Zh^T (s v)))) with Zh's rows in ranges on several threads (rows without anchors among
+    them) against SciPy's separate products; one thread gives the fused kernel's numbers bit for bit."""
+    from dufs.engine.graphs import _anchor_laplacian_vec
+    from dufs.kernels.anchor import normed_laplacian_vec
+
+    rng = np.random.default_rng(threads)
+    n, m = 70_001, 40
+    per = rng.integers(0, 4, n)
+    Zh = sp.csr_array((rng.uniform(0.1, 1.0, per.sum()), rng.integers(0, m, per.sum()), np.r_[0, np.cumsum(per)]),
+                      shape=(n, m))
+    s, li, v = rng.uniform(0.5, 1.5, n), rng.uniform(0.1, 1.0, m), rng.standard_normal(n)
+    got = _anchor_laplacian_vec(Zh.indptr, Zh.indices, Zh.data, s, li, v, threads)
+    np.testing.assert_allclose(got, v - s * (Zh @ (li * (Zh.T @ (s * v)))), rtol=1e-12, atol=1e-12)
+    if threads == 1:
+        one = normed_laplacian_vec(Zh.indptr, Zh.indices, Zh.data, s, li, v, np.empty(m), np.empty(n))
+        np.testing.assert_array_equal(got, one)
+
+
 def test_laplacian_operator_of_sparse_w():
     rng = np.random.default_rng(1)
     W = knn_graph(rng.standard_normal((60, 3)), 4, weights="heat")

@@ -129,3 +129,30 @@ def test_top_positive_is_the_stable_sort_head_and_the_rest_sum():
         keep = np.ones(d, dtype=bool)
         keep[want] = False
         assert rest == pytest.approx(g[keep].sum(), abs=1e-12)
+
+
+def test_weighted_norm2_and_scaled_start_are_numpy():
+    """M3FS's regulariser sum_k ||V_k||^2 / sigma_k (0/0 = 0, weight where sigma is 0 said) and the v-step's start
+    U = V0 / sigma^1/2 (0 where sigma is, V0's weight there said) against NumPy, with one and three columns."""
+    from dufs.kernels.vstep import scaled_start, weighted_norm2
+
+    rng = np.random.default_rng(11)
+    for p in (1, 3):
+        V = rng.standard_normal((400, p))
+        sigma = rng.uniform(0.1, 1.0, 400)
+        sigma[::7] = 0.0
+        V[::7] = 0.0
+        total, bad = weighted_norm2(V, sigma)
+        on = sigma > 0
+        np.testing.assert_allclose(total, ((V[on] ** 2).sum(axis=1) / sigma[on]).sum(), rtol=1e-13)
+        assert not bad
+        s_half = np.sqrt(sigma)
+        U = np.full((400, p), np.nan)
+        assert not scaled_start(V, s_half, U)
+        want = np.zeros((400, p))
+        want[on] = V[on] / s_half[on, None]
+        np.testing.assert_array_equal(U, want)
+        V[14, -1] = 0.5  # weight where sigma is 0
+        assert weighted_norm2(V, sigma)[1]
+        assert scaled_start(V, s_half, U)
+        assert U[14, -1] == 0.0
