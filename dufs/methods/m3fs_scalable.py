@@ -53,6 +53,7 @@ Nesterov, "Smooth minimization of non-smooth functions", Math. Program. 2005.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -439,121 +440,142 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
     it = 0
     best = (Fx, x, xb, xF)
     stalled = 0
-    for it in range(1, int(max_iter) + 1):  # noqa: B007 (the count is returned)
-        t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
-        beta = (t - 1.0) / t_next  # Beck and Teboulle's momentum
-        t = t_next
-        # at kddb size a d-vector is 240 MB and an n-vector 154 MB: the updates below work in place so that the
-        # loop holds x, xp, y, the gradient, the trial point and its step (and their scores), not their temporaries
-        yb = xb + beta * (xb - xpb)
-        yF = xF - xpF
-        yF *= beta
-        yF += xF
-        LF = None
-        if binary:  # fused sweeps (dufs.kernels.vstep); the best bias at the extrapolated point
-            yFu = yF[:, 0]
-            yFu -= yb  # its scores less the extrapolated bias
-            LFu = None
-            if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
-                LFu = xLF[:, 0] - xpLF[:, 0]
-                LFu *= beta
-                LFu += xLF[:, 0]
-                axpy(-yb, L1v, LFu)
-            if rd is None:
-                yU = np.empty((d, 1))
-                aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
-            else:  # y on the workers: a^T y from a^T x and a^T x_prev, ||y||^2 comes back with the step
-                yU, aY, uuY = None, (1.0 + beta) * ax - beta * axp, 0.0
-            yb, yF, LF = settle(yU, yFu, yb, aY, LFu)
-            Fy, R = value(yU, yb, yF, LF, uuY)
-        else:
-            yU = x - xp
-            yU *= beta
-            yU += x
-            Fy, R = value(yU, yb, yF, LF)
-        gb = float(R.sum()) if binary else 0.0  # dJ/db
-        Lip *= 0.9
-        if rd is not None:  # the gradient, the trial point and its scores: one call, one sweep of the data
-            Fu, dots = rd.step(R, beta, gb, 1.0 / Lip)
-            del R
-            Fy += 0.5 * dots["uuY"]
-            while True:
-                nb, nF, nLF = settle(None, Fu, yb, dots["aN"])
-                Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True)[0]
-                dd, gd = dots["dd"], dots["gd"]
-                if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
-                    break
-                Lip *= 2.0
-                Fu = nF[:, 0]
-                Fu -= nb  # the trial's scores without the bias again
-                Fu, dots = rd.retrial(1.0 / Lip, Fu, yF[:, 0] - yb)
-                del nF, nLF
-            nU = None
-            del yF
-        else:
-            gU = M.rmatvec(R).reshape(d, p)
-            del R
-            if binary:
-                # phi's gradient (Danskin's theorem in beta = n b + a^T u, whose interval [-l, l] does not move
-                # with u): J's in u less dJ/db a / n, nonzero when the best bias sits on the balance bound
-                fista_gradient(gU[:, 0], s_half, yU[:, 0], a_vec, gb / n)
+    try:
+        for it in range(1, int(max_iter) + 1):  # noqa: B007 (the count is returned)
+            t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+            beta = (t - 1.0) / t_next  # Beck and Teboulle's momentum
+            t = t_next
+            # at kddb size a d-vector is 240 MB and an n-vector 154 MB: the updates below work in place so that the
+            # loop holds x, xp, y, the gradient, the trial point and its step (and their scores), not their temporaries
+            yb = xb + beta * (xb - xpb)
+            yF = xF - xpF
+            yF *= beta
+            yF += xF
+            LF = None
+            if binary:  # fused sweeps (dufs.kernels.vstep); the best bias at the extrapolated point
+                yFu = yF[:, 0]
+                yFu -= yb  # its scores less the extrapolated bias
+                LFu = None
+                if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
+                    LFu = xLF[:, 0] - xpLF[:, 0]
+                    LFu *= beta
+                    LFu += xLF[:, 0]
+                    axpy(-yb, L1v, LFu)
+                if rd is None:
+                    yU = np.empty((d, 1))
+                    aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
+                else:  # y on the workers: a^T y from a^T x and a^T x_prev, ||y||^2 comes back with the step
+                    yU, aY, uuY = None, (1.0 + beta) * ax - beta * axp, 0.0
+                yb, yF, LF = settle(yU, yFu, yb, aY, LFu)
+                Fy, R = value(yU, yb, yF, LF, uuY)
             else:
-                gU *= s_half[:, None]
-                gU += yU
-            while True:
+                yU = x - xp
+                yU *= beta
+                yU += x
+                Fy, R = value(yU, yb, yF, LF)
+            gb = float(R.sum()) if binary else 0.0  # dJ/db
+            Lip *= 0.9
+            if rd is not None:  # the gradient, the trial point and its scores: one call, one sweep of the data
+                Fu, dots = rd.step(R, beta, gb, 1.0 / Lip)
+                del R
+                Fy += 0.5 * dots["uuY"]
+                while True:
+                    nb, nF, nLF = settle(None, Fu, yb, dots["aN"])
+                    Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True)[0]
+                    dd, gd = dots["dd"], dots["gd"]
+                    if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
+                        break
+                    Lip = _longer(Lip, Fn, Fy)
+                    Fu = nF[:, 0]
+                    Fu -= nb  # the trial's scores without the bias again
+                    Fu, dots = rd.retrial(1.0 / Lip, Fu, yF[:, 0] - yb)
+                    del nF, nLF
+                nU = None
+                del yF
+            else:
+                gU = M.rmatvec(R).reshape(d, p)
+                del R
                 if binary:
-                    nU, sv = np.empty((d, 1)), np.empty(d)
-                    aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
-                    nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
-                    del sv
-                    Fn = value(nU, nb, nF, nLF, uuN, keep=True)[0]
+                    # phi's gradient (Danskin's theorem in beta = n b + a^T u, whose interval [-l, l] does not move
+                    # with u): J's in u less dJ/db a / n, nonzero when the best bias sits on the balance bound
+                    fista_gradient(gU[:, 0], s_half, yU[:, 0], a_vec, gb / n)
                 else:
-                    nU = gU * (-1.0 / Lip)
-                    nU += yU
-                    nU, nb = bal.project(nU, 0.0)
-                    nF, nLF = scores(nU, nb), None
-                    Fn = value(nU, nb, nF)[0]
-                    dU = nU - yU
-                    dd = float(np.vdot(dU, dU))
-                    gd = float(np.vdot(gU, dU))
-                    del dU
-                quad = gd + 0.5 * Lip * dd
-                if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
-                    break
-                del nU, nF, nLF
-                Lip *= 2.0
-            del yU, yF, gU
-        gm = Lip * np.sqrt(dd)
-        g0 = gm if g0 is None else g0
-        stalled = stalled + 1 if Fn >= best[0] - _STALL_REL * max(1.0, abs(best[0])) else 0
-        if Fn > best[0]:  # restart the momentum from the best point
-            t = 1.0
-            xp, xpb, xpF = best[1], best[2], best[3]
-            x, xb, xF = best[1], best[2], best[3]
-            xpLF = xLF
-            if rd is not None:
-                rd.restart()
-                axp = ax
-        else:
-            xp, xpb, xpF = x, xb, xF
-            x, xb, xF = nU, nb, nF
-            best = (Fn, nU, nb, nF)
-            if binary and xLF is not None:
-                xpLF, xLF = xLF, nLF
-            if rd is not None:
-                rd.accept()
-                axp, ax = ax, dots["aN"]
-        if gm <= tol * max(g0, 1e-300) or gm == 0.0 or stalled >= _STALL or \
-                0.5 * gm * gm <= value_rtol * abs(best[0]):
-            break
-        if max_passes is not None and M.passes - passes0 >= max_passes:
-            break
+                    gU *= s_half[:, None]
+                    gU += yU
+                while True:
+                    if binary:
+                        nU, sv = np.empty((d, 1)), np.empty(d)
+                        aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
+                        nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
+                        del sv
+                        Fn = value(nU, nb, nF, nLF, uuN, keep=True)[0]
+                    else:
+                        nU = gU * (-1.0 / Lip)
+                        nU += yU
+                        nU, nb = bal.project(nU, 0.0)
+                        nF, nLF = scores(nU, nb), None
+                        Fn = value(nU, nb, nF)[0]
+                        dU = nU - yU
+                        dd = float(np.vdot(dU, dU))
+                        gd = float(np.vdot(gU, dU))
+                        del dU
+                    quad = gd + 0.5 * Lip * dd
+                    if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
+                        break
+                    del nU, nF, nLF
+                    Lip = _longer(Lip, Fn, Fy)
+                del yU, yF, gU
+            gm = Lip * np.sqrt(dd)
+            g0 = gm if g0 is None else g0
+            stalled = stalled + 1 if Fn >= best[0] - _STALL_REL * max(1.0, abs(best[0])) else 0
+            if Fn > best[0]:  # restart the momentum from the best point
+                t = 1.0
+                xp, xpb, xpF = best[1], best[2], best[3]
+                x, xb, xF = best[1], best[2], best[3]
+                xpLF = xLF
+                if rd is not None:
+                    rd.restart()
+                    axp = ax
+            else:
+                xp, xpb, xpF = x, xb, xF
+                x, xb, xF = nU, nb, nF
+                best = (Fn, nU, nb, nF)
+                if binary and xLF is not None:
+                    xpLF, xLF = xLF, nLF
+                if rd is not None:
+                    rd.accept()
+                    axp, ax = ax, dots["aN"]
+            if gm <= tol * max(g0, 1e-300) or gm == 0.0 or stalled >= _STALL or \
+                    0.5 * gm * gm <= value_rtol * abs(best[0]):
+                break
+            if max_passes is not None and M.passes - passes0 >= max_passes:
+                break
+    except BaseException:  # what the workers keep goes with the v-step that failed
+        if rd is not None:
+            with contextlib.suppress(Exception):
+                rd.release()
+        raise
     Fbest, U, b, F = best
     if rd is not None:
         U = rd.result()[:, None]
         rd.release()
     return {"V": s_half[:, None] * U, "b": b, "F": F, "value": Fbest, "iterations": it,
             "passes": M.passes - passes0, "lipschitz": Lip, "resident": rd is not None}
+
+
+_LIP_MAX = 1e150  # a backtracking Lipschitz estimate past this: no step of FISTA's can lower the value
+
+
+def _longer(Lip: float, Fn: float, Fy: float) -> float:
+    """The backtracking's next Lipschitz estimate, twice ``Lip``; a FloatingPointError where no step can pass the
+    test: the trial value ``Fn`` or the momentum point's ``Fy`` is NaN, or the estimate is past :data:`_LIP_MAX`
+    (the step is then too small to move anything), where doubling it went on for ever."""
+    if np.isnan(Fn) or np.isnan(Fy) or not Lip <= _LIP_MAX:
+        raise FloatingPointError(f"m3fs v-step: backtracking found no step that lowers the objective (trial value "
+                                 f"{Fn!r}, value at the momentum point {Fy!r}, Lipschitz estimate {Lip:.3g}): the "
+                                 f"scores overflow or hold NaN; scale the data (standardize='scale') or check it "
+                                 f"for NaN and very large values")
+    return 2.0 * Lip
 
 
 # ---------------------------------------------------------------------------------------------------- init

@@ -278,6 +278,29 @@ def _forget_resident():
 
 
 @pytest.mark.slow
+def test_a_v_step_with_no_step_that_lowers_it_says_so(cluster_client):
+    """Scores that overflow (values of 1e200, not standardised) make every trial value NaN: the v-step raises a
+    FloatingPointError that says what to do, on the driver and on the workers (whose state it lets go), where the
+    backtracking doubled its Lipschitz estimate for ever."""
+    from dufs.engine import direct
+
+    X = _data(40, 12, seed=2, sparse=True) * 1e200
+    y = np.where(np.arange(40) < 20, 1.0, -1.0)
+    kw = dict(C=1.0, lambda_=0.0, l=40.0, smoothing=0.1, max_iter=50)
+    with pytest.raises(FloatingPointError, match="backtracking found no step.*standardize='scale'"):
+        ms.v_step(Matrix(X), np.full(12, 0.5), y, None, **kw)
+    with cluster_client.as_current():
+        M = Matrix(X, block_width=4).persist()
+        assert ms.resident_partitions(M) is not None
+        with pytest.raises(FloatingPointError, match="backtracking found no step") as err:
+            ms.v_step(M, np.full(12, 0.5), y, None, **kw)
+    # let go even while the traceback (its frames) lives on, as a notebook's last one does
+    direct.flush_drops(cluster_client)  # released state goes at the next call to its worker, or now
+    assert all(n == 0 for n in cluster_client.run(lambda: len(direct._RESIDENT)).values())
+    assert err.tb is not None
+
+
+@pytest.mark.slow
 def test_cluster_matches_in_process(cluster_client, store_path):
     from dufs.data import write_store
 
