@@ -294,7 +294,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
            colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
            lipschitz: float = 1.0, LZ: np.ndarray | None = None, L1: np.ndarray | None = None,
            max_passes: int | None = None, F0: np.ndarray | None = None, value_rtol: float = 0.0,
-           resident: bool = True) -> dict:
+           resident: bool = True, keep: dict | None = None) -> dict:
     """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
     lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
     ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
@@ -317,7 +317,9 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     ``resident``: with two clusters, no ``LZ`` and the blocks persisted on a distributed cluster, the vectors over
     the features stay on the workers beside their blocks and one call an iteration makes both of its products
     (:mod:`dufs.methods.m3fs_resident`); a worker lost meanwhile runs the v-step again from its start, the vectors
-    on the driver."""
+    on the driver. ``keep`` (a dict, the caller's): that state is left on the workers under ``keep["rd"]`` and the
+    next v-step given the same dict and, as ``V0``, this one's V starts from it (the caller releases what is left
+    there when done: ``keep["rd"].release()``)."""
     kw = dict(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
               tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
               value_rtol=value_rtol)
@@ -325,20 +327,22 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         else None
     if parts is not None:
         try:
-            return _v_step(M, sigma, y, L, parts=parts, **kw)
+            return _v_step(M, sigma, y, L, parts=parts, keep=keep, **kw)
         except Exception as e:
             if not is_lost(e):
                 raise
             log.warning("v_step: %s; the v-step again from its start, its vectors on the driver", e)
-    return _v_step(M, sigma, y, L, parts=None, **kw)
+    return _v_step(M, sigma, y, L, parts=None, keep=None, **kw)
 
 
 def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lambda_: float, l: float,
             smoothing: float, n_clusters: int, V0: np.ndarray | None, b0: float, colsum: np.ndarray | None,
             tol: float, max_iter: int, lipschitz: float, LZ: np.ndarray | None, L1: np.ndarray | None,
-            max_passes: int | None, F0: np.ndarray | None, value_rtol: float, parts: list | None) -> dict:
+            max_passes: int | None, F0: np.ndarray | None, value_rtol: float, parts: list | None,
+            keep: dict | None) -> dict:
     """:func:`v_step`, its vectors over the features on the workers of ``parts`` (:class:`ResidentU`) or here."""
     n, d = M.shape
+    V0_given = V0  # the caller's array (a state kept from the v-step that returned it starts from it)
     y = np.asarray(y)
     binary = int(n_clusters) == 2
     p = 1 if binary else int(n_clusters)
@@ -429,7 +433,13 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
     rd = None
     if parts is not None:  # u on the workers: the driver keeps a^T x and a^T x_prev (ax, axp) for a^T y
         ax = axp = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
-        rd = ResidentU(M, U[:, 0], s_half, bal.a, parts)
+        rd = keep.pop("rd", None) if keep is not None else None
+        if rd is not None and rd.fits(M, parts, V0_given, colsum):
+            rd.renew(s_half)  # the last v-step's state: u0 made there from its u
+        else:
+            if rd is not None:
+                rd.release()
+            rd = ResidentU(M, U[:, 0], s_half, colsum, parts)
         x = xp = U = None
     # two clusters with a manifold term: L F at x and at xp (x is always the best point), so that L F at the
     # extrapolated point is extrapolated too (L is linear) instead of a product with L an iteration
@@ -558,8 +568,14 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
     Fbest, U, b, F = best
     if rd is not None:
         U = rd.result()[:, None]
-        rd.release()
-    return {"V": s_half[:, None] * U, "b": b, "F": F, "value": Fbest, "iterations": it,
+    V = s_half[:, None] * U
+    if rd is not None:
+        if keep is not None:  # left on the workers for the next v-step from this V
+            rd.V = V
+            keep["rd"] = rd
+        else:
+            rd.release()
+    return {"V": V, "b": b, "F": F, "value": Fbest, "iterations": it,
             "passes": M.passes - passes0, "lipschitz": Lip, "resident": rd is not None}
 
 
@@ -832,7 +848,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
                 left = None if max_passes is None else max(1, int(max_passes) - (M.passes - solve0))
                 vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
                             colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip, LZ=LZ,
-                            L1=L1, max_passes=left, F0=F, value_rtol=_VALUE_RTOL * tol)
+                            L1=L1, max_passes=left, F0=F, value_rtol=_VALUE_RTOL * tol, keep=keep)
                 V, b, F, Lip = vs["V"], vs["b"], vs["F"], vs["lipschitz"]
                 n_inner += vs["iterations"]
                 sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)
@@ -864,39 +880,44 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     def spent() -> bool:
         return max_passes is not None and M.passes - solve0 >= int(max_passes)
 
+    keep: dict = {}  # the two-cluster v-step's state on the workers, from one v-step to the next
     with one_blas_thread():
-        solve0 = M.passes
-        lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
-                                                                   np.zeros((d, p)), 0.0, np.zeros((n, p)), 1.0, 0)
-        # label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin may
-        # belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep the
-        # result when J_mu goes down (so J_mu stays monotone over the whole run).
-        n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
-        polished: list[dict] = []
-        tried: set[int] = set()
-        for _ in range(n_polish):
-            if spent():
-                break
-            if binary:
-                margin = np.abs(F[:, 0])
-            else:
-                top2 = np.sort(F, axis=1)[:, -2:]
-                margin = top2[:, 1] - top2[:, 0]
-            j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
-            if j is None:
-                break
-            tried.add(j)
-            lab2 = lab.copy()
-            lab2[j] = 1 - lab2[j] if binary else int(np.argsort(F[j])[-2])
-            trial = alternate(lab2, sigma, V, b, F, Lip, -1)
-            ok = trial[6] < J - 1e-12 * max(abs(J), 1.0)
-            polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial[6]),
-                             "objective_exact": float(trial[7]), "accepted": bool(ok)})
-            if ok:
-                lab, sigma, V, b, F, Lip, J, Je, converged, _ = trial
-                hist.append(J)
-                exact.append(Je)
-                log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
+        try:
+            solve0 = M.passes
+            lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
+                                                                       np.zeros((d, p)), 0.0, np.zeros((n, p)), 1.0, 0)
+            # label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin may
+            # belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep the
+            # result when J_mu goes down (so J_mu stays monotone over the whole run).
+            n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
+            polished: list[dict] = []
+            tried: set[int] = set()
+            for _ in range(n_polish):
+                if spent():
+                    break
+                if binary:
+                    margin = np.abs(F[:, 0])
+                else:
+                    top2 = np.sort(F, axis=1)[:, -2:]
+                    margin = top2[:, 1] - top2[:, 0]
+                j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
+                if j is None:
+                    break
+                tried.add(j)
+                lab2 = lab.copy()
+                lab2[j] = 1 - lab2[j] if binary else int(np.argsort(F[j])[-2])
+                trial = alternate(lab2, sigma, V, b, F, Lip, -1)
+                ok = trial[6] < J - 1e-12 * max(abs(J), 1.0)
+                polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial[6]),
+                                 "objective_exact": float(trial[7]), "accepted": bool(ok)})
+                if ok:
+                    lab, sigma, V, b, F, Lip, J, Je, converged, _ = trial
+                    hist.append(J)
+                    exact.append(Je)
+                    log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
+        finally:
+            if keep.get("rd") is not None:
+                keep["rd"].release()
     sel = ranked_head(sigma, n_features)  # by sigma, ties to the lower index (no d-sized sort on the driver)
     diag = {"iterations": len(iters), "converged": converged, "passes": M.passes - passes0,
             "passes_per_iteration": it_passes, "iteration_seconds": it_s, "inner_iterations": inner,

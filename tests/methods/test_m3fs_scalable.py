@@ -252,6 +252,42 @@ def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("standardize", ["zscore", "scale"])
+def test_a_v_step_from_the_state_the_last_one_kept_is_one_from_its_v(cluster_client, standardize):
+    """The alternation's next v-step starts from the state the last one left on the workers (its u made there from
+    V0 = s_old u and the new sigma, the transform's weights and the balance's vector made again): the same numbers,
+    bit for bit, as a v-step that ships its start afresh; a V0 that is not the kept state's starts afresh."""
+    from dufs.engine import direct
+
+    X = _data(40, 12, seed=2, sparse=True)
+    D = X.toarray()
+    Z = (D - D.mean(0)) / D.std(0) if standardize == "zscore" else D / D.std(0)
+    L = m3fs_laplacian(Z)
+    rng = np.random.default_rng(3)
+    sigma1 = sigma_step(rng.standard_normal(12) * np.arange(12), 4.0)
+    y = np.where(np.arange(40) < 20, 1.0, -1.0)
+    kw = dict(C=5.0, lambda_=0.05, l=2.0, smoothing=0.05, colsum=Z.sum(axis=0), tol=1e-7, max_iter=60)
+    with cluster_client.as_current():
+        M = Matrix(X, standardize=standardize, block_width=4).persist()
+        keep: dict = {}
+        first = ms.v_step(M, sigma1, y, L, keep=keep, **kw)
+        assert keep["rd"].V is first["V"]
+        sigma2 = sigma_step(first["V"][:, 0], 4.0)
+        sigma2[3] = 0.0  # a feature whose weight goes: its u starts at 0
+        kept = ms.v_step(M, sigma2, y, L, V0=first["V"], b0=first["b"], F0=first["F"], keep=keep, **kw)
+        fresh = ms.v_step(M, sigma2, y, L, V0=first["V"], b0=first["b"], F0=first["F"], **kw)
+        other = ms.v_step(M, sigma2, y, L, V0=first["V"].copy(), b0=first["b"], F0=first["F"], keep=keep, **kw)
+        keep.pop("rd").release()
+        direct.flush_drops(cluster_client)
+        assert all(n == 0 for n in cluster_client.run(lambda: len(direct._RESIDENT)).values())
+    assert kept["resident"] and fresh["resident"]
+    for got in (kept, other):
+        assert got["value"] == fresh["value"] and got["iterations"] == fresh["iterations"]
+        np.testing.assert_array_equal(got["V"], fresh["V"])
+        np.testing.assert_array_equal(got["F"], fresh["F"])
+
+
+@pytest.mark.slow
 def test_a_lost_resident_state_is_said_lost(cluster_client):
     """The v-step runs again with its vectors on the driver when the workers lose what they kept: the error the
     next call meets is one that says so (dufs.engine.cluster.is_lost)."""
