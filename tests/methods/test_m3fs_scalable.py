@@ -269,6 +269,7 @@ def test_a_v_step_from_the_state_the_last_one_kept_is_one_from_its_v(cluster_cli
     kw = dict(C=5.0, lambda_=0.05, l=2.0, smoothing=0.05, colsum=Z.sum(axis=0), tol=1e-7, max_iter=60)
     with cluster_client.as_current():
         M = Matrix(X, standardize=standardize, block_width=4).persist()
+        before = _resident_tokens(cluster_client)  # other tests' state may still wait for its drop
         keep: dict = {}
         first = ms.v_step(M, sigma1, y, L, keep=keep, **kw)
         assert keep["rd"].V is first["V"]
@@ -279,7 +280,7 @@ def test_a_v_step_from_the_state_the_last_one_kept_is_one_from_its_v(cluster_cli
         other = ms.v_step(M, sigma2, y, L, V0=first["V"].copy(), b0=first["b"], F0=first["F"], keep=keep, **kw)
         keep.pop("rd").release()
         direct.flush_drops(cluster_client)
-        assert all(n == 0 for n in cluster_client.run(lambda: len(direct._RESIDENT)).values())
+        assert _resident_tokens(cluster_client) <= before  # the states this test made are gone
     assert kept["resident"] and fresh["resident"]
     for got in (kept, other):
         assert got["value"] == fresh["value"] and got["iterations"] == fresh["iterations"]
@@ -307,6 +308,13 @@ def test_a_lost_resident_state_is_said_lost(cluster_client):
         assert is_lost(err.value)
 
 
+def _resident_tokens(client) -> set:
+    """The tokens of the state items that direct calls left on the workers (each worker's)."""
+    from dufs.engine import direct
+
+    return {(a, t) for a, ts in client.run(lambda: list(direct._RESIDENT)).items() for t in ts}
+
+
 def _forget_resident():
     from dufs.engine import direct
 
@@ -328,11 +336,12 @@ def test_a_v_step_with_no_step_that_lowers_it_says_so(cluster_client):
     with cluster_client.as_current():
         M = Matrix(X, block_width=4).persist()
         assert ms.resident_partitions(M) is not None
+        before = _resident_tokens(cluster_client)  # other tests' state may still wait for its drop
         with pytest.raises(FloatingPointError, match="backtracking found no step") as err:
             ms.v_step(M, np.full(12, 0.5), y, None, **kw)
     # let go even while the traceback (its frames) lives on, as a notebook's last one does
     direct.flush_drops(cluster_client)  # released state goes at the next call to its worker, or now
-    assert all(n == 0 for n in cluster_client.run(lambda: len(direct._RESIDENT)).values())
+    assert _resident_tokens(cluster_client) <= before
     assert err.tb is not None
 
 
