@@ -13,10 +13,11 @@ Two questions, two answers:
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
-__all__ = ["current_client", "distributed_client", "in_threads", "local_cores", "one_blas_thread",
-           "thread_limits"]
+__all__ = ["current_client", "distributed_client", "driver_threads", "in_threads", "local_cores",
+           "one_blas_thread", "thread_limits"]
 
 _DISTRIBUTED = (None, "dask.distributed", "distributed")
 
@@ -49,6 +50,11 @@ def local_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def driver_threads() -> int:
+    """The threads the driver's own numba kernels run on (:func:`in_threads`): its cores, four at most."""
+    return min(4, local_cores())
+
+
 _POOL: Any = None  # in_threads's pool, made on first use
 
 
@@ -57,8 +63,6 @@ def in_threads(fn: Any, count: int, threads: int, bounds: Any = None) -> None:
     numba kernels, which release the GIL: while the workers wait for the driver its cores are free); ``bounds(parts)``,
     if given, cuts the ranges instead. One range, or a call from one of the pool's threads: ``fn(0, count)`` here."""
     global _POOL
-    import threading
-
     parts = max(1, min(threads, count))
     if parts == 1 or threading.current_thread().name.startswith("dufs-driver"):  # none nested in the pool
         fn(0, count)

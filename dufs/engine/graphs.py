@@ -33,9 +33,10 @@ from scipy.sparse.linalg import LinearOperator
 
 from dufs import config
 from dufs.errors import ParameterError
+from dufs.kernels.anchor import laplacian_anchor_sums, laplacian_rows, normed_laplacian_vec
 from dufs.kernels.knn import knn_select
 from dufs.kernels.projection import projection_table
-from dufs.scheduling import in_threads, local_cores
+from dufs.scheduling import driver_threads, in_threads
 
 __all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "AnchorGraph", "anchor_graph", "graph_rows", "knn_graph",
            "laplacian", "laplacian_operator", "projection_rows", "resolve_graph"]
@@ -319,8 +320,6 @@ def _anchor_laplacian_vec(indptr: np.ndarray, indices: np.ndarray, data: np.ndar
     """L v for the anchor graph's normalised Laplacian (:func:`~dufs.kernels.anchor.normed_laplacian_vec`), its rows
     in ``threads`` ranges at once: each range's Zh^T (s v) into an n_anchors row of its own, added in range order,
     then each range's rows of the result (200,000 rows, 2 threads: 1.4 against 2.6 ms)."""
-    from dufs.kernels.anchor import laplacian_anchor_sums, laplacian_rows, normed_laplacian_vec
-
     n, m = indptr.shape[0] - 1, li.shape[0]
     out = np.empty(n)
     if threads <= 1:
@@ -348,7 +347,7 @@ def _laplacian_op(n: int, matvec_W: Any, d: np.ndarray, normed: bool, Zh: Any = 
         s = _inv_sqrt(d)
         if Zh is not None:
             zd = np.asarray(Zh.data, dtype=np.float64)
-            threads = min(4, local_cores()) if n >= _THREADED_ROWS else 1
+            threads = driver_threads() if n >= _THREADED_ROWS else 1
 
         def mm(V: np.ndarray) -> np.ndarray:
             V = np.asarray(V, dtype=np.float64)

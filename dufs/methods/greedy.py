@@ -79,7 +79,7 @@ from dufs.methods.params import (
     table,
 )
 from dufs.methods.solver import atomic_write, checkpoint_dir, recoverable, release
-from dufs.scheduling import in_threads, local_cores, one_blas_thread
+from dufs.scheduling import driver_threads, in_threads, one_blas_thread
 
 log = get_logger(__name__)
 
@@ -174,7 +174,7 @@ def _step_dtype(mode: int, shape: tuple) -> Any:
 _INT32_ARRAY = numba.types.int32[::1]
 _INT64_ARRAY = numba.types.int64[::1]
 _VALUE_ARRAY = {np.dtype(np.float32): numba.types.float32[::1], np.dtype(np.float64): numba.types.float64[::1]}
-_DRIVER_THREADS = min(4, local_cores())
+_DRIVER_THREADS = driver_threads()
 
 
 def _in_threads(fn: Any, count: int, bounds: Any = None) -> None:
