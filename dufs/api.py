@@ -183,7 +183,9 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     ------
     ParameterError
         On a bad method, parameter or ``n_features``; on a NaN or infinite value in X (naming its first row and
-        feature) or in y (naming its row), in any input kind: dufs does not impute.
+        feature) or in y (naming its row), in any input kind: dufs does not impute; on a value of X beyond 1e150 in
+        magnitude (``dufs.data.layout.MAX_ABS``: its square overflows float64, and with it the feature's variance
+        and every distance), named the same way.
     """
     from dufs._logging import set_verbosity
 

@@ -109,6 +109,28 @@ def test_a_dask_array_on_a_cluster_fails_on_the_worker_with_the_same_message(clu
         dufs.fit(Xd, y, method="fisher", n_features=2, client=cluster_client)
 
 
+def test_values_whose_squares_overflow_are_refused_in_one_line():
+    """A finite value beyond 1e150 (its square overflows float64, and with it the feature's variance, the scores and
+    every distance: M3FS's kNN graph failed in SciPy, LapAOFS on a negative index, UFCM in k-means) is named like a
+    non-finite one, for every method, and in a Dask array's block; up to 1e150 the data are used as they are."""
+    X, y = _data(())
+    X[44, 6], X[12, 2] = 1e200, -5e150
+    msg = (r"^X has a value too large to compute with \(-5e\+150\) at row 12, feature 2 \(2 in all\); beyond "
+           r"1e\+150 in magnitude its square, and the feature's variance and every distance it enters, overflow "
+           r"float64: scale the feature or the data down \(divide by a constant\)$")
+    for method in dufs.api.METHODS:
+        yy = y if dufs.api.METHODS[method].supervised else None
+        for Xi in (X, sp.csc_array(X)):
+            with pytest.raises(ParameterError, match=msg):
+                dufs.fit(Xi, yy, method=method, n_features=2)
+    with pytest.raises(ParameterError, match=r"\((-5e\+150\) at row 12, feature 2 \(in features 0-3|1e\+200\) at "
+                                             r"row 44, feature 6 \(in features 4-7) of the Dask array\)"):
+        as_matrix(da.from_array(X, chunks=(30, 4))).column_stats()
+    X[44, 6], X[12, 2] = 1e150, -1e150
+    st = as_matrix(X).column_stats()
+    assert st.max[6] == 1e150 and st.min[2] == -1e150
+
+
 @pytest.mark.parametrize(("labels", "msg"), [
     ("nan", r"^y has a non-finite value \(nan\) at row 17; dufs does not impute NaN or inf: remove that sample"),
     ("infs", r"^y has a non-finite value \(inf\) at row 3 \(2 in all\);"),

@@ -39,7 +39,7 @@ from dufs.data._fs import Location, RangeReader
 from dufs.data._scratch import scratch
 from dufs.data.builder import StoreBuilder
 from dufs.data.bz2blocks import Bz2Range
-from dufs.data.layout import IngestRecord, RowBlockMeta
+from dufs.data.layout import MAX_ABS, IngestRecord, RowBlockMeta
 from dufs.data.store import SparseStore
 from dufs.errors import InputFormatError, ParameterError
 
@@ -272,6 +272,12 @@ def _option_errors(pb: Any, data: np.ndarray, opts: dict) -> dict[int, str]:
         checks.append((pb.indices >= lim, f"feature index beyond n_features={opts['n_features']}"))
     if data.size and not np.isfinite(data).all():
         checks.append((~np.isfinite(data), f"value out of range for {data.dtype}"))
+    if data.dtype == np.float64 and data.size:  # float32 holds no value beyond MAX_ABS
+        with np.errstate(invalid="ignore"):
+            big = np.abs(data) > MAX_ABS
+        if big.any():
+            checks.append((big, f"value beyond {MAX_ABS:.0e} in magnitude (its square, and the feature's variance "
+                                f"and every distance it enters, overflow float64: scale the data down)"))
     bad: dict[int, str] = {}
     for mask, why in checks:
         hits = np.flatnonzero(mask)

@@ -37,6 +37,9 @@ from dufs.errors import IncompleteStoreError, StoreError
 
 #: the format version this dufs writes
 FORMAT_VERSION = 1
+#: the largest magnitude a value may have (stored or given): beyond it, its square and the sums of squares, variances
+#: and distances it enters overflow float64 (1.8e308 holds the sum of 1e8 squares of 1e150)
+MAX_ABS = 1e150
 
 # ---------------------------------------------------------------------------------------------------- names
 #: Zarr's metadata document of every group and array

@@ -15,6 +15,7 @@ import scipy.sparse as sp
 
 from dufs import config
 from dufs.data.builder import StoreBuilder
+from dufs.data.layout import MAX_ABS
 from dufs.data.store import SparseStore
 from dufs.errors import ParameterError
 from dufs.scheduling import current_client
@@ -57,6 +58,16 @@ def _check_finite_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray
         more = f" ({bad.size} {scope})" if bad.size > 1 else ""
         raise ParameterError(f"X has a non-finite value ({float(data[first])}) at row {row}, feature "
                              f"{int(indices[first])}{more}; dufs stores finite numbers only: remove or fill it")
+    if data.dtype == np.float64 and data.size:  # float32 holds no value beyond MAX_ABS
+        big = np.flatnonzero(np.abs(data) > MAX_ABS)
+        if big.size:
+            first = int(big[0])
+            row = row0 + int(np.searchsorted(indptr, first, side="right")) - 1
+            more = f" ({big.size} {scope})" if big.size > 1 else ""
+            raise ParameterError(f"X has a value too large to compute with ({float(data[first])}) at row {row}, "
+                                 f"feature {int(indices[first])}{more}; beyond {MAX_ABS:.0e} in magnitude its "
+                                 f"square, and the feature's variance and every distance it enters, overflow "
+                                 f"float64: scale the feature or the data down (divide by a constant)")
 
 
 def _write_slab(builder: StoreBuilder, i: int, slab: Any, y: Any, row0: int = 0) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from dufs import config
+from dufs.data.layout import MAX_ABS
 from dufs.engine.blocks import BlockInfo, FeatureBlock, StoreBlock
 from dufs.errors import ParameterError
 
@@ -25,19 +26,33 @@ _NO_IMPUTE = "dufs does not impute NaN or inf: remove or fill it"
 def check_finite(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, *, col0: int = 0, where: str = "",
                  name: str = "X") -> None:
     """Raise a :class:`ParameterError` naming the first (row, feature) of a non-finite value in the CSC buffers
-    ``data, indices, indptr`` (features ``col0``, ``col0 + 1``, ...; ``indices`` are row numbers).
+    ``data, indices, indptr`` (features ``col0``, ``col0 + 1``, ...; ``indices`` are row numbers), or of a value
+    larger in magnitude than :data:`MAX_ABS` (finite, but its square and every sum of squares or distance it enters
+    overflow: the statistics, kernels and graphs of every method would hold inf and NaN).
 
-    One cheap pass over ``data`` when every value is finite: its sum is finite exactly when no value is NaN or
-    infinite, barring an overflow, which falls back to the exact element-wise test."""
+    One cheap pass over ``data`` when every value is in range: a sum of squares at most MAX_ABS^2 has no NaN, no
+    infinite and no larger value among its terms; a larger one falls back to the exact element-wise tests (float32 data
+    hold no value beyond :data:`MAX_ABS`: their plain sum, finite exactly when every value is, barring an overflow, is
+    the test)."""
     if data.size == 0:
         return
     with np.errstate(all="ignore"):
-        total = np.add.reduce(data, dtype=np.float64)
-    if np.isfinite(total):
-        return
+        if data.dtype == np.float64:
+            total = float(np.dot(data, data))
+            if total <= MAX_ABS * MAX_ABS:  # False for NaN
+                return
+        elif np.isfinite(np.add.reduce(data, dtype=np.float64)):
+            return
     bad = np.flatnonzero(~np.isfinite(data))
-    if bad.size == 0:  # the sum overflowed; every value is finite
-        return
+    what = "a non-finite value"
+    fix = _NO_IMPUTE
+    if bad.size == 0:  # every value is finite: any beyond the range squares and distances can hold?
+        bad = np.flatnonzero(np.abs(data) > MAX_ABS)
+        if bad.size == 0:  # large values, none beyond it
+            return
+        what = "a value too large to compute with"
+        fix = (f"beyond {MAX_ABS:.0e} in magnitude its square, and the feature's variance and every distance it "
+               f"enters, overflow float64: scale the feature or the data down (divide by a constant)")
     rows = np.asarray(indices)[bad].astype(np.int64)
     cols = np.searchsorted(np.asarray(indptr), bad, side="right") - 1 + int(col0)
     i = int(np.lexsort((cols, rows))[0])
@@ -45,8 +60,8 @@ def check_finite(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, *, c
         note = f" (the first of {bad.size} in {where})" if bad.size > 1 else f" (in {where})"
     else:
         note = f" ({bad.size} in all)" if bad.size > 1 else ""
-    raise ParameterError(f"{name} has a non-finite value ({float(data[bad[i]])}) at row {int(rows[i])}, feature "
-                         f"{int(cols[i])}{note}; {_NO_IMPUTE}")
+    raise ParameterError(f"{name} has {what} ({float(data[bad[i]])}) at row {int(rows[i])}, feature "
+                         f"{int(cols[i])}{note}; {fix}")
 
 
 def check_labels(y: Any, n_rows: int) -> tuple[np.ndarray, np.ndarray | None]:

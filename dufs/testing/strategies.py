@@ -9,7 +9,8 @@
 
 The matrices are SciPy ``csr_array`` s. Their sparsity pattern comes from a drawn seed (patterns
 of up to a few thousand cells drawn cell by cell would make examples slow); their shape, density,
-edge case and values are drawn by Hypothesis and shrink. Values are finite; with
+edge case and values are drawn by Hypothesis and shrink. Values are finite and at most
+:data:`dufs.data.layout.MAX_ABS` in magnitude (what dufs accepts); with
 ``canonical=False`` a matrix may also carry explicit zeros, duplicate entries and unsorted indices
 (what a store's writer must canonicalise away).
 """
@@ -27,6 +28,8 @@ import scipy.sparse as sp
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from dufs.data.layout import MAX_ABS
+
 __all__ = ["EDGE_CASES", "Blocking", "blockings", "densities", "sparse_matrices", "value_dtypes"]
 
 #: the shapes of sparsity :func:`sparse_matrices` draws from
@@ -42,7 +45,10 @@ def densities() -> st.SearchStrategy[float]:
 
 def _values(dtype: np.dtype, n: int) -> st.SearchStrategy[np.ndarray]:
     width = 32 if dtype == np.float32 else 64
-    finite = st.floats(allow_nan=False, allow_infinity=False, width=width, allow_subnormal=True)
+    # any value dufs accepts: float32's range lies within MAX_ABS
+    big = MAX_ABS if width == 64 else None
+    finite = st.floats(min_value=None if big is None else -big, max_value=big, allow_nan=False, allow_infinity=False,
+                       width=width, allow_subnormal=True)
     # mostly small integers (word counts, labels-like data), sometimes any finite float of the dtype
     elements = st.one_of(st.integers(-3, 9).map(float), finite)
     return hnp.arrays(dtype, n, elements=elements)

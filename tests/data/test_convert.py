@@ -157,7 +157,8 @@ def test_basehock_equals_sklearn_for_every_split(tmp_path, basehock_text, suffix
 
 
 # A small text with everything scikit-learn accepts: comments, blank lines, CRLF, tabs, explicit zeros, signs,
-# exponents, a row with no features, and no newline at the end.
+# exponents, a row with no features, and no newline at the end; its largest value is dufs's largest (MAX_ABS, 1e150:
+# beyond it a value is refused, "beyond-max-abs" below; the parser's own tests cover float64's whole range).
 AWKWARD = (b"# a comment line" + b"-" * 83 + b"\n"
            b"1 3:1 4:.5  # a trailing comment\r\n"
            b"\n"
@@ -167,7 +168,7 @@ AWKWARD = (b"# a comment line" + b"-" * 83 + b"\n"
            b"2 3:0\n"
            b"#\n"
            b"0\n"
-           b"3 1:-1.7976931348623157e308 2:5e-324 6:0.1\r\n"
+           b"3 1:-1.0000000000000000e150 2:5e-324 6:0.1\r\n"
            b"-2 6:7 7:-7e-7 8:8 # 9:9\n"
            b"4 2:2")
 
@@ -449,12 +450,15 @@ BAD = [
     ("byte-order-mark", b"\xef\xbb\xbf1 3:1", {}, "a byte-order mark"),
     ("nul-byte", b"1 3:1\x00 7:1", {}, "a NUL byte in the line"),
     ("beyond-float32", b"1 3:1e39", {"value_dtype": None}, "value out of range for float32"),
+    ("beyond-max-abs", b"1 3:1 7:-2e150", {}, r"value beyond 1e\+150 in magnitude \(its square, and the "
+     r"feature's variance and every distance it enters, overflow float64: scale the data down\)"),
 ]
 
 
 # compressed input numbers lines another way (from the stream, not from byte offsets): a few of every path
 BZ2 = {"value-not-a-number", "label-nan", "index-0-one-based", "beyond-n_features-zero", "beyond-n_features-auto",
-       "beyond-n_features-auto-zero", "duplicate-index", "byte-order-mark", "nul-byte", "beyond-float32"}
+       "beyond-n_features-auto-zero", "duplicate-index", "byte-order-mark", "nul-byte", "beyond-float32",
+       "beyond-max-abs"}
 
 
 @pytest.mark.parametrize("suffix, bad, opts, reason",

@@ -156,7 +156,7 @@ BAD = {
         r"X has a non-finite value \(nan\) at row 36, feature 3;",
     ),
     "x-overflows-float32": (
-        lambda: np.array([[1e300, 0.0], [0.0, 1.0]]),
+        lambda: np.array([[1e39, 0.0], [0.0, 1.0]]),
         lambda: None,
         "beyond the range",
     ),
@@ -257,6 +257,24 @@ def test_non_finite_values_are_named_by_row_and_feature(tmp_path, kind):
     with pytest.raises(ParameterError, match=r"at row 13, feature 2 \(2 in (all|this block of rows)\)"):
         write_store(np.where(np.isnan(X), 0.5, X), tmp_path / "w.zarr", row_block=6)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["numpy", "scipy", "dask"])
+def test_values_whose_squares_overflow_are_named_by_row_and_feature(tmp_path, kind):
+    """A finite value beyond 1e150 in magnitude (its square and every variance or distance it enters overflow) is
+    refused like a non-finite one, whatever the store's value dtype; 1e150 itself is stored."""
+    X = np.random.default_rng(0).random((20, 5))
+    X[9, 3], X[9, 1], X[2, 0] = 3e150, -1e200, 1e150
+    Xk = {"numpy": X, "scipy": sp.csr_array(X), "dask": da.from_array(X, chunks=(7, 5))}[kind]
+    for dtype in (np.float64, np.float32):
+        with pytest.raises(ParameterError, match=r"^X has a value too large to compute with \(-1e\+200\) at row 9, "
+                                                 r"feature 1 \(2 in (all|this block of rows)\); beyond 1e\+150 in "
+                                                 r"magnitude its square"):
+            write_store(Xk, tmp_path / "w.zarr", row_block=10, value_dtype=dtype)
+        assert list(tmp_path.iterdir()) == []
+    X[9, 3], X[9, 1] = 0.5, 0.5
+    st = write_store(X, tmp_path / "w.zarr", value_dtype=np.float64)
+    assert st.block(0, "csr").data.max() == 1e150
 
 
 def test_labels_that_are_not_numbers_are_refused(tmp_path):

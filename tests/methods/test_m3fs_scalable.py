@@ -323,12 +323,13 @@ def _forget_resident():
 
 @pytest.mark.slow
 def test_a_v_step_with_no_step_that_lowers_it_says_so(cluster_client):
-    """Scores that overflow (values of 1e200, not standardised) make every trial value NaN: the v-step raises a
+    """Values of 1e140, not standardised, leave no step short enough within a Lipschitz estimate of 1e150 (values of
+    1e200, refused by the input checks since, made every trial value NaN): the v-step raises a
     FloatingPointError that says what to do, on the driver and on the workers (whose state it lets go), where the
     backtracking doubled its Lipschitz estimate for ever."""
     from dufs.engine import direct
 
-    X = _data(40, 12, seed=2, sparse=True) * 1e200
+    X = _data(40, 12, seed=2, sparse=True) * 1e140
     y = np.where(np.arange(40) < 20, 1.0, -1.0)
     kw = dict(C=1.0, lambda_=0.0, l=40.0, smoothing=0.1, max_iter=50)
     with pytest.raises(FloatingPointError, match="backtracking found no step.*standardize='scale'"):
