@@ -195,7 +195,7 @@ def _is_url(path: str) -> bool:
 
 def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any, opts: dict) -> dict:
     """Task: parse one unit and write it as a row block. Returns counts, or the first error (nothing written)."""
-    from dufs.kernels.libsvm import count_entries, error_message, parse_block
+    from dufs.kernels.libsvm import count_lines_and_entries, error_message, parse_block
 
     t0 = time.perf_counter()
     base = unit.start
@@ -208,9 +208,11 @@ def _parse_and_write(builder: StoreBuilder, unit: Unit, path: str, payload: Any,
                     "bytes": 0, "skipped": [], "error": None, "decompress": " ".join(str(exc).split())}
     buf = _read_range(path, unit.start, unit.stop) if payload is None else np.frombuffer(payload, np.uint8)
     t1 = time.perf_counter()
-    n = count_entries(buf)  # the parser's entries in scratch memory too
+    counts = count_lines_and_entries(buf)  # the parser's entries in scratch memory too, counted once
+    n = counts[1]
     pb = parse_block(buf, skip_errors=opts["skip"], max_recorded=10, index_limit=INT32_MAX, allow_qid=True,
-                     buffers=(scratch("parsed indices", n, np.int64), scratch("parsed values", n, np.float64)))
+                     buffers=(scratch("parsed indices", n, np.int64), scratch("parsed values", n, np.float64)),
+                     counts=counts)
     timings = {"read": t1 - t0, "parse": time.perf_counter() - t1}
     skipped = [(int(a), int(b), error_message(int(c))) for a, b, c in
                zip(pb.skipped_lines, pb.skipped_offsets, pb.skipped_codes, strict=True)]

@@ -445,14 +445,29 @@ def count_entries(buf: np.ndarray) -> int:
 
 
 @_jit
-def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_capacity, indices_buf, data_buf):
-    n = buf.shape[0]
+def _count_two(buf):
     n_nl = 0
     n_colon = 0
-    for k in range(n):
+    for k in range(buf.shape[0]):
         c = buf[k]
         n_nl += c == _NL
         n_colon += c == _COLON
+    return n_nl, n_colon
+
+
+def count_lines_and_entries(buf: np.ndarray) -> tuple[int, int]:
+    """(newlines, colons) of ``buf``: what :func:`parse_block` sizes its arrays by, its ``counts`` (one sweep: a
+    caller that sizes the entries' memory by :func:`count_entries` first swept the text twice)."""
+    n_nl, n_colon = _count_two(_as_buffer(buf))
+    return int(n_nl), int(n_colon)
+
+
+@_jit
+def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_capacity, indices_buf, data_buf,
+                  n_nl, n_colon):
+    n = buf.shape[0]
+    if n_nl < 0:
+        n_nl, n_colon = _count_two(buf)
     n_lines = n_nl + (1 if n > 0 and buf[n - 1] != _NL else 0)
 
     labels = np.empty(n_lines, dtype=np.float64)
@@ -723,6 +738,7 @@ def parse_block(
     index_limit: int = 2**31 - 1,
     allow_qid: bool = False,
     buffers: tuple[np.ndarray, np.ndarray] | None = None,
+    counts: tuple[int, int] | None = None,
 ) -> ParsedBlock:
     """Parse whole lines of libsvm/svmlight text into CSR buffers.
 
@@ -747,6 +763,8 @@ def parse_block(
     buffers : (int64 array, float64 array), optional
         Memory for the entries' indices and values, each of at least :func:`count_entries` items: the returned
         ``indices`` and ``data`` are then views of them (smaller ones are not used).
+    counts : (int, int), optional
+        ``buf``'s newlines and colons, as :func:`count_lines_and_entries` gives them (else counted here).
 
     Returns
     -------
@@ -782,10 +800,11 @@ def parse_block(
                 or not all(b.ndim == 1 and b.flags.c_contiguous and b.flags.writeable for b in bufs)):
             raise ParameterError("The 'buffers' parameter of parse_block must be a writable C-contiguous 1-D int64 "
                                  "array and a float64 one.")
+    n_nl, n_colon = (-1, -1) if counts is None else (int(counts[0]), int(counts[1]))
     args = (buf, bool(skip_errors), int(max_recorded), int(index_limit), bool(allow_qid))
-    out = _parse_kernel(*args, _SLOW_CAPACITY, *bufs)
+    out = _parse_kernel(*args, _SLOW_CAPACITY, *bufs, n_nl, n_colon)
     if out[-1] > _SLOW_CAPACITY:  # more tokens for Python's float than the table held: again, with room for all
-        out = _parse_kernel(*args, int(out[-1]), *bufs)
+        out = _parse_kernel(*args, int(out[-1]), *bufs, n_nl, n_colon)
     (
         labels,
         indptr,

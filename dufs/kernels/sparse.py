@@ -48,9 +48,15 @@ def _csr_to_spill(indptr, indices, data, granule, out):
         if indices[k] > maxcol:
             maxcol = indices[k]
     n_gran = maxcol // granule + 1 if nnz > 0 else 0
+    # a power of two (the default 1024) divides by a shift: two divisions an entry were a tenth of the sweeps
+    shift = -1
+    if granule & (granule - 1) == 0:
+        shift = 0
+        while (1 << shift) < granule:
+            shift += 1
     goff = np.zeros(n_gran + 1, dtype=np.int64)
     for k in range(nnz):
-        goff[indices[k] // granule + 1] += 1
+        goff[(indices[k] >> shift if shift >= 0 else indices[k] // granule) + 1] += 1
     for g in range(n_gran):
         goff[g + 1] += goff[g]
     # bucket by granule, in storage order (CSR order is row order): the merge's counting sort by column is stable,
@@ -59,7 +65,7 @@ def _csr_to_spill(indptr, indices, data, granule, out):
     for r in range(n_rows):
         for k in range(indptr[r], indptr[r + 1]):
             c = indices[k]
-            g = c // granule
+            g = c >> shift if shift >= 0 else c // granule
             p = pos[g]
             out[p].off = c - g * granule
             out[p].row = r

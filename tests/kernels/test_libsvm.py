@@ -18,6 +18,7 @@ from dufs.kernels.libsvm import (
     ErrorCode,
     ParsedBlock,
     count_entries,
+    count_lines_and_entries,
     error_message,
     parse_block,
 )
@@ -175,6 +176,10 @@ def test_random_files_match_sklearn(case):
     into = parse_block(np.frombuffer(ours, dtype=np.uint8), buffers=bufs)
     assert_matches(into, ref)
     assert np.shares_memory(into.indices, bufs[0]) == np.shares_memory(into.data, bufs[1]) == (into.nnz > 0)
+    # ... with the text's counts given (as dufs convert gives them: one sweep for the memory's size and the parser's)
+    counts = count_lines_and_entries(ours)
+    assert counts == (ours.count(b"\n"), ours.count(b":")) and counts[1] == n
+    assert_matches(parse_block(np.frombuffer(ours, dtype=np.uint8), buffers=bufs, counts=counts), ref)
     assert block.n_lines == len(lines)
     n_blank = sum(1 for line in lines if not line.strip())
     n_comment = sum(1 for line in lines if line.strip().startswith("#"))
