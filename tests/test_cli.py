@@ -254,21 +254,28 @@ def test_select_valid_arguments_reach_the_cluster(stores, monkeypatch):
     assert [int(j) for j in re.findall(r"│\s+\d+\s+│\s+(\d+)\s+│", res.stdout)] == ref.indices.tolist()
 
 
-def test_select_runs_a_small_store_in_this_process(stores, monkeypatch):
-    """No --workers and no --scheduler: a store of at most ``dufs.engine.inline-nnz`` nonzeros runs in this process
-    (as ``fit`` does), saying so; a larger one goes to the embedded cluster (``cluster`` with workers None)."""
+def _record_clusters(monkeypatch, module) -> list:
+    """The (scheduler, workers) of every ``cluster`` the command module asks for, recorded; the embedded cluster
+    (workers None) is not started: an AssertionError, the call being what is tested."""
     calls = []
-    real = dufs.cli.selecting.cluster
+    real = module.cluster
 
     @contextlib.contextmanager
     def recording(scheduler, workers):
         calls.append((scheduler, workers))
         if workers is None:
-            raise AssertionError  # the embedded cluster, not started here: the call is what is tested
+            raise AssertionError
         with real(scheduler, workers) as c:
             yield c
 
-    monkeypatch.setattr(dufs.cli.selecting, "cluster", recording)
+    monkeypatch.setattr(module, "cluster", recording)
+    return calls
+
+
+def test_select_runs_a_small_store_in_this_process(stores, monkeypatch):
+    """No --workers and no --scheduler: a store of at most ``dufs.engine.inline-nnz`` nonzeros runs in this process
+    (as ``fit`` does), saying so; a larger one goes to the embedded cluster (``cluster`` with workers None)."""
+    calls = _record_clusters(monkeypatch, dufs.cli.selecting)
     path = stores / "s.zarr"
     res = run("select", path, "-m", "fisher", "-k", "3")
     assert calls == [(None, 0)] and f"{path} is small" in " ".join(res.stderr.split())
@@ -377,13 +384,34 @@ def test_make_synthetic_and_info(tmp_path):
     assert sorted(set(dufs.open(clu).y.tolist())) == [0.0, 1.0, 2.0]
 
 
+def test_convert_runs_small_inputs_on_threads(tmp_path, text, monkeypatch):
+    """No --workers and no --scheduler: inputs of at most ``dufs.convert.local-bytes`` (a compressed file counted at
+    5 times its size) convert on this process's threads, saying so; larger ones on the embedded cluster
+    (``cluster`` called with workers None)."""
+    import dufs.cli.stores
+
+    calls = _record_clusters(monkeypatch, dufs.cli.stores)
+    src = write(tmp_path / "in.svm", text)
+    res = run("convert", src, tmp_path / "out.zarr", "--block-bytes", "3000")
+    assert calls == [(None, 0)] and "the input is small" in " ".join(res.stderr.split())
+    assert_loads_as_sklearn(tmp_path / "out.zarr", text)
+    gz = write(tmp_path / "in.svm.bz2", text)
+    for limit, want in ((len(text) - 1, None), (5 * gz.stat().st_size, 0), (5 * gz.stat().st_size - 1, None)):
+        with dask.config.set({"dufs.convert.local-bytes": limit}):
+            source = src if limit == len(text) - 1 else gz
+            res = run("convert", source, tmp_path / f"o{len(calls)}.zarr", code=0 if want == 0 else 1)
+        assert calls[-1] == (None, want) and ("the input is small" in res.stderr) == (want == 0)
+
+
 @pytest.mark.slow
 def test_convert_on_the_default_local_cluster(tmp_path, text):
-    """No --workers: an embedded LocalCluster of processes (one worker a core)."""
+    """No --workers, an input larger than ``dufs.convert.local-bytes``: an embedded LocalCluster of processes (one
+    worker a core)."""
     src = write(tmp_path / "in.svm", text)
     out = tmp_path / "out.zarr"
     res = subprocess.run([sys.executable, "-m", "dufs.cli", "convert", str(src), str(out), "--block-bytes",
-                          "3000"], env=ENV, capture_output=True, timeout=patience(300))
+                          "3000"], env={**ENV, "DASK_DUFS__CONVERT__LOCAL_BYTES": "100"}, capture_output=True,
+                         timeout=patience(300))
     assert res.returncode == 0, res.stderr.decode()
     assert res.stdout.decode().strip() == str(out)
     assert_loads_as_sklearn(out, text)

@@ -65,7 +65,9 @@ app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty
 SchedulerOpt = typer.Option(None, "--scheduler", help="Address of a running dask scheduler (tcp://host:8786).")
 WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded LocalCluster (default: one a core, "
                                                    "but `select` runs a store of at most dufs.engine.inline-nnz "
-                                                   "nonzeros in this process; 0: local threads, no cluster).")
+                                                   "nonzeros in this process, and `convert` inputs of at most "
+                                                   "dufs.convert.local-bytes on its threads; 0: local threads, no "
+                                                   "cluster).")
 
 
 _DEBUG = {"on": bool(os.environ.get("DUFS_DEBUG"))}

@@ -26,6 +26,19 @@ from dufs.cli.app import (
 from dufs.errors import DufsError, ParameterError
 
 
+def _small_inputs(ins: list[str]) -> bool:
+    """Whether every input is a local file and their text, a compressed one's counted at 5 times its size, is at
+    most ``dufs.convert.local-bytes``: converted on threads then (the embedded cluster's start, about 2 s here,
+    costs more than converting them)."""
+    from dufs import config
+    from dufs.data.convert import _compressed
+
+    if any("://" in p for p in ins):
+        return False
+    text = sum(Path(p).stat().st_size * (5 if _compressed(p) else 1) for p in ins)
+    return text <= config.parse_bytes(config.get("convert.local-bytes"))
+
+
 @command()
 def convert(
     inputs: list[str] = typer.Argument(..., help="libsvm/svmlight files (plain, .bz2, .gz, .xz), then OUT; "
@@ -61,6 +74,9 @@ def convert(
         if "://" not in p and Path(p).is_dir():
             fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
     check_output_dir(dest, "OUT")
+    small = workers is None and not scheduler and _small_inputs(ins)
+    if small:
+        workers = 0  # as dufs select does with a small store: no cluster to start (said after: an error is one line)
     if block_bytes is not None:
         import dask.utils
 
@@ -96,6 +112,9 @@ def convert(
             local_dest.rmdir()  # leave no output behind
         fail(exc)
     dt = time.perf_counter() - t0
+    if small:
+        console.print("the input is small (at most dufs.convert.local-bytes): converted on this process's threads "
+                      "(--workers N for a cluster)", highlight=False, soft_wrap=True)
     # one line (never wrapped: a wrapped tail read "lines 0, comment lines 1"); the data lines are the rows written
     console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
                   f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s "
