@@ -40,6 +40,9 @@ FORMAT_VERSION = 1
 #: the largest magnitude a value may have (stored or given): beyond it, its square and the sums of squares, variances
 #: and distances it enters overflow float64 (1.8e308 holds the sum of 1e8 squares of 1e150)
 MAX_ABS = 1e150
+#: what a refused value beyond :data:`MAX_ABS` is told (after its row and feature)
+TOO_LARGE = (f"beyond {MAX_ABS:.0e} in magnitude its square, and the feature's variance and every distance it enters, "
+             f"overflow float64: scale the feature or the data down (divide by a constant)")
 
 # ---------------------------------------------------------------------------------------------------- names
 #: Zarr's metadata document of every group and array

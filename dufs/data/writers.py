@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from dufs import config
 from dufs.data.builder import StoreBuilder
-from dufs.data.layout import MAX_ABS
+from dufs.data.layout import MAX_ABS, TOO_LARGE
 from dufs.data.store import SparseStore
 from dufs.errors import ParameterError
 from dufs.scheduling import current_client
@@ -50,24 +50,30 @@ def _check_finite(data: np.ndarray, what: str) -> None:
 
 def _check_finite_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row0: int,
                        scope: str = "in this block of rows") -> None:
-    """The first non-finite value of CSR rows ``row0, row0 + 1, ...``, named by its row and feature."""
-    if data.size and not np.isfinite(data).all():
+    """The first non-finite value of CSR rows ``row0, row0 + 1, ...``, or of float64 values beyond
+    :data:`~dufs.data.layout.MAX_ABS`, named by its row and feature (float32 holds none that large). One sweep when
+    every value is in range: a float64 sum of squares at most MAX_ABS^2 has no NaN, inf or larger value among its
+    terms."""
+    if not data.size:
+        return
+    with np.errstate(all="ignore"):
+        if data.dtype == np.float64 and float(np.dot(data, data)) <= MAX_ABS * MAX_ABS:  # False for NaN
+            return
+    if not np.isfinite(data).all():
         bad = np.flatnonzero(~np.isfinite(data))
-        first = int(bad[0])  # CSR order is (row, feature) order
-        row = row0 + int(np.searchsorted(indptr, first, side="right")) - 1
-        more = f" ({bad.size} {scope})" if bad.size > 1 else ""
-        raise ParameterError(f"X has a non-finite value ({float(data[first])}) at row {row}, feature "
-                             f"{int(indices[first])}{more}; dufs stores finite numbers only: remove or fill it")
-    if data.dtype == np.float64 and data.size:  # float32 holds no value beyond MAX_ABS
-        big = np.flatnonzero(np.abs(data) > MAX_ABS)
-        if big.size:
-            first = int(big[0])
-            row = row0 + int(np.searchsorted(indptr, first, side="right")) - 1
-            more = f" ({big.size} {scope})" if big.size > 1 else ""
-            raise ParameterError(f"X has a value too large to compute with ({float(data[first])}) at row {row}, "
-                                 f"feature {int(indices[first])}{more}; beyond {MAX_ABS:.0e} in magnitude its "
-                                 f"square, and the feature's variance and every distance it enters, overflow "
-                                 f"float64: scale the feature or the data down (divide by a constant)")
+        what, fix = "a non-finite value", "dufs stores finite numbers only: remove or fill it"
+    elif data.dtype == np.float64:
+        bad = np.flatnonzero(np.abs(data) > MAX_ABS)
+        what, fix = "a value too large to compute with", TOO_LARGE
+    else:
+        return
+    if not bad.size:  # large values, none beyond the bound
+        return
+    first = int(bad[0])  # CSR order is (row, feature) order
+    row = row0 + int(np.searchsorted(indptr, first, side="right")) - 1
+    more = f" ({bad.size} {scope})" if bad.size > 1 else ""
+    raise ParameterError(f"X has {what} ({float(data[first])}) at row {row}, feature {int(indices[first])}{more}; "
+                         f"{fix}")
 
 
 def _write_slab(builder: StoreBuilder, i: int, slab: Any, y: Any, row0: int = 0) -> int:

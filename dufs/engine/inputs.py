@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from dufs import config
-from dufs.data.layout import MAX_ABS
+from dufs.data.layout import MAX_ABS, TOO_LARGE
 from dufs.engine.blocks import BlockInfo, FeatureBlock, StoreBlock
 from dufs.errors import ParameterError
 
@@ -51,8 +51,7 @@ def check_finite(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, *, c
         if bad.size == 0:  # large values, none beyond it
             return
         what = "a value too large to compute with"
-        fix = (f"beyond {MAX_ABS:.0e} in magnitude its square, and the feature's variance and every distance it "
-               f"enters, overflow float64: scale the feature or the data down (divide by a constant)")
+        fix = TOO_LARGE
     rows = np.asarray(indices)[bad].astype(np.int64)
     cols = np.searchsorted(np.asarray(indptr), bad, side="right") - 1 + int(col0)
     i = int(np.lexsort((cols, rows))[0])

@@ -525,8 +525,9 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_c
         row_start = nnz
         slow_start = nslow
         if code == 0:
-            # the label
-            # the common label first, as the values below: a sign and plain digits, at most 15, ending the token
+            # the label: the common one (a sign and plain digits, at most 15, ending the token) here, as the index
+            # and value below. The three digit loops are written out on purpose: one shared helper returning
+            # (value, end), plain or numba-inlined, parsed the ingest bench's text at 303-313 MB/s against 558
             q = pos
             neg = buf[q] == _MINUS
             if neg or buf[q] == _PLUS:
