@@ -96,10 +96,11 @@ def plain_pass_seconds(M: Any, v: Any, repeats: int) -> list[float]:
 
 @contextlib.contextmanager
 def local_cluster(n_workers: int) -> Iterator[Any]:
-    from distributed import Client, LocalCluster
+    """The benches' cluster: dufs's embedded LocalCluster (:func:`dufs.engine.cluster.embedded_cluster`, its Dask
+    settings included) of ``n_workers`` single-threaded processes."""
+    from dufs.engine.cluster import embedded_cluster
 
-    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=40) as lc, Client(lc, direct_to_workers=True) as client:
+    with embedded_cluster(n_workers, 1) as client:
         yield client
 
 

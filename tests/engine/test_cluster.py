@@ -37,12 +37,33 @@ def test_scheduler_address_connects_and_closes_only_its_client(cluster_client):
     assert cluster_client.status == "running"
 
 
+def _housekeeping(dask_worker=None, dask_scheduler=None):
+    server = dask_worker or dask_scheduler
+    return server._tick_interval, "profile" in server.periodic_callbacks
+
+
 def test_embedded_local_cluster_of_processes_is_closed_afterwards():
+    """Its workers are processes; its scheduler and workers run under dufs.cluster.dask-config (the workers'
+    profiler off, a tick every 0.5 s), this process's config untouched; {} keeps Dask's defaults."""
+    import dask
+
+    before = dask.config.get("distributed.admin.tick.interval")
     with get_client(n_workers=2) as c:
         pids = set(c.run(os.getpid).values())
         assert len(pids) == 2 and os.getpid() not in pids
+        assert set(c.run(_housekeeping).values()) == {(0.5, False)}
+        assert c.run_on_scheduler(_housekeeping)[0] == 0.5
+        assert dask.config.get("distributed.admin.tick.interval") == before
         cluster = c.cluster
     assert c.status == "closed" and cluster.status.name == "closed"
+    default = dask.config.get("distributed.admin.tick.interval", override_with=None)
+    with dask.config.set({"dufs.cluster.dask-config": {}}), get_client(n_workers=1) as c:
+        tick, profiled = next(iter(c.run(_housekeeping).values()))
+        assert tick == dask.utils.parse_timedelta(default, default="ms") and profiled == dask.config.get(
+            "distributed.worker.profile.enabled")
+    with dask.config.set({"dufs.cluster.dask-config": "fast"}), \
+            pytest.raises(ParameterError, match="dufs.cluster.dask-config must be a mapping"), get_client(n_workers=1):
+        pass
 
 
 def test_bad_client_is_refused():

@@ -85,6 +85,35 @@ def test_published_array_maps_read_only_and_its_pooled_file_refuses_an_older_pub
     assert _ours() == before - {os.path.basename(ref.path), os.path.basename(ref_z.path)}
 
 
+def test_several_files_stay_mapped_and_a_removed_one_is_unmapped_at_the_next_lookup():
+    """A caller holding results cycles the pool through several files: a process keeps six of them mapped at once
+    (each mapped once, not again on every pass), and drops the mapping of a file removed since at its next lookup
+    of any file (a mapping holds its file's memory)."""
+    import contextlib
+
+    shm.release_files()
+    shm._MAPS.clear()
+    xs = [np.full(1000 * (i + 1), float(i)) for i in range(6)]
+    with contextlib.ExitStack() as stack:
+        refs = [stack.enter_context(shm.publish(x)) for x in xs]  # six files in use at once
+        assert len({r.path for r in refs}) == 6
+        first = {r.path: shm.local_array(r) for r in refs}
+        maps = dict(shm._MAPS)
+        for _ in range(3):
+            for r, x in zip(refs, xs, strict=True):
+                got = shm.local_array(r)
+                np.testing.assert_array_equal(got, x)
+                assert np.shares_memory(got, first[r.path])
+        assert all(shm._MAPS[r.path] is maps[r.path] for r in refs)  # none of the six mapped again
+    del first, got
+    shm.release_files()  # the pool's files removed; this process still maps them
+    assert not any(os.path.exists(r.path) for r in refs) and set(maps) <= set(shm._MAPS)
+    with shm.publish(np.arange(10.0)) as ref:
+        np.testing.assert_array_equal(shm.local_array(ref), np.arange(10.0))
+        assert list(shm._MAPS) == [ref.path]  # the removed files' mappings dropped
+    shm.release_files()
+
+
 def test_files_of_dead_processes_are_removed():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
