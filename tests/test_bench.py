@@ -138,3 +138,26 @@ def test_bench_ufcm_prints_its_figures(tmp_path):
                   "the method's own algebra in this process", "the floor of this target", "peak RSS per worker",
                   "machine ceiling", "of this machine's ceiling"):
         assert label in out, (label, out)
+
+
+@pytest.mark.slow
+def test_bench_m3fs_prints_each_run_against_its_own_passes(tmp_path):
+    """``dufs bench m3fs`` at a tiny size: each run's outer iteration against the plain passes around it, on 1 and
+    2 workers, and the median of the runs (no timing assertions)."""
+    import re
+
+    args = ["bench", "m3fs", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path),
+            "--repeats", "2"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for label in ("1 worker", "2 workers", "plain passes' time (target <= 25; the median of 2 runs",
+                  "the 6 passes just before and after it", "v-solver iterations", "peak RSS per worker",
+                  "machine ceiling"):
+        assert label in out, (label, out)
+    # each worker count: two runs, each "<outer> s / <pass> ms = <ratio>", and their median the figure
+    found = re.findall(r"outer iteration = ([\d.]+) plain passes' time.*?: (.*?)\); the median run", out, re.S)
+    assert len(found) == 2, out
+    for line in found:
+        runs = [float(r) for r in re.findall(r"= ([\d.]+)", line[1])]
+        assert len(runs) == 2 and float(line[0]) == pytest.approx(sum(runs) / 2, abs=0.06), line
