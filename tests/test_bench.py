@@ -54,6 +54,7 @@ def test_bench_mmfs_prints_its_figures(tmp_path):
                   "visit orders", "storage order", "block-random, runs of 256", "1 worker", "2 workers",
                   "converged", "rounds", "speed-up 2 workers vs 1", "of the gradient pass's speed-up",
                   "median of 5 solves after an untimed one", "peak RSS per worker", "vectors of",
+                  "the solver's code", "(files the first solve mapped)",
                   "the gradient pass alone through the cluster", "median of 10, half before the solves and half after"):
         assert label in out, (label, out)
     assert "NOT converged" not in out
@@ -161,3 +162,31 @@ def test_bench_m3fs_prints_each_run_against_its_own_passes(tmp_path):
     for line in found:
         runs = [float(r) for r in re.findall(r"= ([\d.]+)", line[1])]
         assert len(runs) == 2 and float(line[0]) == pytest.approx(sum(runs) / 2, abs=0.06), line
+
+
+def test_rss_files_counts_the_pages_of_a_mapped_file(tmp_path):
+    """The memory check's "solver's code": the resident pages that map files (numba's cached kernels, libraries).
+    A 32 MiB file mapped and read adds about its size to it, and to the resident memory; an anonymous array of the
+    same size adds to the resident memory only."""
+    import mmap
+    import os
+
+    import numpy as np
+
+    from dufs.bench.common import rss, rss_files
+
+    if not os.path.exists("/proc/self/status"):
+        assert rss_files() == 0
+        return
+    size = 32 << 20
+    path = tmp_path / "f.bin"
+    path.write_bytes(np.arange(size // 8, dtype=np.int64).tobytes())
+    f0, r0 = rss_files(), rss()
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        assert int(np.frombuffer(mm, dtype=np.int64)[::512].sum()) > 0  # a value of every page read
+        f1, r1 = rss_files(), rss()
+    assert 0.8 * size <= f1 - f0 <= 1.2 * size and r1 - r0 >= 0.8 * size
+    f2, r2 = rss_files(), rss()
+    a = np.ones(size // 8)  # its pages written: resident
+    f3, r3 = rss_files(), rss()
+    assert abs(f3 - f2) < (4 << 20) and r3 - r2 >= 0.8 * size and a[-1] == 1.0
