@@ -146,8 +146,14 @@ def new_block_group(root: Any, orientation: str, i: int) -> Any:
 
 
 def finished_blocks(root: Any, orientation: str) -> set[int]:
-    """The blocks of a partial store whose group carries its completion marker."""
-    return {int(name) for name, sub in root[orientation].groups() if sub.attrs.get(_COMPLETE)}
+    """The blocks of a partial store whose group carries its completion marker. A block's folder without its
+    metadata (a conversion killed between the two) is an unfinished block, listed quietly (Zarr warns that such a
+    folder "is not recognized as a component of a Zarr hierarchy"): a resume writes it again."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a component of a Zarr hierarchy")
+        return {int(name) for name, sub in root[orientation].groups() if sub.attrs.get(_COMPLETE)}
 
 
 def spill_file(i: int) -> str:

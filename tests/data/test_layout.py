@@ -144,3 +144,23 @@ def test_ingest_record_round_trips_and_reads_old_records():
 def test_executor_threads():
     with Executor(max_workers=3) as ex:
         assert ex.client is not None or ex.n_workers == 3
+
+
+def test_finished_blocks_skip_a_block_folder_without_metadata_quietly(tmp_path):
+    """A conversion killed between a block's folder and its metadata leaves the folder alone: the block is
+    unfinished (a resume writes it again), and listing it raises no Zarr warning."""
+    import warnings
+
+    import zarr
+
+    root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")
+    rows = root.require_group("csr")
+    for i, done in ((0, True), (1, False), (2, True)):
+        g = rows.require_group(str(i))
+        if done:
+            g.attrs["complete"] = True
+    os.makedirs(tmp_path / "p.zarr" / "csr" / "8")  # the folder of block 8, killed before its zarr.json
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = layout.finished_blocks(zarr.open_group(str(tmp_path / "p.zarr"), mode="r"), "csr")
+    assert got == {0, 2}
