@@ -328,8 +328,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
                 # the 2M x 5M bench's worker), not data: the memory check counted them as vectors of n_samples
                 code = max(v - files0.get(a, v) for a, v in client.run(rss_files).items())
                 on[w] = {"client": client, "M": M, "bb": bb, "stats_s": stats_s, "idle": idle, "code": code,
-                         "walls": [],
-                         "runs": [], "grad": [], "pool0": max(client.run(_pooled).values())}
+                         "walls": [], "runs": [], "grad": [], "pool0": max(client.run(_pooled).values())}
 
         def gradient_passes() -> None:  # a few on every cluster in turn, from a state made on each (not timed)
             g = {}
@@ -472,6 +471,6 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"(files the first solve mapped) + blocks {v['blocks_bytes'] / 1e6:.0f} MB + "
             f"state + {extra / 1e6:.0f} MB = {extra / vec:.1f} vectors of n_samples float64 ({vec / 1e6:.0f} MB "
             f"each); bound idle + code + blocks + state + {k} vectors (partitions on it + 8) = "
-            f"{bound / 1e6:.0f} MB: "
-            f"{'within' if v['peak'] <= bound else 'OVER'}; pass outputs kept for reuse (dufs.engine.buffer-bytes) "
+            f"{bound / 1e6:.0f} MB: {'within' if v['peak'] <= bound else 'OVER'}; pass outputs kept for reuse "
+            f"(dufs.engine.buffer-bytes) "
             f"{v['pool_bytes'] / 1e6:.0f} MB after the run, {v['pool_growth'] / 1e6:+.0f} MB during it")

@@ -27,6 +27,7 @@ refuses any other in one line naming the store and the versions it reads.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -149,8 +150,6 @@ def finished_blocks(root: Any, orientation: str) -> set[int]:
     """The blocks of a partial store whose group carries its completion marker. A block's folder without its
     metadata (a conversion killed between the two) is an unfinished block, listed quietly (Zarr warns that such a
     folder "is not recognized as a component of a Zarr hierarchy"): a resume writes it again."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a component of a Zarr hierarchy")
         return {int(name) for name, sub in root[orientation].groups() if sub.attrs.get(_COMPLETE)}
