@@ -168,9 +168,9 @@ def _table(res: dict, workers: tuple[int, ...], ks: tuple[int, ...], say: Any, n
         say(f"    where a step goes (medians): the update pass {up:.3f} s"
             + (f" (the slower worker's calls {calls:.3f} s, the rest {up - calls:.3f} s: V shipped, the calls "
                f"started, the proposals back)" if calls is not None else " (run as tasks)")
-            + f", the driver {drv:.3f} s (the next V: Z_S^T B z_p and B Z_S (c, d), the k selected columns read "
-              f"twice, and the anchor graph's rows), the rest {v[f'k{k0}']['rest_s']:.3f} s (the winner chosen, "
-              f"its column placed)")
+            + f", the driver {drv:.3f} s (the next V: Z_S^T B z_p over z_p's rows, then B Z_S (c, d) in one sweep "
+              f"over the selected columns' bit mask and the anchor graph's rows), the rest "
+              f"{v[f'k{k0}']['rest_s']:.3f} s (the winner chosen, its column placed)")
         if v.get("pass_kernel_s"):
             pk = v["pass_kernel_s"]
             fa, fd = v["two_s"] / pk, v["one_s"] / pk

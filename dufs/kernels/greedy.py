@@ -217,9 +217,10 @@ def tile_cuts(rows: np.ndarray, n: int) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def cols_apply(inds, dats, cuts, w, out, b0, b1):
+def cols_apply(inds, dats, cuts, w, skip, out, b0, b1):
     """out[r] = sum_t w[t, :] x_t[r] for the rows r of tiles [b0, b1) (written, not accumulated), x_t the sparse
-    columns ``(inds[t], dats[t])``; ``w`` (k, p) float64, ``out`` (n, p) float64."""
+    columns ``(inds[t], dats[t])`` but those with ``skip[t]`` (the bit columns, :func:`bits_apply`); ``w`` (k, p)
+    float64, ``out`` (n, p) float64."""
     n = out.shape[0]
     p = out.shape[1]
     for b in range(b0, b1):
@@ -227,6 +228,8 @@ def cols_apply(inds, dats, cuts, w, out, b0, b1):
             for j in range(p):
                 out[i, j] = 0.0
         for t in range(len(inds)):
+            if skip[t]:
+                continue
             ix = inds[t]
             dx = dats[t]
             c = cuts[t]
@@ -261,19 +264,23 @@ def cols_apply(inds, dats, cuts, w, out, b0, b1):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def cols_tapply(inds, dats, cuts, V, out, t0, t1):
-    """out[t, :] = x_t^T V for the columns t in [t0, t1); ``V`` (n, p), ``out`` (k, p) float64. By row tiles, as
+def cols_tapply(inds, dats, cuts, V, skip, out, t0, t1):
+    """out[t, :] = x_t^T V for the columns t in [t0, t1) but those with ``skip[t]`` (left as they are: the bit
+    columns, :func:`bits_row_sums`); ``V`` (n, p), ``out`` (k, p) float64. By row tiles, as
     :func:`cols_apply`: each tile of V is read once for all the columns (a heavy column's rows touch most of V's
     cache lines, so column by column V came from memory once a column); each column's terms are added in the order
     of its rows all the same, so the sums are those of the column-at-a-time product."""
     p = V.shape[1]
     for t in range(t0, t1):
-        for j in range(p):
-            out[t, j] = 0.0
+        if not skip[t]:
+            for j in range(p):
+                out[t, j] = 0.0
     if t1 <= t0:
         return
     for b in range(cuts[t0].shape[0] - 1):
         for t in range(t0, t1):
+            if skip[t]:
+                continue
             ix = inds[t]
             dx = dats[t]
             c = cuts[t]
@@ -303,6 +310,132 @@ def cols_tapply(inds, dats, cuts, V, out, t0, t1):
                     out[t, j] += x * V[i, j]
 
 
+# A selected column of one value (binary data) with at least n / 32 rows is also kept as one bit of a row-major mask
+# (:class:`dufs.methods.greedy.SelectedColumns`): words n x W uint64, the column in slot s is bit s % 64 of word
+# s // 64, which as bytes (n x 8W, little-endian) is bit s % 8 of byte s // 8. Its n bits take no more memory than
+# its int32 rows, and a sweep over all rows reads each row's bits in one load where the index path read every column's
+# row numbers and scattered into the output. Z_S c by rows is then a lookup a byte: T[g, v] is the sum of the weights
+# of the slots set in the value v of byte g (256 entries a byte, in cache), a row's value the sum over its bytes;
+# Z_S^T y for a sparse y adds y's values into H[g, v] by the same bytes, and a slot's sum is read off H.
+_BITS_MIN_FILL = 32  # a column's rows at least n / this: its bits then cost no more than its rows (int32)
+
+
+def bits_eligible(rows: np.ndarray, vals: np.ndarray, n: int) -> bool:
+    """Whether a selected column goes to the bit mask: one value in every row, and enough rows."""
+    return rows.shape[0] > 0 and rows.shape[0] * _BITS_MIN_FILL >= n and bool((vals == vals[0]).all())
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def bits_set(words, rows, word, bit):
+    """words[rows, word] |= 1 << bit (one selected column's rows into its slot)."""
+    m = np.uint64(1) << np.uint64(bit)
+    for q in range(rows.shape[0]):
+        words[rows[q], word] |= m
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def bits_tables(ws):
+    """T[g, v, j] = the sum of ws[8 g + b, j] over the bits b set in v, for the bytes g < ceil(slots / 8) (``ws``: a
+    weight a slot, slots x p float64; the slots past the last are weight 0)."""
+    slots, p = ws.shape
+    G = (slots + 7) // 8
+    T = np.zeros((G, 256, p))
+    for g in range(G):
+        for v in range(1, 256):
+            b = 0
+            while not (v >> b) & 1:
+                b += 1
+            s = 8 * g + b
+            for j in range(p):
+                T[g, v, j] = T[g, v & (v - 1), j] + (ws[s, j] if s < slots else 0.0)
+    return T
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def bits_apply(w8, T, out, acc, r0, r1):
+    """out[i, j] = (out[i, j] if ``acc`` else 0) + sum_g T[g, w8[i, g], j] for the rows [r0, r1) (``w8``: the bit
+    mask as bytes, n x 8W; the bytes past T's are not read)."""
+    G, _, p = T.shape
+    for i in range(r0, r1):
+        for j in range(p):
+            a = out[i, j] if acc else 0.0
+            for g in range(G):
+                a += T[g, w8[i, g], j]
+            out[i, j] = a
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def bits_row_sums(w8, rows, y, H, q0, q1):
+    """H[g, w8[rows[q], g]] += y[q] for q in [q0, q1), every byte g < H's (H: bytes x 256 float64, added to)."""
+    G = H.shape[0]
+    for q in range(q0, q1):
+        r = rows[q]
+        yq = np.float64(y[q])
+        for g in range(G):
+            H[g, w8[r, g]] += yq
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def bits_slot_sums(H, slots, out):
+    """out[s] = the sum of H[s // 8, v] over the values v with bit s % 8 set, for the slots s < ``slots``."""
+    for s in range(slots):
+        g = s >> 3
+        b = s & 7
+        a = 0.0
+        for v in range(256):
+            if (v >> b) & 1:
+                a += H[g, v]
+        out[s] = a
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def anchor_step_bits(zh_indptr, zh_indices, zh_data, P, z, Y, w8, T, offset, wd, lam1, out, r0, r1):
+    """A greedy step's vectors B [z - y_0, y_1] on an anchor graph with W y made row by row in the same sweep, and
+    y = Z_S C's rows too, for the rows [r0, r1): out[i, j] = wd[i] * y'_ij - lam1 * (Zh[i, :] @ P[:, j]) with
+    y'_i0 = z[i] - y_i0, y'_ij = y_ij (B = diag(wd) - lam1 W, W = Zh Lambda^-1 Zh^T, P = Lambda^-1 Zh^T [...]:
+    m x p, in cache; Zh in CSR, a few nonzeros a row) and y_ij = Y[i, j] (the selected columns outside the bit
+    mask; Y of no rows: none) + sum_g T[g, w8[i, g], j] (the mask's, :func:`bits_apply`) - offset[j] (the
+    transform's shift). No n x p W y or Z_S C made first and read again; ``out`` float64 or float32, each number
+    rounded once."""
+    G = T.shape[0]
+    p = T.shape[2]
+    has_y = Y.shape[0] > 0
+    if p == 2:  # LapAOFS: two columns with scalar sums (the general loop below ran 1.5x longer)
+        o0 = offset[0]
+        o1 = offset[1]
+        for i in range(r0, r1):
+            y0 = Y[i, 0] if has_y else 0.0
+            y1 = Y[i, 1] if has_y else 0.0
+            for g in range(G):
+                v = w8[i, g]
+                y0 += T[g, v, 0]
+                y1 += T[g, v, 1]
+            s0 = 0.0
+            s1 = 0.0
+            for k in range(np.uint64(zh_indptr[i]), np.uint64(zh_indptr[i + 1])):
+                zk = np.float64(zh_data[k])
+                a = np.uint64(zh_indices[k])
+                s0 += zk * P[a, 0]
+                s1 += zk * P[a, 1]
+            out[i, 0] = wd[i] * (z[i] - (y0 - o0)) - lam1 * s0
+            out[i, 1] = wd[i] * (y1 - o1) - lam1 * s1
+        return
+    for i in range(r0, r1):
+        a = np.uint64(zh_indptr[i])
+        b = np.uint64(zh_indptr[i + 1])
+        for j in range(p):
+            y = Y[i, j] if has_y else 0.0
+            for g in range(G):
+                y += T[g, w8[i, g], j]
+            y -= offset[j]
+            w = 0.0
+            for k in range(a, b):
+                w += np.float64(zh_data[k]) * P[np.uint64(zh_indices[k]), j]
+            if j == 0:
+                y = z[i] - y
+            out[i, j] = wd[i] * y - lam1 * w
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def anchor_b(z, Y, wd, WY, lam1, out, r0, r1):
     """A greedy step's vectors B [z - Y[:, 0], Y[:, 1:]] on an anchor graph, for the rows [r0, r1):
@@ -329,21 +462,3 @@ def anchor_zt_column(zh_indptr, zh_indices, zh_data, rows, vals, coef, out):
             zi *= coef
         for k in range(np.uint64(zh_indptr[r]), np.uint64(zh_indptr[r + np.uint64(1)])):
             out[np.uint64(zh_indices[k])] += np.float64(zh_data[k]) * zi
-
-
-@numba.njit(nogil=True, cache=True, boundscheck=False)
-def anchor_step_vectors(zh_indptr, zh_indices, zh_data, P, z, Y, wd, lam1, out, r0, r1):
-    """:func:`anchor_b` with W y made row by row in the same sweep, for the rows [r0, r1): out[i, j] = wd[i] * y_ij
-    - lam1 * (Zh[i, :] @ P[:, j]) with y_i0 = z[i] - Y[i, 0], y_ij = Y[i, j] (B = diag(wd) - lam1 W, W = Zh
-    Lambda^-1 Zh^T, P = Lambda^-1 Zh^T [y_0, ...]: m x p, in cache; Zh in CSR, a few nonzeros a row). No n x p W y
-    made first and read again; ``out`` float64 or float32, each number rounded once."""
-    p = Y.shape[1]
-    for i in range(r0, r1):
-        a = np.uint64(zh_indptr[i])
-        b = np.uint64(zh_indptr[i + 1])
-        for j in range(p):
-            w = 0.0
-            for k in range(a, b):
-                w += np.float64(zh_data[k]) * P[np.uint64(zh_indices[k]), j]
-            y = z[i] - Y[i, 0] if j == 0 else Y[i, j]
-            out[i, j] = wd[i] * y - lam1 * w

@@ -57,9 +57,15 @@ from dufs.kernels.greedy import (
     D_OPTIMAL,
     JCFS,
     anchor_b,
-    anchor_step_vectors,
+    anchor_step_bits,
     anchor_zt_column,
     best,
+    bits_apply,
+    bits_eligible,
+    bits_row_sums,
+    bits_set,
+    bits_slot_sums,
+    bits_tables,
     cols_apply,
     cols_tapply,
     greedy_update,
@@ -308,7 +314,11 @@ class SelectedColumns:
     """The selected columns on the driver (raw, sparse, one array pair a column, kept as they arrived: adding one
     copies nothing, where growing one buffer reallocated and copied all of them, 60-590 ms at a time for 1M-row hub
     columns) with their transform, and H = G_SS (k x k). Products with them run through the engine's numba
-    kernels, a column at a time."""
+    kernels, by row tiles. A column of one value with at least n / 32 rows (kddb's and the bench's heavy binary
+    columns, which a LapAOFS selection takes first) is also kept as one bit of a row-major mask
+    (:func:`~dufs.kernels.greedy.bits_eligible`): the products over every row (Z_S c) and over a sparse vector's rows
+    (Z_S^T y, :meth:`tapply_rows`) read it instead of the columns' row numbers: a 2M-row bench's first 45 selected
+    columns hold 18.9M nonzeros, 76 MB of row numbers, against 16 MB of mask."""
 
     def __init__(self, n: int, lam2: float, dtype: Any = np.float64):
         self.n = n
@@ -322,6 +332,12 @@ class SelectedColumns:
         self.shift = np.zeros(0)
         self.H = np.zeros((0, 0))
         self._nb: tuple | None = None  # :meth:`_numba_lists`
+        # the bit mask (n x W uint64, None until a column goes there), each column's slot (-1: none) and the slots'
+        # columns; ``_own_words`` False where the mask is shared with the set this one is a head of (written on copy)
+        self._words: np.ndarray | None = None
+        self._slot: list[int] = []
+        self._slot_cols: list[int] = []
+        self._own_words = True
 
     @property
     def k(self) -> int:
@@ -335,6 +351,10 @@ class SelectedColumns:
         part = SelectedColumns(self.n, self.lam2, self.dtype)
         part.ids, part.cols = self.ids[:t], self.cols[:t]
         part.coef, part.shift, part.H = self.coef[:t], self.shift[:t], self.H[:t, :t]
+        # the mask shared: the head's slots are a prefix of these (slots go in column order), later slots weigh 0
+        part._slot = self._slot[:t]
+        part._slot_cols = [c for c in self._slot_cols if c < t]
+        part._words, part._own_words = self._words, self._words is None
         return part
 
     def X(self) -> sp.csc_array:
@@ -359,20 +379,60 @@ class SelectedColumns:
             cuts.append(tile_cuts(rows, self.n))
         return self._nb
 
+    @property
+    def slots(self) -> int:
+        return len(self._slot_cols)
+
+    def _skip(self) -> np.ndarray:
+        """1 for the columns in the bit mask (the index kernels leave them out), 0 for the others."""
+        return (np.asarray(self._slot, dtype=np.int64) >= 0).astype(np.uint8)
+
+    def mask_bytes(self) -> np.ndarray:
+        """The bit mask as bytes, n x 8W (n x 0 without one)."""
+        if self._words is None:
+            return np.zeros((self.n, 0), dtype=np.uint8)
+        return self._words.view(np.uint8).reshape(self.n, -1)
+
+    def apply_parts(self, c: np.ndarray, out: np.ndarray | None = None) -> tuple:
+        """Z_S c (``c`` k x p) in parts: (Y, T, offset) with Z_S c = Y + (the rows' sums in the byte tables T) -
+        offset, Y the columns outside the bit mask (n x p, into ``out`` when given; of no rows where every column
+        is in the mask), T (:func:`~dufs.kernels.greedy.bits_tables`, of no bytes without a mask) and offset the
+        shift's part (p)."""
+        w = np.ascontiguousarray(self.coef[:, None] * c)
+        p = w.shape[1]
+        T = np.zeros((0, 256, p))
+        if self.slots:
+            ws = np.zeros((self.slots, p))
+            for slot, t in enumerate(self._slot_cols):
+                ws[slot] = float(self.cols[t][2][0]) * w[t]
+            T = bits_tables(ws)
+        if self.slots == self.k and self.k:
+            Y = np.zeros((0, p))
+        else:
+            Y = np.empty((self.n, p)) if out is None else out
+            if not self.k:
+                Y[:] = 0.0
+            else:
+                inds, dats, cuts = self._numba_lists()
+                skip = self._skip()
+                _in_threads(lambda a, b: cols_apply(inds, dats, cuts, w, skip, Y, a, b), len(cuts[0]) - 1)
+        offset = self.shift @ w if self.shift.any() else np.zeros(p)
+        return Y, T, offset
+
     def apply(self, c: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Z_S c (an n-vector, or n x p for a k x p ``c``; into ``out``, n x p float64, when given)."""
         one = c.ndim == 1
-        w = np.ascontiguousarray(self.coef[:, None] * (c[:, None] if one else c))
-        if out is None:
-            out = np.empty((self.n, w.shape[1]))
-        if not self.k:
-            out[:] = 0.0
-        else:
-            inds, dats, cuts = self._numba_lists()
-            _in_threads(lambda a, b: cols_apply(inds, dats, cuts, w, out, a, b), len(cuts[0]) - 1)
-            if self.shift.any():
-                out -= (self.shift @ w)[None, :]
-        return out[:, 0] if one else out
+        c2 = c[:, None] if one else c
+        Y, T, offset = self.apply_parts(c2, out)
+        if Y.shape[0] == 0:  # every column in the mask
+            Y = np.empty((self.n, c2.shape[1])) if out is None else out
+        if self.slots:
+            w8 = self.mask_bytes()
+            acc = self.slots < self.k
+            _in_threads(lambda a, b: bits_apply(w8, T, Y, acc, a, b), self.n)
+        if offset.any():
+            Y -= offset[None, :]
+        return Y[:, 0] if one else Y
 
     def gram(self) -> np.ndarray:
         """Z_S^T Z_S (k x k) from the sparse columns: coef_i coef_j (x_i^T x_j - mu_j 1^T x_i - mu_i 1^T x_j +
@@ -392,15 +452,46 @@ class SelectedColumns:
         out = np.zeros((self.k, V2.shape[1]))
         if self.k:
             inds, dats, cuts = self._numba_lists()
-            _in_threads(lambda a, b: cols_tapply(inds, dats, cuts, V2, out, a, b), self.k, self._nnz_bounds)
+            skip = np.zeros(self.k, dtype=np.uint8)  # every column by its rows: V is dense
+            _in_threads(lambda a, b: cols_tapply(inds, dats, cuts, V2, skip, out, a, b), self.k,
+                        lambda parts: self._nnz_bounds(parts, skip))
             if self.shift.any():  # else out - 0 * sums = out: V's column sums (a sweep over n x p) not needed
                 out = out - self.shift[:, None] * col_sums(V2)[None, :]
             out = self.coef[:, None] * out
         return out[:, 0] if one else out
 
-    def _nnz_bounds(self, parts: int) -> list[int]:
-        """Column bounds splitting the selected columns' nonzeros into ``parts`` near-equal shares."""
-        nnz = np.cumsum([len(c[1]) for c in self.cols])
+    def tapply_rows(self, rows: np.ndarray, y: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        """Z_S^T y (k) for a y nonzero only at ``rows`` (sorted), with its values there ``y`` and the whole of it
+        ``dense`` (an n-vector, read by the columns outside the bit mask only): the mask's columns from y's rows of
+        the mask (:func:`~dufs.kernels.greedy.bits_row_sums`), the rest by their rows."""
+        out = np.zeros((self.k, 1))
+        if not self.k:
+            return out[:, 0]
+        skip = self._skip()
+        if self.slots < self.k:
+            inds, dats, cuts = self._numba_lists()
+            V2 = dense.reshape(-1, 1)
+            _in_threads(lambda a, b: cols_tapply(inds, dats, cuts, V2, skip, out, a, b), self.k,
+                        lambda parts: self._nnz_bounds(parts, skip))
+        if self.slots:
+            w8 = self.mask_bytes()
+            G = (self.slots + 7) // 8
+            parts = max(1, min(_DRIVER_THREADS, rows.shape[0] >> 16))  # a table each: worth it for long columns
+            Hs = np.zeros((parts, G, 256))
+            _in_threads(lambda a, b: [bits_row_sums(w8, rows, y, Hs[i], rows.shape[0] * i // parts,
+                                                    rows.shape[0] * (i + 1) // parts) for i in range(a, b)], parts)
+            sums = np.empty(self.slots)
+            bits_slot_sums(Hs.sum(axis=0), self.slots, sums)
+            for slot, t in enumerate(self._slot_cols):
+                out[t, 0] = float(self.cols[t][2][0]) * sums[slot]
+        if self.shift.any():
+            out[:, 0] -= self.shift * float(np.sum(y, dtype=np.float64))
+        return self.coef * out[:, 0]
+
+    def _nnz_bounds(self, parts: int, skip: np.ndarray) -> list[int]:
+        """Column bounds splitting the nonzeros of the selected columns not skipped into ``parts`` near-equal
+        shares."""
+        nnz = np.cumsum([0 if skip[t] else len(c[1]) for t, c in enumerate(self.cols)])
         return [0, *np.searchsorted(nnz, nnz[-1] * np.arange(1, parts) / parts, side="right").tolist(), self.k]
 
     def solve(self, b: np.ndarray) -> np.ndarray:
@@ -413,6 +504,23 @@ class SelectedColumns:
         data's) with its transform; H is the caller's."""
         rows = np.ascontiguousarray(col[0], dtype=np.int32)
         vals = np.ascontiguousarray(col[1], dtype=self.dtype)
+        slot = -1
+        if bits_eligible(rows, vals, self.n):
+            slot = self.slots
+            word, bit = divmod(slot, 64)
+            if self._words is None or word >= self._words.shape[1] or not self._own_words:
+                words = np.zeros((self.n, max(word + 1, 0 if self._words is None else self._words.shape[1])),
+                                 dtype=np.uint64)
+                if self._words is not None:
+                    words[:, :self._words.shape[1]] = self._words
+                    for w in range(words.shape[1]):  # a head's copy: the slots past its own cleared
+                        keep = slot - 64 * w
+                        if keep < 64:
+                            words[:, w] &= np.uint64((1 << max(keep, 0)) - 1)
+                self._words, self._own_words = words, True
+            bits_set(self._words, rows, word, bit)
+            self._slot_cols.append(self.k)
+        self._slot.append(slot)
         self.cols.append((np.array([0, rows.shape[0]], dtype=np.int64), rows, vals))
         self.ids.append(int(p))
         self.coef = np.append(self.coef, coef)
@@ -485,6 +593,7 @@ class GreedyRun:
                                                    for j in range(Y.shape[1])))
         self.state: Any = None
         self._ybuf: np.ndarray | None = None  # :meth:`_scratch`
+        self._bufs: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # :meth:`_at_rows`
         self.parts: list[list[int]] | None = None  # the partitions of the block state (None: one task a block)
         self.recoveries = 0
         self.replayed = 0
@@ -617,43 +726,73 @@ class GreedyRun:
         (k x n_anchors, one row added a step) kept here: B y = (1 + lambda1 d) y - lambda1 Zh Lambda^-1 Zh^T y, and
         every y a step applies B to (z_p, Z_S c, Z_S d) has Zh^T y = a_p, A_S c or A_S d with a_p = Zh^T z_p. So
         a step makes one product Zh^T z_p and one Zh P (P: n_anchors x 1 or 2), where B z_p, then B of the other
-        columns, made two of each."""
+        columns, made two of each. Where z_p = coef x_p is sparse (no shift) the products with it read its rows
+        only, and z_p is an n-vector kept between steps, zero but at its rows (:meth:`_at_rows`)."""
         S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
-        z = _dense_z(n, col, self.coef[p], self.shift[p])
         Zh = W.Zh if W.products_here else None  # Zh on the driver: its products here, row by row
-        if Zh is not None and not self.shift[p]:  # z = coef x is sparse: Zh^T z from x's rows of Zh alone
+        if not self.shift[p]:
+            rows = np.asarray(col[0])
+            zr = np.asarray(col[1], dtype=np.float64)
+            if self.coef[p] != 1.0:
+                zr = zr * self.coef[p]
+            z = self._at_rows("z", rows, zr)
+            wzr = self.wd[rows] * zr  # B's diagonal part of z_p, at its rows
+            wz = self._at_rows("wz", rows, wzr) if S.slots < S.k else None  # for the columns outside the mask
+            zbz = float(zr @ wzr)
+            zbs = S.tapply_rows(rows, wzr, wz)
+        else:
+            z = _dense_z(n, col, self.coef[p], self.shift[p])
+            wz = self.wd * z
+            zbz = float(z @ wz)
+            zbs = S.tapply(wz)
+        if Zh is not None and not self.shift[p]:  # Zh^T z from x's rows of Zh alone
             a_p = np.empty(W.n_anchors)
             anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, np.asarray(col[0]), np.asarray(col[1]),
                              float(self.coef[p]), a_p)
         else:
             a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
-        wz = self.wd * z
         lia = li * a_p
-        u = S.tapply(wz) - lam1 * (self.AS @ lia)  # Z_S^T B z_p
-        gpp = float(z @ wz) - lam1 * float(a_p @ lia) + self.lam2
+        u = zbs - lam1 * (self.AS @ lia)  # Z_S^T B z_p
+        gpp = zbz - lam1 * float(a_p @ lia) + self.lam2
         c = S.solve(u)
         s_p = gpp - float(u @ c)
         if self.mode == A_OPTIMAL:
             d = S.solve(c)
-            Y = S.apply(np.column_stack([c, d]), out=self._scratch(2))  # [Z_S c, Z_S d]
+            C = np.column_stack([c, d])  # the vectors [Z_S c, Z_S d]
             Q = np.column_stack([a_p - self.AS.T @ c, self.AS.T @ d])  # Zh^T [r, Z_S d], r = z_p - Z_S c
         else:
-            Y = S.apply(c[:, None], out=self._scratch(1))
+            C = c[:, None]
             Q = (a_p - self.AS.T @ c)[:, None]
         # B y = (1 + lambda1 d) y - lambda1 W y in the dtype the step ships it in, with W y = Zh Lambda^-1 Zh^T y:
-        # Zh here, row by row in the same sweep; in pieces, W y from the workers first (in that dtype too)
-        dt = _step_dtype(self.mode, Y.shape)
+        # Zh here, row by row in the same sweep as Z_S C's rows; in pieces, W y from the workers first (in that
+        # dtype too)
+        dt = _step_dtype(self.mode, (n, C.shape[1]))
         P = np.ascontiguousarray(li[:, None] * Q)
-        V = np.empty(Y.shape, dtype=dt)
+        V = np.empty((n, C.shape[1]), dtype=dt)
         wd = self.wd
         if Zh is not None:
-            _in_threads(lambda a, b: anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, lam1, V, a, b),
-                        n)
+            Y, T, offset = S.apply_parts(C, out=self._scratch(C.shape[1]))
+            w8 = S.mask_bytes()
+            _in_threads(lambda a, b: anchor_step_bits(Zh.indptr, Zh.indices, Zh.data, P, z, Y, w8, T, offset, wd,
+                                                      lam1, V, a, b), n)
         else:
+            Y = S.apply(C, out=self._scratch(C.shape[1]))
             WY = W.zp(P, dtype=dt)
             _in_threads(lambda a, b: anchor_b(z, Y, wd, WY, lam1, V, a, b), n)
         self.AS = np.vstack([self.AS, a_p[None, :]])
         return self._record(p, col, u, gpp, c, s_p, V)
+
+    def _at_rows(self, name: str, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """An n-vector kept between steps (a fresh one's pages fault in again every step), zero but at ``rows``,
+        where it holds ``values``: the last call's rows are zeroed first."""
+        buf, last = self._bufs.get(name, (None, None))
+        if buf is None:
+            buf = np.zeros(self.n)
+        else:
+            buf[last] = 0.0
+        buf[rows] = values
+        self._bufs[name] = (buf, rows)
+        return buf
 
     def _scratch(self, p: int) -> np.ndarray:
         """An n x p float64 array kept between steps (a fresh one's pages fault in again every step)."""

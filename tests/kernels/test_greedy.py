@@ -303,22 +303,82 @@ def test_anchor_zt_column_is_scipy_over_the_dense_column(coef):
     np.testing.assert_array_equal(out, np.zeros(m))
 
 
-def test_anchor_step_vectors_is_b_of_the_documented_vectors():
-    """out = diag(wd) [z - Y_0, Y_1] - lam1 Zh P, P = Lambda^-1 Zh^T [...] given: dense NumPy on the same numbers."""
-    from dufs.kernels.greedy import anchor_step_vectors
+def test_anchor_step_bits_is_b_of_the_documented_vectors():
+    """out = diag(wd) [z - y_0, y_1] - lam1 Zh P with y = Y + (the rows' byte-table sums) - offset, P given: dense
+    NumPy on the same numbers, the tables from a bit mask of random rows (more than one byte of slots), with Y and
+    without it."""
+    from dufs.kernels.greedy import anchor_step_bits, bits_tables
 
-    n, m = 300, 12
+    n, m, slots = 300, 12, 11
     Zh = _anchor_Zh(n, m, 5)
     rng = np.random.default_rng(6)
     z, wd = rng.standard_normal(n), rng.uniform(1, 2, n)
+    mask = rng.random((n, slots)) < 0.4
+    w8 = np.zeros((n, 8), dtype=np.uint8)  # one uint64 word a row, as bytes
+    for s_ in range(slots):
+        w8[:, s_ // 8] |= (mask[:, s_] << (s_ % 8)).astype(np.uint8)
     for p in (1, 2):
-        Y, P = rng.standard_normal((n, p)), rng.standard_normal((m, p))
-        y = Y.copy()
-        y[:, 0] = z - Y[:, 0]
-        want = wd[:, None] * y - 0.3 * (Zh.toarray() @ P)
-        for dtype, tol in ((np.float64, 1e-13), (np.float32, 1e-6)):
-            out = np.empty((n, p), dtype=dtype)
-            anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, 0.3, out, 0, 111)
-            anchor_step_vectors(Zh.indptr, Zh.indices, Zh.data, P, z, Y, wd, 0.3, out, 111, n)
-            np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+        ws, P, offset = rng.standard_normal((slots, p)), rng.standard_normal((m, p)), rng.standard_normal(p)
+        T = bits_tables(ws)
+        assert T.shape == (2, 256, p)
+        for Y in (rng.standard_normal((n, p)), np.zeros((0, p))):
+            y = (Y if Y.shape[0] else 0.0) + mask @ ws - offset
+            y[:, 0] = z - y[:, 0]
+            want = wd[:, None] * y - 0.3 * (Zh.toarray() @ P)
+            for dtype, tol in ((np.float64, 1e-13), (np.float32, 1e-6)):
+                out = np.empty((n, p), dtype=dtype)
+                anchor_step_bits(Zh.indptr, Zh.indices, Zh.data, P, z, Y, w8, T, offset, wd, 0.3, out, 0, 111)
+                anchor_step_bits(Zh.indptr, Zh.indices, Zh.data, P, z, Y, w8, T, offset, wd, 0.3, out, 111, n)
+                np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
+
+def test_selected_columns_bit_mask_products_and_heads():
+    """Selected columns in the bit mask (binary, at least n / 32 rows: over 64 of them, two words a row) beside
+    columns by their rows (valued; binary but sparse): Z_S c, Z_S^T V and Z_S^T y over a sparse y's rows against
+    SciPy, the transform included; a head (the first t columns, sharing the mask) gives the head's products, and a
+    column added to it (a different one than the full set's next) leaves the full set's mask as it was."""
+    from dufs.methods import greedy as G
+
+    rng = np.random.default_rng(11)
+    n, k = 3000, 72
+    sizes = rng.integers(n // 32, n // 2, k)
+    sizes[[3, 17, 40]] = [20, 50, 7]  # too few rows for the mask
+    rows = [np.sort(rng.choice(n, size=s, replace=False)).astype(np.int32) for s in sizes]
+    vals = [np.full(s, 1.0 if t % 3 else 0.5, dtype=np.float32) for t, s in enumerate(sizes)]
+    for t in (5, 33, 66):  # valued
+        vals[t] = rng.standard_normal(sizes[t]).astype(np.float32)
+    coef, shift = rng.uniform(0.5, 2.0, k), rng.uniform(-0.3, 0.3, k)
+    shift[::4] = 0.0
+    X = sp.csc_array((np.concatenate(vals).astype(np.float64), np.concatenate(rows), np.r_[0, np.cumsum(sizes)]),
+                     shape=(n, k))
+    S = G.SelectedColumns(n, 0.1, np.float32)
+    for t in range(k):
+        S.append(t, (rows[t], vals[t]), coef[t], shift[t])
+    assert S.slots == k - 6 > 64 and S._words.shape == (n, 2)
+
+    def check(S, t):
+        Xt = X[:, :t]
+        for p in (1, 2):
+            c = rng.standard_normal((t, p))
+            np.testing.assert_allclose(S.apply(c), Xt @ (coef[:t, None] * c) - (shift[:t] * coef[:t]) @ c,
+                                       rtol=1e-11, atol=1e-11)
+            V = rng.standard_normal((n, p))
+            np.testing.assert_allclose(S.tapply(V), coef[:t, None] * (Xt.T @ V - shift[:t, None] * V.sum(axis=0)),
+                                       rtol=1e-10, atol=1e-10)
+        yr = np.sort(rng.choice(n, size=400, replace=False))
+        y = np.zeros(n)
+        y[yr] = rng.standard_normal(400)
+        np.testing.assert_allclose(S.tapply_rows(yr, y[yr], y), coef[:t] * (Xt.T @ y - shift[:t] * y.sum()),
+                                   rtol=1e-10, atol=1e-10)
+
+    check(S, k)
+    words = S._words.copy()
+    head = S.head(50)
+    check(head, 50)
+    head.append(99, (rows[60], vals[60]), coef[60], shift[60])  # not the full set's column 50
+    assert np.array_equal(S._words, words) and head._words is not S._words
+    X = sp.hstack([X[:, :50], X[:, [60]]]).tocsc()
+    coef, shift = np.r_[coef[:50], coef[60]], np.r_[shift[:50], shift[60]]
+    check(head, 51)
+
 
