@@ -333,7 +333,7 @@ class SelectedColumns:
         self.H = np.zeros((0, 0))
         self._nb: tuple | None = None  # :meth:`_numba_lists`
         # the bit mask (n x W uint64, None until a column goes there), each column's slot (-1: none) and the slots'
-        # columns; ``_own_words`` False where the mask is shared with the set this one is a head of (written on copy)
+        # columns; ``_own_words`` False where the mask is the one of the set this one is a head of (read only)
         self._words: np.ndarray | None = None
         self._slot: list[int] = []
         self._slot_cols: list[int] = []
@@ -505,19 +505,16 @@ class SelectedColumns:
         rows = np.ascontiguousarray(col[0], dtype=np.int32)
         vals = np.ascontiguousarray(col[1], dtype=self.dtype)
         slot = -1
-        if bits_eligible(rows, vals, self.n):
+        # a head's columns past its own go by their rows: the mask is the full set's (a head is a replay's, for
+        # one step)
+        if self._own_words and bits_eligible(rows, vals, self.n):
             slot = self.slots
             word, bit = divmod(slot, 64)
-            if self._words is None or word >= self._words.shape[1] or not self._own_words:
-                words = np.zeros((self.n, max(word + 1, 0 if self._words is None else self._words.shape[1])),
-                                 dtype=np.uint64)
+            if self._words is None or word >= self._words.shape[1]:
+                words = np.zeros((self.n, word + 1), dtype=np.uint64)
                 if self._words is not None:
                     words[:, :self._words.shape[1]] = self._words
-                    for w in range(words.shape[1]):  # a head's copy: the slots past its own cleared
-                        keep = slot - 64 * w
-                        if keep < 64:
-                            words[:, w] &= np.uint64((1 << max(keep, 0)) - 1)
-                self._words, self._own_words = words, True
+                self._words = words
             bits_set(self._words, rows, word, bit)
             self._slot_cols.append(self.k)
         self._slot.append(slot)

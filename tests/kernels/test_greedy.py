@@ -335,8 +335,9 @@ def test_anchor_step_bits_is_b_of_the_documented_vectors():
 def test_selected_columns_bit_mask_products_and_heads():
     """Selected columns in the bit mask (binary, at least n / 32 rows: over 64 of them, two words a row) beside
     columns by their rows (valued; binary but sparse): Z_S c, Z_S^T V and Z_S^T y over a sparse y's rows against
-    SciPy, the transform included; a head (the first t columns, sharing the mask) gives the head's products, and a
-    column added to it (a different one than the full set's next) leaves the full set's mask as it was."""
+    SciPy, the transform included; a head (the first t columns, sharing the mask) gives the head's products, also
+    with a column added to it (a different one than the full set's next, by its rows), and leaves the full set's
+    mask as it was."""
     from dufs.methods import greedy as G
 
     rng = np.random.default_rng(11)
@@ -376,7 +377,7 @@ def test_selected_columns_bit_mask_products_and_heads():
     head = S.head(50)
     check(head, 50)
     head.append(99, (rows[60], vals[60]), coef[60], shift[60])  # not the full set's column 50
-    assert np.array_equal(S._words, words) and head._words is not S._words
+    assert np.array_equal(S._words, words) and head.slots == 45
     X = sp.hstack([X[:, :50], X[:, [60]]]).tocsc()
     coef, shift = np.r_[coef[:50], coef[60]], np.r_[shift[:50], shift[60]]
     check(head, 51)
