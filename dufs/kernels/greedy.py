@@ -449,6 +449,26 @@ def anchor_b(z, Y, wd, WY, lam1, out, r0, r1):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def sparse_z(rows, vals, coef, wd, last, z, wz):
+    """z_p = coef x_p (x_p the sparse column ``(rows, vals)``) into the n-vector ``z``, zero elsewhere (``last``, the
+    rows it held before, zeroed first), and B's diagonal part of it at those rows into ``wz`` (wz[q] = wd[r] z[r]
+    for r = rows[q]); returns z_p^T diag(wd) z_p. The same numbers as z = coef * x made dense and wd * z."""
+    for q in range(last.shape[0]):
+        z[last[q]] = 0.0
+    acc = 0.0
+    for q in range(rows.shape[0]):
+        r = rows[q]
+        zi = np.float64(vals[q])
+        if coef != 1.0:
+            zi *= coef
+        z[r] = zi
+        w = wd[r] * zi
+        wz[q] = w
+        acc += zi * w
+    return acc
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def anchor_zt_column(zh_indptr, zh_indices, zh_data, rows, vals, coef, out):
     """out[:] = Zh^T z for z = coef * x, x the sparse column ``(rows, vals)`` (sorted rows) and Zh in CSR (n x m):
     only x's rows of Zh are read. The same products added in the same order as the product over the dense z (whose

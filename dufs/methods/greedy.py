@@ -69,6 +69,7 @@ from dufs.kernels.greedy import (
     cols_apply,
     cols_tapply,
     greedy_update,
+    sparse_z,
     tile_cuts,
     xwx_anchor,
     xwx_graph,
@@ -476,7 +477,7 @@ class SelectedColumns:
         if self.slots:
             w8 = self.mask_bytes()
             G = (self.slots + 7) // 8
-            parts = max(1, min(_DRIVER_THREADS, rows.shape[0] >> 16))  # a table each: worth it for long columns
+            parts = max(1, min(_DRIVER_THREADS, rows.shape[0] >> 15))  # a table each: worth it for long columns
             Hs = np.zeros((parts, G, 256))
             _in_threads(lambda a, b: [bits_row_sums(w8, rows, y, Hs[i], rows.shape[0] * i // parts,
                                                     rows.shape[0] * (i + 1) // parts) for i in range(a, b)], parts)
@@ -724,28 +725,33 @@ class GreedyRun:
         every y a step applies B to (z_p, Z_S c, Z_S d) has Zh^T y = a_p, A_S c or A_S d with a_p = Zh^T z_p. So
         a step makes one product Zh^T z_p and one Zh P (P: n_anchors x 1 or 2), where B z_p, then B of the other
         columns, made two of each. Where z_p = coef x_p is sparse (no shift) the products with it read its rows
-        only, and z_p is an n-vector kept between steps, zero but at its rows (:meth:`_at_rows`)."""
+        only, and z_p is an n-vector kept between steps, zero but at its rows (:func:`sparse_z`)."""
         S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
         Zh = W.Zh if W.products_here else None  # Zh on the driver: its products here, row by row
         if not self.shift[p]:
             rows = np.asarray(col[0])
-            zr = np.asarray(col[1], dtype=np.float64)
-            if self.coef[p] != 1.0:
-                zr = zr * self.coef[p]
-            z = self._at_rows("z", rows, zr)
-            wzr = self.wd[rows] * zr  # B's diagonal part of z_p, at its rows
+            z, last = self._bufs.get("z", (None, rows[:0]))
+            if z is None:
+                z = np.zeros(n)
+            wzr = np.empty(rows.shape[0])  # B's diagonal part of z_p, at its rows
+            zbz = sparse_z(rows, np.asarray(col[1]), float(self.coef[p]), self.wd, last, z, wzr)
+            self._bufs["z"] = (z, rows)
             wz = self._at_rows("wz", rows, wzr) if S.slots < S.k else None  # for the columns outside the mask
-            zbz = float(zr @ wzr)
             zbs = S.tapply_rows(rows, wzr, wz)
         else:
             z = _dense_z(n, col, self.coef[p], self.shift[p])
             wz = self.wd * z
             zbz = float(z @ wz)
             zbs = S.tapply(wz)
-        if Zh is not None and not self.shift[p]:  # Zh^T z from x's rows of Zh alone
-            a_p = np.empty(W.n_anchors)
-            anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, np.asarray(col[0]), np.asarray(col[1]),
-                             float(self.coef[p]), a_p)
+        if Zh is not None and not self.shift[p]:  # Zh^T z from x's rows of Zh alone, a share of them a thread
+            rows, vals = np.asarray(col[0]), np.asarray(col[1])
+            parts = max(1, min(_DRIVER_THREADS, rows.shape[0] >> 15))
+            A = np.empty((parts, W.n_anchors))
+            _in_threads(lambda a, b: [anchor_zt_column(
+                Zh.indptr, Zh.indices, Zh.data, rows[rows.shape[0] * i // parts:rows.shape[0] * (i + 1) // parts],
+                vals[rows.shape[0] * i // parts:rows.shape[0] * (i + 1) // parts], float(self.coef[p]), A[i])
+                for i in range(a, b)], parts)
+            a_p = A.sum(axis=0)
         else:
             a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
         lia = li * a_p

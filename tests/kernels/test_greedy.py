@@ -303,6 +303,31 @@ def test_anchor_zt_column_is_scipy_over_the_dense_column(coef):
     np.testing.assert_array_equal(out, np.zeros(m))
 
 
+@pytest.mark.parametrize("coef", [1.0, 0.37])
+def test_sparse_z_is_the_dense_column_and_its_diagonal_product(coef):
+    """z = coef x at x's rows of a kept n-vector (the last column's rows zeroed first), wd z at those rows and
+    z^T diag(wd) z: the dense NumPy numbers."""
+    from dufs.kernels.greedy import sparse_z
+
+    rng = np.random.default_rng(9)
+    n = 500
+    wd = rng.uniform(1, 2, n)
+    z = np.zeros(n)
+    last = np.zeros(0, dtype=np.int32)
+    for size in (120, 40, 0, 300):
+        rows = np.sort(rng.choice(n, size=size, replace=False)).astype(np.int32)
+        vals = rng.standard_normal(size).astype(np.float32)
+        dense = np.zeros(n)
+        dense[rows] = vals
+        dense *= coef
+        wz = np.full(size, np.nan)
+        got = sparse_z(rows, vals, coef, wd, last, z, wz)
+        np.testing.assert_array_equal(z, dense)
+        np.testing.assert_array_equal(wz, (wd * dense)[rows])
+        assert got == pytest.approx(float(dense @ (wd * dense)), rel=1e-12, abs=1e-300)
+        last = rows
+
+
 def test_anchor_step_bits_is_b_of_the_documented_vectors():
     """out = diag(wd) [z - y_0, y_1] - lam1 Zh P with y = Y + (the rows' byte-table sums) - offset, P given: dense
     NumPy on the same numbers, the tables from a bit mask of random rows (more than one byte of slots), with Y and
