@@ -591,7 +591,8 @@ class GreedyRun:
                                                    for j in range(Y.shape[1])))
         self.state: Any = None
         self._ybuf: np.ndarray | None = None  # :meth:`_scratch`
-        self._bufs: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # :meth:`_at_rows`
+        # n-vectors kept between steps, zero but at the rows they hold now (:func:`sparse_z`, :meth:`_at_rows`)
+        self._bufs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.parts: list[list[int]] | None = None  # the partitions of the block state (None: one task a block)
         self.recoveries = 0
         self.replayed = 0
