@@ -190,6 +190,13 @@ def _in_threads(fn: Any, count: int, bounds: Any = None) -> None:
     in_threads(fn, count, _DRIVER_THREADS, bounds)
 
 
+def _row_shares(count: int) -> list[int]:
+    """Bounds cutting ``count`` rows of a sparse column into a share a driver thread (one share below 64K rows:
+    a thread's partial result and its start cost more than it saves), for products that sum partial results."""
+    parts = max(1, min(_DRIVER_THREADS, count >> 15))
+    return [count * i // parts for i in range(parts + 1)]
+
+
 _ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
 # fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
 _ATTACH_STEP = 1 << 25  # ... except a partition's best, which carries its column up to this many nonzeros shared
@@ -384,6 +391,10 @@ class SelectedColumns:
     def slots(self) -> int:
         return len(self._slot_cols)
 
+    def _slot_values(self) -> np.ndarray:
+        """The value of each slot's column (its one value), in slot order."""
+        return np.array([float(self.cols[t][2][0]) for t in self._slot_cols])
+
     def _skip(self) -> np.ndarray:
         """1 for the columns in the bit mask (the index kernels leave them out), 0 for the others."""
         return (np.asarray(self._slot, dtype=np.int64) >= 0).astype(np.uint8)
@@ -403,10 +414,7 @@ class SelectedColumns:
         p = w.shape[1]
         T = np.zeros((0, 256, p))
         if self.slots:
-            ws = np.zeros((self.slots, p))
-            for slot, t in enumerate(self._slot_cols):
-                ws[slot] = float(self.cols[t][2][0]) * w[t]
-            T = bits_tables(ws)
+            T = bits_tables(np.ascontiguousarray(self._slot_values()[:, None] * w[self._slot_cols]))
         if self.slots == self.k and self.k:
             Y = np.zeros((0, p))
         else:
@@ -477,14 +485,13 @@ class SelectedColumns:
         if self.slots:
             w8 = self.mask_bytes()
             G = (self.slots + 7) // 8
-            parts = max(1, min(_DRIVER_THREADS, rows.shape[0] >> 15))  # a table each: worth it for long columns
-            Hs = np.zeros((parts, G, 256))
-            _in_threads(lambda a, b: [bits_row_sums(w8, rows, y, Hs[i], rows.shape[0] * i // parts,
-                                                    rows.shape[0] * (i + 1) // parts) for i in range(a, b)], parts)
+            cut = _row_shares(rows.shape[0])  # a table each
+            Hs = np.zeros((len(cut) - 1, G, 256))
+            _in_threads(lambda a, b: [bits_row_sums(w8, rows, y, Hs[i], cut[i], cut[i + 1]) for i in range(a, b)],
+                        len(cut) - 1)
             sums = np.empty(self.slots)
             bits_slot_sums(Hs.sum(axis=0), self.slots, sums)
-            for slot, t in enumerate(self._slot_cols):
-                out[t, 0] = float(self.cols[t][2][0]) * sums[slot]
+            out[self._slot_cols, 0] = self._slot_values() * sums
         if self.shift.any():
             out[:, 0] -= self.shift * float(np.sum(y, dtype=np.float64))
         return self.coef * out[:, 0]
@@ -746,12 +753,11 @@ class GreedyRun:
             zbs = S.tapply(wz)
         if Zh is not None and not self.shift[p]:  # Zh^T z from x's rows of Zh alone, a share of them a thread
             rows, vals = np.asarray(col[0]), np.asarray(col[1])
-            parts = max(1, min(_DRIVER_THREADS, rows.shape[0] >> 15))
-            A = np.empty((parts, W.n_anchors))
-            _in_threads(lambda a, b: [anchor_zt_column(
-                Zh.indptr, Zh.indices, Zh.data, rows[rows.shape[0] * i // parts:rows.shape[0] * (i + 1) // parts],
-                vals[rows.shape[0] * i // parts:rows.shape[0] * (i + 1) // parts], float(self.coef[p]), A[i])
-                for i in range(a, b)], parts)
+            cut = _row_shares(rows.shape[0])
+            A = np.empty((len(cut) - 1, W.n_anchors))
+            _in_threads(lambda a, b: [anchor_zt_column(Zh.indptr, Zh.indices, Zh.data, rows[cut[i]:cut[i + 1]],
+                                                       vals[cut[i]:cut[i + 1]], float(self.coef[p]), A[i])
+                                      for i in range(a, b)], len(cut) - 1)
             a_p = A.sum(axis=0)
         else:
             a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
