@@ -422,6 +422,7 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"gap ({base['total_s'] / r['total_s']:.2f}x random; reached {r['rel_gap']:.1e})")
     say("(b) mmfs(as_matrix(store, standardize='scale', persist=True), y, gamma, tol) on a LocalCluster of processes "
         "(1 thread each), column stats computed before (timed apart):")
+    from dufs.methods.mmfs_solver import _SCREEN
     for w in workers:
         v = res[f"w{w}"]
         each = ", ".join(f"{t:.1f} s" for t in v["walls_s"])
@@ -431,8 +432,9 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds in "
             f"{v['n_partitions']} partition{'s' if v['n_partitions'] > 1 else ''} "
             f"({', '.join(f'{n} {k}' for k, n in v['rules'].items())}), about {v['rounds'] + 1} passes over the "
-            f"data (the first round's epoch over every feature, a gradient in each later round, one relevance "
-            f"pass; the epochs over working sets are small); support "
+            f"data (the blocks' statistics and relevance, a gradient in each round after the first, whose start "
+            f"reads no data and whose working set is the {_SCREEN} features of the largest margins; the working "
+            f"sets' solves are small); support "
             f"{v['support']:,}; column stats {v['stats_s']:.1f} s")
         say(f"    medians a round: {v['round_med']:.3f} s on the driver, {v['map_med']:.3f} s of it waiting for the "
             f"partitions' tasks; a partition's step + gradient + gap terms {v['start_med']:.3f} s")

@@ -224,6 +224,153 @@ def dcd_epoch(indptr, indices, data, coef, shift, colsum, qii, rho, alpha, C, ga
     return n_active, pgmax_new, pgmin_new, n_upd
 
 
+_TILE = 1 << 16  # rows a tile of column_gram and add_columns: its counts (int32) and its part of w stay in cache
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _row_cursors(indptr, indices, r0):
+    """Per column, the position of its first nonzero at a row >= ``r0`` (its rows ascending)."""
+    k = indptr.shape[0] - 1
+    cur = np.empty(k, dtype=np.int64)
+    for j in range(k):
+        lo, hi = indptr[j], indptr[j + 1]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if indices[mid] < r0:
+                lo = mid + 1
+            else:
+                hi = mid
+        cur[j] = lo
+    return cur
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def column_gram(indptr, indices, data, r0, r1, limit, G):
+    """Add to ``G`` (k x k, float64) the part of X^T X that rows [r0, r1) make, for the k columns of a CSC set
+    (``indptr``, ``indices``, ``data``; each column's rows ascending). Returns False, G then incomplete, once the
+    pairs of nonzeros sharing a row (the work) pass ``limit``.
+
+    By tiles of _TILE rows: a tile's nonzeros bucketed by row (a count a row, in cache), then every pair of a row's
+    nonzeros once. O(nnz + pairs) and the tiles' rows; the columns' pairwise merges would cost k times the
+    nonzeros, and buckets over all rows at once (a count a sample) cost random accesses to memory, 40-50 ms for 2.3M
+    nonzeros on 2M rows."""
+    k = indptr.shape[0] - 1
+    cur = _row_cursors(indptr, indices, r0)
+    pos = np.zeros(_TILE + 1, dtype=np.int32)
+    col = np.empty(0, dtype=np.int32)
+    val = np.empty(0, dtype=np.float64)
+    work = 0
+    for t0 in range(r0, r1, _TILE):
+        t1 = min(t0 + _TILE, r1)
+        T = t1 - t0
+        pos[:T + 1] = 0
+        for j in range(k):
+            p = cur[j]
+            end = indptr[j + 1]
+            while p < end and indices[p] < t1:
+                pos[indices[p] - t0 + 1] += 1
+                p += 1
+        for r in range(1, T + 1):
+            c = np.int64(pos[r])
+            work += c * (c - 1) // 2
+            pos[r] += pos[r - 1]
+        if work > limit:
+            return False
+        total = pos[T]
+        if total > col.shape[0]:
+            col = np.empty(2 * total, dtype=np.int32)
+            val = np.empty(2 * total, dtype=np.float64)
+        for j in range(k):
+            p = cur[j]
+            end = indptr[j + 1]
+            acc = 0.0
+            while p < end and indices[p] < t1:
+                r = indices[p] - t0
+                q = pos[r]
+                v = np.float64(data[p])
+                col[q] = j
+                val[q] = v
+                pos[r] = q + 1
+                acc += v * v
+                p += 1
+            cur[j] = p
+            G[j, j] += acc
+        lo = 0
+        for r in range(T):  # pos[r] is now the end of row r; a row's columns are in increasing order
+            hi = pos[r]
+            for a in range(lo, hi - 1):
+                ja = col[a]
+                va = val[a]
+                for b in range(a + 1, hi):
+                    G[ja, col[b]] += va * val[b]
+            lo = hi
+    return True
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def dense_dcd(Q, G, alpha, C, rng, max_epochs, tol):
+    """DCD, each epoch a fresh random order, on the box QP ``min 1/2 a^T Q a + (G - Q alpha)^T a`` over
+    ``0 <= a <= C``, from ``alpha`` (updated in place) with its gradient ``G`` (updated in place): the working-set
+    subproblem held in a k x k matrix ``Q``. Stops after the first epoch whose projected gradients span at most
+    ``tol`` (the max minus the min, LIBLINEAR's measure), or after ``max_epochs``. Returns ``(epochs, updates,
+    span)``."""
+    k = alpha.shape[0]
+    order = np.arange(k)
+    n_upd = 0
+    span = np.inf
+    ep = 0
+    while ep < max_epochs:
+        ep += 1
+        for s in range(k - 1, 0, -1):
+            r = np.int64(_next(rng) % np.uint64(s + 1))
+            tmp = order[s]
+            order[s] = order[r]
+            order[r] = tmp
+        pmax, pmin = -np.inf, np.inf
+        for s in range(k):
+            j = order[s]
+            g = G[j]
+            a = alpha[j]
+            pg = g
+            if a <= 0.0:
+                pg = min(g, 0.0)
+            elif a >= C:
+                pg = max(g, 0.0)
+            pmax = max(pmax, pg)
+            pmin = min(pmin, pg)
+            if pg != 0.0:
+                new = min(max(a - g / Q[j, j], 0.0), C)
+                d = new - a
+                if d != 0.0:
+                    alpha[j] = new
+                    for i in range(k):
+                        G[i] += d * Q[i, j]
+                    n_upd += 1
+        span = pmax - pmin
+        if span <= tol:
+            break
+    return ep, n_upd, span
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def add_columns(indptr, indices, data, scale, r0, r1, out):
+    """``out[r - r0] += sum_j scale_j x_j[r]`` for the rows r in [r0, r1) (each column's rows ascending), by tiles
+    of _TILE rows: out's tile stays in cache (2.3M nonzeros scattered over 2M rows at once: 9-12 ms)."""
+    k = indptr.shape[0] - 1
+    cur = _row_cursors(indptr, indices, r0)
+    for t0 in range(r0, r1, _TILE):
+        t1 = min(t0 + _TILE, r1)
+        for j in range(k):
+            c = scale[j]
+            p = cur[j]
+            end = indptr[j + 1]
+            while p < end and indices[p] < t1:
+                if c != 0.0:
+                    out[indices[p] - r0] += c * np.float64(data[p])
+                p += 1
+            cur[j] = p
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def active_set(g, rho, alpha, C, pgmax_old, pgmin_old, index):
     """Write to ``index`` the coordinates an epoch visits and return their number: all but those at a bound whose

@@ -21,9 +21,9 @@ from dufs.engine import Matrix, PerBlock
 from dufs.engine.dispatch import shipped
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
-from dufs.kernels.dcd import active_set, dcd_epoch, dcd_start, smallest_outside
+from dufs.kernels.dcd import active_set, add_columns, column_gram, dcd_epoch, dcd_start, dense_dcd, smallest_outside
 from dufs.methods.solver import atomic_write, recoverable, release
-from dufs.scheduling import current_client
+from dufs.scheduling import current_client, driver_threads, in_threads
 
 __all__ = ["Checkpoint", "RoundTotals", "primal", "solve"]
 
@@ -45,6 +45,19 @@ _SERIAL_NNZ = 16_000_000
 # solved closer for a fraction of a pass (the 2M x 5M bench store, support 5: 13 -> 7 rounds on 2 workers)
 _INNER_SHARE = 0.25
 _INNER_MAX = 10
+# a serial working set of at most _GRAM_MAX columns is solved through its k x k matrix (_gram_epochs) when its
+# nonzeros share at most _GRAM_PAIRS pairs of nonzeros in a row per nonzero (_gram_pays), its DCD epochs at most
+# _GRAM_FLOPS flops in all
+_GRAM_MAX = 1024
+_GRAM_PAIRS = 4
+_GRAM_FLOPS = 50_000_000
+# a cold start's first round (alpha = 0, w = 0, b = 0: every feature's gradient is -rho) works on the _SCREEN features
+# of the largest margins (split over the partitions), not on every feature, as working-set solvers start (skglm: 10
+# features, by their violation); the rounds after take every violator of the exact gradient. The 2M x 5M bench store
+# (support 5): its first round's epoch over the 5M features took 0.6 s on 1 worker (0.36 s on 2), the screened
+# round 0.14 s (0.09 s), and the solve needs 2 rounds (3 before, with the working sets solved through their Gram
+# matrix, below)
+_SCREEN = 10
 
 
 def inner_epochs(ws_nnz: int, pass_nnz: int) -> int:
@@ -333,7 +346,7 @@ class PartitionResult:
 
 
 def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sigma, dal=None, budget=0, part=0,
-           have=None, at_zero=False):
+           have=None, at_zero=False, screen=0):
     """One round of a partition (its blocks, in a random order): apply last round's step and compute the gap terms
     at (w, b) on every block, then (if ``epoch``) one DCD epoch over all of them against one local copy of w, with
     the bias held at ``b`` unless ``update_bias`` (one partition: serial DCD; or CoCoA+ with ``sigma`` > 1).
@@ -363,6 +376,8 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         sets.append(ix)
     tail.start_s = time.perf_counter() - t0
     tail.tlo = tail.thi = 0.0  # no momentum step unless this partition's epoch runs here (below)
+    if screen and epoch:
+        sets = _screened(new, sets, int(screen))
     if not epoch:
         tail.task_s = time.perf_counter() - t0
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail)
@@ -378,17 +393,41 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail, cols)
     tail.epochs_run = 1.0
     tail.tlo, tail.thi = -np.inf, np.inf
+    serial = update_bias and sigma == 1.0
+    reps = 1
+    if serial:  # serial DCD: the whole working set again while a fraction of a pass pays
+        reps = inner_epochs(nnz, sum(int(b_.indptr[-1]) for b_ in blocks))
+    if serial and 0 < sum(ix.size for ix in sets) <= _GRAM_MAX and _gram_pays(
+            np.concatenate([blk.indptr[ix + 1] - blk.indptr[ix] for blk, ix in zip(blocks, sets, strict=True)]),
+            m):  # a small working set: by its k x k matrix
+        t1 = time.perf_counter()
+        cols = [_payload(blk, st, ix) for blk, st, ix in zip(blocks, new, sets, strict=True) if ix.size]
+        indptr, indices, data, per = _stack(cols)
+        a = per["alpha"].copy()
+        rng = new[0]["rng"].copy()
+        held = new[0].setdefault("gram", _GramCache())  # kept in the partition's state between rounds
+        got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, held=held)
+        if got is not None:
+            dws, sc = got
+            new[0]["rng"] = rng
+            moved = iter(_moved(cols, a - per["alpha"]))
+            for st, ix in zip(new, sets, strict=True):
+                if ix.size:
+                    _, idx, d = next(moved)
+                    st["dalpha"] = (idx, d)
+                lo, hi = _momentum_bounds(st, C)
+                tail.tlo, tail.thi = max(tail.tlo, lo), min(tail.thi, hi)
+                tail.visited += int(ix.shape[0])
+            tail.epoch_s += time.perf_counter() - t1
+            tail.updates, tail.ds, tail.slope, tail.dt, tail.dS = sc.updates, sc.ds, sc.slope, sc.dt, sc.dS
+            tail.task_s = time.perf_counter() - t0
+            return new, PartitionResult.of(dws, tail)
     wsl = ws.copy()
     wtl = wt.copy()
     bias = np.array([b])
     # the blocks' order: from the first block's generator state (deterministic, new every round)
     order = np.random.default_rng(int(new[0]["rng"][0])).permutation(len(blocks))
     runs = [_epoch_begin(blk, st, C, ix) for blk, st, ix in zip(blocks, new, sets, strict=True)]
-    reps = 1
-    if update_bias and sigma == 1.0:  # serial DCD: the whole working set again while a fraction of a pass pays
-        reps = inner_epochs(sum(int((b_.indptr[ix + 1] - b_.indptr[ix]).sum()) for b_, ix in zip(blocks, sets,
-                                                                                                 strict=True)),
-                            sum(int(b_.indptr[-1]) for b_ in blocks))
     t1 = time.perf_counter()
     for _ in range(reps):
         moved = 0
@@ -418,21 +457,48 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     return new, PartitionResult.of(dws, tail)
 
 
+def _screened(states: list, sets: list, k: int) -> list:
+    """The working sets cut to the ``k`` coordinates of the largest margins rho over the partition's blocks."""
+    if sum(ix.size for ix in sets) <= k:
+        return sets
+    cand = []
+    for q, (st, ix) in enumerate(zip(states, sets, strict=True)):
+        if ix.size:
+            idx, key = smallest_outside(st["alpha"], np.zeros(st["alpha"].shape[0]), st["rho"], min(k, ix.size))
+            cand.append((q, idx, key))
+    keys = np.concatenate([c[2] for c in cand])
+    cut = np.sort(keys)[k - 1] if keys.size > k else np.inf
+    out = [np.zeros(0, dtype=np.int64)] * len(sets)
+    left = k
+    for q, idx, key in cand:
+        take = np.sort(idx[key < cut])
+        out[q] = take
+        left -= take.size
+    for q, idx, key in cand:  # ties at the cut, in block order
+        if left <= 0:
+            break
+        tie = idx[key == cut][:left]
+        out[q] = np.sort(np.concatenate([out[q], tie]))
+        left -= tie.size
+    return out
+
+
 def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, C: float, gamma: float,
-                  update_bias: bool, sigma: float, seed: int, epochs: int = 1) -> tuple[np.ndarray, RoundTotals, list]:
+                  update_bias: bool, sigma: float, seed: int, epochs: int = 1, held: _GramCache | None = None
+                  ) -> tuple[np.ndarray, RoundTotals, list]:
     """One DCD epoch in this process over working sets sent by the partitions (:func:`_payload`), from (w, b).
     Returns (dws, its :class:`RoundTotals` (dt, dS, ds, slope, updates), [(block start, coordinates, their
-    change), ...])."""
-    counts = np.concatenate([c["counts"] for c in cols])
-    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    indices = np.concatenate([c["indices"] for c in cols])
-    data = np.concatenate([c["data"] for c in cols])
-    per = {k: np.concatenate([c[k] for c in cols]).astype(np.float64) for k in ("coef", "shift", "colsum", "qii",
-                                                                                   "rho", "alpha", "g")}
+    change), ...]). A serial working set (``update_bias``, ``sigma`` 1) that :func:`_gram_pays` for is solved
+    through its k x k matrix instead (``held``: the Gram matrix kept between rounds)."""
+    indptr, indices, data, per = _stack(cols)
     a = per["alpha"].copy()
     n = a.shape[0]
-    wsl, wtl, bias = ws.copy(), wt.copy(), np.array([b])
     rng = np.array([np.uint64(seed) * np.uint64(2) + np.uint64(1)], dtype=np.uint64)
+    if update_bias and sigma == 1.0 and n <= _GRAM_MAX and _gram_pays(np.diff(indptr), m):
+        got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, driver_threads(), held)
+        if got is not None:
+            return (*got, _moved(cols, a - per["alpha"]))
+    wsl, wtl, bias = ws.copy(), wt.copy(), np.array([b])
     visit = np.arange(n, dtype=np.int64)
     n_upd, left = 0, n
     for _ in range(max(1, int(epochs))):  # ``epochs``: as in _epoch
@@ -448,6 +514,24 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
     dws /= sigma
     sc = RoundTotals(dt=float((wtl[0] - wt[0]) / sigma), dS=float((wtl[1] - wt[1]) / sigma), ds=float(d.sum()),
                      slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
+    return dws, sc, _moved(cols, d)
+
+
+def _stack(cols: list) -> tuple:
+    """The working sets ``cols`` (:func:`_payload`) as one CSC set (indptr, indices, data) and their per-coordinate
+    numbers (float64)."""
+    counts = np.concatenate([c["counts"] for c in cols])
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    indices = np.concatenate([c["indices"] for c in cols])
+    data = np.concatenate([c["data"] for c in cols])
+    per = {k: np.concatenate([c[k] for c in cols]).astype(np.float64) for k in ("coef", "shift", "colsum", "qii",
+                                                                                   "rho", "alpha", "g")}
+    per["feature"] = np.concatenate([c["start"] + c["index"] for c in cols]).astype(np.int64)
+    return indptr, indices, data, per
+
+
+def _moved(cols: list, d: np.ndarray) -> list:
+    """[(block start, its coordinates that moved, their change), ...] for the working sets ``cols``."""
     dal, at = [], 0
     for c in cols:
         k = c["index"].shape[0]
@@ -455,7 +539,98 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
         keep = dc != 0.0
         dal.append((c["start"], c["index"][keep], dc[keep]))
         at += k
-    return dws, sc, dal
+    return dal
+
+
+def _gram_pays(counts: np.ndarray, m: float) -> bool:
+    """Whether columns of ``counts`` nonzeros over ``m`` rows are expected (rows drawn independently) to share at
+    most _GRAM_PAIRS pairs of nonzeros in a row per nonzero: checked before their nonzeros are copied together.
+
+    The Gram matrix costs about 6 ns a nonzero and 11 a pair on this machine; an epoch over the nonzeros 4-11 ns a
+    nonzero, and the working-set solve it makes exact saves rounds (a gradient pass each): 8 -> 3 rounds on a 2M x
+    3M store planted like kddb (200 features of 2.5% of the rows each, about 2 pairs a nonzero)."""
+    c = counts.astype(np.float64)
+    n = float(c.sum())
+    return (n * n - float(c @ c)) / (2.0 * max(float(m), 1.0)) <= _GRAM_PAIRS * n
+
+
+class _GramCache:
+    """The raw Gram matrix X^T X of the last working set solved through it, by feature (global index): a working
+    set within that one reads its rows and columns from it (the data does not change between rounds; a support
+    stays the working set of round after round)."""
+
+    def __init__(self):
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.G = np.zeros((0, 0))
+        self.hits = 0
+
+    def get(self, keys: np.ndarray) -> np.ndarray | None:
+        if not self.keys.size:
+            return None
+        pos = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        if not (self.keys[pos] == keys).all():
+            return None
+        self.hits += 1
+        return self.G[np.ix_(pos, pos)]
+
+    def put(self, keys: np.ndarray, G: np.ndarray) -> None:
+        order = np.argsort(keys)
+        self.keys, self.G = keys[order], G[np.ix_(order, order)]
+
+
+def _gram_epochs(indptr, indices, data, per: dict, a: np.ndarray, m: int, C: float, gamma: float,
+                 rng: np.ndarray, threads: int = 1, held: _GramCache | None = None
+                 ) -> tuple[np.ndarray, RoundTotals] | None:
+    """The serial working-set subproblem (the bias moving) solved through its k x k matrix: Q = F^T F + gamma
+    1 1^T from the columns' Gram matrix (:func:`column_gram`), then DCD on Q (:func:`dense_dcd`) from the round's
+    exact gradient ``per["g"]`` to a projected-gradient span of 1e-9 times the start's, and w's change made once
+    from the coordinates' change (:func:`add_columns`); both sweeps over the nonzeros on ``threads`` threads, a
+    range of rows each; ``held``: the Gram matrix kept from an earlier round. ``a`` (alpha's working copy) is updated
+    in place. None (the caller runs its epochs over the nonzeros) when the columns share, in a thread's rows, more
+    than twice the pairs of nonzeros in a row that :func:`_gram_pays` allowed.
+
+    An epoch over the nonzeros reads each column twice (its dot with w, then w's update); the Gram matrix costs
+    about one such epoch, after which an epoch costs k^2 flops. Measured on the 2M x 5M bench store (2 workers):
+    its working sets (60 heavy columns, 2.3M nonzeros; then 5, 1.2M) took 7 and 10 epochs over the nonzeros, 59
+    and 62 ms on the driver while the workers waited, and left the subproblem unsolved: 4 rounds to the 1e-3 gap;
+    solved through Q, 3 rounds."""
+    k = a.shape[0]
+    F = None if held is None else held.get(per["feature"])
+    if F is None:
+        limit = 2 * _GRAM_PAIRS * int(indptr[-1])  # the estimate's pairs, twice over
+        parts: dict = {}
+
+        def gram(r0: int, r1: int) -> None:
+            G = np.zeros((k, k))
+            parts[r0] = (G, column_gram(indptr, indices, data, r0, r1, limit, G))
+
+        in_threads(gram, int(m), threads)
+        if not all(ok for _, ok in parts.values()):
+            return None
+        F = sum(G for G, _ in parts.values())
+        F = np.triu(F) + np.triu(F, 1).T  # the pairs went to the upper triangle (a row's columns in increasing order)
+        if held is not None:
+            held.put(per["feature"], F)  # a copy, in the order of the features
+    coef, shift, colsum = per["coef"], per["shift"], per["colsum"]
+    if shift.any():  # f_j = coef_j (x_j - shift_j 1)
+        F -= np.outer(colsum, shift)
+        F -= np.outer(shift, colsum)
+        F += float(m) * np.outer(shift, shift)
+    F *= np.outer(coef, coef)
+    np.fill_diagonal(F, per["qii"])  # the geometry's own sums of squares (centred where standardized)
+    F += gamma
+    grad = per["g"] - per["rho"]
+    a0 = per["alpha"]
+    pg = np.where(a0 <= 0.0, np.minimum(grad, 0.0), np.where(a0 >= C, np.maximum(grad, 0.0), grad))
+    tol = 1e-9 * float(pg.max(initial=0.0) - pg.min(initial=0.0))
+    _, n_upd, _ = dense_dcd(F, grad, a, C, rng, max(10, min(1000, _GRAM_FLOPS // max(k * k, 1))), tol)
+    d = a - a0
+    dc = d * coef
+    dws = np.zeros(int(m))
+    in_threads(lambda r0, r1: add_columns(indptr, indices, data, dc, r0, r1, dws[r0:r1]), int(m), threads)
+    sc = RoundTotals(dt=-float(dc @ shift), dS=float(dc @ colsum), ds=float(d.sum()),
+                     slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
+    return dws, sc
 
 
 # ---------------------------------------------------------------------------------------------------- resilience
@@ -698,6 +873,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     dal = None  # the blocks' directions when the driver ran their epochs (else each block keeps its own)
     budget = _SERIAL_NNZ // K if K > 1 and rule == "auto" else 0
     cache = _ColumnCache(_SERIAL_NNZ) if budget else None  # working-set columns kept here between rounds
+    held = _GramCache() if budget else None  # and the Gram matrix of the last one solved through it
     partition_of = [0] * M.n_blocks  # each block's partition
     for q, part_blocks in enumerate(partitions):
         for i in part_blocks:
@@ -706,9 +882,11 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     if rule not in ("auto", "cocoa+"):
         raise ParameterError(f"The 'rule' parameter of solve must be 'auto' or 'cocoa+'; got {rule!r}.")
     # whether this round solves CoCoA+'s local subproblems (the previous round did not decrease the gap). From a cold
-    # start (alpha = 0, b = 0) the first round does too: held at 0, far from its optimum, the bias made every
-    # partition's epoch take up about half the features (2.35M of 5M on the 2M x 5M bench store, three rounds of
-    # 0.45 s before the gap came down), where the bias moving locally takes up 52 (the serial epoch: 35)
+    # start (alpha = 0, b = 0) the first round does too where the partitions run its epochs (its working sets, the
+    # features of the largest margins, too large for the driver): held at 0, far from its optimum, the bias made
+    # every partition's epoch over all the features take up about half of them (2.35M of 5M on the 2M x 5M bench
+    # store, three rounds of 0.45 s before the gap came down), where the bias moving locally took up 52 (the serial
+    # epoch: 35)
     cocoa = K > 1 and (rule == "cocoa+" or cold)
     prev_gap = np.inf
     converged = False
@@ -734,7 +912,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                                               not last, sigma, None if dal is None else PerBlock(dal), budget,
                                               PerBlock(partition_of),
                                               None if cache is None else PerBlock(cache.known(bounds)),
-                                              at_zero and r == 0,
+                                              at_zero and r == 0, -(-_SCREEN // K) if at_zero and r == 0 else 0,
                                               state=state, reduce="sum", partitions=partitions)
             release(state)
             state = new_state
@@ -764,7 +942,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                 for q, cs in sorted(by.items()):
                     reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), M.nnz) if serial else 1
                     dw_q, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa,
-                                                 1.0 if serial else sigma, seed * 1000003 + 7 * r + q + 2, reps)
+                                                 1.0 if serial else sigma, seed * 1000003 + 7 * r + q + 2, reps,
+                                                 held)
                     dws = dws + dw_q
                     tl = tl + sc
                     for start, ix, d in dl:

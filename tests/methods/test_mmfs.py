@@ -172,6 +172,7 @@ def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partition
 
     if serial_nnz is not None:
         monkeypatch.setattr(mod, "_SERIAL_NNZ", serial_nnz * n_partitions)
+        monkeypatch.setattr(mod, "_SCREEN", 0)  # the cold start's epoch over every feature, in the partitions
     X, y = _problem(3, n=200, d=64)
     F = _features(X, "scale")
     fref, _, _ = _qp(F, y, 1.0, 0.2)
@@ -282,6 +283,10 @@ def test_driver_keeps_heavy_working_set_columns_between_rounds(cluster_client, m
     import dufs.methods.mmfs_solver as mod
 
     monkeypatch.setattr(mod, "_CACHE_MIN_NNZ", 1)
+    # the epochs over the working sets' nonzeros, round after round (solved through their Gram matrix instead, from
+    # the screened start, this problem takes two rounds)
+    monkeypatch.setattr(mod, "_GRAM_MAX", 0)
+    monkeypatch.setattr(mod, "_SCREEN", 0)
     X, y = _problem(3, n=200, d=64)
     fref, _, _ = _qp(_features(X, "scale"), y, 1.0, 0.2)
     with cluster_client.as_current():
@@ -343,3 +348,101 @@ def test_a_blocks_top_k_is_a_full_sort_of_its_ranking_key_cut_at_k():
         np.testing.assert_array_equal(got[0], i[o])
         np.testing.assert_array_equal(got[1], grp[o])
         np.testing.assert_array_equal(got[2], key[o])
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_driver_solves_a_small_working_set_through_its_gram_matrix(shifted):
+    """The driver's serial working-set solve (the bias moving) by its k x k matrix: the minimiser of the dual
+    restricted to the working set (L-BFGS-B on the dense subproblem), w's change F d and the round's totals from
+    it."""
+    from dufs.kernels.dcd import add_columns, column_gram
+    from dufs.methods.mmfs_solver import _driver_epoch, _GramCache, _payload
+
+    rng = np.random.default_rng(11)
+    n, k, C, gamma = 400, 30, 1.0, 0.4
+    heavy = sp.random(n, 3, density=0.7, random_state=3, format="csc")  # columns that share many rows
+    A = sp.csc_array(sp.hstack([heavy, sp.random(n, k - 3, density=0.05, random_state=2)], format="csc"))
+    A.sort_indices()
+    Xd = A.toarray()
+    coef = rng.uniform(0.5, 2.0, k)
+    shift = rng.uniform(0.0, 0.3, k) if shifted else np.zeros(k)
+    F = coef * (Xd - shift)
+    alpha = rng.uniform(0.0, C, k) * (rng.random(k) < 0.5)
+    alpha[[4, 5]] = C
+    rho = rng.uniform(0.0, 2.0, k)
+    ws, t, b = rng.normal(size=n), 0.3, 0.2  # w = ws + t 1: the rest of the features' share and the shift
+    g = F.T @ (ws + t) + b
+    st = {"coef": coef, "shift": shift, "colsum": Xd.sum(0), "qii": (F * F).sum(0), "rho": rho, "alpha": alpha,
+          "g": g}
+    blk = type("Blk", (), {"start": 0, "indptr": A.indptr.astype(np.int64), "indices": A.indices, "data": A.data})
+    wt = np.array([t, ws.sum()])
+    cols = [_payload(blk, st, np.arange(k))]
+    dws, sc, dal = _driver_epoch(cols, ws, wt, b, n, C, gamma, True, 1.0, 5, 3)
+    K = F.T @ F + gamma
+    lin = g - rho - K @ alpha
+    ref = minimize(lambda a: 0.5 * a @ K @ a + lin @ a, alpha, jac=lambda a: K @ a + lin, method="L-BFGS-B",
+                   bounds=[(0.0, C)] * k, options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000}).x
+    d = np.zeros(k)
+    d[dal[0][1]] = dal[0][2]
+    np.testing.assert_allclose(alpha + d, ref, atol=1e-6)
+    np.testing.assert_allclose(dws + sc.dt, F @ d, atol=1e-10)  # w's change, ws and its constant part
+    assert sc.dS == pytest.approx(dws.sum(), abs=1e-10)
+    assert sc.ds == pytest.approx(d.sum(), abs=1e-12) and sc.slope == pytest.approx((g - rho) @ d, abs=1e-12)
+    # a later working set within this one reads its Gram matrix from the one kept (the data does not change)
+    held = _GramCache()
+    _driver_epoch(cols, ws, wt, b, n, C, gamma, True, 1.0, 5, 3, held)
+    S = np.arange(0, k, 2)
+    _, _, dal3 = _driver_epoch([_payload(blk, st, S)], ws, wt, b, n, C, gamma, True, 1.0, 5, 3, held)
+    assert held.hits == 1
+    KS = K[np.ix_(S, S)]
+    linS = (g - rho)[S] - KS @ alpha[S]
+    refS = minimize(lambda a: 0.5 * a @ KS @ a + linS @ a, alpha[S], jac=lambda a: KS @ a + linS, method="L-BFGS-B",
+                    bounds=[(0.0, C)] * S.size, options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000}).x
+    dS_ = np.zeros(k)
+    dS_[dal3[0][1]] = dal3[0][2]
+    np.testing.assert_allclose((alpha + dS_)[S], refS, atol=1e-6)
+    assert not dS_[1::2].any()
+    # the Gram matrix itself, by row ranges (the tiles of one, cut anywhere), and its refusal past the work limit
+    # (pairs of nonzeros sharing a row)
+    ip = blk.indptr
+    for cuts in ([0, n], [0, 7, 250, n], list(range(0, n + 1, 50))):
+        G = np.zeros((k, k))
+        assert all(column_gram(ip, A.indices, A.data, a, b, 10**9, G) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+        np.testing.assert_allclose(np.triu(G), np.triu(Xd.T @ Xd), rtol=1e-12, atol=1e-12)
+        out = np.zeros(n)
+        scale = rng.normal(size=k) * (rng.random(k) < 0.6)
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            add_columns(ip, A.indices, A.data, scale, a, b, out[a:b])
+        np.testing.assert_allclose(out, Xd @ scale, rtol=1e-12, atol=1e-12)
+    pairs = int(sum(c * (c - 1) // 2 for c in np.diff(sp.csr_array(A).indptr)))
+    assert column_gram(ip, A.indices, A.data, 0, n, pairs, np.zeros((k, k)))
+    assert not column_gram(ip, A.indices, A.data, 0, n, pairs - 1, np.zeros((k, k)))
+
+
+@pytest.mark.parametrize("n_partitions", [1, 3])
+def test_cold_start_works_on_the_largest_margins_first(cluster_client, n_partitions):
+    """From alpha = 0 the first round works on the _SCREEN features of the largest margins (split over the
+    partitions), not on every feature; the rounds after take every violator, and the solve reaches the QP."""
+    import dufs.methods.mmfs_solver as mod
+    from dufs.methods.mmfs_solver import _screened
+
+    X, y = _problem(5, n=300, d=120)
+    F = _features(X, "scale")
+    fref, _, rho = _qp(F, y, 1.0, 0.3)
+    with cluster_client.as_current():
+        M = as_matrix(X, standardize="scale", block_width=16, persist=True)
+        res = mmfs(M, y, gamma=0.3, tol=1e-7, max_epochs=3000, n_partitions=n_partitions)
+        M.release()
+    d = res.diagnostics
+    assert d["converged"] and d["objective"] == pytest.approx(fref, rel=1e-6)
+    assert d["trace"][0]["active"] == -(-mod._SCREEN // n_partitions) * n_partitions
+    # the cut itself: the k largest margins over the blocks' working sets (ties at the cut in block order)
+    rng = np.random.default_rng(3)
+    rhos = [np.round(rng.uniform(0, 1, w), 1) for w in (7, 12, 5)]
+    states = [{"alpha": np.zeros(r.shape[0]), "rho": r} for r in rhos]
+    sets = [np.flatnonzero(r > 0.05) for r in rhos]
+    for k in (1, 4, 9, 100):
+        got = _screened(states, sets, k)
+        flat = sorted((-rhos[q][j], q, j) for q in range(3) for j in sets[q])[:k]
+        want = [sorted(j for _, q2, j in flat if q2 == q) for q in range(3)]
+        assert [g.tolist() for g in got] == want
