@@ -304,6 +304,7 @@ class RoundTotals:
     pslope: float = 0.0  # the slope p^T (g - rho) along the momentum direction p
     tlo: float = -np.inf  # the range of the momentum step t that keeps alpha in the box (max / min over partitions)
     thi: float = np.inf
+    at_tol: float = 0.0  # the one partition found the gap within tol at the round's start and ran no epoch
 
     def __add__(self, other: RoundTotals) -> RoundTotals:
         out = RoundTotals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
@@ -346,7 +347,7 @@ class PartitionResult:
 
 
 def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sigma, dal=None, budget=0, part=0,
-           have=None, at_zero=False, screen=0):
+           have=None, at_zero=False, screen=0, tol=None):
     """One round of a partition (its blocks, in a random order): apply last round's step and compute the gap terms
     at (w, b) on every block, then (if ``epoch``) one DCD epoch over all of them against one local copy of w, with
     the bias held at ``b`` unless ``update_bias`` (one partition: serial DCD; or CoCoA+ with ``sigma`` > 1).
@@ -355,7 +356,10 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     When the partition's working sets hold at most ``budget`` nonzeros, it runs no epoch and returns them
     (:func:`_payload`, tagged with ``part``; ``have``, one item a block: the columns the driver already holds) for
     the driver's epoch instead. ``at_zero``: ws and wt are zero (a cold start's first round): the gradient is the
-    bias alone and the start reads no nonzeros (:func:`dcd_start`).
+    bias alone and the start reads no nonzeros (:func:`dcd_start`). ``screen``: the working sets cut to that many
+    coordinates of the largest margins (:func:`_screened`). ``tol`` (the only partition: its gap terms are the
+    whole gap, and ws is w): no epoch when the relative gap at the start is within it, the solve's last round
+    (``at_tol`` tells the driver; the driver skips its own epochs so).
 
     Returns the new states and a :class:`PartitionResult`: the change of ws and the round's :class:`RoundTotals`
     (dws, dt, dS: the change of w that the alphas' change makes, whatever ``sigma``)."""
@@ -378,6 +382,11 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     tail.tlo = tail.thi = 0.0  # no momentum step unless this partition's epoch runs here (below)
     if screen and epoch:
         sets = _screened(new, sets, int(screen))
+    if tol is not None and epoch:  # the driver's test of the same numbers (solve)
+        obj = 0.5 * float(ws @ ws) + b * b / (2.0 * gamma) - tail.rho_alpha
+        if tail.gap / max(abs(obj), 1e-300) <= tol or tail.gap <= 0.0:
+            epoch = False
+            tail.at_tol = 1.0
     if not epoch:
         tail.task_s = time.perf_counter() - t0
         return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail)
@@ -913,6 +922,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                                               PerBlock(partition_of),
                                               None if cache is None else PerBlock(cache.known(bounds)),
                                               at_zero and r == 0, -(-_SCREEN // K) if at_zero and r == 0 else 0,
+                                              float(tol) if K == 1 else None,
                                               state=state, reduce="sum", partitions=partitions)
             release(state)
             state = new_state
@@ -925,7 +935,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             wnorm2 = float(ws @ ws)  # ws is w itself: the driver folds the constant part in every round
             obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
             rel = gap / max(abs(obj), 1e-300)
-            done = rel <= tol or gap <= 0.0
+            done = rel <= tol or gap <= 0.0 or tl.at_tol > 0.0
             # a round that ends the solve runs no driver epoch: its step would never be applied (on 2 workers,
             # 60-90 ms of serial DCD on the 2M x 5M bench store)
             serial = tl.epochs_run == 0

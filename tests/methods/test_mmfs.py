@@ -46,6 +46,8 @@ def test_objective_equals_a_generic_qp_solver(mode, width, parts, gamma, monkeyp
     d = res.diagnostics
     assert d["converged"] and d["n_partitions"] == (1 if parts == "auto" else parts)
     assert d["objective"] == pytest.approx(fref, rel=1e-6)
+    if parts == "auto":  # one partition: the round whose start finds the gap within tol runs no epoch
+        assert d["trace"][-1]["updates"] == 0 and d["trace"][-1]["relative_gap"] <= 1e-9
     # the reported gap bounds the distance to the optimum, and D(alpha) recomputed densely is the reported one
     K = F.T @ F + gamma
     D = 0.5 * res.alpha @ K @ res.alpha - rho @ res.alpha
