@@ -233,14 +233,7 @@ def _row_cursors(indptr, indices, r0):
     k = indptr.shape[0] - 1
     cur = np.empty(k, dtype=np.int64)
     for j in range(k):
-        lo, hi = indptr[j], indptr[j + 1]
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if indices[mid] < r0:
-                lo = mid + 1
-            else:
-                hi = mid
-        cur[j] = lo
+        cur[j] = indptr[j] + np.searchsorted(indices[indptr[j]:indptr[j + 1]], r0)
     return cur
 
 
@@ -362,11 +355,12 @@ def add_columns(indptr, indices, data, scale, r0, r1, out):
         t1 = min(t0 + _TILE, r1)
         for j in range(k):
             c = scale[j]
+            if c == 0.0:  # never read: its cursor may stay behind
+                continue
             p = cur[j]
             end = indptr[j + 1]
             while p < end and indices[p] < t1:
-                if c != 0.0:
-                    out[indices[p] - r0] += c * np.float64(data[p])
+                out[indices[p] - r0] += c * np.float64(data[p])
                 p += 1
             cur[j] = p
 

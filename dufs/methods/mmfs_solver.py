@@ -467,13 +467,14 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
 
 
 def _screened(states: list, sets: list, k: int) -> list:
-    """The working sets cut to the ``k`` coordinates of the largest margins rho over the partition's blocks."""
+    """The working sets cut to their ``k`` coordinates of the most negative g - rho over the partition's blocks: at a
+    cold start, where g = b = 0, those of the largest margins rho."""
     if sum(ix.size for ix in sets) <= k:
         return sets
     cand = []
     for q, (st, ix) in enumerate(zip(states, sets, strict=True)):
         if ix.size:
-            idx, key = smallest_outside(st["alpha"], np.zeros(st["alpha"].shape[0]), st["rho"], min(k, ix.size))
+            idx, key = smallest_outside(st["alpha"], st["g"], st["rho"], min(k, ix.size))
             cand.append((q, idx, key))
     keys = np.concatenate([c[2] for c in cand])
     cut = np.sort(keys)[k - 1] if keys.size > k else np.inf

@@ -441,7 +441,7 @@ def test_cold_start_works_on_the_largest_margins_first(cluster_client, n_partiti
     # the cut itself: the k largest margins over the blocks' working sets (ties at the cut in block order)
     rng = np.random.default_rng(3)
     rhos = [np.round(rng.uniform(0, 1, w), 1) for w in (7, 12, 5)]
-    states = [{"alpha": np.zeros(r.shape[0]), "rho": r} for r in rhos]
+    states = [{"alpha": np.zeros(r.shape[0]), "g": np.zeros(r.shape[0]), "rho": r} for r in rhos]
     sets = [np.flatnonzero(r > 0.05) for r in rhos]
     for k in (1, 4, 9, 100):
         got = _screened(states, sets, k)
