@@ -38,7 +38,7 @@ from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
 from dufs.kernels.dcd import mmfs_geometry
 from dufs.methods.labels import class_labels, unique_codes
-from dufs.methods.mmfs_solver import Checkpoint, init_state, margin_summary, mmfs_top, primal, solve
+from dufs.methods.mmfs_solver import Checkpoint, init_state, margin_summary, primal, solve
 from dufs.methods.params import (
     CHECKPOINT_PARAMS,
     SEED,
@@ -305,25 +305,30 @@ def margin_spec(M: Matrix, y: Any, theta: Any, gamma: Any, relevance_kind: Any) 
     y = np.asarray(y).ravel()
     if n_classes < 2:
         raise ParameterError("MMFS: the labels are constant, so every feature's relevance is 0")
-    counts = np.bincount(codes, minlength=n_classes).astype(np.float64)
     if relevance_kind == "fisher":
         from dufs.methods.filters import fisher_scores
 
         f = fisher_scores(M, y if y.dtype.kind in "biuf" else codes)
         finite = np.isfinite(f)
         top = float(f.max(where=finite, initial=-np.inf))
-        return auto, MarginSpec(kind="fisher", codes=codes, counts=counts, scale=top if top > 0 else 1.0, **common)
+        return auto, MarginSpec(kind="fisher", codes=codes, counts=_counts(codes, n_classes),
+                                scale=top if top > 0 else 1.0, **common)
     if relevance_kind != "correlation":
         raise ParameterError(f"The 'relevance' parameter of mmfs must be 'correlation', 'fisher' or a callable; "
                              f"got {relevance_kind!r}.")
     if n_classes > 2:
-        return auto, MarginSpec(kind="ratio", codes=codes, counts=counts, **common)
+        return auto, MarginSpec(kind="ratio", codes=codes, counts=_counts(codes, n_classes), **common)
     yv = np.asarray(y, dtype=np.float64) if y.dtype.kind in "biuf" else codes.astype(np.float64)
     yc = yv - yv.mean()
     nrm = np.linalg.norm(yc)
     if nrm == 0:
         raise ParameterError("MMFS: the labels are constant, so every feature's relevance is 0")
-    return auto, MarginSpec(kind="correlation", yn=yc / nrm, **common)
+    yc /= nrm
+    return auto, MarginSpec(kind="correlation", yn=yc, **common)
+
+
+def _counts(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    return np.bincount(codes, minlength=n_classes).astype(np.float64)
 
 
 def block_margins(b: Any, spec: MarginSpec, r_block: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -486,7 +491,8 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
             out = solve(M, rho, geo, C=float(C), gamma=gk, tol=float(tol), max_epochs=int(max_epochs),
                         random_state=int(random_state), partitions=partitions, state=state, w=w, trace=trace,
                         alpha0=alpha0, checkpoint=ck, checkpoint_every=int(checkpoint_every),
-                        checkpoint_meta={"gamma_index": k}, recovery=recovery, gather_g=not on_blocks, cold=fresh)
+                        checkpoint_meta={"gamma_index": k}, recovery=recovery, gather_g=not on_blocks, cold=fresh,
+                        top=want if on_blocks else 0)
         fresh = False
         state = out["state"]
         alpha0 = out["alpha"]
@@ -497,9 +503,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         if support >= want:
             break
     alpha, g = out["alpha"], out["g"]
-    top = None
-    if on_blocks:  # the ranking's head where the blocks live: (alpha, g - rho) stay there
-        top = mmfs_top(M, partitions, state, want)
+    top = out["top"]  # on_blocks: the ranking's head where the blocks live, (alpha, g - rho) stay there
     release(state)
     ws, wt, b = out["ws"], out["wt"], out["b"]
     diagnostics = {

@@ -21,7 +21,16 @@ from dufs.engine import Matrix, PerBlock
 from dufs.engine.dispatch import shipped
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
-from dufs.kernels.dcd import active_set, add_columns, column_gram, dcd_epoch, dcd_start, dense_dcd, smallest_outside
+from dufs.kernels.dcd import (
+    active_set,
+    add_columns,
+    column_gram,
+    dcd_epoch,
+    dcd_start,
+    dense_dcd,
+    mmfs_block_init,
+    smallest_outside,
+)
 from dufs.methods.solver import atomic_write, recoverable, release
 from dufs.scheduling import current_client, driver_threads, in_threads
 
@@ -84,17 +93,47 @@ def _init(blocks, state, coef, shift, colsum, qii, rho, alpha0, seed):
 def _init_from_spec(blocks, state, spec, r_given, alpha0, seed):
     """The blocks' states with their geometry and margins computed here, from the blocks (``spec``: a
     :class:`dufs.methods.mmfs.MarginSpec`), and the margins' (sum, sum of squares, largest) over the partition."""
-    from dufs.methods.mmfs import block_margins
-
     out, summary = [], np.array([0.0, 0.0, 0.0])
     for q, blk in enumerate(blocks):
-        g = block_margins(blk, spec, None if r_given is None else r_given[q])
-        out.append(_init_state(blk, g["coef"], g["shift"], g["colsum"], g["qii"], g["rho"],
-                               None if alpha0 is None else alpha0[q], seed[q]))
-        rho = g["rho"]
-        summary += [rho.sum(), rho @ rho, 0.0]
-        summary[2] = max(summary[2], float(rho.max(initial=0.0)))
+        st, part = _block_state(blk, spec, None if r_given is None else r_given[q],
+                                None if alpha0 is None else alpha0[q], seed[q])
+        out.append(st)
+        summary[:2] += part[:2]
+        summary[2] = max(summary[2], part[2])
     return out, summary
+
+
+def _block_state(blk, spec, r_block, alpha0, seed) -> tuple[dict, tuple]:
+    """One block's state (:func:`_init_state`) and its margins' (sum, sum of squares, largest), computed from the
+    block by ``spec``: the two-class correlation and a relevance given by one sweep into one array of the state's
+    rows (:func:`~dufs.kernels.dcd.mmfs_block_init`, the same numbers as :func:`~dufs.methods.mmfs.block_margins`),
+    the other relevances by ``block_margins``."""
+    if spec.kind not in ("correlation", "given"):
+        from dufs.methods.mmfs import block_margins
+
+        g = block_margins(blk, spec, r_block)
+        rho = g["rho"]
+        return (_init_state(blk, g["coef"], g["shift"], g["colsum"], g["qii"], rho, alpha0, seed),
+                (float(rho.sum()), float(rho @ rho), float(rho.max(initial=0.0))))
+    from dufs.methods.mmfs import _GEOMETRY_MODE
+
+    rows = np.zeros((7, blk.width))  # coef, shift, colsum, qii, rho, alpha, g: one allocation
+    factor = spec.theta / (1.0 - spec.theta)
+    y = local_array(spec.yn) if spec.kind == "correlation" else _NO_LABELS
+    part = mmfs_block_init(blk.indptr, blk.indices, blk.data, spec.m, spec.m, _GEOMETRY_MODE[spec.standardize], y,
+                           factor, rows)
+    if spec.kind == "given":
+        rows[4] = factor * np.asarray(r_block, dtype=np.float64)
+        rho = rows[4]
+        part = (float(rho.sum()), float(rho @ rho), float(rho.max(initial=0.0)))
+    if alpha0 is not None:
+        rows[5] = alpha0
+    return {"coef": rows[0], "shift": rows[1], "colsum": rows[2], "qii": rows[3], "rho": rows[4], "alpha": rows[5],
+            "dalpha": _NO_STEP, "g": rows[6],
+            "rng": np.array([np.uint64(seed) * np.uint64(2) + np.uint64(1)], dtype=np.uint64)}, part
+
+
+_NO_LABELS = np.zeros(0)
 
 
 def _start(blk, st, ws, wt, b, step, m, C, dal=None, at_zero=False):
@@ -644,13 +683,13 @@ def _gram_epochs(indptr, indices, data, per: dict, a: np.ndarray, m: int, C: flo
 
 
 # ---------------------------------------------------------------------------------------------------- resilience
-def _take_alpha(blocks, states, with_g=True):
+def _take_alpha(blocks, states, with_g=True, top=0):
     out = []
     for blk, st in zip(blocks, states, strict=True):
         nz = np.flatnonzero(st["alpha"])  # alpha is sparse (the support): send its nonzeros
         # g copied: in this process the state's g is a buffer a later round writes into
         out.append((blk.start, nz, st["alpha"][nz], st["g"].copy() if with_g else None))
-    return states, out
+    return states, (out, _top_of_state(blocks, states, top)[1] if top else None)
 
 
 def _init_blocks(M: Matrix, partitions: list, geo: dict | None, rho: Any, alpha0: np.ndarray | None,
@@ -730,25 +769,30 @@ def margin_summary(M: Matrix, spec: Any) -> np.ndarray:
 
 
 def _margin_summary(blk, spec, r_given):
-    from dufs.methods.mmfs import block_margins
-
-    rho = block_margins(blk, spec, r_given)["rho"]
-    return np.array([rho.sum(), rho @ rho, float(rho.max(initial=0.0))])
+    return np.array(_block_state(blk, spec, r_given, None, 0)[1])
 
 
-def _gather_alpha(M: Matrix, partitions: list, state: Any, with_g: bool = True) -> tuple[np.ndarray, Any, Any]:
-    """(alpha, g) of every feature on the driver (g None unless ``with_g``), and the state to go on with."""
-    parts, new = M.map_blocks(_take_alpha, with_g, state=state, partitions=partitions)
+def _gather_alpha(M: Matrix, partitions: list, state: Any, with_g: bool = True, top: int = 0
+                  ) -> tuple[np.ndarray, Any, Any, dict]:
+    """(alpha, g) of every feature on the driver (g None unless ``with_g``), the state to go on with, and a dict:
+    ``support``, alpha's nonzeros (indices, values), and with ``top`` > 0 the ``top`` best features (``top``:
+    :func:`mmfs_top`'s, from the same pass)."""
+    parts, new = M.map_blocks(_take_alpha, with_g, int(top), state=state, partitions=partitions)
     release(state)
     d = M.shape[1]
     alpha = np.zeros(d)
     g = np.zeros(d) if with_g else None
-    for part in parts:
+    index, value = [np.zeros(0, np.int64)], [np.zeros(0)]
+    for part, _ in parts:
         for start, nz, a, gg in part:
             alpha[start + nz] = a
+            index.append(start + nz)
+            value.append(a)
             if with_g:
                 g[start:start + gg.shape[0]] = gg
-    return alpha, g, new
+    info = {"support": (np.concatenate(index), np.concatenate(value)),
+            "top": _merge_tops([t for _, t in parts], top) if top else None}
+    return alpha, g, new, info
 
 
 def primal(M: Matrix, alpha: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -773,12 +817,16 @@ class Checkpoint:
         self.writes = 0
         self.last_round: int | None = None
 
-    def save(self, alpha: np.ndarray, meta: dict) -> None:
+    def save(self, alpha: np.ndarray, meta: dict, support: tuple | None = None) -> None:
+        """Write ``alpha`` (its nonzeros: ``support``, (indices, values), where the caller has them) and ``meta``."""
         os.makedirs(self.directory, exist_ok=True)
         meta = {"format": 2, "problem": self.problem, **meta}
-        nz = np.flatnonzero(alpha)  # the support only: alpha is sparse
+        if support is None:
+            nz = np.flatnonzero(alpha)  # the support only: alpha is sparse
+            support = (nz, alpha[nz])
+        nz, val = support
         atomic_write(self.path, lambda f: np.savez(
-            f, n=np.int64(alpha.shape[0]), index=nz, value=np.asarray(alpha[nz], dtype=np.float64),
+            f, n=np.int64(alpha.shape[0]), index=nz, value=np.asarray(val, dtype=np.float64),
             meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
         self.writes += 1
         self.last_round = int(meta.get("round", -1))
@@ -818,10 +866,11 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
           random_state: int = 0, partitions: list | None = None, state: Any = None, w: tuple | None = None,
           trace: list | None = None, alpha0: np.ndarray | None = None, checkpoint: Any = None,
           checkpoint_every: int = 5, checkpoint_meta: dict | None = None, recovery: dict | None = None,
-          rule: str = "auto", gather_g: bool = True, cold: bool = False) -> dict:
+          rule: str = "auto", gather_g: bool = True, cold: bool = False, top: int = 0) -> dict:
     """Rounds of block DCD + line search until gap / |D| <= tol or ``max_epochs`` rounds. Returns a dict with the
     final ``state`` (per partition), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``, and
-    ``alpha`` and ``g`` gathered to the driver (``g`` unless ``gather_g`` is False).
+    ``alpha`` and ``g`` gathered to the driver (``g`` unless ``gather_g`` is False), and ``top``: with ``top`` > 0,
+    the ``top`` best features (:func:`mmfs_top`'s, from the same pass as alpha).
 
     The problem is ``rho`` and ``geo`` (the margins and :func:`~dufs.methods.mmfs.geometry`, on the driver), or
     ``rho`` a :class:`~dufs.methods.mmfs.MarginSpec` and ``geo`` None: every block then computes its own where it
@@ -874,7 +923,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         if alpha0 is None and snap_on:
             alpha0 = np.zeros(M.shape[1])
     elif alpha0 is None and snap_on:
-        alpha0, _, state = (np.zeros(M.shape[1]), None, state) if cold else _gather_alpha(M, partitions, state)
+        alpha0, _, state = (np.zeros(M.shape[1]), None, state) if cold else _gather_alpha(M, partitions, state)[:3]
     # the last copy of alpha on the driver with the (w, b) it belongs to, the rounds and trace entries before it
     snap = (alpha0, ws, wt, b, 0, len(trace))
     K = len(partitions)
@@ -903,6 +952,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     gap = obj = np.inf
     r = 0
     alpha = g = None
+    gathered: dict = {}  # the last gather's support and ranking head (_gather_alpha)
     while True:
         last = r >= max_epochs
         t_round = time.perf_counter()
@@ -965,7 +1015,9 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             fresh = False
             if done or last or (snap_on and r % every == 0):
                 # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)
-                alpha, g, state = _gather_alpha(M, partitions, state, with_g=gather_g and (done or last))
+                alpha, g, state, gathered = _gather_alpha(M, partitions, state,
+                                                          with_g=gather_g and (done or last),
+                                                          top=top if done or last else 0)
                 snap = (alpha, ws, wt, b, r - 1, len(trace))
                 fresh = True
                 watch()
@@ -1000,7 +1052,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                   gap, rel, int(tl.updates), int(tl.visited))
         if checkpoint is not None and fresh:
             checkpoint.save(snap[0], {"round": snap[5], "gamma": gamma, "trace": trace[:snap[5]],
-                                      "converged": bool(done), **(checkpoint_meta or {})})
+                                      "converged": bool(done), **(checkpoint_meta or {})}, gathered["support"])
         if done:
             converged = True
             break
@@ -1037,7 +1089,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         wt = np.array([0.0, float(ws.sum())])
         b = b + gamma * ps
     return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
-            "trace": trace, "alpha": alpha, "g": g}
+            "trace": trace, "alpha": alpha, "g": g, "top": gathered.get("top")}
 
 
 def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: float, thi: float,
@@ -1071,6 +1123,11 @@ def mmfs_top(M: Matrix, partitions: list, state: Any, k: int) -> np.ndarray:
     """The ``k`` best features by :meth:`~dufs.methods.mmfs.MMFSResult.ranking`'s rule (the support by alpha, then
     the dual gradient g - rho, ties to the lower index), each partition proposing its own best from its state."""
     parts, _ = M.map_blocks(_top_of_state, int(k), state=state, partitions=partitions)
+    return _merge_tops(parts, k)
+
+
+def _merge_tops(parts: list, k: int) -> np.ndarray:
+    """The ``k`` best of the partitions' proposals (:func:`_top_of_state`)."""
     ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
     grp = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
     key = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0)

@@ -7,7 +7,7 @@ from dufs.kernels.codes import class_codes
 from dufs.methods.labels import unique_codes
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 7, 16, 33])
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 9, 16, 33])
 def test_class_codes_are_numpys_search_among_the_classes(k):
     rng = np.random.default_rng(k)
     classes = np.sort(rng.choice(np.arange(-50.0, 50.0), k, replace=False))

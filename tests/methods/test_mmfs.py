@@ -268,6 +268,46 @@ def test_many_features_path_keeps_vectors_on_the_blocks_and_ranks_the_same(multi
         assert blocks.ranking()[k:].tolist() == rest[:30 - k]
 
 
+@pytest.mark.parametrize("standardize", [None, "scale", "zscore"])
+def test_a_blocks_state_in_one_sweep_is_the_margins_of_dense_formulas(standardize):
+    """A block's geometry and two-class margins made in one sweep (mmfs_block_init, as mmfs makes the state where
+    the blocks live) against dense NumPy formulas, and bit for bit block_margins's separate statistics and product;
+    an empty column, a constant one in every row, one of a single value and zeros, negative values."""
+    from dufs.engine.blocks import resolve
+    from dufs.methods.mmfs import block_margins, margin_spec
+    from dufs.methods.mmfs_solver import _block_state
+
+    rng = np.random.default_rng(11)
+    m, d, theta = 300, 40, 0.7
+    X = np.where(rng.random((m, d)) < 0.2, rng.standard_normal((m, d)), 0.0).astype(np.float32)
+    X[:, 0] = 0.0
+    X[:, 1] = 2.5
+    X[:, 2] = np.where(rng.random(m) < 0.3, -1.0, 0.0)
+    X[:, 3] = -np.abs(X[:, 3])
+    y = np.where(X[:, 5] + rng.standard_normal(m) > 0, 3, -2)
+    M = Matrix(sp.csc_array(X), standardize=standardize, block_width=16)
+    _, spec = margin_spec(M, y, theta, 1.0, "correlation")
+    Xd = X.astype(np.float64)
+    sd = Xd.std(axis=0)
+    coef = np.ones(d) if standardize is None else 1.0 / (np.where(sd > 0, sd, 1.0) * np.sqrt(m))
+    shift = Xd.mean(axis=0) if standardize == "zscore" else np.zeros(d)
+    F = (Xd - shift) * coef
+    yc = y - y.mean()
+    rho = theta / (1 - theta) * np.abs(F.T @ (yc / np.linalg.norm(yc)))
+    want = {"coef": coef, "shift": shift, "colsum": Xd.sum(axis=0), "qii": (F * F).sum(axis=0), "rho": rho}
+    for src in M._src:
+        blk = resolve(src)
+        cols = slice(blk.start, blk.start + blk.width)
+        st, part = _block_state(blk, spec, None, None, 0)
+        apart = block_margins(blk, spec)
+        for k, v in want.items():
+            np.testing.assert_allclose(st[k], v[cols], rtol=1e-9, atol=1e-12, err_msg=k)
+            np.testing.assert_array_equal(st[k], apart[k], err_msg=k)
+        assert not st["alpha"].any() and not st["g"].any()
+        r = want["rho"][cols]
+        np.testing.assert_allclose(part, [r.sum(), r @ r, r.max()], rtol=1e-12)
+
+
 def test_bad_parameters_are_named():
     X, y = _problem(6)
     for kw, name in [({"C": 0}, "'C'"), ({"theta": 1.0}, "'theta'"), ({"gamma": "big"}, "'gamma'"),
