@@ -524,3 +524,43 @@ def mmfs_block_init(indptr, indices, data, n_rows, m, mode, y, factor, out):
             if rho > top:
                 top = rho
     return s1, s2, top
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def step_dots(dws, dt, pw):
+    """The line search's products over the samples: (dw^T dw, p^T p, dw^T p) for dw = dws + dt (not formed) and p =
+    ``pw`` (the last step's change; the last two 0 when it is empty), in one sweep."""
+    a = 0.0
+    b = 0.0
+    c = 0.0
+    if pw.shape[0] == 0:
+        for i in range(dws.shape[0]):
+            d = dws[i] + dt
+            a += d * d
+        return a, b, c
+    for i in range(dws.shape[0]):
+        d = dws[i] + dt
+        p = pw[i]
+        a += d * d
+        b += p * p
+        c += d * p
+    return a, b, c
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def apply_step(dws, dt, s, t, pw, ws, out):
+    """The driver's step in one sweep: p = s (dws + dt) + t p (``pw``, in place; not read when t is 0) and
+    ``out`` = ws + p. Returns (1^T out, out^T out), the next round's S and ||w||^2."""
+    total = 0.0
+    norm2 = 0.0
+    for i in range(ws.shape[0]):
+        if t != 0.0:
+            p = s * (dws[i] + dt) + t * pw[i]
+        else:
+            p = s * (dws[i] + dt)
+        pw[i] = p
+        v = ws[i] + p
+        out[i] = v
+        total += v
+        norm2 += v * v
+    return total, norm2

@@ -18,18 +18,21 @@ import numpy as np
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock
+from dufs.engine.buffers import buffer
 from dufs.engine.dispatch import shipped
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import (
     active_set,
     add_columns,
+    apply_step,
     column_gram,
     dcd_epoch,
     dcd_start,
     dense_dcd,
     mmfs_block_init,
     smallest_outside,
+    step_dots,
 )
 from dufs.methods.solver import atomic_write, recoverable, release
 from dufs.scheduling import current_client, driver_threads, in_threads
@@ -369,6 +372,15 @@ class PartitionResult:
         np.add.at(out, self.rows, self.vals)
         return out
 
+    def dense_into(self, out: np.ndarray) -> np.ndarray:
+        """:meth:`dense` written into ``out`` (float64, ``m``)."""
+        if self.rows is None:
+            np.copyto(out, self.vals)
+        else:
+            out.fill(0.0)
+            np.add.at(out, self.rows, self.vals)
+        return out
+
     def __add__(self, other: PartitionResult) -> PartitionResult:
         tail = self.tail + other.tail
         cols = self.cols + other.cols
@@ -470,7 +482,8 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
             tail.updates, tail.ds, tail.slope, tail.dt, tail.dS = sc.updates, sc.ds, sc.slope, sc.dt, sc.dS
             tail.task_s = time.perf_counter() - t0
             return new, PartitionResult.of(dws, tail)
-    wsl = ws.copy()
+    wsl = buffer(ws.shape[0])  # pooled (dufs.engine.buffers): a fresh vector's pages fault in at every round
+    np.copyto(wsl, ws)
     wtl = wt.copy()
     bias = np.array([b])
     # the blocks' order: from the first block's generator state (deterministic, new every round)
@@ -533,20 +546,21 @@ def _screened(states: list, sets: list, k: int) -> list:
 
 
 def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, C: float, gamma: float,
-                  update_bias: bool, sigma: float, seed: int, epochs: int = 1, held: _GramCache | None = None
-                  ) -> tuple[np.ndarray, RoundTotals, list]:
+                  update_bias: bool, sigma: float, seed: int, epochs: int = 1, held: _GramCache | None = None,
+                  out: np.ndarray | None = None) -> tuple:
     """One DCD epoch in this process over working sets sent by the partitions (:func:`_payload`), from (w, b).
     Returns (dws, its :class:`RoundTotals` (dt, dS, ds, slope, updates), [(block start, coordinates, their
-    change), ...]). A serial working set (``update_bias``, ``sigma`` 1) that :func:`_gram_pays` for is solved
-    through its k x k matrix instead (``held``: the Gram matrix kept between rounds)."""
+    change), ...]); with ``out`` dws is added into it and not returned. A serial working set (``update_bias``,
+    ``sigma`` 1) that :func:`_gram_pays` for is solved through its k x k matrix instead (``held``: the Gram matrix
+    kept between rounds)."""
     indptr, indices, data, per = _stack(cols)
     a = per["alpha"].copy()
     n = a.shape[0]
     rng = np.array([np.uint64(seed) * np.uint64(2) + np.uint64(1)], dtype=np.uint64)
     if update_bias and sigma == 1.0 and n <= _GRAM_MAX and _gram_pays(np.diff(indptr), m):
-        got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, driver_threads(), held)
+        got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, driver_threads(), held, out)
         if got is not None:
-            return (*got, _moved(cols, a - per["alpha"]))
+            return (*(got[1:] if out is not None else got), _moved(cols, a - per["alpha"]))
     wsl, wtl, bias = ws.copy(), wt.copy(), np.array([b])
     visit = np.arange(n, dtype=np.int64)
     n_upd, left = 0, n
@@ -563,6 +577,9 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
     dws /= sigma
     sc = RoundTotals(dt=float((wtl[0] - wt[0]) / sigma), dS=float((wtl[1] - wt[1]) / sigma), ds=float(d.sum()),
                      slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
+    if out is not None:
+        out += dws
+        return sc, _moved(cols, d)
     return dws, sc, _moved(cols, d)
 
 
@@ -628,7 +645,7 @@ class _GramCache:
 
 
 def _gram_epochs(indptr, indices, data, per: dict, a: np.ndarray, m: int, C: float, gamma: float,
-                 rng: np.ndarray, threads: int = 1, held: _GramCache | None = None
+                 rng: np.ndarray, threads: int = 1, held: _GramCache | None = None, out: np.ndarray | None = None
                  ) -> tuple[np.ndarray, RoundTotals] | None:
     """The serial working-set subproblem (the bias moving) solved through its k x k matrix: Q = F^T F + gamma
     1 1^T from the columns' Gram matrix (:func:`column_gram`), then DCD on Q (:func:`dense_dcd`) from the round's
@@ -675,7 +692,7 @@ def _gram_epochs(indptr, indices, data, per: dict, a: np.ndarray, m: int, C: flo
     _, n_upd, _ = dense_dcd(F, grad, a, C, rng, max(10, min(1000, _GRAM_FLOPS // max(k * k, 1))), tol)
     d = a - a0
     dc = d * coef
-    dws = np.zeros(int(m))
+    dws = buffer(int(m), zero=True) if out is None else out  # the change of ws, or added into ``out``
     in_threads(lambda r0, r1: add_columns(indptr, indices, data, dc, r0, r1, dws[r0:r1]), int(m), threads)
     sc = RoundTotals(dt=-float(dc @ shift), dS=float(dc @ colsum), ds=float(d.sum()),
                      slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
@@ -862,6 +879,9 @@ class Checkpoint:
         return alpha, meta
 
 
+_NO_ROWS = np.zeros(0)
+
+
 def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: float, tol: float, max_epochs: int,
           random_state: int = 0, partitions: list | None = None, state: Any = None, w: tuple | None = None,
           trace: list | None = None, alpha0: np.ndarray | None = None, checkpoint: Any = None,
@@ -953,6 +973,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     r = 0
     alpha = g = None
     gathered: dict = {}  # the last gather's support and ranking head (_gather_alpha)
+    wnorm2 = None  # ||ws||^2 when known (apply_step)
     while True:
         last = r >= max_epochs
         t_round = time.perf_counter()
@@ -978,12 +999,13 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             release(state)
             state = new_state
             t_map = time.perf_counter() - t_map
-            dws, tl = res.dense(), res.tail
+            dws, tl = res.dense_into(buffer(m)), res.tail
             dal = None
             mode = "serial" if K == 1 else "cocoa+" if cocoa else "held-bias"
             # the gap at this round's start (the driver's epochs below add no gap terms)
             gap, ra = tl.gap, tl.rho_alpha
-            wnorm2 = float(ws @ ws)  # ws is w itself: the driver folds the constant part in every round
+            if wnorm2 is None:  # ws is w itself: the driver folds the constant part in every round
+                wnorm2 = float(ws @ ws)
             obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
             rel = gap / max(abs(obj), 1e-300)
             done = rel <= tol or gap <= 0.0 or tl.at_tol > 0.0
@@ -1002,10 +1024,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                 dal = [None] * M.n_blocks
                 for q, cs in sorted(by.items()):
                     reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), M.nnz) if serial else 1
-                    dw_q, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa,
-                                                 1.0 if serial else sigma, seed * 1000003 + 7 * r + q + 2, reps,
-                                                 held)
-                    dws = dws + dw_q
+                    sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa, 1.0 if serial else sigma,
+                                           seed * 1000003 + 7 * r + q + 2, reps, held, dws)
                     tl = tl + sc
                     for start, ix, d in dl:
                         dal[int(np.searchsorted(bounds, start, side="right")) - 1] = (ix, d)
@@ -1035,6 +1055,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             _, ws, wt, b, r, n = snap
             del trace[n:]
             step, pw, ps = np.zeros(2), None, 0.0
+            wnorm2 = None
             dal = None
             cocoa = rule == "cocoa+" and K > 1
             prev_gap = np.inf
@@ -1067,26 +1088,31 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         # exact line search along the summed direction d: the dual is quadratic along it, with slope
         # d^T grad D = sum_j d_j (g_j - rho_j) (summed by the blocks from the exact gradient) and curvature
         # ||dw||^2 + gamma ds^2 (dw = dws + dt 1 formed explicitly: no cancellation between its two parts)
-        dw = dws + dt
-        den = float(dw @ dw) + gamma * ds * ds
+        # (the sums over the samples by step_dots and apply_step, one sweep each, into pooled vectors
+        # (dufs.engine.buffers): a fresh n_samples vector's pages cost more than the arithmetic, 12-20 ms an
+        # operation at 2M samples on the test machine's driver against 2-3 ms)
+        dd, pp, dp = step_dots(dws, dt, _NO_ROWS if pw is None else pw)
+        den = dd + gamma * ds * ds
         st_ = float(np.clip(-slope / den, 0.0, 1.0)) if den > 0 and slope < 0 else 0.0
         tt = 0.0
         if pw is not None and tl.thi > tl.tlo and not res.cols:
             # and along the last step's change p as well: the dual is quadratic on span{d, p}, minimised over
             # s in [0, 1] and the t that keeps alpha in the box. The bias couples every coordinate (gamma 1 1^T,
             # an eigenvalue of gamma times the free coordinates): one direction a round zig-zags across it
-            st_, tt = _plane_step(slope, tl.pslope, den, float(pw @ pw) + gamma * ps * ps,
-                                  float(dw @ pw) + gamma * ds * ps, tl.tlo, tl.thi, st_)
+            st_, tt = _plane_step(slope, tl.pslope, den, pp + gamma * ps * ps, dp + gamma * ds * ps, tl.tlo,
+                                  tl.thi, st_)
         step = np.array([st_, tt])
         trace[-1]["step"], trace[-1]["momentum"] = st_, tt
-        if tt != 0.0:
-            pw = st_ * dw + tt * pw
-            ps = st_ * ds + tt * ps
+        ps = st_ * ds + tt * ps if tt != 0.0 else st_ * ds
+        if st_ != 0.0 or tt != 0.0:
+            pw = buffer(m) if pw is None else pw
+            new_ws = buffer(m)  # not the one a snapshot holds: a pooled vector is handed out only once unused
+            total, wnorm2 = apply_step(dws, dt, st_, tt, pw, ws, new_ws)
+            ws = new_ws
+            wt = np.array([0.0, total])
         else:
-            pw = st_ * dw if st_ != 0.0 else None
-            ps = st_ * ds
-        ws = ws + pw if pw is not None else ws
-        wt = np.array([0.0, float(ws.sum())])
+            pw = None
+        dws = None
         b = b + gamma * ps
     return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
             "trace": trace, "alpha": alpha, "g": g, "top": gathered.get("top")}
