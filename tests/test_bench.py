@@ -53,9 +53,9 @@ def test_bench_mmfs_prints_its_figures(tmp_path):
     for label in ("LIBLINEAR -e 0.1", "s/iteration", "dufs dcd_epoch, random (default)", "x LIBLINEAR",
                   "visit orders", "storage order", "block-random, runs of 256", "1 worker", "2 workers",
                   "converged", "rounds", "speed-up 2 workers vs 1", "of the gradient pass's speed-up",
-                  "median of 5 solves after an untimed one", "peak RSS per worker", "vectors of",
+                  "median of 11 solves after an untimed one", "peak RSS per worker", "vectors of",
                   "the solver's code", "(files the first solve mapped)",
-                  "the gradient pass alone through the cluster", "median of 10, half before the solves and half after"):
+                  "the gradient pass alone through the cluster", "median of 22, half before the solves and half after"):
         assert label in out, (label, out)
     assert "NOT converged" not in out
 

@@ -244,12 +244,12 @@ def _order_name(o: int) -> str:
 def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
          store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), seed: int = 0,
          C: float = 1.0, gamma: float = 1.0, tol: float = 1e-3, ll_eps: tuple[float, ...] = (1.0, 0.1),
-         orders: tuple[int, ...] = (0, -1, 64, 256, 1024, 4096), max_epochs: int = 200, repeats: int = 5) -> dict:
+         orders: tuple[int, ...] = (0, -1, 64, 256, 1024, 4096), max_epochs: int = 200, repeats: int = 11) -> dict:
     """MMFS-DCD on the kddb-like store: (a) our DCD epoch in this process against LIBLINEAR ``-s 3`` per iteration
     on the same problem; visit orders on one block; (b) ``mmfs`` wall time to ``tol`` with 1 and 2 workers, the
     median of ``repeats`` solves on the same cluster after one untimed solve (one solve's time moves 10-30% from run
-    to run on the 2-core test machine); (c) peak memory per worker against its blocks plus O(n_samples) vectors,
-    over all the solves."""
+    to run on the 2-core test machine, and a solve takes about a second: 11 by default); (c) peak memory per worker
+    against its blocks plus O(n_samples) vectors, over all the solves."""
     from dufs.engine import FeatureBlock, as_matrix
     from dufs.methods.mmfs import geometry, relevance
     from dufs.methods.mmfs import mmfs as run_mmfs
@@ -425,8 +425,8 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
     from dufs.methods.mmfs_solver import _SCREEN
     for w in workers:
         v = res[f"w{w}"]
-        each = ", ".join(f"{t:.1f} s" for t in v["walls_s"])
-        say(f"  {w} worker{'s' if w > 1 else ' '}: {v['wall_s']:.1f} s (median of {len(v['walls_s'])} solves after an "
+        each = ", ".join(f"{t:.2f} s" for t in v["walls_s"])
+        say(f"  {w} worker{'s' if w > 1 else ' '}: {v['wall_s']:.2f} s (median of {len(v['walls_s'])} solves after an "
             f"untimed one: {each}; rounds {', '.join(str(x) for x in v['all_rounds'])}) to relative gap "
             f"{v['rel_gap']:.1e} "
             f"({'converged' if v['converged'] else 'NOT converged'}), {v['rounds']} rounds in "

@@ -125,7 +125,7 @@ def bench(
     what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs or ufcm."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
-                                       "3 for ingest, 7 for pass, 5 mmfs solves, 5 greedy, 3 m3fs and ufcm)."),
+                                       "3 for ingest, 7 for pass, 11 mmfs solves, 5 greedy, 3 m3fs and ufcm)."),
     work_dir: Path | None = typer.Option(None, "--dir", help="Scratch directory (ingest: default a temp dir; pass: "
                                          "where the synthetic store is built and reused, default "
                                          "<tmp>/dufs-bench)."),
@@ -151,7 +151,7 @@ def bench(
                      store=store, console=out)
     elif what == "mmfs":
         _bench.mmfs(rows=rows, features=features, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store,
-                    console=out, repeats=repeats or 5)
+                    console=out, repeats=repeats or 11)
     elif what == "greedy":
         from dufs.bench.greedy import greedy
 

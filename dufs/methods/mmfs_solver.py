@@ -880,6 +880,37 @@ class Checkpoint:
 
 
 _NO_ROWS = np.zeros(0)
+_THREADED_ROWS = 1 << 18  # the driver's sweeps over at least this many samples run on its threads
+
+
+def _sample_threads(m: int) -> int:
+    return driver_threads() if m >= _THREADED_ROWS else 1
+
+
+def _step_dots(dws: np.ndarray, dt: float, pw: np.ndarray | None) -> tuple[float, float, float]:
+    """:func:`~dufs.kernels.dcd.step_dots` in row ranges on the driver's threads (the workers wait meanwhile),
+    the ranges' sums added in order."""
+    parts: dict = {}
+
+    def run(r0: int, r1: int) -> None:
+        parts[r0] = step_dots(dws[r0:r1], dt, _NO_ROWS if pw is None else pw[r0:r1])
+
+    in_threads(run, dws.shape[0], _sample_threads(dws.shape[0]))
+    got = [parts[k] for k in sorted(parts)]
+    return sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got)
+
+
+def _apply_step(dws: np.ndarray, dt: float, s: float, t: float, pw: np.ndarray, ws: np.ndarray,
+                out: np.ndarray) -> tuple[float, float]:
+    """:func:`~dufs.kernels.dcd.apply_step` in row ranges on the driver's threads, the sums added in order."""
+    parts: dict = {}
+
+    def run(r0: int, r1: int) -> None:
+        parts[r0] = apply_step(dws[r0:r1], dt, s, t, pw[r0:r1], ws[r0:r1], out[r0:r1])
+
+    in_threads(run, ws.shape[0], _sample_threads(ws.shape[0]))
+    got = [parts[k] for k in sorted(parts)]
+    return sum(g[0] for g in got), sum(g[1] for g in got)
 
 
 def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: float, tol: float, max_epochs: int,
@@ -999,7 +1030,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             release(state)
             state = new_state
             t_map = time.perf_counter() - t_map
-            dws, tl = res.dense_into(buffer(m)), res.tail
+            tl = res.tail
             dal = None
             mode = "serial" if K == 1 else "cocoa+" if cocoa else "held-bias"
             # the gap at this round's start (the driver's epochs below add no gap terms)
@@ -1009,6 +1040,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
             obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
             rel = gap / max(abs(obj), 1e-300)
             done = rel <= tol or gap <= 0.0 or tl.at_tol > 0.0
+            # the change of ws the partitions made (not read after a round that ends the solve)
+            dws = None if done else res.dense_into(buffer(m))
             # a round that ends the solve runs no driver epoch: its step would never be applied (on 2 workers,
             # 60-90 ms of serial DCD on the 2M x 5M bench store)
             serial = tl.epochs_run == 0
@@ -1091,7 +1124,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         # (the sums over the samples by step_dots and apply_step, one sweep each, into pooled vectors
         # (dufs.engine.buffers): a fresh n_samples vector's pages cost more than the arithmetic, 12-20 ms an
         # operation at 2M samples on the test machine's driver against 2-3 ms)
-        dd, pp, dp = step_dots(dws, dt, _NO_ROWS if pw is None else pw)
+        dd, pp, dp = _step_dots(dws, dt, pw)
         den = dd + gamma * ds * ds
         st_ = float(np.clip(-slope / den, 0.0, 1.0)) if den > 0 and slope < 0 else 0.0
         tt = 0.0
@@ -1107,7 +1140,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         if st_ != 0.0 or tt != 0.0:
             pw = buffer(m) if pw is None else pw
             new_ws = buffer(m)  # not the one a snapshot holds: a pooled vector is handed out only once unused
-            total, wnorm2 = apply_step(dws, dt, st_, tt, pw, ws, new_ws)
+            total, wnorm2 = _apply_step(dws, dt, st_, tt, pw, ws, new_ws)
             ws = new_ws
             wt = np.array([0.0, total])
         else:
@@ -1115,7 +1148,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         dws = None
         b = b + gamma * ps
     return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
-            "trace": trace, "alpha": alpha, "g": g, "top": gathered.get("top")}
+            "trace": trace, "alpha": alpha, "g": g, "top": gathered.get("top"),
+            "support": int(gathered["support"][0].shape[0]) if gathered else int(np.count_nonzero(alpha))}
 
 
 def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: float, thi: float,
