@@ -793,7 +793,7 @@ def _gather_alpha(M: Matrix, partitions: list, state: Any, with_g: bool = True, 
                   ) -> tuple[np.ndarray, Any, Any, dict]:
     """(alpha, g) of every feature on the driver (g None unless ``with_g``), the state to go on with, and a dict:
     ``support``, alpha's nonzeros (indices, values), and with ``top`` > 0 the ``top`` best features (``top``:
-    :func:`mmfs_top`'s, from the same pass)."""
+    :func:`_merge_tops`, from the same pass)."""
     parts, new = M.map_blocks(_take_alpha, with_g, int(top), state=state, partitions=partitions)
     release(state)
     d = M.shape[1]
@@ -921,7 +921,7 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     """Rounds of block DCD + line search until gap / |D| <= tol or ``max_epochs`` rounds. Returns a dict with the
     final ``state`` (per partition), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``, and
     ``alpha`` and ``g`` gathered to the driver (``g`` unless ``gather_g`` is False), and ``top``: with ``top`` > 0,
-    the ``top`` best features (:func:`mmfs_top`'s, from the same pass as alpha).
+    the ``top`` best features (:func:`_merge_tops`, from the same pass as alpha).
 
     The problem is ``rho`` and ``geo`` (the margins and :func:`~dufs.methods.mmfs.geometry`, on the driver), or
     ``rho`` a :class:`~dufs.methods.mmfs.MarginSpec` and ``geo`` None: every block then computes its own where it
@@ -1179,15 +1179,9 @@ def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: flo
     return best if q(*best) < q(s1, 0.0) else (s1, 0.0)
 
 
-def mmfs_top(M: Matrix, partitions: list, state: Any, k: int) -> np.ndarray:
-    """The ``k`` best features by :meth:`~dufs.methods.mmfs.MMFSResult.ranking`'s rule (the support by alpha, then
-    the dual gradient g - rho, ties to the lower index), each partition proposing its own best from its state."""
-    parts, _ = M.map_blocks(_top_of_state, int(k), state=state, partitions=partitions)
-    return _merge_tops(parts, k)
-
-
 def _merge_tops(parts: list, k: int) -> np.ndarray:
-    """The ``k`` best of the partitions' proposals (:func:`_top_of_state`)."""
+    """The ``k`` best features by :meth:`~dufs.methods.mmfs.MMFSResult.ranking`'s rule (the support by alpha, then
+    the dual gradient g - rho, ties to the lower index) from the partitions' proposals (:func:`_top_of_state`)."""
     ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
     grp = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
     key = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0)
