@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dufs.engine import Matrix
+from dufs.engine.buffers import buffer
 from dufs.engine.dispatch import current_client, shipped, tree_sum_values
 from dufs.engine.shm import local_array
 from dufs.kernels.vstep import fista_sweep, scaled_start
@@ -134,7 +135,7 @@ def _step(blks, st, R, beta, ga, rsum, step, decision):
     R = local_array(R)
     n = R.shape[0]
     x, xp = _decided(st, decision)
-    out = np.zeros(n)
+    out = buffer(n, zero=True)  # pooled: the scores go back each call, a fresh vector's pages fault in each time
     dots = np.zeros(9)
     ys, gs, us = [], [], []
     for i, b in enumerate(blks):
