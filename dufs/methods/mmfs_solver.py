@@ -366,11 +366,7 @@ class PartitionResult:
         self.cols = [] if cols is None else cols  # working sets (:func:`_payload`) for the driver's epochs
 
     def dense(self) -> np.ndarray:
-        if self.rows is None:
-            return self.vals
-        out = np.zeros(self.m)
-        np.add.at(out, self.rows, self.vals)
-        return out
+        return self.vals if self.rows is None else self.dense_into(np.empty(self.m))
 
     def dense_into(self, out: np.ndarray) -> np.ndarray:
         """:meth:`dense` written into ``out`` (float64, ``m``)."""
@@ -550,7 +546,7 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
                   out: np.ndarray | None = None) -> tuple:
     """One DCD epoch in this process over working sets sent by the partitions (:func:`_payload`), from (w, b).
     Returns (dws, its :class:`RoundTotals` (dt, dS, ds, slope, updates), [(block start, coordinates, their
-    change), ...]); with ``out`` dws is added into it and not returned. A serial working set (``update_bias``,
+    change), ...]); with ``out``, dws is added into it and is ``out``. A serial working set (``update_bias``,
     ``sigma`` 1) that :func:`_gram_pays` for is solved through its k x k matrix instead (``held``: the Gram matrix
     kept between rounds)."""
     indptr, indices, data, per = _stack(cols)
@@ -560,7 +556,7 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
     if update_bias and sigma == 1.0 and n <= _GRAM_MAX and _gram_pays(np.diff(indptr), m):
         got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, driver_threads(), held, out)
         if got is not None:
-            return (*(got[1:] if out is not None else got), _moved(cols, a - per["alpha"]))
+            return (*got, _moved(cols, a - per["alpha"]))
     wsl, wtl, bias = ws.copy(), wt.copy(), np.array([b])
     visit = np.arange(n, dtype=np.int64)
     n_upd, left = 0, n
@@ -579,7 +575,7 @@ def _driver_epoch(cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, 
                      slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
     if out is not None:
         out += dws
-        return sc, _moved(cols, d)
+        dws = out
     return dws, sc, _moved(cols, d)
 
 
@@ -883,34 +879,25 @@ _NO_ROWS = np.zeros(0)
 _THREADED_ROWS = 1 << 18  # the driver's sweeps over at least this many samples run on its threads
 
 
-def _sample_threads(m: int) -> int:
-    return driver_threads() if m >= _THREADED_ROWS else 1
+def _range_sums(fn: Any, m: int) -> tuple:
+    """``fn(r0, r1)``'s tuple of sums over the sample ranges [r0, r1) on the driver's threads (the workers wait
+    meanwhile; from _THREADED_ROWS samples), the ranges' sums added in range order."""
+    parts: dict = {}
+    in_threads(lambda r0, r1: parts.__setitem__(r0, fn(r0, r1)), m, driver_threads() if m >= _THREADED_ROWS else 1)
+    return tuple(sum(v) for v in zip(*(parts[k] for k in sorted(parts)), strict=True))
 
 
 def _step_dots(dws: np.ndarray, dt: float, pw: np.ndarray | None) -> tuple[float, float, float]:
-    """:func:`~dufs.kernels.dcd.step_dots` in row ranges on the driver's threads (the workers wait meanwhile),
-    the ranges' sums added in order."""
-    parts: dict = {}
-
-    def run(r0: int, r1: int) -> None:
-        parts[r0] = step_dots(dws[r0:r1], dt, _NO_ROWS if pw is None else pw[r0:r1])
-
-    in_threads(run, dws.shape[0], _sample_threads(dws.shape[0]))
-    got = [parts[k] for k in sorted(parts)]
-    return sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got)
+    """:func:`~dufs.kernels.dcd.step_dots` by :func:`_range_sums`."""
+    return _range_sums(lambda r0, r1: step_dots(dws[r0:r1], dt, _NO_ROWS if pw is None else pw[r0:r1]),
+                       dws.shape[0])
 
 
 def _apply_step(dws: np.ndarray, dt: float, s: float, t: float, pw: np.ndarray, ws: np.ndarray,
                 out: np.ndarray) -> tuple[float, float]:
-    """:func:`~dufs.kernels.dcd.apply_step` in row ranges on the driver's threads, the sums added in order."""
-    parts: dict = {}
-
-    def run(r0: int, r1: int) -> None:
-        parts[r0] = apply_step(dws[r0:r1], dt, s, t, pw[r0:r1], ws[r0:r1], out[r0:r1])
-
-    in_threads(run, ws.shape[0], _sample_threads(ws.shape[0]))
-    got = [parts[k] for k in sorted(parts)]
-    return sum(g[0] for g in got), sum(g[1] for g in got)
+    """:func:`~dufs.kernels.dcd.apply_step` by :func:`_range_sums`."""
+    return _range_sums(lambda r0, r1: apply_step(dws[r0:r1], dt, s, t, pw[r0:r1], ws[r0:r1], out[r0:r1]),
+                       ws.shape[0])
 
 
 def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: float, tol: float, max_epochs: int,
@@ -1057,8 +1044,9 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
                 dal = [None] * M.n_blocks
                 for q, cs in sorted(by.items()):
                     reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), M.nnz) if serial else 1
-                    sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa, 1.0 if serial else sigma,
-                                           seed * 1000003 + 7 * r + q + 2, reps, held, dws)
+                    _, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa,
+                                              1.0 if serial else sigma, seed * 1000003 + 7 * r + q + 2, reps, held,
+                                              dws)
                     tl = tl + sc
                     for start, ix, d in dl:
                         dal[int(np.searchsorted(bounds, start, side="right")) - 1] = (ix, d)
@@ -1120,7 +1108,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
         prev_gap = gap
         # exact line search along the summed direction d: the dual is quadratic along it, with slope
         # d^T grad D = sum_j d_j (g_j - rho_j) (summed by the blocks from the exact gradient) and curvature
-        # ||dw||^2 + gamma ds^2 (dw = dws + dt 1 formed explicitly: no cancellation between its two parts)
+        # ||dw||^2 + gamma ds^2 (dw = dws + dt 1 summed element by element, not expanded: no cancellation between
+        # its two parts)
         # (the sums over the samples by step_dots and apply_step, one sweep each, into pooled vectors
         # (dufs.engine.buffers): a fresh n_samples vector's pages cost more than the arithmetic, 12-20 ms an
         # operation at 2M samples on the test machine's driver against 2-3 ms)
