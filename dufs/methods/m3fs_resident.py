@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from dufs.engine import Matrix
+from dufs.engine.blocks import PerBlock
 from dufs.engine.buffers import buffer
 from dufs.engine.dispatch import current_client, shipped, tree_sum_values
-from dufs.engine.shm import local_array
+from dufs.engine.shm import lend, local_array, receive_eligible, receive_or_none, writable_array
 from dufs.kernels.vstep import fista_sweep, scaled_start
 
 __all__ = ["ResidentU", "resident_partitions"]
@@ -127,15 +128,20 @@ def _free(st, x, xp, i):
     return None
 
 
-def _step(blks, st, R, beta, ga, rsum, step, decision):
+def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None):
     """The decision on the last trial applied, then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
-    g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores. The state given is used up (its
-    arrays that the new one no longer holds are written)."""
+    g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores, written into row ``row[0]`` of the
+    driver's results file ``into`` (:func:`~dufs.engine.shm.receive`) where it gives one, else sent back. The
+    state given is used up (its arrays that the new one no longer holds are written)."""
     R = local_array(R)
     n = R.shape[0]
     x, xp = _decided(st, decision)
-    out = buffer(n, zero=True)  # pooled: the scores go back each call, a fresh vector's pages fault in each time
+    if into is not None:  # the driver's file: nothing to send back but the dots
+        out = writable_array(into)[row[0]]
+        out.fill(0.0)
+    else:  # pooled: the scores go back each call, a fresh vector's pages fault in each time
+        out = buffer(n, zero=True)
     dots = np.zeros(9)
     ys, gs, us = [], [], []
     for i, b in enumerate(blks):
@@ -149,12 +155,19 @@ def _step(blks, st, R, beta, ga, rsum, step, decision):
         ys.append(y)
         gs.append(g)
         us.append(u)
-    return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, (dots, out[:, None])
+    return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, (dots, None if into is not None else out[:, None])
 
 
-def _final(blks, st, decision):
+def _final(blks, st, decision, into=None, starts=None):
+    """The final point x, and v = s x: each block's written into the driver's results file ``into`` at ``starts``
+    where it gives one (nothing sent back), else sent back."""
     x, xp = _decided(st, decision)
-    return {**st, "x": x, "xp": xp}, x
+    if into is None:
+        return {**st, "x": x, "xp": xp}, [xi * si for xi, si in zip(x, st["s"], strict=True)]
+    target = writable_array(into)
+    for xi, si, a in zip(x, st["s"], starts, strict=True):
+        np.multiply(xi, si, out=target[a:a + xi.shape[0]])
+    return {**st, "x": x, "xp": xp}, None
 
 
 # ---------------------------------------------------------------------------------------------------- the driver
@@ -169,6 +182,11 @@ class ResidentU:
                  parts: list[list[int]]):
         mu, inv = M.transform
         self.M, self.parts, self.n = M, parts, M.shape[0]
+        # each block's partition: the row of the step's results file its partition writes
+        self._rows = [0] * M.n_blocks
+        for r, part in enumerate(parts):
+            for i in part:
+                self._rows[i] = r
         self.centred = mu is not None
         self.colsum = colsum
         self.V: np.ndarray | None = None  # the V its v-step returned, when kept for the next (:meth:`fits`)
@@ -197,14 +215,27 @@ class ResidentU:
         self.M.count_passes(-1)  # it sweeps no nonzeros
         self.decision, self.V = None, None
 
+    def _local(self, nbytes: int) -> bool:
+        """Whether results of ``nbytes`` come back through a file in /dev/shm that the workers write
+        (:func:`~dufs.engine.shm.receive`: every worker on this machine), not as messages (each a new file that
+        the driver maps, its pages faulted in on both sides)."""
+        return receive_eligible(current_client(), nbytes)
+
     def step(self, R: np.ndarray, beta: float, gb: float, step: float) -> tuple[np.ndarray, dict]:
         R2 = np.ascontiguousarray(R, dtype=np.float64).reshape(self.n)
-        with shipped(R2, broadcast=True, shared=True) as Ra:
+        k = len(self.parts)
+        with contextlib.ExitStack() as stack:
+            Ra = stack.enter_context(shipped(R2, broadcast=True, shared=True))
+            got_file = receive_or_none(stack, (k, self.n), np.float64) if self._local(k * self.n * 8) else None
+            extra = {} if got_file is None else {"into": got_file[0], "row": PerBlock(self._rows)}
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
-                                                state=self.state, partitions=self.parts)
+                                                state=self.state, partitions=self.parts, **extra)
+            # the partitions' scores summed in the same order either way (the same numbers), into an array of
+            # the driver's own (the file goes back to the pool: one partition's row is copied out)
+            rows = [g[1][:, 0] for g in got] if got_file is None else list(got_file[1])
+            Fu = rows[0].copy() if got_file is not None and k == 1 else tree_sum_values(rows)
         self.decision = None
         dots = np.sum([g[0] for g in got], axis=0)
-        Fu = tree_sum_values([g[1] for g in got])[:, 0]
         if self.centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
             Fu -= dots[6]
         self.swept = self.tried = float(step)
@@ -234,14 +265,24 @@ class ResidentU:
         self.decision = ("restart", None)
 
     def result(self) -> np.ndarray:
-        got, self.state = self.M.map_blocks(_final, self.decision, state=self.state, partitions=self.parts)
-        self.M.count_passes(-1)  # it sweeps no nonzeros
-        self.decision = None
-        out = np.empty(self.M.shape[1])
+        """v = S^1/2 u at the final point (the workers keep u for :meth:`renew`)."""
+        d = self.M.shape[1]
         bounds = self.M.bounds
-        for part, xs in zip(self.parts, got, strict=True):
-            for i, x in zip(part, xs, strict=True):
-                out[bounds[i]:bounds[i + 1]] = x
+        with contextlib.ExitStack() as stack:
+            got_file = receive_or_none(stack, (d,), np.float64) if self._local(d * 8) else None
+            extra = {} if got_file is None else {"into": got_file[0],
+                                                 "starts": PerBlock([int(a) for a in bounds[:-1]])}
+            got, self.state = self.M.map_blocks(_final, self.decision, state=self.state, partitions=self.parts,
+                                                **extra)
+            self.M.count_passes(-1)  # it sweeps no nonzeros
+            self.decision = None
+            if got_file is not None:
+                # the file's array is the result where /dev/shm has room (back to the pool once let go)
+                return got_file[1] if lend(got_file[0]) else got_file[1].copy()
+        out = np.empty(d)
+        for part, vs in zip(self.parts, got, strict=True):
+            for i, v in zip(part, vs, strict=True):
+                out[bounds[i]:bounds[i + 1]] = v
         return out
 
     def release(self) -> None:

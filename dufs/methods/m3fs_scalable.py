@@ -566,9 +566,8 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                 rd.release()
         raise
     Fbest, U, b, F = best
-    if rd is not None:
-        U = rd.result()[:, None]
-    V = s_half[:, None] * U
+    # v = S^1/2 u: made by the workers from their u (only v comes back), or here
+    V = rd.result()[:, None] if rd is not None else s_half[:, None] * U
     if rd is not None:
         if keep is not None:  # left on the workers for the next v-step from this V
             rd.V = V

@@ -252,6 +252,41 @@ def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("block_width", [4, 12])
+def test_v_step_results_through_shared_memory_are_the_messages_numbers(cluster_client, block_width):
+    """The workers write each step's partial scores and the final v = S^1/2 u into files in /dev/shm that the driver
+    made (every worker on this machine; forced here for this small problem): the same numbers, bit for bit, as
+    the results sent back as messages, whether the blocks make two partitions or one (whose row of the file is
+    copied out: the file goes back to the pool and the next step writes it again); and the optimum of the v-step
+    with its vectors on the driver."""
+    import dask
+
+    X = _data(40, 12, seed=2, sparse=True)
+    D = X.toarray()
+    Z = D / D.std(0)
+    L = m3fs_laplacian(Z)
+    sigma = sigma_step(np.random.default_rng(3).standard_normal(12) * np.arange(12), 4.0)
+    y = np.where(np.arange(40) < 20, 1.0, -1.0)
+    kw = dict(C=5.0, lambda_=0.05, l=2.0, smoothing=0.05, colsum=Z.sum(axis=0), tol=1e-7, max_iter=400)
+    with cluster_client.as_current():
+        M = Matrix(X, standardize="scale", block_width=block_width).persist()
+        assert len(ms.resident_partitions(M)) == (2 if block_width == 4 else 1)
+        with dask.config.set({"dufs.engine.shared-memory-bytes": 1}):
+            files = ms.v_step(M, sigma, y, L, **kw)
+        with dask.config.set({"dufs.engine.shared-memory": "off"}):
+            messages = ms.v_step(M, sigma, y, L, **kw)
+        here = ms.v_step(M, sigma, y, L, resident=False, **kw)
+    assert files["resident"] and messages["resident"] and not here["resident"]
+    assert files["iterations"] > 5 and files["iterations"] == messages["iterations"]
+    assert files["value"] == messages["value"]
+    np.testing.assert_array_equal(files["V"], messages["V"])
+    np.testing.assert_array_equal(files["F"], messages["F"])
+    assert files["value"] == pytest.approx(here["value"], rel=1e-9)
+    np.testing.assert_allclose(files["V"], here["V"], atol=1e-6)
+    np.testing.assert_allclose(files["F"][:, 0], Z @ files["V"][:, 0] + files["b"], atol=1e-9)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("standardize", ["zscore", "scale"])
 def test_a_v_step_from_the_state_the_last_one_kept_is_one_from_its_v(cluster_client, standardize):
     """The alternation's next v-step starts from the state the last one left on the workers (its u made there from
