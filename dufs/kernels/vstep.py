@@ -13,8 +13,9 @@ import numpy as np
 from dufs.kernels._prefetch import DISTANCE, prefetch_row
 from dufs.kernels.topk import in_order, offer
 
-__all__ = ["axpy", "fista_gradient", "fista_momentum", "fista_sweep", "fista_trial", "hinge_bias_slope",
-           "hinge_loss", "scaled_start", "top_positive", "weighted_norm2"]
+__all__ = ["axpy", "fista_extrapolate", "fista_gradient", "fista_momentum", "fista_sweep", "fista_trial",
+           "hinge_bias_slope", "hinge_loss", "hinge_manifold", "scaled_start", "sqrt_weights", "start_dots",
+           "top_positive", "weighted_norm2"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -70,6 +71,85 @@ def hinge_loss(f, y, mu, c, grad):
                 at += t
         grad[i] = a * -c * yi
     return c * (at - 0.5 * mu * aa) if mu > 0.0 else c * at
+
+
+@numba.njit(nogil=True, cache=True)
+def hinge_manifold(f, y, mu, c, lf, lam, grad):
+    """:func:`hinge_loss` and the manifold term's f^T (L f) from ``lf`` = L f in one sweep: (the loss, f^T lf), and,
+    unless ``grad`` is empty, the majoriser's gradient in f, the hinge's plus 2 ``lam`` lf, written into ``grad``
+    (the loss, the gradient and its manifold part were three sweeps and a fresh n-vector; a trial point's value
+    needs no gradient)."""
+    best = y.shape[0] == 0
+    has_g = grad.shape[0] > 0
+    at = 0.0
+    aa = 0.0
+    fl = 0.0
+    l2 = 2.0 * lam
+    for i in range(f.shape[0]):
+        fi = f[i]
+        yi = (1.0 if fi >= 0.0 else -1.0) if best else y[i]
+        t = 1.0 - yi * fi
+        if mu > 0.0:
+            a = t / mu
+            if a < 0.0:
+                a = 0.0
+            elif a > 1.0:
+                a = 1.0
+            at += a * t
+            aa += a * a
+        else:
+            a = 1.0 if t > 0.0 else 0.0
+            if t > 0.0:
+                at += t
+        fl += fi * lf[i]
+        if has_g:
+            grad[i] = a * -c * yi + l2 * lf[i]
+    return (c * (at - 0.5 * mu * aa) if mu > 0.0 else c * at), fl
+
+
+@numba.njit(nogil=True, cache=True)
+def sqrt_weights(sigma, colsum, s_half, a):
+    """s_half = sigma^1/2 (0 where sigma is not positive, NaN where it is NaN) and, unless ``colsum`` is empty,
+    the balance's vector a = s_half colsum, in one sweep (NumPy's maximum, sqrt and product: three sweeps and three
+    fresh vectors over the features, 4 ms a v-step at a million features)."""
+    has_a = colsum.shape[0] > 0
+    for k in range(sigma.shape[0]):
+        s = sigma[k]
+        v = np.sqrt(s) if s > 0.0 else (0.0 if s <= 0.0 else s)
+        s_half[k] = v
+        if has_a:
+            a[k] = v * colsum[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def start_dots(v0, s_half, a):
+    """For u = v0 / s_half (0 where s_half is not positive, as :func:`scaled_start` makes it), without forming u:
+    (whether v0 has a nonzero where s_half is not positive, a^T u, u^T u); an empty ``a`` stands for a = 0. What
+    the driver needs of a v-step's start whose u the workers make."""
+    off = False
+    au = 0.0
+    uu = 0.0
+    has_a = a.shape[0] > 0
+    for k in range(v0.shape[0]):
+        s = s_half[k]
+        if s > 0.0:
+            u = v0[k] / s
+            uu += u * u
+            if has_a:
+                au += a[k] * u
+        elif v0[k] != 0.0:
+            off = True
+    return off, au, uu
+
+
+@numba.njit(nogil=True, cache=True)
+def fista_extrapolate(x, xp, beta, c, w, out):
+    """out = x + beta (x - xp) - c w (an empty ``w`` stands for ones): the momentum point's scores less its bias, or
+    their product with L from L x, L x_prev and L 1, in one sweep into ``out`` (NumPy's four, and a fresh vector)."""
+    has_w = w.shape[0] > 0
+    for i in range(x.shape[0]):
+        t = (x[i] - xp[i]) * beta + x[i]
+        out[i] = t - c * w[i] if has_w else t - c
 
 
 @numba.njit(nogil=True, cache=True)

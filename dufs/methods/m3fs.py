@@ -172,7 +172,8 @@ def sigma_step(V: Any, m: float) -> np.ndarray:
     for j in range(min(k, int(np.floor(m)) + 1)):  # j = number of capped features
         scale = (m - j) / tail[j]
         if gs[j] * scale <= 1.0 + 1e-12:
-            sigma = np.minimum(g * scale, 1.0)  # 0 where g is
+            sigma = np.multiply(g, scale, out=g)  # min(g scale, 1), 0 where g is: in g's memory (its own array)
+            np.minimum(sigma, 1.0, out=sigma)
             sigma[top[:j]] = 1.0
             return sigma
     sigma = np.zeros(d)

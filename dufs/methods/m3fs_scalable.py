@@ -69,12 +69,16 @@ from dufs.engine.graphs import AnchorGraph, graph_rows, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.vstep import (
     axpy,
+    fista_extrapolate,
     fista_gradient,
     fista_momentum,
     fista_trial,
     hinge_bias_slope,
     hinge_loss,
+    hinge_manifold,
     scaled_start,
+    sqrt_weights,
+    start_dots,
     weighted_norm2,
 )
 from dufs.methods.m3fs import sigma_step
@@ -100,6 +104,7 @@ _POLISH, _POLISH_MAX_N = 8, 5000  # polish="auto": label flips tried, up to this
 # a dense L (n x n) with n * n_features at most this: L Z is formed once (one pass), so that the manifold term's
 # L f = (L Z) S^1/2 u + b L 1 costs n * n_features * p instead of n^2 * p per evaluation
 _LZ_MAX = 1 << 22
+_NONE = np.zeros(0)  # an empty array: "none" to the kernels (no balance vector, no gradient wanted)
 # lambda_=None: the manifold weight is min(_LAMBDA, _LAMBDA_N / n_samples). f^T L f is a sum over the samples
 # while the hinge is an average, so a fixed weight lets the manifold term outgrow the loss as n grows: with the
 # anchor graph of a 200,000-row store 1e-2 (lambda n = 2000) put every sample in one cluster, and at kddb size it
@@ -209,6 +214,14 @@ def _objectives(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: f
     if bad:
         return [float("inf")] * len(smoothings)
     reg = 0.5 * total
+    if F.shape[1] == 1 and lambda_ != 0:  # two clusters: each loss and f^T L f in one sweep, no gradient
+        LF = np.asarray(L @ F, dtype=np.float64).reshape(-1)
+        yv = _NONE if y is None else np.asarray(y, dtype=np.float64)
+        out = []
+        for mu in smoothings:
+            lv, fl = hinge_manifold(F[:, 0], yv, float(mu), C / F.shape[0], LF, float(lambda_), _NONE)
+            out.append(reg + lv + float(lambda_ * fl))
+        return out
     mv, _ = _manifold(L, F, lambda_)
     return [reg + _loss(F, y, mu, C / F.shape[0])[0] + mv for mu in smoothings]
 
@@ -221,7 +234,14 @@ class _Balance:
     def __init__(self, a: np.ndarray | None, n: int, l: float, binary: bool):
         # a None is a = 0 (centred data): no vector over the features is kept (240 MB at kddb size)
         self.a, self.n, self.l, self.binary = a, float(n), float(l), binary
-        self.aa = 0.0 if a is None else float(a @ a)
+        self._aa: float | None = None
+
+    @property
+    def aa(self) -> float:
+        """a^T a (made when first needed: the two-cluster v-step seldom projects)."""
+        if self._aa is None:
+            self._aa = 0.0 if self.a is None else float(self.a @ self.a)
+        return self._aa
 
     def project(self, U: np.ndarray, b: float) -> tuple[np.ndarray, float]:
         if self.binary:
@@ -347,16 +367,32 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
     binary = int(n_clusters) == 2
     p = 1 if binary else int(n_clusters)
     yy = y.astype(np.float64) if binary else y.astype(np.int64)
-    s_half = np.sqrt(np.maximum(sigma, 0.0))
-    bal = _Balance(None if colsum is None else s_half * colsum, n, l, binary)
+    # sigma^1/2 and the balance's vector a = S^1/2 colsum in one sweep
+    s_half = np.empty(d)
+    a_bal = None if colsum is None else np.empty(d)
+    sqrt_weights(np.ascontiguousarray(sigma, dtype=np.float64), _NONE if colsum is None else
+                 np.ascontiguousarray(colsum, dtype=np.float64), s_half, _NONE if a_bal is None else a_bal)
+    bal = _Balance(a_bal, n, l, binary)
     c = C / n
     off = False  # V0 has weight where sigma is 0
+    # u on the workers: the driver needs only a^T u0 and ||u0||^2 of the start (made by start_dots, the same way
+    # whether the workers make u0 from the state the last v-step left or get it shipped), and u0 itself only to
+    # ship it or to compute its scores
+    renew = parts is not None and keep is not None and keep.get("rd") is not None and \
+        keep["rd"].fits(M, parts, V0_given, colsum)
+    aU0 = uu0 = None
     if V0 is not None:
         V0 = np.asarray(V0, dtype=np.float64).reshape(d, p)
-        U = np.empty((d, p))
-        off = scaled_start(V0, s_half, U)  # V0 / s_half, 0 where sigma is
+        if parts is not None:
+            off, aU0, uu0 = start_dots(V0[:, 0], s_half, _NONE if bal.a is None else bal.a)
+        U = None
+        if not renew or off:
+            U = np.empty((d, p))
+            off = scaled_start(V0, s_half, U)  # V0 / s_half, 0 where sigma is
     else:
         U = np.zeros((d, p))
+        if parts is not None:
+            aU0 = uu0 = 0.0
     b = float(b0) if binary else 0.0
     projected_same = True
     if not binary:
@@ -403,9 +439,14 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
         return b, Fu[:, None], None if LG is None else LG[:, None]
 
     def value(U: np.ndarray, b: float, F: np.ndarray, LF: np.ndarray | None = None, uu: float | None = None,
-              keep: bool = False) -> tuple[float, np.ndarray]:
-        """The majoriser's value at (U, b) with scores F and its gradient in F; ``LF`` = L F when the caller has it
-        (used up, unless ``keep``)."""
+              keep: bool = False, grad: bool = True) -> tuple[float, np.ndarray | None]:
+        """The majoriser's value at (U, b) with scores F and its gradient in F (None unless ``grad``); ``LF`` = L F
+        when the caller has it (used up, unless ``keep``)."""
+        if binary and LF is not None and lambda_ != 0.0:  # two clusters: one sweep (dufs.kernels.vstep), L F kept
+            G = np.empty((n, 1)) if grad else None
+            lv, fl = hinge_manifold(F[:, 0], yy, float(smoothing), float(c), LF.reshape(-1), float(lambda_),
+                                    _NONE if G is None else G[:, 0])
+            return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * fl, G
         lv, G = _loss(F, yy, smoothing, c)
         if keep and LF is not None and lambda_ != 0.0:  # the caller keeps L F (the next momentum step's)
             axpy(2.0 * lambda_, LF.reshape(-1), G.reshape(-1))
@@ -421,20 +462,23 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
     # the caller's scores are those of U when V0 has no weight where sigma is 0 (U is zero there)
     warm = F0 is not None and V0 is not None and not off and projected_same
     if binary:
+        if not warm and U is None:
+            U = np.empty((d, p))
+            scaled_start(V0, s_half, U)
         Fu = np.array(F0[:, 0] if F0.ndim == 2 else F0, dtype=np.float64) - float(b0) if warm \
             else scores(U, 0.0)[:, 0]
-        b, F, LF = settle(U, Fu, b)
-        Fx, Gx = value(U, b, F, LF, keep=True)
+        b, F, LF = settle(U, Fu, b, aU0)
+        Fx = value(U, b, F, LF, uu0, grad=False)[0]
     else:
         F = np.array(F0, dtype=np.float64).reshape(n, p) if warm else scores(U, b)
-        Fx, Gx = value(U, b, F)
+        Fx = value(U, b, F)[0]
     x, xb, xF = U, b, F
     xp, xpb, xpF = U, b, F
     rd = None
     if parts is not None:  # u on the workers: the driver keeps a^T x and a^T x_prev (ax, axp) for a^T y
-        ax = axp = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
+        ax = axp = aU0
         rd = keep.pop("rd", None) if keep is not None else None
-        if rd is not None and rd.fits(M, parts, V0_given, colsum):
+        if renew:
             rd.renew(s_half)  # the last v-step's state: u0 made there from its u
         else:
             if rd is not None:
@@ -458,19 +502,15 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             # at kddb size a d-vector is 240 MB and an n-vector 154 MB: the updates below work in place so that the
             # loop holds x, xp, y, the gradient, the trial point and its step (and their scores), not their temporaries
             yb = xb + beta * (xb - xpb)
-            yF = xF - xpF
-            yF *= beta
-            yF += xF
             LF = None
             if binary:  # fused sweeps (dufs.kernels.vstep); the best bias at the extrapolated point
+                yF = np.empty((n, 1))
                 yFu = yF[:, 0]
-                yFu -= yb  # its scores less the extrapolated bias
+                fista_extrapolate(xF[:, 0], xpF[:, 0], beta, yb, _NONE, yFu)  # its scores less the extrapolated bias
                 LFu = None
                 if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
-                    LFu = xLF[:, 0] - xpLF[:, 0]
-                    LFu *= beta
-                    LFu += xLF[:, 0]
-                    axpy(-yb, L1v, LFu)
+                    LFu = np.empty(n)
+                    fista_extrapolate(xLF[:, 0], xpLF[:, 0], beta, yb, L1v, LFu)
                 if rd is None:
                     yU = np.empty((d, 1))
                     aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
@@ -479,6 +519,9 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                 yb, yF, LF = settle(yU, yFu, yb, aY, LFu)
                 Fy, R = value(yU, yb, yF, LF, uuY)
             else:
+                yF = xF - xpF
+                yF *= beta
+                yF += xF
                 yU = x - xp
                 yU *= beta
                 yU += x
@@ -491,7 +534,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                 Fy += 0.5 * dots["uuY"]
                 while True:
                     nb, nF, nLF = settle(None, Fu, yb, dots["aN"])
-                    Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True)[0]
+                    Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True, grad=False)[0]
                     dd, gd = dots["dd"], dots["gd"]
                     if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
                         break
@@ -518,7 +561,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                         aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
                         nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
                         del sv
-                        Fn = value(nU, nb, nF, nLF, uuN, keep=True)[0]
+                        Fn = value(nU, nb, nF, nLF, uuN, keep=True, grad=False)[0]
                     else:
                         nU = gU * (-1.0 / Lip)
                         nU += yU

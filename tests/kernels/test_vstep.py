@@ -4,7 +4,18 @@ import numpy as np
 import pytest
 
 from dufs.kernels.blockops import csc_matvec, csc_rmatvec
-from dufs.kernels.vstep import fista_gradient, fista_momentum, fista_sweep, fista_trial, hinge_bias_slope, hinge_loss
+from dufs.kernels.vstep import (
+    fista_extrapolate,
+    fista_gradient,
+    fista_momentum,
+    fista_sweep,
+    fista_trial,
+    hinge_bias_slope,
+    hinge_loss,
+    hinge_manifold,
+    sqrt_weights,
+    start_dots,
+)
 
 
 @pytest.mark.parametrize("with_a", [True, False])
@@ -156,3 +167,68 @@ def test_weighted_norm2_and_scaled_start_are_numpy():
         assert weighted_norm2(V, sigma)[1]
         assert scaled_start(V, s_half, U)
         assert U[14, -1] == 0.0
+
+
+@pytest.mark.parametrize("with_grad", [True, False])
+@pytest.mark.parametrize("best", [False, True], ids=["labels", "best-labels"])
+@pytest.mark.parametrize("mu", [0.0, 0.3])
+def test_hinge_manifold_is_numpy(mu, best, with_grad):
+    """The smoothed hinge from its definition, f^T (L f) and the gradient plus 2 lam L f, from NumPy; an empty grad
+    writes nothing."""
+    rng = np.random.default_rng(12)
+    f = rng.standard_normal(600)
+    f[:3] = [0.0, 1.0 - 0.3 / 2, 2.0]
+    lf = rng.standard_normal(600)
+    y = np.where(rng.random(600) < 0.5, 1.0, -1.0)
+    Y = np.where(f >= 0, 1.0, -1.0) if best else y
+    t = 1.0 - Y * f
+    if mu > 0:
+        h = np.where(t <= 0, 0.0, np.where(t >= mu, t - mu / 2, t * t / (2 * mu)))
+        a = np.clip(t / mu, 0.0, 1.0)
+    else:
+        h, a = np.maximum(t, 0.0), (t > 0).astype(float)
+    grad = np.full(600, np.nan) if with_grad else np.zeros(0)
+    val, fl = hinge_manifold(f, np.zeros(0) if best else y, mu, 0.7, lf, 0.05, grad)
+    assert val == pytest.approx(0.7 * h.sum(), rel=1e-12)
+    assert fl == pytest.approx(f @ lf, rel=1e-12)
+    if with_grad:
+        np.testing.assert_allclose(grad, -0.7 * a * Y + 0.1 * lf, rtol=1e-14, atol=1e-15)
+    else:
+        assert grad.shape == (0,)
+
+
+def test_sqrt_weights_start_dots_and_extrapolate_are_numpy():
+    """sigma^1/2 (0 where sigma is not positive, NaN kept) and a = sigma^1/2 colsum; the start's dots of
+    u = v0 / s (0 where s is not positive) without u, and whether v0 has weight there; x + beta (x - xp) - c w."""
+    rng = np.random.default_rng(13)
+    d = 901
+    sigma = rng.random(d)
+    sigma[:40] = 0.0
+    sigma[40:45] = -1e-17
+    sigma[45] = np.nan
+    colsum = rng.standard_normal(d)
+    s, a = np.empty(d), np.empty(d)
+    sqrt_weights(sigma, colsum, s, a)
+    with np.errstate(invalid="ignore"):
+        ref = np.sqrt(np.maximum(sigma, 0.0))
+    np.testing.assert_array_equal(s, ref)
+    np.testing.assert_array_equal(a, ref * colsum)
+    s2 = np.empty(d)
+    sqrt_weights(sigma, np.zeros(0), s2, np.zeros(0))
+    np.testing.assert_array_equal(s2, ref)
+    s[45], a[45] = 0.5, 0.3  # the NaN weight replaced for the dots
+    v0 = rng.standard_normal(d)
+    v0[:45] = 0.0  # none where s is 0
+    u = np.where(s > 0, v0 / np.where(s > 0, s, 1.0), 0.0)
+    for w, av in ((a, a), (np.zeros(0), np.zeros(d))):
+        off, au, uu = start_dots(v0, s, w)
+        assert not off
+        assert au == pytest.approx(av @ u, rel=1e-12, abs=1e-12) and uu == pytest.approx(u @ u, rel=1e-12)
+    v0[41] = 1.0  # weight where s is 0
+    assert start_dots(v0, s, a)[0]
+    x, xp, w = (rng.standard_normal(d) for _ in range(3))
+    out = np.empty(d)
+    fista_extrapolate(x, xp, 0.37, 0.2, w, out)
+    np.testing.assert_allclose(out, x + 0.37 * (x - xp) - 0.2 * w, rtol=1e-14, atol=1e-15)
+    fista_extrapolate(x, xp, 0.37, 0.2, np.zeros(0), out)
+    np.testing.assert_allclose(out, x + 0.37 * (x - xp) - 0.2, rtol=1e-14, atol=1e-15)
