@@ -56,21 +56,27 @@ def hinge_loss(f, y, mu, c, grad):
     aa = 0.0
     for i in range(f.shape[0]):
         yi = (1.0 if f[i] >= 0.0 else -1.0) if best else y[i]
-        t = 1.0 - yi * f[i]
-        if mu > 0.0:
-            a = t / mu
-            if a < 0.0:
-                a = 0.0
-            elif a > 1.0:
-                a = 1.0
-            at += a * t
-            aa += a * a
-        else:
-            a = 1.0 if t > 0.0 else 0.0
-            if t > 0.0:
-                at += t
+        a, dt, da = _hinge_terms(1.0 - yi * f[i], mu)
+        at += dt
+        aa += da
         grad[i] = a * -c * yi
     return c * (at - 0.5 * mu * aa) if mu > 0.0 else c * at
+
+
+@numba.njit(inline="always")
+def _hinge_terms(t, mu):
+    """(a, a t, a^2) of the smoothed hinge at t = 1 - y f: a = clip(t / mu, 0, 1) for mu > 0, else [t > 0] with its
+    terms (a t: max(t, 0); no a^2 term)."""
+    if mu > 0.0:
+        a = t / mu
+        if a < 0.0:
+            a = 0.0
+        elif a > 1.0:
+            a = 1.0
+        return a, a * t, a * a
+    if t > 0.0:
+        return 1.0, t, 0.0
+    return 0.0, 0.0, 0.0
 
 
 @numba.njit(nogil=True, cache=True)
@@ -88,19 +94,9 @@ def hinge_manifold(f, y, mu, c, lf, lam, grad):
     for i in range(f.shape[0]):
         fi = f[i]
         yi = (1.0 if fi >= 0.0 else -1.0) if best else y[i]
-        t = 1.0 - yi * fi
-        if mu > 0.0:
-            a = t / mu
-            if a < 0.0:
-                a = 0.0
-            elif a > 1.0:
-                a = 1.0
-            at += a * t
-            aa += a * a
-        else:
-            a = 1.0 if t > 0.0 else 0.0
-            if t > 0.0:
-                at += t
+        a, dt, da = _hinge_terms(1.0 - yi * fi, mu)
+        at += dt
+        aa += da
         fl += fi * lf[i]
         if has_g:
             grad[i] = a * -c * yi + l2 * lf[i]

@@ -43,6 +43,14 @@ def test_fista_kernels_are_numpy(with_a):
     assert dd == pytest.approx((ref - y) @ (ref - y), rel=1e-12) and gd == pytest.approx(g @ (ref - y), rel=1e-12)
 
 
+def _smoothed_hinge(t, mu):
+    """Nesterov's smoothed hinge at t = 1 - y f from its definition (the Huber-like quadratic within mu of the
+    margin) and its slope a in t."""
+    if mu > 0:
+        return np.where(t <= 0, 0.0, np.where(t >= mu, t - mu / 2, t * t / (2 * mu))), np.clip(t / mu, 0.0, 1.0)
+    return np.maximum(t, 0.0), (t > 0).astype(float)
+
+
 @pytest.mark.parametrize("best", [False, True], ids=["labels", "best-labels"])
 @pytest.mark.parametrize("mu", [0.0, 0.3])
 def test_hinge_loss_is_numpy(mu, best):
@@ -53,12 +61,7 @@ def test_hinge_loss_is_numpy(mu, best):
     f[:5] = [0.0, -0.0, 1.0, 1.0 - 0.3 / 2, 2.0]  # on the margin, within mu of it, beyond
     y = np.where(rng.random(700) < 0.5, 1.0, -1.0)
     Y = np.where(f >= 0, 1.0, -1.0) if best else y
-    t = 1.0 - Y * f
-    if mu > 0:
-        h = np.where(t <= 0, 0.0, np.where(t >= mu, t - mu / 2, t * t / (2 * mu)))
-        a = np.clip(t / mu, 0.0, 1.0)
-    else:
-        h, a = np.maximum(t, 0.0), (t > 0).astype(float)
+    h, a = _smoothed_hinge(1.0 - Y * f, mu)
     grad = np.empty(700)
     val = hinge_loss(f, np.zeros(0) if best else y, mu, 0.7, grad)
     assert val == pytest.approx(0.7 * h.sum(), rel=1e-12)
@@ -181,12 +184,7 @@ def test_hinge_manifold_is_numpy(mu, best, with_grad):
     lf = rng.standard_normal(600)
     y = np.where(rng.random(600) < 0.5, 1.0, -1.0)
     Y = np.where(f >= 0, 1.0, -1.0) if best else y
-    t = 1.0 - Y * f
-    if mu > 0:
-        h = np.where(t <= 0, 0.0, np.where(t >= mu, t - mu / 2, t * t / (2 * mu)))
-        a = np.clip(t / mu, 0.0, 1.0)
-    else:
-        h, a = np.maximum(t, 0.0), (t > 0).astype(float)
+    h, a = _smoothed_hinge(1.0 - Y * f, mu)
     grad = np.full(600, np.nan) if with_grad else np.zeros(0)
     val, fl = hinge_manifold(f, np.zeros(0) if best else y, mu, 0.7, lf, 0.05, grad)
     assert val == pytest.approx(0.7 * h.sum(), rel=1e-12)
