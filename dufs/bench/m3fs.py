@@ -23,7 +23,7 @@ from dufs.bench.common import (
 
 
 def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: int = 30, work_dir: Path | None = None,
-               store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), repeats: int = 3,
+               store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), repeats: int = 5,
                seed: int = 0, n_features: int = 50, max_iter: int = 3, n_anchors: int = 256,
                embed_dim: int = 32) -> dict:
     """:func:`dufs.methods.m3fs_scalable.m3fs_alternating` (two clusters, standardize "scale", anchor graph of

@@ -128,12 +128,16 @@ def _free(st, x, xp, i):
     return None
 
 
-def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None):
-    """The decision on the last trial applied, then for each block in one sweep of its nonzeros
+def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None):
+    """The decision on the last trial applied (with ``renew``, the new v-step's start made first by :func:`_renew`
+    from the last v-step's final decision, s = ``renew``), then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
     g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores, written into row ``row[0]`` of the
     driver's results file ``into`` (:func:`~dufs.engine.shm.receive`) where it gives one, else sent back. The
     state given is used up (its arrays that the new one no longer holds are written)."""
+    if renew is not None:
+        st, _ = _renew(blks, st, renew, decision)
+        decision = None
     R = local_array(R)
     n = R.shape[0]
     x, xp = _decided(st, decision)
@@ -158,9 +162,12 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None):
     return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, (dots, None if into is not None else out[:, None])
 
 
-def _final(blks, st, decision, into=None, starts=None):
+def _final(blks, st, decision, into=None, starts=None, renew=None):
     """The final point x, and v = s x: each block's written into the driver's results file ``into`` at ``starts``
-    where it gives one (nothing sent back), else sent back."""
+    where it gives one (nothing sent back), else sent back (``renew``: a new start made first, as in :func:`_step`)."""
+    if renew is not None:
+        st, _ = _renew(blks, st, renew, decision)
+        decision = None
     x, xp = _decided(st, decision)
     if into is None:
         return {**st, "x": x, "xp": xp}, [xi * si for xi, si in zip(x, st["s"], strict=True)]
@@ -191,6 +198,7 @@ class ResidentU:
         self.colsum = colsum
         self.V: np.ndarray | None = None  # the V its v-step returned, when kept for the next (:meth:`fits`)
         self.decision: tuple[str, float | None] | None = None
+        self.pending: np.ndarray | None = None  # the s_half of a start made with the next call (renew)
         self.swept = self.tried = 0.0  # the step of the last sweep's trial point, and of the last trial point
         self.base: dict[str, float] = {}  # the last sweep's a^T y, y^T y, a^T g, y^T g and g^T g
         # u's start, s = sigma^1/2 and its weights (a = S^1/2 colsum is the balance's vector; none where colsum is)
@@ -209,11 +217,20 @@ class ResidentU:
     def renew(self, s_half: np.ndarray) -> None:
         """The next v-step's start from this state: u0 = V0 / s_half made on the workers from their u (V0 = s_old
         u), and the weights for the new s_half; s_half alone shipped (the start made afresh shipped four vectors
-        over the features and copied them into new arrays: 27 of an outer iteration's 450 ms on the M3FS bench)."""
-        with shipped(np.ascontiguousarray(s_half, dtype=np.float64), broadcast=True, shared=True) as ref:
-            _, self.state = self.M.map_blocks(_renew, ref, self.decision, state=self.state, partitions=self.parts)
-        self.M.count_passes(-1)  # it sweeps no nonzeros
-        self.decision, self.V = None, None
+        over the features and copied them into new arrays: 27 of an outer iteration's 450 ms on the M3FS bench),
+        with the next call (:meth:`step` or :meth:`result`): a call of its own cost 6 ms more an outer
+        iteration on that bench (the time to reach the workers and back)."""
+        self.pending = np.ascontiguousarray(s_half, dtype=np.float64)
+        self.V = None
+
+    def _renewing(self, stack: contextlib.ExitStack) -> dict:
+        """The keywords of the next call: the pending start's s_half shipped (for the length of ``stack``) and the
+        last v-step's decision sent with it (consumed there before this call's own)."""
+        if self.pending is None:
+            return {}
+        ref = stack.enter_context(shipped(self.pending, broadcast=True, shared=True))
+        self.pending = None
+        return {"renew": ref}
 
     def _local(self, nbytes: int) -> bool:
         """Whether results of ``nbytes`` come back through a file in /dev/shm that the workers write
@@ -229,7 +246,8 @@ class ResidentU:
             got_file = receive_or_none(stack, (k, self.n), np.float64) if self._local(k * self.n * 8) else None
             extra = {} if got_file is None else {"into": got_file[0], "row": PerBlock(self._rows)}
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
-                                                state=self.state, partitions=self.parts, **extra)
+                                                state=self.state, partitions=self.parts, **extra,
+                                                **self._renewing(stack))
             # the partitions' scores summed in the same order either way (the same numbers), into an array of
             # the driver's own (the file goes back to the pool: one partition's row is copied out)
             rows = [g[1][:, 0] for g in got] if got_file is None else list(got_file[1])
@@ -273,7 +291,7 @@ class ResidentU:
             extra = {} if got_file is None else {"into": got_file[0],
                                                  "starts": PerBlock([int(a) for a in bounds[:-1]])}
             got, self.state = self.M.map_blocks(_final, self.decision, state=self.state, partitions=self.parts,
-                                                **extra)
+                                                **extra, **self._renewing(stack))
             self.M.count_passes(-1)  # it sweeps no nonzeros
             self.decision = None
             if got_file is not None:
