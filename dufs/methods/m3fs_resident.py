@@ -232,8 +232,8 @@ class ResidentU:
         self.V = None
 
     def _renewing(self, stack: contextlib.ExitStack) -> dict:
-        """The keywords of the next call: the pending start's s_half shipped (for the length of ``stack``) and the
-        last v-step's decision sent with it (consumed there before this call's own)."""
+        """The keywords of the next call: the pending start's s_half, shipped for the length of ``stack`` (the call's
+        ``decision``, the last v-step's final one, is applied to the start first)."""
         if self.pending is None:
             return {}
         ref = stack.enter_context(shipped(self.pending, broadcast=True, shared=True))

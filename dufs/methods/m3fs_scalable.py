@@ -441,22 +441,18 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
         return b, Fu[:, None], None if LG is None else LG[:, None]
 
     def value(U: np.ndarray, b: float, F: np.ndarray, LF: np.ndarray | None = None, uu: float | None = None,
-              keep: bool = False, grad: bool = True) -> tuple[float, np.ndarray | None]:
+              grad: bool = True) -> tuple[float, np.ndarray | None]:
         """The majoriser's value at (U, b) with scores F and its gradient in F (None unless ``grad``); ``LF`` = L F
-        when the caller has it (used up, unless ``keep``)."""
-        if binary and LF is not None and lambda_ != 0.0:  # two clusters: one sweep (dufs.kernels.vstep), L F kept
+        when the caller has it (two clusters: kept, as the next momentum point's L F is made from it; more: used
+        up)."""
+        if binary and LF is not None and lambda_ != 0.0:  # two clusters: one sweep (dufs.kernels.vstep)
             G = np.empty((n, 1)) if grad else None
             lv, fl = hinge_manifold(F[:, 0], yy, float(smoothing), float(c), LF.reshape(-1), float(lambda_),
                                     _NONE if G is None else G[:, 0])
             return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * fl, G
         lv, G = _loss(F, yy, smoothing, c)
-        if keep and LF is not None and lambda_ != 0.0:  # the caller keeps L F (the next momentum step's)
-            axpy(2.0 * lambda_, LF.reshape(-1), G.reshape(-1))
-            return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * float(np.vdot(F, LF)), G
-        if LF is None and LZs is not None:
+        if LF is None and LZs is not None:  # M clusters (two clusters always come with L F: settle makes it)
             LF = LZs @ U
-            if binary and b != 0.0:
-                LF += b * L1[:, None]
         mv, G2 = _manifold(L, F, lambda_, LF)
         G += G2  # _loss returns a fresh array; in place keeps one n x p array alive, not three
         return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + mv, G
@@ -541,7 +537,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                 LFt = LyFu = None  # a retrial's L Fu, and the momentum point's L (yF - yb)
                 while True:
                     nb, nF, nLF = settle(None, Fu, yb, dots["aN"], LFt)
-                    Fn = value(None, nb, nF, nLF, dots["uuN"], keep=True, grad=False)[0]
+                    Fn = value(None, nb, nF, nLF, dots["uuN"], grad=False)[0]
                     dd, gd = dots["dd"], dots["gd"]
                     if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
                         break
@@ -577,7 +573,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
                         aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
                         nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
                         del sv
-                        Fn = value(nU, nb, nF, nLF, uuN, keep=True, grad=False)[0]
+                        Fn = value(nU, nb, nF, nLF, uuN, grad=False)[0]
                     else:
                         nU = gU * (-1.0 / Lip)
                         nU += yU
