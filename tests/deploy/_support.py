@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dufs.testing import patience
+from tests._scripts import SCRIPT_DIRS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -64,9 +65,10 @@ def free_port() -> int:
 
 def tool_env(**extra: str) -> dict[str, str]:
     """The environment command lines run in: this interpreter's scripts (``dufs``, ``dask``, ``check-jsonschema``)
-    first on PATH, ``PYTHON`` this interpreter, and ``extra``."""
+    first on PATH, whatever PATH held (a venv's python run without activating it), ``PYTHON`` this interpreter,
+    and ``extra``."""
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([*SCRIPT_DIRS, env.get("PATH", "")])
     env["PYTHON"] = sys.executable
     env.update(extra)
     return env

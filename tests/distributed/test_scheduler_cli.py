@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 
 import dufs
 from dufs.testing import patience
+from tests._scripts import console_script
 
 pytestmark = pytest.mark.slow
 
@@ -29,16 +29,15 @@ def _free_port() -> int:
 
 @pytest.fixture
 def dask_cluster_processes(tmp_path):
-    dask_cli = shutil.which("dask")
-    if dask_cli is None:
-        pytest.skip("the dask command line is not installed")
+    dask_cli = console_script("dask")  # beside this interpreter, whatever PATH holds (issue 60)
+    assert dask_cli is not None, "dask's command line is not installed (it comes with dask, a dependency)"
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
-    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+    procs = [subprocess.Popen([*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         for _ in range(2):
-            procs.append(subprocess.Popen([dask_cli, "worker", addr, "--nworkers", "1", "--nthreads", "1",
+            procs.append(subprocess.Popen([*dask_cli, "worker", addr, "--nworkers", "1", "--nthreads", "1",
                                            "--no-dashboard", "--local-directory", str(tmp_path / "w")],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         from distributed import Client
