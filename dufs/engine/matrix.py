@@ -1142,26 +1142,24 @@ class Matrix:
         shared = tuple(share(a) for a in args)
         kw = {key: share(v) for key, v in kwargs.items()}
         kk = None if k is None else int(k)
-        cand_ids: list = []
-        cand_sc: list = []
+        cands: dict[int, tuple] = {}  # block -> its (ids, scores), merged in block order: ties to the lower index
 
         def consume(i: int, got: Any) -> None:
-            s, (ids, sc) = got
+            s, top = got
             b = self.blocks[i]
             scores[b.start:b.stop] = s
             if kk is not None:
-                cand_ids.append(ids)
-                cand_sc.append(sc)
+                cands[i] = top
 
         f = delayed(block_scores_and_top)
         tasks = [f(s, fn, kk, largest, shared, kw, b.start, dtype) for s, b in self._pairs()]
         self._pass_streaming(tasks, _name(fn), consume)
         if kk is None:
             return scores, None
-        if not cand_ids:
+        if not cands:
             return scores, np.zeros(0, np.int64)
-        ids = np.concatenate(cand_ids)
-        sel, _ = local_topk(np.concatenate(cand_sc), kk, largest, 0)
+        ids = np.concatenate([cands[i][0] for i in sorted(cands)])
+        sel, _ = local_topk(np.concatenate([cands[i][1] for i in sorted(cands)]), kk, largest, 0)
         return scores, ids[sel]
 
     def argmax(self, fn: Any, *args: Any, **kwargs: Any) -> tuple[int, float]:

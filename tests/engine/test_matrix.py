@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dufs.data import write_store
-from dufs.engine import ColumnStats, Matrix
+from dufs.engine import ColumnStats, Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.testing.references import check_column_stats as _check_stats
 from dufs.testing.references import dense_z as _dense_z
@@ -371,4 +371,28 @@ def test_map_blocks_state_stays_on_the_worker_of_its_blocks(cluster_client):
             total = sum(o[1] for o in out)
             assert total == pytest.approx(float(w @ X.toarray() @ np.ones(240)))
         assert [float(s[0]) for s in state.gather()] == [40.0, 40.0]
+        M.release()
+
+
+def _slow_first_block(b, delay):
+    """Each feature's number of nonzeros, the first block's after a delay (its result arrives last)."""
+    import time
+
+    if b.start == 0:
+        time.sleep(delay)
+    return np.diff(b.indptr).astype(np.float64)
+
+
+def test_block_scores_break_ties_by_index_whatever_order_the_blocks_arrive(cluster_client):
+    """Tied scores in different blocks: the top k are the lower indices, also when the first block's result comes
+    back last (the blocks' results are consumed as they arrive)."""
+    X = sp.lil_array((50, 40))
+    for j in (3, 17, 35):  # three tied features, one in each of three blocks
+        X[:10, j] = 1.0
+    X[:2, 20] = 1.0
+    with cluster_client.as_current():
+        M = as_matrix(sp.csc_array(X), block_width=12, standardize=None, persist=True)
+        scores, top = M.block_scores(_slow_first_block, 0.5, k=2)
+        np.testing.assert_array_equal(top, [3, 17])
+        np.testing.assert_array_equal(scores, np.diff(sp.csc_array(X).indptr))
         M.release()
