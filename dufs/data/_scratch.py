@@ -4,24 +4,22 @@ Each parse task reads a block of text, converts and buckets its entries, and let
 for the same sizes again. A fresh array of more than a few hundred KiB is mapped anew by the allocator (Dask's
 workers start with ``MALLOC_TRIM_THRESHOLD_`` set, which makes every such array an ``mmap``/``munmap`` pair) and
 its pages fault in again on first touch: on the 2-vCPU test machine a parse task's fresh arrays (about 27 MB for
-8 MiB of text) cost 10-28 ms of a 55-68 ms task. :func:`scratch` hands out a view of an array this thread kept
-from an earlier task, grown when a block needs more, once nothing else refers to it (as
-:mod:`dufs.engine.buffers` decides for a pass's results); memory is one array per name and thread, the size of the
-largest block seen, until :func:`release` (the end of a build) lets it all go.
+8 MiB of text) cost 10-28 ms of a 55-68 ms task. :func:`scratch` hands out an array over memory this thread kept
+from an earlier task, grown when a block needs more, once nothing refers to the array it last handed out (its lease,
+:mod:`dufs._lease`, as :mod:`dufs.engine.buffers` decides for a pass's results); memory is one buffer per name and
+thread, the size of the largest block seen, until :func:`release` (the end of a build) lets it all go.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import numpy as np
 
+from dufs._lease import FREE, lease
+
 _LOCK = threading.Lock()
-_POOLS: dict[int, dict[str, np.ndarray]] = {}  # thread -> name -> the array kept
-# references to a kept array that nobody else holds, as counted in scratch(): the pool's value, the name `kept` and
-# getrefcount's own argument
-_BASELINE = 3
+_POOLS: dict[int, dict[str, list]] = {}  # thread -> name -> [the memory kept, the lease of its last array]
 
 
 def scratch(name: str, n: int, dtype: np.dtype | type) -> np.ndarray:
@@ -32,10 +30,11 @@ def scratch(name: str, n: int, dtype: np.dtype | type) -> np.ndarray:
     with _LOCK:
         pool = _POOLS.setdefault(threading.get_ident(), {})
     kept = pool.get(name)
-    if kept is None or kept.nbytes < need or sys.getrefcount(kept) > _BASELINE:
-        kept = np.empty(max(need + need // 4, 1 << 16), np.uint8)  # room for somewhat larger blocks
+    if kept is None or kept[0].nbytes < need or kept[1].active:
+        kept = [np.empty(max(need + need // 4, 1 << 16), np.uint8), FREE]  # room for somewhat larger blocks
         pool[name] = kept
-    return kept[:need].view(dtype)
+    out, kept[1] = lease(kept[0], (int(n),), dtype)
+    return out
 
 
 def release() -> None:
@@ -47,4 +46,4 @@ def release() -> None:
 def kept_bytes() -> int:
     """Bytes of scratch memory this process keeps."""
     with _LOCK:
-        return sum(a.nbytes for pool in _POOLS.values() for a in list(pool.values()))
+        return sum(kept[0].nbytes for pool in _POOLS.values() for kept in list(pool.values()))

@@ -9,17 +9,16 @@ machines this project runs on, faulting in 40 MB of fresh pages took from 6 ms t
 hypervisor fault in at about 0.1 ms each), against 4 ms to overwrite them; a pass's block tasks ran 1.5-1.9x the
 numba kernel alone over the same blocks.
 
-:func:`buffer` hands out an array that an earlier pass of this process allocated, once nothing else refers to it:
-the result of a pass lives in the worker's memory (``dask_worker.data``) until the driver has it and releases its
-key, and every view, memoryview (serialisation frames in flight included) or container holding it raises its
-reference count, so a buffer is taken again only when the pool's own reference is the last one. Memory is bounded:
-at most ``dufs.engine.buffer-bytes`` of buffers per process are kept (least recently used dropped), and a buffer
-smaller than :data:`MIN_BYTES` is allocated as usual (the allocator reuses small ones itself).
+:func:`buffer` hands out an array over memory that an earlier pass of this process allocated, once nothing
+refers to the array it was last handed out as: the result of a pass lives in the worker's memory
+(``dask_worker.data``) until the driver has it and releases its key, and every view, memoryview (serialisation frames
+in flight included) or container of it keeps the lease (:mod:`dufs._lease`) active. Memory is bounded: at most
+``dufs.engine.buffer-bytes`` of buffers per process are kept (least recently used dropped), and a buffer smaller
+than :data:`MIN_BYTES` is allocated as usual (the allocator reuses small ones itself).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dufs import config
+from dufs._lease import lease
 
 __all__ = ["MIN_BYTES", "buffer", "clear", "pooled_bytes"]
 
@@ -34,23 +34,19 @@ __all__ = ["MIN_BYTES", "buffer", "clear", "pooled_bytes"]
 MIN_BYTES = 1 << 18
 
 _LOCK = threading.Lock()
-# (shape, dtype) -> the buffers of that shape, least recently handed out first
-_POOL: OrderedDict[tuple, list[np.ndarray]] = OrderedDict()
+# (shape, dtype) -> [memory, its last lease] of that shape, least recently handed out first
+_POOL: OrderedDict[tuple, list[list]] = OrderedDict()
 _HELD = [0]  # bytes in the pool
-
-# references to a pooled array that nobody else holds, as counted inside _free_one: the pool's list, the loop
-# variable and getrefcount's own argument
-_BASELINE = 3
 
 
 def _limit() -> int:
     return int(config.parse_bytes(config.get("engine.buffer-bytes")))
 
 
-def _free_one(lst: list[np.ndarray]) -> np.ndarray | None:
-    for a in lst:
-        if sys.getrefcount(a) <= _BASELINE:
-            return a
+def _free_one(lst: list[list]) -> list | None:
+    for entry in lst:
+        if not entry[1].active:
+            return entry
     return None
 
 
@@ -61,11 +57,11 @@ def _evict(need: int, limit: int) -> None:
             return
         lst = _POOL[key]
         keep = []
-        for a in lst:
-            if _HELD[0] + need > limit and sys.getrefcount(a) <= _BASELINE:
-                _HELD[0] -= a.nbytes
+        for entry in lst:
+            if _HELD[0] + need > limit and not entry[1].active:
+                _HELD[0] -= entry[0].nbytes
             else:
-                keep.append(a)
+                keep.append(entry)
         if keep:
             _POOL[key] = keep
         else:
@@ -83,19 +79,21 @@ def buffer(shape: Any, dtype: Any = np.float64, *, zero: bool = False) -> np.nda
     key = (shape, dt.str)
     with _LOCK:
         lst = _POOL.get(key)
-        got = _free_one(lst) if lst else None
-        if got is not None:
+        entry = _free_one(lst) if lst else None
+        if entry is not None:
             _POOL.move_to_end(key)
+            out, entry[1] = lease(entry[0], shape, dt)
             if zero:
-                got.fill(0)
-            return got
+                out.fill(0)
+            return out
         limit = _limit()
-        out = np.zeros(shape, dt) if zero else np.empty(shape, dt)
+        memory = np.zeros(nbytes, np.uint8) if zero else np.empty(nbytes, np.uint8)
+        out, held = lease(memory, shape, dt)
         if nbytes <= limit:
             if _HELD[0] + nbytes > limit:
                 _evict(nbytes, limit)
             if _HELD[0] + nbytes <= limit:
-                _POOL.setdefault(key, []).append(out)
+                _POOL.setdefault(key, []).append([memory, held])
                 _POOL.move_to_end(key)
                 _HELD[0] += nbytes
         return out

@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import mmap
 import os
-import sys
 import threading
 import time
 import uuid
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from dufs import config
+from dufs._lease import Lease, lease
 from dufs.data._fs import pid_alive
 
 __all__ = ["SharedArray", "SharedArrayLost", "SharedResult", "local_array", "publish", "put_result", "receive",
@@ -397,31 +397,31 @@ class _FilePool:
     """Files in /dev/shm kept between passes, each with this process's mapping of the whole file: a pass takes the
     smallest free one that holds its bytes (arrays of several sizes share the pool) or a new one, and gives it back
     after; the pool keeps the ``keep`` largest. A file whose array the pass hands out as its result
-    (:meth:`lend`) comes back once nothing refers to that array any more."""
+    (:meth:`lend`) comes back once nothing refers to that array any more (its lease, :mod:`dufs._lease`)."""
 
     def __init__(self, keep: int):
         self.keep = keep
         self.free: list[tuple[str, np.ndarray]] = []  # (path, the mapping), smallest first
-        self.lent: list[tuple[str, np.ndarray]] = []  # files whose mapping a caller's array views
-        self.lending: set[str] = set()  # files in use that go to ``lent``, not ``free``, when their block ends
+        self.lent: list[tuple[str, np.ndarray, Lease]] = []  # files whose array a caller holds, with its lease
+        self.lending: dict[str, Lease] = {}  # files in use that go to ``lent``, not ``free``, when their block ends
         self.lock = threading.Lock()
 
     def _reclaim(self) -> None:
-        """(Under the lock.) The lent files that nothing views any more back to ``free``: the mapping's references
-        are then the entry tuple's and getrefcount's argument (every array made from it, views of views too, refers
-        to the mapping itself: NumPy collapses a view's base to the first array that holds the buffer)."""
+        """(Under the lock.) The lent files whose array nothing refers to any more (its lease inactive:
+        :mod:`dufs._lease`) back to ``free``."""
         held, idle = [], []
         for f in self.lent:
-            (idle if sys.getrefcount(f[1]) <= 2 else held).append(f)
+            (held if f[2].active else idle).append(f)
         if idle:
             self.lent = held
-            self.free.extend(idle)
+            self.free.extend(f[:2] for f in idle)
             self.free.sort(key=lambda f: f[1].nbytes)
 
-    def lend(self, path: str, nbytes: int) -> bool:
+    def lend(self, path: str, nbytes: int, held: Lease) -> bool:
         """Whether the file ``path`` (in use in a :meth:`file` block) may stay with the array its caller returns
-        instead of going back to the pool: only where /dev/shm keeps room for two more files of ``nbytes`` (the
-        next passes', while the caller holds this result; a container's /dev/shm is often 64 MB)."""
+        (whose lease is ``held``) instead of going back to the pool: only where /dev/shm keeps room for two more
+        files of ``nbytes`` (the next passes', while the caller holds this result; a container's /dev/shm is often
+        64 MB)."""
         try:
             st = os.statvfs(_DIR)
         except OSError:
@@ -429,7 +429,7 @@ class _FilePool:
         if st.f_bavail * st.f_frsize < 2 * nbytes:
             return False
         with self.lock:
-            self.lending.add(path)
+            self.lending[path] = held
         return True
 
     @contextlib.contextmanager
@@ -452,10 +452,9 @@ class _FilePool:
         finally:
             drop = [] if ok else [got]
             with self.lock:
-                lent = got[0] in self.lending
-                self.lending.discard(got[0])
-                if ok and lent:
-                    self.lent.append(got)
+                held = self.lending.pop(got[0], None)
+                if ok and held is not None:
+                    self.lent.append((*got, held))
                 elif ok:
                     self.free.append(got)
                     self.free.sort(key=lambda f: f[1].nbytes)
@@ -469,7 +468,7 @@ class _FilePool:
         them)."""
         with self.lock:
             files, self.free, lent, self.lent = self.free, [], self.lent, []
-        for path, _ in files + lent:
+        for path, *_ in files + lent:
             _drop(path)
 
 
@@ -496,7 +495,15 @@ def receive(shape: tuple, dtype: Any) -> Iterator[tuple[SharedArray, np.ndarray]
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     with _RESULTS.file(nbytes) as (path, raw):
-        yield SharedArray(path, tuple(int(x) for x in shape), dt.str), raw[:nbytes].view(dt).reshape(shape)
+        view, held = lease(raw, shape, dt)
+        _RECEIVED[path] = held
+        try:
+            yield SharedArray(path, tuple(int(x) for x in shape), dt.str), view
+        finally:
+            _RECEIVED.pop(path, None)
+
+
+_RECEIVED: dict[str, Lease] = {}  # a results' file in a receive block -> the lease of the array it yielded
 
 
 def lend(x: SharedArray) -> bool:
@@ -504,7 +511,7 @@ def lend(x: SharedArray) -> bool:
     then returns as it is (no copy: 38 MiB of a 5M-feature float64 result took 5-6 ms to copy out of it); the file
     goes back to the pool once nothing refers to that array. False where /dev/shm lacks room for two more such files
     (the caller copies the results out, and the file goes back to the pool at once)."""
-    return _RESULTS.lend(x.path, x.nbytes)
+    return _RESULTS.lend(x.path, x.nbytes, _RECEIVED[x.path])
 
 
 def receive_or_none(stack: contextlib.ExitStack, shape: tuple, dtype: Any) -> tuple[SharedArray, np.ndarray] | None:
