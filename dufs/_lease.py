@@ -24,15 +24,15 @@ __all__ = ["Lease", "lease"]
 
 
 class _Owner:
-    """The base of a leased array: exposes ``memory[offset:]`` as the array (``__array_interface__``) and keeps
-    ``memory`` alive while any array made from it lives."""
+    """The base of a leased array: exposes ``nbytes`` of ``memory`` from ``offset`` as bytes
+    (``__array_interface__``) and keeps ``memory`` alive while any array made from it lives."""
 
     __slots__ = ("__array_interface__", "__weakref__", "memory")
 
-    def __init__(self, memory: np.ndarray, shape: tuple, dtype: np.dtype, offset: int):
+    def __init__(self, memory: np.ndarray, offset: int, nbytes: int):
         self.memory = memory
         self.__array_interface__ = {"data": (memory.ctypes.data + offset, not memory.flags.writeable),
-                                    "shape": shape, "typestr": dtype.str, "version": 3}
+                                    "shape": (nbytes,), "typestr": "|u1", "version": 3}
 
 
 class Lease:
@@ -59,9 +59,9 @@ def lease(memory: np.ndarray, shape: Any, dtype: Any, offset: int = 0) -> tuple[
     C-contiguous and hold the array's bytes."""
     dt = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    need = offset + int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if not memory.flags.c_contiguous or memory.nbytes < need:
-        raise ValueError(f"a lease of {need} bytes over a buffer of {memory.nbytes} (contiguous: "
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if not memory.flags.c_contiguous or memory.nbytes < offset + nbytes:
+        raise ValueError(f"a lease of {offset + nbytes} bytes over a buffer of {memory.nbytes} (contiguous: "
                          f"{memory.flags.c_contiguous})")
-    owner = _Owner(memory, shape, dt, offset)
-    return np.asarray(owner), Lease(weakref.ref(owner))
+    owner = _Owner(memory, offset, nbytes)
+    return np.asarray(owner).view(dt).reshape(shape), Lease(weakref.ref(owner))

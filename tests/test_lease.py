@@ -79,3 +79,13 @@ def test_a_pass_result_held_past_the_next_passes_is_not_overwritten(cluster_clie
         for r, v in zip(later, vs[1:], strict=True):
             np.testing.assert_allclose(r, X.T @ v, rtol=1e-12, atol=1e-12)
         M.release()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.dtype([("off", "<u2"), ("row", "<i4"), ("val", "<f8")])])
+def test_a_leased_array_has_its_dtype_and_shape(dtype):
+    memory = np.zeros(4096, np.uint8)
+    a, held = lease(memory, (5, 3), dtype, offset=64)
+    assert a.dtype == np.dtype(dtype) and a.shape == (5, 3)
+    assert a.__array_interface__["data"][0] == memory.ctypes.data + 64
+    b, _ = lease(memory, (0,), dtype)
+    assert b.shape == (0,)
