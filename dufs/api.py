@@ -12,6 +12,7 @@ import numpy as np
 from dufs._logging import get_logger, timer
 from dufs.engine import as_matrix
 from dufs.engine.cluster import get_client
+from dufs.engine.dispatch import scope
 from dufs.errors import DufsError, DufsWarning, ParameterError
 from dufs.methods.params import check_params
 from dufs.methods.registry import METHODS, MethodResult, MethodSpec, rank
@@ -211,28 +212,30 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         import dask
 
         ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync" if in_memory else "threads")
-        with ctx:
+        # whatever happens in the method, nothing of the fit stays on the cluster: the matrix releases its blocks
+        # and the workers' state, the scope the futures a pass still held (a user's own client lives on)
+        with ctx, scope(c):
             with timer("load", timings, log):
                 if not spec.supervised:
                     y = None  # ignored: not read, not checked (a store's own labels are read as before)
                 elif _is_dask(y):
                     y = np.asarray(y.compute())
                 M = as_matrix(X, standardize=std, y=y, persist=c is not None)
+            with M:
                 source = dict(M.identity) if dask_source is None else {**dask_source, "nnz": int(M.nnz)}
-            n_total = M.shape[1]
-            n_features = check_n_features(n_features, n_total, method)
-            if spec.supervised and M.y is None:
-                raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
-            with timer("score", timings, log):
-                res: MethodResult = spec.run(M, M.y, n_features=int(n_features), **params)
-                scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
-                by_scores = res.by_scores
-            n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
-            passes = M.passes
-            if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
-                source["nnz"] = int(sum(b.nnz for b in M.blocks))
-            feature_ids = M.feature_ids
-            M.release()
+                n_total = M.shape[1]
+                n_features = check_n_features(n_features, n_total, method)
+                if spec.supervised and M.y is None:
+                    raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
+                with timer("score", timings, log):
+                    res: MethodResult = spec.run(M, M.y, n_features=int(n_features), **params)
+                    scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
+                    by_scores = res.by_scores
+                n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
+                passes = M.passes
+                if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
+                    source["nnz"] = int(sum(b.nnz for b in M.blocks))
+                feature_ids = M.feature_ids
     problem = _degenerate(method, scores, by_scores, method_diag, params)
     if problem is not None:
         method_diag["degenerate"] = problem

@@ -12,6 +12,9 @@ large arguments travel.
   block and releases afterwards. A literal array in a graph is kept by the scheduler after the pass (measured with
   distributed 2026.8), hence keys.
 - **Which client**: :func:`dufs.scheduling.current_client`, which honours ``dask.config``'s ``scheduler``.
+- **Clean-up**: every future a pass makes is :func:`track`-ed; inside :func:`scope` (``dufs.fit`` runs a method in
+  one), those still alive when the block ends (kept by a method that raised, or by its traceback) are released and
+  forgotten by the workers, so that a user's own client is left as it was.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import contextvars
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,8 +31,8 @@ import numpy as np
 
 from dufs.scheduling import current_client
 
-__all__ = ["compute", "current_client", "delayed", "forget", "inline_pass", "is_inline", "scatter_to", "share",
-           "shareable", "shipped", "tree_sum", "tree_sum_into", "tree_sum_values"]
+__all__ = ["compute", "current_client", "delayed", "forget", "inline_pass", "is_inline", "scatter_to", "scope",
+           "share", "shareable", "shipped", "track", "tree_sum", "tree_sum_into", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -46,6 +50,38 @@ def inline_pass(on: bool) -> Iterator[None]:
 def is_inline() -> bool:
     """Whether the pass being built runs inline (see the module docstring)."""
     return _INLINE.get()
+
+
+_SCOPE: contextvars.ContextVar[weakref.WeakSet | None] = contextvars.ContextVar("dufs_future_scope", default=None)
+
+
+@contextlib.contextmanager
+def scope(client: Any = None) -> Iterator[None]:
+    """Release, when the block ends (normally or by an exception), every future :func:`track`-ed inside it that is
+    still alive, and wait until the workers forget them (:func:`forget`). Futures a pass let go of are gone already
+    (only weak references are kept). Scopes nest: an inner one releases its own."""
+    live: weakref.WeakSet = weakref.WeakSet()
+    token = _SCOPE.set(live)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+        left = list(live)
+        if left:
+            forget(client if client is not None else left[0].client, left)
+
+
+def track(x: Any) -> Any:
+    """``x`` (a ``distributed.Future``, or a list or tuple of them) itself, registered with the current
+    :func:`scope` (none: nothing to do)."""
+    live = _SCOPE.get()
+    if live is not None:
+        from distributed import Future
+
+        for f in x if isinstance(x, list | tuple) else [x]:
+            if isinstance(f, Future):
+                live.add(f)
+    return x
 
 
 def delayed(fn: Callable, pure: bool = False) -> Callable:
@@ -67,7 +103,7 @@ def share(x: Any) -> Any:
     if shareable(x):
         client = current_client()
         if client is not None:
-            return client.scatter(x, hash=False)
+            return track(client.scatter(x, hash=False))
         import dask
 
         return dask.delayed(x, name=f"dufs-arg-{uuid.uuid4().hex}", pure=False)
@@ -106,7 +142,7 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
         futs: Any = scatter_to(client, x, where)
     else:
-        futs = client.scatter(x, hash=False, broadcast=broadcast)
+        futs = track(client.scatter(x, hash=False, broadcast=broadcast))
     try:
         yield futs
     finally:
@@ -121,7 +157,7 @@ def scatter_to(client: Any, items: list, where: list[str]) -> list:
         idx = [i for i, a in enumerate(where) if a == addr]
         for i, f in zip(idx, client.scatter([items[i] for i in idx], hash=False, workers=[addr]), strict=True):
             futs[i] = f
-    return futs
+    return track(futs)
 
 
 def forget(client: Any, futures: list, timeout: float = 2.0) -> None:

@@ -52,6 +52,7 @@ from dufs.engine.blocks import (
     partition_rmatvec,
 )
 from dufs.engine.buffers import buffer
+from dufs.engine.buffers import clear as clear_buffers
 from dufs.engine.direct import (
     DirectFailed,
     HeldLost,
@@ -72,6 +73,7 @@ from dufs.engine.dispatch import (
     share,
     shareable,
     shipped,
+    track,
     tree_sum,
     tree_sum_into,
     tree_sum_values,
@@ -302,9 +304,17 @@ class Matrix:
                  f"{self.residency['bytes'] / 2**20:,.1f}", self.residency["n_workers"])
         return self
 
+    def __enter__(self) -> Matrix:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
     def release(self) -> None:
-        """Drop persisted blocks (and the scattered transform) from the workers, and this process's pooled files
-        in /dev/shm (results and vectors, :func:`~dufs.engine.shm.release_files`; a later pass makes new ones).
+        """Drop persisted blocks (and the scattered transform) from the workers, this process's pooled files in
+        /dev/shm (results and vectors, :func:`~dufs.engine.shm.release_files`; a later pass makes new ones) and the
+        pooled pass outputs here and on the workers (:mod:`dufs.engine.buffers`). ``with as_matrix(X) as M:``
+        releases at the end of the block, whatever happens in it.
 
         Also every block state that direct calls of this matrix (or its views) keep on the workers
         (:mod:`dufs.engine.direct`). A :meth:`with_standardize` view owns none of these (they are its origin's,
@@ -315,6 +325,7 @@ class Matrix:
         from dufs.engine.shm import release_files
 
         release_files()
+        clear_buffers()
         # every state item this matrix's direct calls kept on the workers (released ones are dropped already; a
         # solver's last state may not be): dropped now, not left on a cluster that outlives this process
         release_resident(self._kept)
@@ -326,6 +337,10 @@ class Matrix:
         cache = self.__dict__.get("_tf_cache", {})  # its views' entries too (the dict is shared), emptied in place
         forget(current_client(), [f for futs in cache.values() for f in futs])
         cache.clear()
+        client = current_client()
+        if client is not None:
+            with contextlib.suppress(Exception):  # a cluster closing or gone keeps no pools
+                client.run(clear_buffers)
 
     def to_scipy(self) -> Any:
         """X (untransformed) as a SciPy ``csc_array``: for small matrices and tests (it gathers every block)."""
@@ -434,7 +449,7 @@ class Matrix:
             # there; scattered anywhere, a task fetched it from the other worker first)
             where = self._placed(client)[2] if self.residency.get("mode") == "persisted" else None
             cache[key] = scatter_to(client, args, where) if where and None not in where else \
-                client.scatter(args, hash=False)
+                track(client.scatter(args, hash=False))
         return cache[key]
 
     @property
@@ -663,7 +678,7 @@ class Matrix:
             return BlockState(compute(tasks))
         from distributed import wait
 
-        futures = client.compute(tasks)
+        futures = track(client.compute(tasks))
         wait(futures)
         return BlockState(futures, client)
 
@@ -929,7 +944,7 @@ class Matrix:
         if client is None:
             got = compute(new + res)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
-        futs = client.compute(new + ([tree_sum(res)] if reduce == "sum" else res))
+        futs = track(client.compute(new + ([tree_sum(res)] if reduce == "sum" else res)))
         out = client.gather(futs[n:])
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
@@ -1016,7 +1031,7 @@ class Matrix:
         def place(a: Any) -> Any:  # each block's slice to its block's worker, other large arguments to every worker
             if isinstance(a, PerBlock):
                 return self._scatter_per_block(a, where)
-            return client.scatter(a, hash=False, broadcast=True) if shareable(a) else a
+            return track(client.scatter(a, hash=False, broadcast=True)) if shareable(a) else a
 
         dargs = [place(a) for a in args]
         dkw = {k: place(v) for k, v in kwargs.items()}
@@ -1065,7 +1080,7 @@ class Matrix:
         v = a.value
         slices = [np.ascontiguousarray(v[b.start:b.stop]) for b in self.blocks]
         return PerBlock(scatter_to(client, slices, where) if where and None not in where else
-                        client.scatter(slices, hash=False))
+                        track(client.scatter(slices, hash=False)))
 
     def _homes(self, client: Any, units: list[list[int]] | None) -> list[str | None]:
         """The worker of each block (``units`` None) or partition: the one holding most of its blocks' nonzeros

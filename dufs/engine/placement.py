@@ -10,6 +10,7 @@ import numpy as np
 
 from dufs import config
 from dufs.engine.blocks import materialize
+from dufs.engine.dispatch import track
 from dufs.errors import ParameterError
 
 __all__ = ["partition", "persist_blocks", "plan_placement", "runs"]
@@ -47,10 +48,10 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
     for i, s in enumerate(src):
         key = f"dufs-block-{token}-{i}"
         if isinstance(s, Delayed):
-            futures.append(client.compute(s, workers=[place[i]], allow_other_workers=True))
+            futures.append(track(client.compute(s, workers=[place[i]], allow_other_workers=True)))
         else:
-            futures.append(client.submit(materialize, s, key=key, workers=[place[i]], allow_other_workers=True,
-                                         pure=False))
+            futures.append(track(client.submit(materialize, s, key=key, workers=[place[i]],
+                                               allow_other_workers=True, pure=False)))
     wait(futures)
     # the placement was for loading them: a block that dask recomputes after its worker was lost may go to any
     # worker. Kept, the restriction to an address that no longer exists stalls the block for good once it has gone

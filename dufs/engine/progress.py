@@ -12,6 +12,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dufs.engine.dispatch import track
 from dufs.scheduling import current_client
 
 _CALLBACK: contextvars.ContextVar[Callable[[str, int, int], None] | None] = contextvars.ContextVar(
@@ -60,7 +61,7 @@ def run_pass(name: str, tasks: list, *, inline: bool = False) -> list:
         return out
     from distributed import as_completed
 
-    futures = client.compute(tasks)
+    futures = track(client.compute(tasks))
     done = 0
     for _ in as_completed(futures):
         done += 1
@@ -99,7 +100,7 @@ def run_pass_streaming(name: str, tasks: list, consume: Callable[[int, Any], Non
         return
     from distributed import as_completed
 
-    futures = client.compute(tasks)
+    futures = track(client.compute(tasks))
     index = {f.key: i for i, f in enumerate(futures)}
     done = 0
     for fut in as_completed(futures):  # one result at a time (with_results would gather whole batches)

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs import config
+from dufs.engine.dispatch import track
 from dufs.errors import DufsError, ParameterError
 from dufs.scheduling import current_client
 
@@ -133,7 +134,7 @@ class Pieces:
         if self.width > 1 and self.nbytes > max_task_bytes():
             raise ParameterError(f"the array is {_size(self.nbytes)}, over dufs.engine.max-task-bytes "
                                  f"({_size(max_task_bytes())})")
-        return client.submit(_concat, *self.items, pure=False)
+        return track(client.submit(_concat, *self.items, pure=False))
 
     def release(self) -> None:
         if self.rows.client is not None:
@@ -177,7 +178,7 @@ class Rows:
 
     def _share(self, x: Any) -> Any:
         if self.client is not None and (isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or sp.issparse(x)):
-            return self.client.scatter(x, hash=False, broadcast=True)
+            return track(self.client.scatter(x, hash=False, broadcast=True))
         return x
 
     def map(self, fn: Any, *pieces: Pieces, args: tuple = (), width: int = 1, itemsize: int = 8,
@@ -192,7 +193,8 @@ class Rows:
             if self.client is None:
                 out.append(_run(fn, b, self.n_features, parts, args, with_rows))
             else:
-                out.append(self.client.submit(_run, fn, b, self.n_features, parts, args, with_rows, pure=False))
+                out.append(track(self.client.submit(_run, fn, b, self.n_features, parts, args, with_rows,
+                                                    pure=False)))
         return Pieces(self, out, width=width, itemsize=itemsize, n_rows=n_rows)
 
     def map_held(self, fn: Any, *pieces: Pieces, args: tuple = (), with_rows: bool = True) -> list:
@@ -212,9 +214,10 @@ class Rows:
         for i, f in enumerate(first):
             groups.setdefault(who[f.key][0], []).append(i)
         args = tuple(self._share(a) for a in args)
-        futs = {a: client.submit(_run_each, fn, [self.blocks[i] for i in idx], self.n_features,
-                                 [tuple(p.items[i] for p in pieces) for i in idx], args, with_rows, workers=[a],
-                                 allow_other_workers=True, pure=False) for a, idx in groups.items()}
+        futs = {a: track(client.submit(_run_each, fn, [self.blocks[i] for i in idx], self.n_features,
+                                       [tuple(p.items[i] for p in pieces) for i in idx], args, with_rows,
+                                       workers=[a], allow_other_workers=True, pure=False))
+                for a, idx in groups.items()}
         out: list = [None] * len(first)
         for a, idx in groups.items():
             for i, r in zip(idx, futs[a].result(), strict=True):
@@ -228,7 +231,7 @@ class Rows:
         if not parts:
             return None
         while len(parts) > 1:
-            nxt = [self.client.submit(_add, parts[i], parts[i + 1], pure=False) if self.client is not None
+            nxt = [track(self.client.submit(_add, parts[i], parts[i + 1], pure=False)) if self.client is not None
                    else _add(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
             if len(parts) % 2:
                 nxt.append(parts[-1])

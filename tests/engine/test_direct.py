@@ -71,13 +71,13 @@ def test_a_call_sent_where_the_blocks_are_not_runs_the_pass_as_tasks(cluster_cli
         a, b = sorted(set(where))
         swapped = [b if w == a else a for w in where]
         M._units = {cluster_client.id: (time.monotonic(), units, swapped)}
-        results = {p for p, _ in shm._RESULTS.free + shm._RESULTS.lent}
+        results = {f[0] for f in shm._RESULTS.free + shm._RESULTS.lent}
         assert len(results) == 1
         with get_task_stream(cluster_client) as ts:
             got = M.rmatvec(v)
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-10 * np.abs(ref).max())
         assert len([t for t in _tasks(ts) if "partition" in t]) == 2  # as tasks
-        assert not results & {p for p, _ in shm._RESULTS.free + shm._RESULTS.lent}  # the direct calls' file dropped
+        assert not results & {f[0] for f in shm._RESULTS.free + shm._RESULTS.lent}  # the direct calls' file dropped
         assert M._placed(cluster_client)[2] == where  # asked again
         with get_task_stream(cluster_client) as ts:
             np.testing.assert_allclose(M.rmatvec(2 * v), 2 * ref, rtol=0, atol=2e-10 * np.abs(ref).max())
