@@ -14,12 +14,11 @@ import numpy as np
 
 from dufs.errors import ParameterError
 
+#: the format :meth:`Selection.to_json` writes and :meth:`Selection.from_json` reads: non-finite scores as the
+#: strings "inf", "-inf" and "nan", the input's identity (``source``), the full per-feature scores and every large
+#: array of the diagnostics in binary sidecar files beside the JSON (or inline, in the text form of
+#: :meth:`Selection.to_json` without a path)
 FORMAT = "dufs.selection/3"
-#: the formats :meth:`Selection.from_json` reads: 1 wrote a non-finite score as null (read back as NaN); 2 writes
-#: the strings "inf", "-inf" and "nan" and records the input's identity (``source``); 3 keeps the full per-feature
-#: scores and every large array of the diagnostics in binary sidecar files beside the JSON (or inline, in the text
-#: form of :meth:`Selection.to_json` without a path)
-FORMATS = ("dufs.selection/1", "dufs.selection/2", FORMAT)
 _NONFINITE = {"inf": np.inf, "-inf": -np.inf, "nan": np.nan}
 #: an array of the diagnostics with at least this many items goes to a sidecar file (per-sample labels, ...)
 SIDECAR_MIN_ITEMS = 1000
@@ -200,7 +199,7 @@ class Selection:
 
     @classmethod
     def from_json(cls, text_or_path: str | os.PathLike) -> Selection:
-        """A selection from :meth:`to_json`'s text or file (formats ``dufs.selection/1`` to ``/3``).
+        """A selection from :meth:`to_json`'s text or file (format ``dufs.selection/3``).
 
         A file's sidecars are read beside it (their crc32c checked). When the sidecar of scores is missing, the
         selection still has its indices, the selected features' scores and ``transform``; ``scores`` is None, and a
@@ -211,9 +210,9 @@ class Selection:
             path = s
             s = _read_bytes(s).decode()
         d = json.loads(s)
-        if not isinstance(d, dict) or d.get("format") not in FORMATS:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
-            raise ParameterError(f"not a dufs selection (format {got!r}; expected one of {list(FORMATS)})")
+            raise ParameterError(f"not a dufs selection (format {got!r}; expected {FORMAT!r})")
         scores = d.get("scores")
         if scores is not None:
             dtype = np.float32 if d.get("scores_dtype") == "float32" else np.float64
@@ -266,14 +265,14 @@ def _score_out(v: float) -> float | str:
 
 
 def _score_in(v: Any) -> float:
-    """A score from JSON: a number, one of "inf", "-inf", "nan", or null (format 1's NaN or infinity: NaN)."""
-    if v is None:
-        return math.nan
+    """A score from JSON: a number, or one of "inf", "-inf", "nan"."""
     if isinstance(v, str):
         if v not in _NONFINITE:
             raise ParameterError(f"not a dufs selection: a score is the string {v!r} (expected a number, 'inf', "
                                  f"'-inf' or 'nan')")
         return float(_NONFINITE[v])
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ParameterError(f"not a dufs selection: a score is {v!r} (expected a number, 'inf', '-inf' or 'nan')")
     return float(v)
 
 

@@ -161,18 +161,16 @@ def test_every_method_round_trips_bit_for_bit(method, tmp_path):
         assert dufs.api.rank(Selection.from_json(text).scores)[0] == 7
 
 
-def test_non_finite_scores_are_strings_and_the_older_null_form_is_read():
+def test_non_finite_scores_are_strings_and_other_formats_are_refused():
     scores = np.array([1.5, np.inf, -np.inf, np.nan, -0.0, 5e-324])
     s = Selection("fisher", [1, 0], scores, 6)
     d = json.loads(s.to_json(), parse_constant=_no_constant)
     assert d["scores"][:4] == [1.5, "inf", "-inf", "nan"] and d["format"] == "dufs.selection/3"
     _same_bits(Selection.from_json(s.to_json()).scores, scores)
-    v2 = {k: v for k, v in d.items() if k not in ("selected_scores", "scores_dtype")} | {"format": "dufs.selection/2"}
-    _same_bits(Selection.from_json(json.dumps(v2)).scores, scores)
-    old = dict(d, format="dufs.selection/1", scores=[1.5, None, None, None, -0.0, 5e-324])
-    del old["source"]
-    back = Selection.from_json(json.dumps(old))
-    assert np.isnan(back.scores[1:4]).all() and back.scores[0] == 1.5 and back.source is None
+    with pytest.raises(ParameterError, match="format 'dufs.selection/2'; expected 'dufs.selection/3'"):
+        Selection.from_json(json.dumps(dict(d, format="dufs.selection/2")))
+    with pytest.raises(ParameterError, match="a score is None"):
+        Selection.from_json(json.dumps(dict(d, scores=[None] * 6)))
     with pytest.raises(ParameterError, match="a score is the string 'Infinity'"):
         Selection.from_json(json.dumps(dict(d, scores=["Infinity"] * 6)))
 

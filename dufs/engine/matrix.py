@@ -869,15 +869,14 @@ class Matrix:
     # ------------------------------------------------------------------ per-block kernels
     @_inline_when_small
     def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
-                   partitions: list | None = None, groups: list | None = None, **kwargs: Any) -> Any:
+                   partitions: list | None = None, **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
 
         ``block`` is a :class:`FeatureBlock`. Arguments wrapped in :class:`PerBlock` are given block by block;
         large arrays travel once per pass. Results (small) come back in block order, or, with ``reduce="sum"``,
         summed on the workers by a fixed tree and returned as one value.
 
-        With ``partitions`` (lists of block indices, e.g. :meth:`partition`; ``groups`` is its old, deprecated name)
-        there is one task a partition instead: ``fn(blocks, ...)`` gets the partition's blocks as a list, and each
+        With ``partitions`` (lists of block indices, e.g. :meth:`partition`) there is one task a partition instead: ``fn(blocks, ...)`` gets the partition's blocks as a list, and each
         :class:`PerBlock` argument as a list with one item per block of the partition; results (and state) are one
         per partition, in partition order.
 
@@ -887,10 +886,6 @@ class Matrix:
         """
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
-        if groups is not None:
-            if partitions is not None:
-                raise ParameterError("map_blocks takes 'partitions' or its old name 'groups', not both")
-            partitions = groups
         units = None if partitions is None else self._check_partitions(partitions)
 
         def pick(a: Any, u: int) -> Any:

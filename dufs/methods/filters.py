@@ -100,15 +100,6 @@ def _class_block_stats(b: Any, n: int, codes: np.ndarray, counts: np.ndarray) ->
     return st
 
 
-def correlation_ratio(M: Matrix, y: Any = None) -> np.ndarray:
-    """The correlation ratio eta_j = sqrt(B_j / T_j) of every feature with the classes ``y``: B_j the between-class
-    and T_j the total sum of squares; 0 for a constant feature. One pass. The per-class terms are summed in sorted
-    order, so renumbering the classes gives bit-for-bit the same scores."""
-    y = labels_of(M, y, "correlation")
-    codes, counts = _codes_and_counts(y, "correlation")
-    return M.with_standardize(None).block_scores(_ratio_block, M.shape[0], codes, counts)[0]
-
-
 def _ratio_block(b: Any, n: int, codes: np.ndarray, counts: np.ndarray) -> np.ndarray:
     st = _class_block_stats(b, n, codes, counts)
     cnt = counts[:, None]

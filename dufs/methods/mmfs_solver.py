@@ -851,11 +851,8 @@ class Checkpoint:
             return None
         try:
             with np.load(self.path, allow_pickle=False) as z:
-                if "alpha" in z:  # format 1: dense
-                    alpha = np.array(z["alpha"], dtype=np.float64)
-                else:
-                    alpha = np.zeros(int(z["n"]))
-                    alpha[np.asarray(z["index"], dtype=np.int64)] = np.asarray(z["value"], dtype=np.float64)
+                alpha = np.zeros(int(z["n"]))
+                alpha[np.asarray(z["index"], dtype=np.int64)] = np.asarray(z["value"], dtype=np.float64)
                 meta = json.loads(bytes(np.asarray(z["meta"], dtype=np.uint8)).decode())
         except Exception as e:  # noqa: BLE001 - any failure to read means the file is not a usable checkpoint
             raise ParameterError(f"the MMFS checkpoint {self.path} is unreadable ({type(e).__name__}: {e}); "

@@ -65,10 +65,6 @@ def constraints_of(params: ParamTable, *, estimator: bool = False) -> dict[str, 
             for k, p in params.items() if p.estimator or not estimator}
 
 
-def defaults_of(params: ParamTable, *, estimator: bool = False) -> dict[str, Any]:
-    return {k: p.default for k, p in params.items() if p.estimator or not estimator}
-
-
 def check_params(params: ParamTable, values: Mapping[str, Any], caller: str) -> None:
     """Check ``values`` (name -> value) against the table: an unknown name, or a value outside its constraints, is
     a one-line :class:`ParameterConstraintError`. A bool is no number here (``True`` is no count)."""

@@ -283,15 +283,13 @@ def test_map_blocks_over_groups_matches_dense(n):
             sums[start:start + v.shape[0]] = v
     np.testing.assert_allclose(sums, X.toarray().sum(0) * scale)
     w = np.linspace(-1, 1, 30)
-    total, state = M.map_blocks(_group_state, w, state=[None] * n, groups=groups, reduce="sum")  # the old name
+    total, state = M.map_blocks(_group_state, w, state=[None] * n, partitions=groups, reduce="sum")
     assert total == pytest.approx(float(w @ X.toarray() @ np.ones(50)))
     assert state.gather() == [1] * n
     with pytest.raises(ParameterError, match="The 'partitions' parameter of map_blocks must split the 8 blocks"):
         M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=[[0, 1]])
     with pytest.raises(ParameterError, match="2 items for 3 partitions"):
         M.map_blocks(_group_state, w, state=[None] * 2, partitions=M.partition(3))
-    with pytest.raises(ParameterError, match="'partitions' or its old name 'groups', not both"):
-        M.map_blocks(_group_colsums, PerBlock(scale), "t", partitions=groups, groups=groups)
 
 
 def _rows_times(block, span, n, scale):
