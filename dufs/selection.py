@@ -46,7 +46,7 @@ class Selection:
         Iterations, duality gap or objective trace, passes over the data, wall time per phase, cluster size.
     higher_is_better : bool
     source : dict or None
-        What identifies the input it was fitted on (:func:`dufs.engine.matrix.input_identity`): ``kind``
+        What identifies the input it was fitted on (:func:`dufs.engine.inputs.input_identity`): ``kind``
         ("store", "memory" or "dask"), ``shape``, ``nnz``, ``dtype``, ``fingerprint`` (of a store: its metadata;
         of in-memory input: SHA-256 of the matrix; none for a Dask array: shape and chunks only) and
         ``fingerprint_of``, the ``path`` of a store, and, for a store with feature ids, their digest
@@ -116,7 +116,7 @@ class Selection:
     # ---------------------------------------------------------------- the input
     def check_input(self, X: Any, *, same_data: bool = False, name: str | None = None) -> dict:
         """Check that ``X`` can be used with this selection; return ``X``'s identity
-        (:func:`dufs.engine.matrix.input_identity`).
+        (:func:`dufs.engine.inputs.input_identity`).
 
         ``X`` is any input :func:`dufs.fit` takes: a store path or URL, a :class:`~dufs.data.SparseStore`, NumPy,
         SciPy sparse, pydata sparse or a Dask array. Cheap: a store's metadata (and feature ids, when it has them)
@@ -131,14 +131,17 @@ class Selection:
           and its shape, nonzeros or content fingerprint differ from those recorded in :attr:`source`.
 
         With ``same_data=True`` and fingerprints that cannot be compared (the selection records none: fitted on a
-        Dask array or read from a format-1 file; or one is of a store and the other of in-memory data), only the
+        Dask array; or one is of a store and the other of in-memory data), only the
         shape and nonzeros are compared, with a :class:`~dufs.errors.DufsWarning` saying so.
 
         ``name`` is what the messages call ``X`` (default: the store's path, else "X").
         """
-        from dufs.engine import input_identity
+        from dufs.engine import Matrix, input_identity
 
-        got = input_identity(X) if same_data or not _is_memory(X) else _shape_identity(X)
+        if isinstance(X, Matrix):
+            got = dict(X.identity)
+        else:
+            got = input_identity(X) if same_data or not _is_memory(X) else _shape_identity(X)
         src = self.source or {}
         what = name or got.get("path") or "X"
         fitted = f"the {self.method} selection" + (f" (made on {src['path']})" if src.get("path") else "")

@@ -4,7 +4,7 @@ The layout (names, paths, metadata and format versions) is :mod:`dufs.data.layou
 (:class:`SparseStore`, :func:`read_block`) and holds the array I/O every writer uses (:func:`write_array`,
 :func:`read_array`). Every array carries Zarr's crc32c codec, and every chunk of every array is written (no implicit
 fill values), so a flipped bit, a truncated chunk or a missing chunk is an error naming the chunk, never silent
-zeros; :func:`dufs.data.verify.verify_store` (``SparseStore.verify``) reads every chunk of a store to find all such
+zeros; :func:`dufs.data.verify.verify_store` reads every chunk of a store to find all such
 damage at once. A store is built under ``<path>.dufs-partial`` and renamed to ``<path>`` when complete (see
 ``builder``); :func:`store_kind` tells a dufs store (which ``overwrite`` may replace) from anything else at a path.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import zarr
@@ -25,9 +25,6 @@ from dufs.data import layout
 from dufs.data._fs import Location
 from dufs.data.layout import FORMAT_VERSION, ORIENTATIONS, Orientation, StoreMeta
 from dufs.errors import CorruptChunkError, IncompleteStoreError, ParameterError, StoreError
-
-if TYPE_CHECKING:
-    from dufs.data.verify import VerifyReport
 
 __all__ = ["FORMAT_VERSION", "Orientation", "RawBlock", "SparseStore", "check_stored", "compressors", "open_store",
            "read_array", "read_block", "store_kind", "write_array", "write_arrays"]
@@ -410,13 +407,6 @@ class SparseStore:
         if not blocks:
             return (sp.csr_array if orientation == "csr" else sp.csc_array)(self.shape, dtype=self.dtype)
         return (sp.vstack if orientation == "csr" else sp.hstack)(blocks, format=orientation)
-
-    def verify(self, *, max_damage: int = 100) -> VerifyReport:
-        """Read and check every chunk of every array (see :func:`verify_store`): a report, or a
-        :class:`CorruptChunkError` naming the damaged chunks."""
-        from dufs.data.verify import verify_store  # it reads stores through this module
-
-        return verify_store(self.path, max_damage=max_damage)
 
     def info(self, top: int = 10) -> dict:
         """A summary: shape, nnz, density, blocks, label counts, most frequent features, provenance."""

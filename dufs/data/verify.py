@@ -2,7 +2,7 @@
 
 A dufs store writes every chunk of every array with Zarr's crc32c codec, so a flipped bit, a truncated chunk or a
 missing chunk (which Zarr would read back as fill values) is damage :func:`verify_store` finds, one chunk at a
-time (memory bounded by one chunk, not by the store). ``SparseStore.verify`` and ``dufs verify`` call it.
+time (memory bounded by one chunk, not by the store). ``dufs verify`` and ``dufs info --verify`` call it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ functions here are what one task of a pass runs on one block (or a partition's b
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +15,12 @@ from dask.sizeof import sizeof
 
 from dufs import config
 from dufs.engine.buffers import buffer
-from dufs.engine.direct import Resident, fetch_resident, release_resident
 from dufs.engine.shm import local_array, writable_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
 
-__all__ = ["BlockInfo", "BlockState", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
+__all__ = ["BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
            "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
            "map_state", "materialize", "nnz_of", "partition_rmatvec", "resolve"]
 
@@ -150,44 +148,6 @@ class PerBlock:
     block's ``start:stop`` (along axis 0); a list or tuple with one item per block gives each block its item."""
 
     value: Any
-
-
-class BlockState:
-    """Per-block state of :meth:`Matrix.map_blocks`, one item per block, kept where the blocks are (under a
-    distributed client futures on the workers, or :class:`~dufs.engine.direct.Resident` items that direct calls
-    keep in the workers' memory; plain values otherwise). ``gather()`` brings it to the driver."""
-
-    def __init__(self, items: list, client: Any = None):
-        self.items = list(items)
-        self._client = client
-        resident = [i for i in self.items if isinstance(i, Resident)]
-        # released when this object goes, as futures are: dropped on the workers with the next call there
-        self._drop = weakref.finalize(self, release_resident, resident) if resident else None
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    @property
-    def resident(self) -> bool:
-        """Whether the items are kept by direct calls (:mod:`dufs.engine.direct`) rather than futures."""
-        return self._drop is not None
-
-    def gather(self) -> list:
-        if self.resident:
-            return fetch_resident(self._client, self.items)
-        if self._client is not None:
-            return list(self._client.gather(self.items))
-        return list(self.items)
-
-    def release(self) -> None:
-        """Drop the state (frees the workers' memory; items kept by direct calls go with the next call to their
-        worker)."""
-        if self._drop is not None:
-            self._drop()
-        elif self._client is not None:
-            for f in self.items:
-                f.release()
-        self.items = []
 
 
 def block_rmatvec(src, V, vsum, tf, dtype=None, classes=0):

@@ -60,7 +60,7 @@ def held(x: Any) -> Any:
 @dataclass(frozen=True)
 class Resident:
     """A state item that a direct call of :meth:`~dufs.engine.Matrix.map_blocks` left in the memory of the worker
-    at ``address`` (:func:`map_resident`), under ``token``: what a :class:`~dufs.engine.blocks.BlockState` holds in
+    at ``address`` (:func:`map_resident`), under ``token``: what a :class:`~dufs.engine.state.BlockState` holds in
     place of a future."""
 
     token: str

@@ -177,13 +177,10 @@ def input_identity(X: Any, *, feature_ids: bool = True) -> dict:
     - a store (a :class:`~dufs.data.SparseStore`, a path or a URL): from its metadata only (shape, nnz, dtype, block
       bounds and nonzeros per block); the data are not read;
     - in-memory input (NumPy, SciPy sparse, pydata sparse): SHA-256 of its canonical CSC form, one pass over it;
-    - a Dask array: shape and chunks only (no content fingerprint, nothing is computed);
-    - a :class:`Matrix`: the identity recorded when it was built.
-    """
-    from dufs.engine.matrix import Matrix  # the layer's own class; it imports this module
+    - a Dask array: shape and chunks only (no content fingerprint, nothing is computed).
 
-    if isinstance(X, Matrix):
-        return dict(X.identity)
+    (A :class:`Matrix` keeps the identity of what it was built from in ``Matrix.identity``.)
+    """
     if isinstance(X, str | os.PathLike):
         from dufs.data import open_store
 

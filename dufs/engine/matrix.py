@@ -34,7 +34,6 @@ from dufs import config
 from dufs._logging import get_logger
 from dufs.engine.blocks import (
     BlockInfo,
-    BlockState,
     PerBlock,
     block_columns,
     block_matvec,
@@ -94,6 +93,7 @@ from dufs.engine.inputs import (
 )
 from dufs.engine.placement import partition, persist_blocks
 from dufs.engine.progress import report, run_pass, run_pass_streaming
+from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums

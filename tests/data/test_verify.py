@@ -1,4 +1,4 @@
-"""``verify_store`` / ``SparseStore.verify``: every chunk of every array read and checked; damage named, all of it.
+"""``verify_store``: every chunk of every array read and checked; damage named, all of it.
 
 Stores are written with ``dufs.write_store`` and damaged on disk the way disks and copies damage them: a chunk file
 deleted, truncated, emptied or with a byte flipped, a whole array deleted, a shard's index missing an entry, the
@@ -99,7 +99,7 @@ def test_an_intact_store_verifies_clean(store_path, where):
     with SMALL.config():
         st = write_store(X, path, rng.integers(0, 3, 70).astype(np.float64))
     rep = verify_store(path)
-    assert isinstance(rep, VerifyReport) and rep == st.verify()
+    assert isinstance(rep, VerifyReport) and rep == verify_store(st.path)
     if where == "local":
         assert (rep.arrays, rep.chunks, rep.bytes) == _on_disk(path)
     else:
@@ -124,7 +124,7 @@ def test_one_damaged_chunk_is_named(copy, chunk, how):
     damage(os.path.join(copy, chunk))
     st = dufs.open(copy)  # opens: the damage is only in the data
     with pytest.raises(CorruptChunkError) as ei:
-        st.verify()
+        verify_store(st.path)
     msg = str(ei.value)
     assert "\n" not in msg
     assert msg.startswith(f"{copy}: 1 damaged chunk: {chunk} ")
