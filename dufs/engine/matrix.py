@@ -876,9 +876,10 @@ class Matrix:
         large arrays travel once per pass. Results (small) come back in block order, or, with ``reduce="sum"``,
         summed on the workers by a fixed tree and returned as one value.
 
-        With ``partitions`` (lists of block indices, e.g. :meth:`partition`) there is one task a partition instead: ``fn(blocks, ...)`` gets the partition's blocks as a list, and each
-        :class:`PerBlock` argument as a list with one item per block of the partition; results (and state) are one
-        per partition, in partition order.
+        With ``partitions`` (lists of block indices, e.g. :meth:`partition`) there is one task a partition
+        instead: ``fn(blocks, ...)`` gets the partition's blocks as a list, and each :class:`PerBlock` argument as a
+        list with one item per block of the partition; results (and state) are one per partition, in partition
+        order.
 
         With ``state`` (a :class:`BlockState` or a list, one item per block or partition) the call is
         ``fn(block, state_i, *args, **kwargs)`` and must return ``(new_state_i, result_i)``; the new state stays

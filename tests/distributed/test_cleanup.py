@@ -27,7 +27,7 @@ def _shm_files() -> list[str]:
 
 
 def _worker_leftovers(dask_worker=None) -> dict:
-    from dufs.engine import buffers, direct, shm
+    from dufs.engine import buffers, direct
 
     return {"resident": len(direct._RESIDENT), "pooled": buffers.pooled_bytes(), "shm": _shm_files(),
             "data": sorted(str(k) for k in dask_worker.data)}
