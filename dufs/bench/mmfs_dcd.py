@@ -200,7 +200,7 @@ class _GradientPass:
 
     def __init__(self, M: Any, y: np.ndarray, *, C: float, gamma: float, seed: int = 0):
         from dufs.methods.mmfs import auto_partitions, margin_spec
-        from dufs.methods.mmfs_solver import init_state
+        from dufs.methods.mmfs.solver import init_state
 
         self.M, self.C, self.gamma = M, C, gamma
         self.partitions = M.partition(auto_partitions(M))
@@ -216,7 +216,7 @@ class _GradientPass:
         """Wall seconds of one gradient pass (the state moves on to the pass's new one)."""
         from dufs.engine import PerBlock
         from dufs.engine.dispatch import shipped
-        from dufs.methods.mmfs_solver import _round
+        from dufs.methods.mmfs.partition import _round
         from dufs.methods.solver import release
 
         K, m = len(self.partitions), self.M.shape[0]
@@ -422,7 +422,7 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"gap ({base['total_s'] / r['total_s']:.2f}x random; reached {r['rel_gap']:.1e})")
     say("(b) mmfs(as_matrix(store, standardize='scale', persist=True), y, gamma, tol) on a LocalCluster of processes "
         "(1 thread each), column stats computed before (timed apart):")
-    from dufs.methods.mmfs_solver import _SCREEN
+    from dufs.methods.mmfs.solver import _SCREEN
     for w in workers:
         v = res[f"w{w}"]
         each = ", ".join(f"{t:.2f} s" for t in v["walls_s"])

@@ -451,7 +451,7 @@ def mmfs_geometry(s, ss, m2, mn, mx, n_rows, m, mode, coef, shift, qii):
     "scale", 2: "zscore"): coef = 1 / (sd sqrt(m)) (sd the population standard deviation, 1 where it is 0 or not
     finite), shift = the mean (zscore; 0 otherwise), qii = coef^2 times the centred sum of squares (zscore; 0 for a
     constant feature) or the sum of squares. The same operations in the same order as the NumPy expressions of
-    ``dufs.methods.mmfs._geometry_numpy``, so the same numbers, without their dozen temporary arrays (0.17 s a
+    ``dufs.methods.mmfs.problem._geometry_numpy``, so the same numbers, without their dozen temporary arrays (0.17 s a
     round of init on 5M features)."""
     rm = np.sqrt(np.float64(m))
     for j in range(s.shape[0]):

@@ -3,7 +3,7 @@ of MMFS (paper 002 eqs. (4)-(5); docs/methods.md, "QPFS").
 
     min_x f(x) = 1/2 (1 - a) x^T Q x - a F^T x   subject to x >= 0, 1^T x = 1,
 
-with Q the similarity of the MMFS columns f (the :mod:`dufs.methods.mmfs_kernel` kernels: ``"linear"`` is the
+with Q the similarity of the MMFS columns f (the :mod:`dufs.methods.mmfs.nonlinear` similarities: ``"linear"`` is the
 Pearson correlation matrix under ``standardize="zscore"``, ``"poly2"`` its square, ``"rbf"`` Gaussian) and F the
 relevance (:func:`dufs.methods.mmfs.relevance`: |Pearson correlation with the labels| by default). Dividing by
 (1 - a), this is the MMFS dual with C = infinity, margins rho = a / (1 - a) F (theta = a) and the bias term
@@ -30,7 +30,8 @@ import numpy as np
 from dufs._logging import get_logger
 from dufs.engine import Matrix
 from dufs.errors import ParameterError
-from dufs.methods.mmfs_kernel import KERNEL_CACHE_BYTES, MAX_BATCH, KernelColumns, _njit, check_size
+from dufs.kernels.batch import simplex_steps
+from dufs.methods.mmfs.nonlinear import KERNEL_CACHE_BYTES, MAX_BATCH, KernelColumns, check_size
 from dufs.methods.params import Interval, Param, StrOptions, check_params, integer, positive, table
 
 #: QPFS's parameters (``dufs.fit(method="qpfs")``; ``relevance`` is the function's ``relevance_kind``)
@@ -70,45 +71,6 @@ class QPFSResult:
         sup = self.support
         rest = np.flatnonzero(self.x <= 0)
         return np.concatenate([sup, rest[np.lexsort((rest, self.g[rest]))]])
-
-
-@_njit(cache=False)
-def _simplex_steps(Hbb, gB, xB, max_iter, eps):  # pragma: no cover - compiled
-    """Pairwise steps inside a batch (mass conserved): move weight from the support coordinate with the largest
-    gradient to the coordinate with the smallest, exact line search. In place; returns (change of x_B, steps)."""
-    b = xB.shape[0]
-    dx = np.zeros(b)
-    steps = 0
-    for _ in range(max_iter):
-        i = 0
-        for k in range(1, b):
-            if gB[k] < gB[i]:
-                i = k
-        j = -1
-        for k in range(b):
-            if xB[k] > 0.0 and (j < 0 or gB[k] > gB[j]):
-                j = k
-        if j < 0 or gB[j] - gB[i] <= eps:
-            break
-        diff = gB[j] - gB[i]
-        h = Hbb[i, i] + Hbb[j, j] - 2.0 * Hbb[i, j]
-        t = xB[j]
-        full = True
-        if h > 0.0 and diff / h < t:
-            t = diff / h
-            full = False
-        xB[i] += t
-        dx[i] += t
-        if full:
-            dx[j] -= xB[j]
-            xB[j] = 0.0
-        else:
-            xB[j] -= t
-            dx[j] -= t
-        for k in range(b):
-            gB[k] += t * (Hbb[k, i] - Hbb[k, j])
-        steps += 1
-    return dx, steps
 
 
 def solve_simplex(M: Matrix, F: np.ndarray, *, alpha_mix: float, kernel: str = "linear", tol: float = 1e-6,
@@ -175,7 +137,7 @@ def solve_simplex(M: Matrix, F: np.ndarray, *, alpha_mix: float, kernel: str = "
         Hbb = (1.0 - a) * np.ascontiguousarray(Kc[sel, :])
         xB = x[sel].copy()
         gB = g[sel].copy()
-        dx, steps = _simplex_steps(Hbb, gB, xB, 200 * len(sel), eps)
+        dx, steps = simplex_steps(Hbb, gB, xB, 200 * len(sel), eps)
         x[sel] = np.maximum(xB, 0.0)
         Qx += Kc @ dx
         fresh = False

@@ -94,7 +94,7 @@ def _mmfs(M: Any, y: Any, *, n_features: int, kernel: str = "linear", rbf_gamma:
                                  "'rbf'")
         res = mmfs(M, y, n_features=n_features, **p)
     else:
-        from dufs.methods.mmfs_kernel import mmfs_kernel
+        from dufs.methods.mmfs.nonlinear import mmfs_kernel
 
         if p.get("n_partitions", "auto") == "auto":
             p.pop("n_partitions", None)

@@ -206,7 +206,7 @@ def test_mmfs_margins_read_the_labels_from_shared_memory(cluster_client):
     they share it, not scattered inside the spec; the margins the blocks compute there are those of the whole
     matrix computed here (mmfs.margins, dense reference of the same formulas), and the file goes with the block."""
     from dufs.methods.mmfs import margin_spec, margins
-    from dufs.methods.mmfs_solver import margin_summary, spec_shared
+    from dufs.methods.mmfs.solver import margin_summary, spec_shared
     from dufs.testing.references import labelled_problem
 
     X, y = labelled_problem(5, n=9000, d=48)  # the labels 72 KB: a spec shipped once

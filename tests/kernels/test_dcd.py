@@ -256,7 +256,7 @@ def test_mmfs_geometry_sweep_equals_the_numpy_expressions(standardize):
     """The one-sweep geometry gives the NumPy expressions' numbers bit for bit, constant, empty-variance and
     rounding-negative features included, and for statistics over no rows."""
     from dufs.engine.stats import ColumnStats
-    from dufs.methods.mmfs import _geometry_numpy, _geometry_of
+    from dufs.methods.mmfs.problem import _geometry_numpy, _geometry_of
 
     rng = np.random.default_rng(3)
     d = 400

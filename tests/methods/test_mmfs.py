@@ -34,7 +34,7 @@ def _qp(F, y, C, gamma, theta=0.5):
 @pytest.mark.parametrize(("width", "parts"), [(None, "auto"), (7, "auto"), (7, 3)])
 @pytest.mark.parametrize("gamma", [1.0, 0.05])
 def test_objective_equals_a_generic_qp_solver(mode, width, parts, gamma, monkeypatch):
-    import dufs.methods.mmfs_solver as mod
+    import dufs.methods.mmfs.solver as mod
 
     monkeypatch.setattr(mod, "_SERIAL_NNZ", 0)  # partitions run their own epochs (held bias)
     X, y = _problem(1)
@@ -127,7 +127,7 @@ def test_cocoa_rule_reaches_the_qp_and_never_raises_the_objective():
 
 
 def test_auto_partitions_one_per_worker_or_one_for_small_data(cluster_client, monkeypatch):
-    import dufs.methods.mmfs as mod
+    import dufs.methods.mmfs.method as mod
 
     X, y = _problem(3, n=200, d=64)
     assert mod.auto_partitions(Matrix(X, block_width=8)) == 1  # no cluster: serial DCD in this process
@@ -170,7 +170,7 @@ def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partition
     """Every round's epoch where it runs: on the driver over the union of the working sets (the default for small
     working sets), in the partitions with the bias held (serial_nnz 0), or mixed (400 nonzeros: partitions with
     larger working sets run their own)."""
-    import dufs.methods.mmfs_solver as mod
+    import dufs.methods.mmfs.solver as mod
 
     if serial_nnz is not None:
         monkeypatch.setattr(mod, "_SERIAL_NNZ", serial_nnz * n_partitions)
@@ -275,7 +275,7 @@ def test_a_blocks_state_in_one_sweep_is_the_margins_of_dense_formulas(standardiz
     an empty column, a constant one in every row, one of a single value and zeros, negative values."""
     from dufs.engine.blocks import resolve
     from dufs.methods.mmfs import block_margins, margin_spec
-    from dufs.methods.mmfs_solver import _block_state
+    from dufs.methods.mmfs.partition import _block_state
 
     rng = np.random.default_rng(11)
     m, d, theta = 300, 40, 0.7
@@ -322,12 +322,13 @@ def test_bad_parameters_are_named():
 def test_driver_keeps_heavy_working_set_columns_between_rounds(cluster_client, monkeypatch):
     """Every working-set column kept on the driver (threshold 1 nonzero): the partitions leave them out of their
     payloads after the first round, and the solve still reaches the QP's objective."""
-    import dufs.methods.mmfs_solver as mod
+    from dufs.methods.mmfs import gram
+    from dufs.methods.mmfs import solver as mod
 
-    monkeypatch.setattr(mod, "_CACHE_MIN_NNZ", 1)
+    monkeypatch.setattr(gram, "_CACHE_MIN_NNZ", 1)
     # the epochs over the working sets' nonzeros, round after round (solved through their Gram matrix instead, from
     # the screened start, this problem takes two rounds)
-    monkeypatch.setattr(mod, "_GRAM_MAX", 0)
+    monkeypatch.setattr(gram, "GRAM_MAX", 0)
     monkeypatch.setattr(mod, "_SCREEN", 0)
     X, y = _problem(3, n=200, d=64)
     fref, _, _ = _qp(_features(X, "scale"), y, 1.0, 0.2)
@@ -341,8 +342,9 @@ def test_driver_keeps_heavy_working_set_columns_between_rounds(cluster_client, m
 
 
 def test_column_cache_puts_back_the_columns_it_holds_and_drops_the_oldest(monkeypatch):
-    import dufs.methods.mmfs_solver as mod
-    from dufs.methods.mmfs_solver import _ColumnCache, _payload
+    import dufs.methods.mmfs.gram as mod
+    from dufs.methods.mmfs.gram import _ColumnCache
+    from dufs.methods.mmfs.partition import _payload
 
     monkeypatch.setattr(mod, "_CACHE_MIN_NNZ", 1)
 
@@ -372,7 +374,7 @@ def test_a_blocks_top_k_is_a_full_sort_of_its_ranking_key_cut_at_k():
     """A block's k best (the support by alpha, then g - rho, ties to the lower index) are the first k of a full
     lexicographic sort of (group, key, index), ties in the keys included (values on a coarse grid), keys in any
     order (sorted either way too)."""
-    from dufs.methods.mmfs_solver import _block_top
+    from dufs.methods.mmfs.partition import _block_top
 
     rng = np.random.default_rng(7)
     for _ in range(300):
@@ -398,7 +400,8 @@ def test_driver_solves_a_small_working_set_through_its_gram_matrix(shifted):
     restricted to the working set (L-BFGS-B on the dense subproblem), w's change F d and the round's totals from
     it."""
     from dufs.kernels.dcd import add_columns, column_gram
-    from dufs.methods.mmfs_solver import _driver_epoch, _GramCache, _payload
+    from dufs.methods.mmfs.gram import _driver_epoch, _GramCache
+    from dufs.methods.mmfs.partition import _payload
 
     rng = np.random.default_rng(11)
     n, k, C, gamma = 400, 30, 1.0, 0.4
@@ -465,8 +468,8 @@ def test_driver_solves_a_small_working_set_through_its_gram_matrix(shifted):
 def test_cold_start_works_on_the_largest_margins_first(cluster_client, n_partitions):
     """From alpha = 0 the first round works on the _SCREEN features of the largest margins (split over the
     partitions), not on every feature; the rounds after take every violator, and the solve reaches the QP."""
-    import dufs.methods.mmfs_solver as mod
-    from dufs.methods.mmfs_solver import _screened
+    import dufs.methods.mmfs.solver as mod
+    from dufs.methods.mmfs.partition import _screened
 
     X, y = _problem(5, n=300, d=120)
     F = _features(X, "scale")

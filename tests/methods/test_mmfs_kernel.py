@@ -12,7 +12,7 @@ from scipy.optimize import minimize
 from dufs.data.datasets import load
 from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
-from dufs.methods.mmfs_kernel import MAX_KERNEL_FEATURES, mmfs_kernel, solve_kernel
+from dufs.methods.mmfs.nonlinear import MAX_KERNEL_FEATURES, mmfs_kernel, solve_kernel
 from dufs.testing.references import labelled_problem as _problem
 from dufs.testing.references import mmfs_features as _features
 

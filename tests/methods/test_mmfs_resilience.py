@@ -22,8 +22,8 @@ from scipy.optimize import minimize
 import dufs
 from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
-from dufs.methods import mmfs_solver as mmfs_module
-from dufs.methods.mmfs import mmfs
+from dufs.methods.mmfs import gram, mmfs, partition
+from dufs.methods.mmfs import solver as mmfs_solver
 from dufs.testing import patience
 
 GAMMA = 0.2
@@ -35,8 +35,8 @@ def _many_rounds(monkeypatch):
     """These tests lose workers, block state and drivers mid-solve, so the solve here runs many rounds: an epoch
     over every feature first and the working sets' epochs over their nonzeros (in this process; by default, from
     the features of the largest margins and through the working sets' Gram matrix, this problem takes two)."""
-    monkeypatch.setattr(mmfs_module, "_SCREEN", 0)
-    monkeypatch.setattr(mmfs_module, "_GRAM_MAX", 0)
+    monkeypatch.setattr(mmfs_solver, "_SCREEN", 0)
+    monkeypatch.setattr(gram, "GRAM_MAX", 0)
 
 
 def _problem(seed=3, n=200, d=64):
@@ -100,7 +100,7 @@ def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem)
                 os.kill(self.pid, signal.SIGKILL)
 
     tol = 1e-6
-    lg = logging.getLogger("dufs.methods.mmfs_solver")  # the solver logs its rounds
+    lg = logging.getLogger("dufs.methods.mmfs.solver")  # the solver logs its rounds
     with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=50) as cluster,
           distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
@@ -136,7 +136,7 @@ def test_lost_block_state_is_rebuilt_from_the_last_gathered_alpha(problem, tmp_p
     calls = {"round": 0}
 
     def flaky(self, fn, *args, **kwargs):
-        if fn is mmfs_module._round:
+        if fn is partition._round:
             calls["round"] += 1
             if calls["round"] in (4, 7):
                 raise concurrent.futures.CancelledError("the worker holding the state was lost")
@@ -164,7 +164,7 @@ def test_killed_driver_resumes_from_the_checkpoint(problem, tmp_path):
             def emit(self, record):
                 time.sleep(0.03)
 
-        lg = logging.getLogger("dufs.methods.mmfs_solver")  # the solver logs its rounds
+        lg = logging.getLogger("dufs.methods.mmfs.solver")  # the solver logs its rounds
         lg.setLevel(logging.DEBUG)
         lg.addHandler(Slow())
         with dask.config.set(scheduler="sync"):
@@ -235,7 +235,7 @@ def test_checkpoint_writes_are_atomic(problem, tmp_path, monkeypatch):
             f.truncate(40)
             raise OSError("disk full")
 
-        monkeypatch.setattr(mmfs_module.np, "savez", torn)
+        monkeypatch.setattr(np, "savez", torn)
         with pytest.raises(OSError, match="disk full"):
             mmfs(M, M.y, gamma=GAMMA, tol=1e-12, max_epochs=6, checkpoint=str(ck), checkpoint_every=2)
     assert path.read_bytes() == before  # the old checkpoint is untouched, no temporary file is left
@@ -247,12 +247,11 @@ def _one_block_state(rng, m, d):
     import scipy.sparse as sp
 
     from dufs.engine.blocks import FeatureBlock
-    from dufs.methods import mmfs_solver as ms
 
     A = sp.random_array((m, d), density=0.3, format="csc", dtype=np.float32, rng=rng)
     blk = FeatureBlock(0, d, A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data)
     F = A.toarray().astype(np.float64)
-    st = ms._init_state(blk, np.ones(d), np.zeros(d), F.sum(axis=0), (F * F).sum(axis=0), rng.uniform(0.1, 1, d),
+    st = partition._init_state(blk, np.ones(d), np.zeros(d), F.sum(axis=0), (F * F).sum(axis=0), rng.uniform(0.1, 1, d),
                         None, 3)
     return blk, F, st
 
@@ -262,7 +261,6 @@ def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
     untouched: a task may run again) and g, an output only, over the old one; alpha after each step equals the
     steps applied to a plain copy, whatever coordinates the steps move (a spare is brought up to date at the ones
     the last step changed)."""
-    from dufs.methods import mmfs_solver as ms
 
     rng = np.random.default_rng(2)
     m, d, C = 50, 40, 0.8
@@ -276,7 +274,7 @@ def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
         # its arrays, not the spares and scratch it lends the next round
         given = {k: v.copy() for k, v in st.items() if isinstance(v, np.ndarray) and k not in
                  ("alpha_spare", "g", "index", "alpha_changed")}
-        new, (gap, sa, ra), ix = ms._start(blk, st, ws, wt, b, 0.9, float(m), C, dal)
+        new, (gap, sa, ra), ix = partition._start(blk, st, ws, wt, b, 0.9, float(m), C, dal)
         for k, v in given.items():  # the state given is as it was
             assert np.array_equal(st[k], v), (r, k)
         ref[idx] = np.clip(ref[idx] + 0.9 * dal[1], 0.0, C)
@@ -293,7 +291,6 @@ def test_a_rounds_start_keeps_the_state_it_was_given_and_tracks_alpha():
 def test_a_rounds_start_with_momentum_moves_alpha_by_both_directions():
     """``_start`` with a step (s, t): alpha moves by s times the round's direction plus t times the change the
     step before it made (kept as ``pdir``), against the same recurrence on a plain copy."""
-    from dufs.methods import mmfs_solver as ms
 
     rng = np.random.default_rng(4)
     m, d, C = 40, 30, 1.0
@@ -305,7 +302,7 @@ def test_a_rounds_start_with_momentum_moves_alpha_by_both_directions():
         idx = np.sort(rng.choice(d, rng.integers(1, 10), replace=False))
         dal = (idx, rng.uniform(0.0, 0.3, idx.size))
         s, t = (0.7, 0.0) if r < 2 else (0.6, float(rng.uniform(-0.2, 0.4)))
-        new, _, _ = ms._start(blk, st, ws, wt, b, np.array([s, t]), float(m), C, dal)
+        new, _, _ = partition._start(blk, st, ws, wt, b, np.array([s, t]), float(m), C, dal)
         step = np.zeros(d)
         step[idx] += s * dal[1]
         step += t * prev_change
@@ -322,7 +319,6 @@ def test_a_rounds_start_with_momentum_moves_alpha_by_both_directions():
 def test_momentum_bounds_keep_alpha_in_the_box_and_are_tight():
     """The range of t from ``_momentum_bounds``: alpha + s d + t p in [0, C] for s in {0, 1} and t at either end,
     and outside it a little further (brute force over the coordinates)."""
-    from dufs.methods import mmfs_solver as ms
 
     rng = np.random.default_rng(7)
     C = 1.0
@@ -334,7 +330,7 @@ def test_momentum_bounds_keep_alpha_in_the_box_and_are_tight():
         idx = np.sort(rng.choice(n, 5, replace=False))
         dv = rng.uniform(-0.3, 0.3, 5)
         st = {"alpha": alpha, "pdir": (pidx, pv), "dalpha": (idx, dv)}
-        lo, hi = ms._momentum_bounds(st, C)
+        lo, hi = partition._momentum_bounds(st, C)
         assert lo <= 0.0 <= hi
         p, dd = np.zeros(n), np.zeros(n)
         p[pidx], dd[idx] = pv, dv
@@ -357,7 +353,6 @@ def test_momentum_bounds_keep_alpha_in_the_box_and_are_tight():
 def test_plane_step_is_the_box_constrained_minimum():
     """``_plane_step`` against a fine grid over the box (s in [0, 1], t in [lo, hi]) of random convex quadratics,
     and never worse than the step along the round's direction alone."""
-    from dufs.methods import mmfs_solver as ms
 
     rng = np.random.default_rng(11)
     for _ in range(40):
@@ -366,7 +361,7 @@ def test_plane_step_is_the_box_constrained_minimum():
         a, c = rng.standard_normal(2)
         lo, hi = -rng.uniform(0, 2), rng.uniform(0, 2)
         s1 = float(np.clip(-a / H[0, 0], 0, 1)) if a < 0 else 0.0
-        s, t = ms._plane_step(a, c, H[0, 0], H[1, 1], H[0, 1], lo, hi, s1)
+        s, t = mmfs_solver._plane_step(a, c, H[0, 0], H[1, 1], H[0, 1], lo, hi, s1)
         assert 0.0 <= s <= 1.0 and lo <= t <= hi
 
         def q(s, t, a=a, c=c, H=H):

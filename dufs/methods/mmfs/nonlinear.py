@@ -37,6 +37,7 @@ import numpy as np
 from dufs._logging import get_logger
 from dufs.engine import Matrix
 from dufs.errors import ParameterError
+from dufs.kernels.batch import box_sweeps
 from dufs.methods.params import check_params
 
 log = get_logger(__name__)
@@ -51,13 +52,6 @@ MAX_BATCH = 256
 """Default largest number of kernel columns fetched in one round (``batch_size``)."""
 
 KINDS = ("linear", "poly2", "rbf")
-
-try:  # numba is optional here: the inner loops are small (batch x batch)
-    from numba import njit as _njit
-except ImportError:  # pragma: no cover
-    def _njit(*a, **k):
-        return (lambda f: f) if not a or not callable(a[0]) else a[0]
-
 
 # ---------------------------------------------------------------------------------------------------- columns
 def check_size(M: Matrix, max_features: int | None, who: str = "mmfs") -> None:
@@ -147,43 +141,6 @@ class KernelColumns:
 
 
 # ---------------------------------------------------------------------------------------------------- inner DCD
-@_njit(cache=False)
-def _box_sweeps(Kbb, gB, aB, C, gamma, max_sweeps, eps):  # pragma: no cover - compiled
-    """DCD sweeps over a batch: alpha_B in [0, C], gradient gB kept exact within the batch. In place; returns
-    (change of alpha_B, sweeps, updates)."""
-    b = aB.shape[0]
-    d = np.zeros(b)
-    sweeps = 0
-    upd = 0
-    for _ in range(max_sweeps):
-        sweeps += 1
-        maxpg = 0.0
-        for k in range(b):
-            g = gB[k]
-            a = aB[k]
-            if a <= 0.0:
-                pg = min(g, 0.0)
-            elif a >= C:
-                pg = max(g, 0.0)
-            else:
-                pg = g
-            if abs(pg) > maxpg:
-                maxpg = abs(pg)
-            if pg != 0.0:
-                h = Kbb[k, k] + gamma
-                new = min(max(a - g / h, 0.0), C)
-                delta = new - a
-                if delta != 0.0:
-                    aB[k] = new
-                    d[k] += delta
-                    upd += 1
-                    for j in range(b):
-                        gB[j] += delta * (Kbb[j, k] + gamma)
-        if maxpg <= eps:
-            break
-    return d, sweeps, upd
-
-
 def _projected(G: np.ndarray, alpha: np.ndarray, C: float) -> np.ndarray:
     return np.where(alpha <= 0.0, np.minimum(G, 0.0), np.where(alpha >= C, np.maximum(G, 0.0), G))
 
@@ -220,7 +177,7 @@ def solve_kernel(M: Matrix, rho: np.ndarray, *, kernel: str, C: float, gamma: fl
     """
     t0 = time.perf_counter()
     check_size(M, max_features)
-    from dufs.methods.mmfs import MMFS_PARAMS
+    from dufs.methods.mmfs.problem import MMFS_PARAMS
 
     check_params(MMFS_PARAMS, {"C": C, "tol": tol, "max_epochs": max_epochs}, "mmfs")
     if not (isinstance(gamma, int | float) and gamma > 0):  # a value of the path: no "auto" here
@@ -273,7 +230,7 @@ def solve_kernel(M: Matrix, rho: np.ndarray, *, kernel: str, C: float, gamma: fl
         eps = max(0.1 * float(rest.max()), 1e-15 * max(1.0, float(np.abs(rho).max(initial=0.0))))
         aB = alpha[sel].copy()
         gB = G[sel].copy()
-        dB, sweeps, upd = _box_sweeps(Kbb, gB, aB, C, gamma, 1000, eps)
+        dB, sweeps, upd = box_sweeps(Kbb, gB, aB, C, gamma, 1000, eps)
         alpha[sel] = aB
         Ka += Kc @ dB
         S = float(alpha.sum())
@@ -302,7 +259,8 @@ def mmfs_kernel(M: Matrix, y: Any, *, kernel: str = "poly2", n_features: int | N
 
     Returns an :class:`~dufs.methods.mmfs.MMFSResult` whose ``w`` is empty (w lives in the kernel's feature space);
     ``b`` = gamma sum alpha and ``g`` = (K alpha)_i + b as for the linear kernel."""
-    from dufs.methods.mmfs import MMFSResult, margins
+    from dufs.methods.mmfs.method import MMFSResult
+    from dufs.methods.mmfs.problem import margins
 
     t0 = time.perf_counter()
     check_size(M, max_features)
