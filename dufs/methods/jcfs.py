@@ -13,16 +13,10 @@ from dufs.engine import Matrix
 from dufs.engine.graphs import AnchorGraph, graph_rows, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import JCFS
-from dufs.methods.greedy import (
-    GreedyResult,
-    GreedyRun,
-    SelectedColumns,
-    check_k,
-    checkpoint_dir,
-    run_greedy,
-    sample_graph,
-)
+from dufs.methods.graph import sample_graph
+from dufs.methods.greedy import GreedyResult, GreedyRun, SelectedColumns, check_k, run_greedy
 from dufs.methods.params import GRAPH_PARAMS, Param, check_params, integer, nonnegative, positive, table
+from dufs.methods.solver import checkpoint_dir
 
 #: JCFS's parameters (the paper's gamma = 1e-4 and 5-NN binary graph; lambda_ and standardize chosen on data)
 JCFS_PARAMS = table(

@@ -794,7 +794,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     graph, W, L, n_neighbors, weights, n_anchors, anchor_neighbors, embed_dim
         The sample graph: ``L`` (a normalised Laplacian: an n x n array, sparse matrix or LinearOperator, e.g. the
         faithful solver's :func:`dufs.methods.m3fs.m3fs_laplacian`), ``W`` (a sparse n x n affinity or an
-        :class:`AnchorGraph`) or built by :func:`dufs.methods.greedy.sample_graph` (``"knn"``: exact kNN with
+        :class:`AnchorGraph`) or built by :func:`dufs.methods.graph.sample_graph` (``"knn"``: exact kNN with
         heat weights; ``"anchor"``: the anchor graph, for large n_samples; ``"auto"``, the default: kNN up to
         50,000 samples, the anchor graph above), either of them on the unstandardized rows when M is sparse
         (:func:`dufs.engine.graphs.graph_rows`). Its normalised Laplacian is used.
@@ -824,7 +824,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     ----------
     Zhao et al., CVPR 2009, problems (6) and (14), CCCP step (9)/(17); docs/methods.md, "M3FS".
     """
-    from dufs.methods.greedy import sample_graph
+    from dufs.methods.graph import sample_graph
 
     n, d = M.shape
     if not isinstance(n_features, int | np.integer) or isinstance(n_features, bool) or not 1 <= n_features <= d:

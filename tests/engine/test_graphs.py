@@ -435,7 +435,7 @@ def test_anchor_graph_of_sparse_standardized_data_is_built_on_the_raw_rows():
 
     from dufs.data.synthetic import SyntheticSpec, generate_rows
     from dufs.engine.graphs import graph_rows
-    from dufs.methods.greedy import sample_graph
+    from dufs.methods.graph import sample_graph
     from dufs.methods.jcfs import anchor_spectral_embedding
 
     n, d = 4000, 20_000

@@ -225,7 +225,7 @@ def test_selected_columns_products_by_row_tiles_in_threads(monkeypatch, dtype):
     ranges) against SciPy's on an array of several tiles, the transform included, on 1 and 3 threads, with columns
     of one value among them."""
     from dufs.kernels.greedy import TILE_ROWS
-    from dufs.methods import greedy as G
+    from dufs.methods.greedy import columns as G
 
     rng = np.random.default_rng(5)
     n, k = 2 * TILE_ROWS + 777, 7
@@ -363,7 +363,7 @@ def test_selected_columns_bit_mask_products_and_heads():
     SciPy, the transform included; a head (the first t columns, sharing the mask) gives the head's products, also
     with a column added to it (a different one than the full set's next, by its rows), and leaves the full set's
     mask as it was."""
-    from dufs.methods import greedy as G
+    from dufs.methods.greedy import columns as G
 
     rng = np.random.default_rng(11)
     n, k = 3000, 72

@@ -18,6 +18,7 @@ from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods import greedy
 from dufs.methods import jcfs as jcfs_module
+from dufs.methods.greedy import partition
 from tests.methods.greedy_paper import (
     jcfs_embedding_dense,
     jcfs_greedy_paper,
@@ -107,15 +108,15 @@ def test_lap_matches_the_papers_sequential_scheme(method, name):
 def _step_dtypes_forced(monkeypatch):
     """Every step's vectors shipped in float32 where the method allows it (the size bound at 0); returns the list
     into which each step's kernel call appends the dtype of the vectors it was given."""
-    monkeypatch.setattr(greedy, "_STEP_F32_BYTES", 0)
+    monkeypatch.setattr(partition, "_STEP_F32_BYTES", 0)
     seen = []
-    orig = greedy.greedy_update
+    orig = partition.greedy_update
 
     def spy(*args, **kw):
         seen.append(args[5].dtype)
         return orig(*args, **kw)
 
-    monkeypatch.setattr(greedy, "greedy_update", spy)
+    monkeypatch.setattr(partition, "greedy_update", spy)
     return seen
 
 
@@ -192,7 +193,7 @@ def test_lap_on_a_process_cluster(cluster_client, method):
 def test_heavy_columns_are_fetched_alone(monkeypatch, method):
     """Proposals carry their column only when it is light; a heavier winner is read from its block afterwards.
     With every column "heavy" the picks still equal the paper's."""
-    monkeypatch.setattr(greedy, "_ATTACH", 0)
+    monkeypatch.setattr(partition, "ATTACH", 0)
     X = _data("sparse")
     if method == "jcfs":
         Y = _orthonormal(X.shape[0], 4, 7)
@@ -212,7 +213,7 @@ def test_a_partitions_best_carries_its_heavy_column(monkeypatch, method):
     cluster, so that the patched limits reach the workers)."""
     import distributed
 
-    monkeypatch.setattr(greedy, "_ATTACH", 0)
+    monkeypatch.setattr(partition, "ATTACH", 0)
     X = _data("sparse")
     W = sp.csr_array(_graph("sparse"))
     reads = []
@@ -227,7 +228,7 @@ def test_a_partitions_best_carries_its_heavy_column(monkeypatch, method):
           as cluster, distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
         M = as_matrix(X, block_width=8, persist=True)
         for budget, fetched in ((1 << 22, 0), (0, K)):
-            monkeypatch.setattr(greedy, "_ATTACH_STEP", budget)
+            monkeypatch.setattr(partition, "ATTACH_STEP", budget)
             reads.clear()
             sel = _fit_lap(M, method, W=W, client=client)
             assert len(reads) == fetched

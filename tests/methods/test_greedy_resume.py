@@ -55,7 +55,7 @@ def test_killed_job_resumes_without_repeating_finished_steps(store, tmp_path, ev
             def emit(self, record):
                 time.sleep(0.05)
 
-        lg = logging.getLogger("dufs.methods.greedy")
+        lg = logging.getLogger("dufs.methods.greedy.run")
         lg.setLevel(logging.DEBUG)
         lg.addHandler(Slow())
         with dask.config.set(scheduler="sync"):
