@@ -14,7 +14,10 @@ from threadpoolctl import threadpool_limits
 
 from dufs.engine import Matrix
 from dufs.errors import ParameterError
-from dufs.methods import ufcm as U
+from dufs.methods import lowrank as LR
+from dufs.methods.ufcm import clusters as UC
+from dufs.methods.ufcm import method as UM
+from dufs.methods.ufcm import scatter as US
 from dufs.methods.ufcm import ufcm
 
 RISE_TOL = 1e-10  # relative: rounding only
@@ -125,11 +128,11 @@ def test_matrix_free_w_step_is_dense_eigh(standardize, alpha, beta):
     ref_vals, ref_vecs = np.linalg.eigh(A[np.ix_(idx, idx)])
     ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
 
-    Zc = U._Centred(M)
+    Zc = US._Centred(M)
     Q = Zc.rmatvec(Uo)
     counts = Uo.sum(axis=0)
-    vals_mf, W_mf, nprod = U._w_step(Zc, None, Q, counts, Dd, active, k, alpha, beta, v0=np.ones(idx.size))
-    vals_d, W_d, _ = U._w_step(Zc, Zc.scatter(), Q, counts, Dd, active, k, alpha, beta)
+    vals_mf, W_mf, nprod = US._w_step(Zc, None, Q, counts, Dd, active, k, alpha, beta, v0=np.ones(idx.size))
+    vals_d, W_d, _ = US._w_step(Zc, Zc.scatter(), Q, counts, Dd, active, k, alpha, beta)
     assert nprod > 0
     scale = max(1.0, np.abs(ref_vals).max())
     for vals, W in ((vals_mf, W_mf), (vals_d, W_d)):
@@ -156,7 +159,7 @@ def _alpha_one_problem(standardize, beta, c=3):
     Uo = np.zeros((n, c))
     Uo[np.arange(n), labels] = 1.0
     Sb = Xc.T @ Uo @ np.linalg.inv(Uo.T @ Uo) @ Uo.T @ Xc  # S_t - S_w, formed explicitly
-    Zc = U._Centred(M)
+    Zc = US._Centred(M)
     return M, Zc, Zc.rmatvec(Uo), Uo, Dd, active, (Sb - beta * np.diag(Dd))[np.ix_(idx, idx)]
 
 
@@ -170,7 +173,7 @@ def test_alpha_one_w_step_needs_no_pass(standardize, beta, k):
     ref_vals, ref_vecs = np.linalg.eigh(A)
     ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
     passes = M.passes
-    vals, W, nprod = U._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
+    vals, W, nprod = US._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
     assert nprod == 0 and M.passes == passes  # the secular solve, not LOBPCG
     scale = max(1.0, np.abs(ref_vals).max())
     np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-9 * scale)
@@ -192,7 +195,7 @@ def test_secular_eigenpairs_are_eigh(case):
         Da[3] = 0.5  # an exact eigenvector e_3 with eigenvalue -0.5, the largest of the diagonal's
     if case == "repeated":
         Da[[4, 9]] = Da.min() - 0.5
-    got = U._top_lowrank(Qa, Da, k)
+    got = LR._top_lowrank(Qa, Da, k)
     assert got is not None
     vals, V = got
     A = Qa @ Qa.T - np.diag(Da)
@@ -213,7 +216,7 @@ def test_matrix_free_pca_start_is_dense_eigh(standardize):
     k = 4
     ref_vals, ref_vecs = np.linalg.eigh(Xc.T @ Xc)
     ref_vals, ref_vecs = ref_vals[::-1][:k], ref_vecs[:, ::-1][:, :k]
-    vals, W, nprod, converged = U._top_scatter(U._Centred(M), k, np.random.default_rng(0), tol=1e-10,
+    vals, W, nprod, converged = US._top_scatter(US._Centred(M), k, np.random.default_rng(0), tol=1e-10,
                                                max_iter=2000)
     assert converged and nprod > 0
     np.testing.assert_allclose(vals, ref_vals, rtol=1e-9)
@@ -225,12 +228,12 @@ def test_pca_residual_norms_are_numpys(d, monkeypatch):
     """The PCA start's residuals ||S v_j - theta_j v_j|| by row slabs in threads: NumPy's column norms, across
     slab and thread boundaries (a small slab size makes several on the small case too)."""
     if d == 7:
-        monkeypatch.setattr(U, "_SECULAR_CHUNK", 2)
+        monkeypatch.setattr(LR, "_SECULAR_CHUNK", 2)
     rng = np.random.default_rng(d)
     S, V = rng.standard_normal((d, 6)), rng.standard_normal((d, 6))
     theta = rng.uniform(-2.0, 50.0, 6)
     ref = np.linalg.norm(S[:, :4] - theta[None, :4] * V[:, :4], axis=0)
-    np.testing.assert_allclose(U._residual_norms(S, V, theta, 4), ref, rtol=1e-13)
+    np.testing.assert_allclose(LR._residual_norms(S, V, theta, 4), ref, rtol=1e-13)
 
 
 def test_sampled_pca_start_above_the_row_bound(monkeypatch):
@@ -251,12 +254,12 @@ def test_sampled_pca_start_above_the_row_bound(monkeypatch):
     Xc = _centred(X)
     ref_vals, ref_vecs = np.linalg.eigh(Xc.T @ Xc)
     ref_vecs = ref_vecs[:, ::-1][:, :k]
-    monkeypatch.setattr(U, "_PCA_SAMPLE_ABOVE", 1000)
-    monkeypatch.setattr(U, "_PCA_SAMPLE", 500)
-    Zc = U._Centred(M)  # the column statistics: one pass
+    monkeypatch.setattr(UM, "_PCA_SAMPLE_ABOVE", 1000)
+    monkeypatch.setattr(US, "_PCA_SAMPLE", 500)
+    Zc = US._Centred(M)  # the column statistics: one pass
     passes = M.passes
-    vals, W, nprod, _ = U._sample_pca_start(M, Zc, k, 0, np.random.default_rng(0))
-    assert nprod == k * U._PCA_REFINE and M.passes - passes == 2 * U._PCA_REFINE  # k columns, two passes each
+    vals, W, nprod, _ = US._sample_pca_start(M, Zc, k, 0, np.random.default_rng(0))
+    assert nprod == k * US._PCA_REFINE and M.passes - passes == 2 * US._PCA_REFINE  # k columns, two passes each
     np.testing.assert_allclose(W.T @ W, np.eye(k), atol=1e-10)
     has_data = np.asarray((X != 0).sum(axis=0)).ravel() > 0
     assert np.all(np.linalg.norm(W, axis=1)[has_data] > 0)
@@ -310,13 +313,13 @@ def test_u_step_on_many_rows_is_as_good_as_scikit_learns_kmeans(monkeypatch):
     a Lloyd fixed point (every row at its nearest centroid)."""
     from sklearn.cluster import KMeans
 
-    monkeypatch.setattr(U, "_KMEANS_SAMPLE_ABOVE", 1000)
-    monkeypatch.setattr(U, "_KMEANS_SAMPLE", 400)
+    monkeypatch.setattr(UC, "_KMEANS_SAMPLE_ABOVE", 1000)
+    monkeypatch.setattr(UC, "_KMEANS_SAMPLE", 400)
     rng = np.random.default_rng(3)
     n, p, c = 6000, 4, 5
     Y = rng.standard_normal((n, p)) + np.repeat(rng.standard_normal((c, p)) * 3.0, n // c, axis=0)
     current = rng.integers(0, c, size=n)  # a poor current partition: a random start wins
-    labels, km, chosen = U._choose(Y, c, [current], [11, 12, 13, 14], seed=5)
+    labels, km, chosen = UC._choose(Y, c, [current], [11, 12, 13, 14], seed=5)
     assert chosen >= 1
     Cc = np.array([Y[current == k].mean(axis=0) for k in range(c)])
     assert km < np.sum((Y - Cc[current]) ** 2)
@@ -361,9 +364,9 @@ def test_secular_root_below_a_weak_pole_among_strong_ones_is_eigh_in_few_sweeps(
     Qa[near] *= 5.0
     Qa[near[0]] *= 0.01
     sweeps = []
-    sweep = U._secular_m_and_slope
-    monkeypatch.setattr(U, "_secular_m_and_slope", lambda Q, D, t: sweeps.append(t) or sweep(Q, D, t))
-    got = U._top_lowrank(Qa, Da, c)
+    sweep = LR._secular_m_and_slope
+    monkeypatch.setattr(LR, "_secular_m_and_slope", lambda Q, D, t: sweeps.append(t) or sweep(Q, D, t))
+    got = LR._top_lowrank(Qa, Da, c)
     assert got is not None
     vals, V = got
     A = Qa @ Qa.T - np.diag(Da)
@@ -393,7 +396,7 @@ def test_secular_moments_are_the_dense_sums_at_every_t_the_roots_are_searched_at
     d_k = float(asc[k - 1])
     B = np.linalg.qr(rng.standard_normal((c, c - 1)))[0]
     scale = max(np.linalg.norm(Q, 2) ** 2, D.max())
-    mom = U._SecularMoments(Q, D, B, d_k, 1e-9 * scale)
+    mom = LR._SecularMoments(Q, D, B, d_k, 1e-9 * scale)
     for t in [-d_k - 1e-12 * scale, -d_k + 1e-8, -asc[0] + 1.0, 0.0, 3.0, 1e3, 1e6]:
         s = 1.0 / (t + D)
         M = B.T @ (Q.T * s) @ Q @ B
@@ -417,7 +420,7 @@ def test_top_eigenpairs_from_moments_are_those_from_sweeps_and_eigh():
     ref = np.linalg.eigvalsh(A)[::-1][:k]
     scale = np.abs(ref).max()
     for use in (True, False):
-        vals, V = U._top_lowrank(Qa, Da, k, use_moments=use)
+        vals, V = LR._top_lowrank(Qa, Da, k, use_moments=use)
         np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-12 * scale)
         np.testing.assert_allclose(A @ V, V * vals, atol=1e-10 * scale)
 
@@ -442,7 +445,7 @@ def _assert_top_eigenpairs_are_eigh(Qa, Da, k):
     """The secular solve's k largest eigenpairs of Qa Qa^T - diag(Da) against numpy's eigh, orthonormal, with
     residuals at rounding level; ``Qa`` given back unchanged."""
     Q0 = Qa.copy()
-    got = U._top_lowrank(Qa, Da, k)
+    got = LR._top_lowrank(Qa, Da, k)
     assert got is not None
     np.testing.assert_array_equal(Qa, Q0)
     vals, V = got
@@ -461,9 +464,9 @@ def test_alpha_one_w_step_falls_back_to_lobpcg_without_passes(monkeypatch):
     M, Zc, Q, Uo, Dd, active, A = _alpha_one_problem(None, beta)
     d, idx = Dd.shape[0], np.flatnonzero(active)
     ref_vals = np.linalg.eigvalsh(A)[::-1][:k]
-    monkeypatch.setattr(U, "_top_lowrank", lambda *a, **kw: None)
+    monkeypatch.setattr(US, "_top_lowrank", lambda *a, **kw: None)
     passes = M.passes
-    vals, W, nprod = U._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
+    vals, W, nprod = US._w_step(Zc, None, Q, Uo.sum(axis=0), Dd, active, k, 1.0, beta, X0=np.eye(d)[idx][:, :k])
     assert nprod > 0 and M.passes == passes
     np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-5 * max(1.0, np.abs(ref_vals).max()))
     assert np.all(W[~active] == 0.0)

@@ -1,0 +1,215 @@
+"""UFCM as ``dufs.fit`` runs it: the parameters, the alternation of Algorithm 1 and its objective."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from dufs._logging import get_logger
+from dufs.engine import Matrix
+from dufs.errors import ParameterError
+from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
+from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
+from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
+from dufs.scheduling import one_blas_thread
+
+#: UFCM's parameters (``n_components`` None: the number of clusters, at most n_features - 1)
+UFCM_PARAMS = table(
+    Param("n_clusters", 2, (integer(1),), "k-means clusters of the pseudo-labels"),
+    Param("n_components", None, (None, integer(1)), "d', the columns of W"),
+    Param("alpha", 1.0, (nonnegative(),), "weight of the within-cluster scatter"),
+    Param("beta", 1.0, (nonnegative(),), "weight of the l2,p row-sparsity term"),
+    Param("p", 1.0, (Interval(Real, 0, 2, closed="right"),), "the p of ||W||_{2,p}^p"),
+    Param("max_iter", 30, (integer(1),), "outer iterations"),
+    Param("n_init", 10, (integer(0),), "k-means restarts of each U step"),
+    Param("tol", 1e-6, (nonnegative(),), "relative objective decrease to stop", estimator=False),
+    SEED,
+    Param("dense_below", 2000, (integer(0),), "features below which the W step is dense", estimator=False),
+)
+
+
+log = get_logger(__name__)
+_PCA_SAMPLE_ABOVE = 1 << 20  # samples above which the PCA start is estimated on a sample of rows, then refined
+_EPS = 1e-10  # a row of W (norms are <= 1 since W^T W = I) below this is held at zero
+
+
+@dataclass
+class UFCMResult:
+    """``W`` (n_features x n_components), the cluster ``labels`` (n_samples), the centroids ``G``
+    (n_components x n_clusters), ``scores`` = the row norms of W (larger is better), the ``objective`` (eq. (6))
+    at the start and after every iteration, and ``diagnostics`` (iterations, timings, converged, ...)."""
+
+    W: np.ndarray
+    labels: np.ndarray
+    G: np.ndarray
+    scores: np.ndarray
+    objective: np.ndarray
+    diagnostics: dict = field(default_factory=dict)
+
+
+def _penalty(W: np.ndarray, p: float) -> float:
+    r = np.sqrt(np.einsum("ij,ij->i", W, W))
+    return float(np.sum(r[r > 0] ** p))
+
+
+def ufcm_objective(Y: np.ndarray, W: np.ndarray, labels: np.ndarray, G: np.ndarray, alpha: float, beta: float,
+                   p: float) -> float:
+    """Eq. (6) from Y = Zc W: ||Y||_F^2 - alpha ||Y - U G^T||_F^2 - beta ||W||_{2,p}^p (Tr(W^T S_t W) = ||Zc W||^2)."""
+    return float(np.einsum("ij,ij->", Y, Y) - alpha * _km_term(Y, labels, G.T) - beta * _penalty(W, p))
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def _int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
+            high is not None and value > high):
+        rng = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ParameterError(f"The '{name}' parameter of ufcm must be an int {rng}; got {value!r}.")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------------- UFCM
+def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, beta: float = 1.0, p: float = 1.0,
+         max_iter: int = 30, n_init: int = 10, tol: float = 1e-6, random_state: int = 0,
+         dense_below: int = 2000) -> UFCMResult:
+    """UFCM (Algorithm 1 of paper 003) on the matrix's transformed data, centred implicitly.
+
+    Parameters
+    ----------
+    M : Matrix
+        The data (its ``standardize`` transform is applied, then the columns are centred inside every product).
+    n_clusters : int
+        c, the number of k-means clusters (pseudo classes), in [2, n_samples - 1].
+    n_components : int
+        d', the columns of W, in [1, n_features - 1].
+    alpha, beta : float >= 0
+        Weights of the k-means term and of the l2,p penalty in eq. (6).
+    p : float in (0, 2]
+        The l2,p exponent (Proposition 1 needs p <= 2).
+    max_iter : int >= 1
+        Outer iterations (steps 6-9 of Algorithm 1).
+    n_init : int >= 0
+        Random k-means restarts among the U step's candidates (eq. (14); the paper's r = 10).
+    tol : float >= 0
+        Stop when the objective rises by less than ``tol * max(1, |f|)`` in an iteration.
+    random_state : int
+        Seeds k-means and the Lanczos start vectors.
+    dense_below : int
+        Below this many features the W step is a dense ``eigh`` of the d x d matrix; above, matrix-free Lanczos.
+
+    Returns
+    -------
+    UFCMResult
+
+    References
+    ----------
+    Wang et al., ECML PKDD 2015, eq. (6), (7), (10), (13), (14), Algorithm 1.
+    """
+    if not isinstance(M, Matrix):
+        raise ParameterError(f"ufcm needs a dufs.engine.Matrix; got {type(M).__name__} (use dufs.engine.as_matrix)")
+    n, d = M.shape
+    c = _int_param("n_clusters", n_clusters, 1, max(1, n - 1))
+    k = _int_param("n_components", n_components, 1, max(1, d - 1))
+    check_params(UFCM_PARAMS, {"alpha": alpha, "beta": beta, "p": p, "max_iter": max_iter, "n_init": n_init,
+                               "tol": tol, "random_state": random_state, "dense_below": dense_below}, "ufcm")
+    alpha, beta, p, tol = float(alpha), float(beta), float(p), float(tol)
+    max_iter, n_init, dense_below = int(max_iter), int(n_init), int(dense_below)
+    seed = _int_param("random_state", random_state, 0, 2**32 - 1)
+    if c > n - 1 or k > d - 1:
+        raise ParameterError(f"ufcm needs n_clusters < n_samples and n_components < n_features; the data are {n} x {d}")
+    from dufs.engine.rows import max_task_bytes
+
+    if n * max(k, c) * 8 > max_task_bytes():
+        raise ParameterError(f"ufcm: Zc W and the cluster indicators are {n:,} x {max(k, c)} (n_components, "
+                             f"n_clusters) in float64, over dufs.engine.max-task-bytes "
+                             f"({max_task_bytes() / 2**30:.2f} GiB); use fewer clusters or components, or raise "
+                             f"the bound")
+    rng = np.random.default_rng(seed)
+
+    def seeds(m: int) -> list[int]:
+        return [int(s) for s in rng.integers(0, 2**31 - 1, size=m)]
+
+    timings: dict[str, float] = {"setup": 0.0, "u_step": 0.0, "w_step": 0.0, "g_step": 0.0}
+    passes0 = M.passes
+    t0 = time.perf_counter()
+    Zc = _Centred(M)
+    dense = d < dense_below
+    St = Zc.scatter() if dense else None
+    everyone = np.ones(d, dtype=bool)
+    # step 3: W by PCA (the top d' eigenvectors of S_t)
+    pca_converged = True
+    if dense:
+        _, W, nprod = _w_step(Zc, St, np.zeros((d, c)), np.ones(c), np.zeros(d), everyone, k, 0.0, 0.0)
+    else:
+        start = _sample_pca_start if n > _PCA_SAMPLE_ABOVE else None
+        _, W, nprod, pca_converged = start(M, Zc, k, seed, rng) if start else _top_scatter(Zc, k, rng)
+        if not pca_converged and start is None:
+            log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
+                        "the subspace reached", _PCA_MAXITER)
+    W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here (_on_features)
+    Y = Zc.matvec(W)
+    # step 4: U by k-means on W^T x_i (the best of 1 + n_init runs by the k-means term)
+    labels, _, _ = _choose(Y, c, [], seeds(max(1, n_init)), seed)
+    C, counts = _centroids(Y, labels, c)
+    f = ufcm_objective(Y, W, labels, C.T, alpha, beta, p)
+    timings["setup"] = time.perf_counter() - t0
+    objective = [f]
+    history: list[dict] = []
+    converged = False
+    products = nprod
+    # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its threads
+    with one_blas_thread() if not dense else contextlib.nullcontext():
+        for it in range(max_iter):
+            t_it = time.perf_counter()
+            # step 6: D (eq. (7)); rows at zero stay there
+            r = np.sqrt(np.einsum("ij,ij->i", W, W))
+            active = r > _EPS
+            if active.sum() <= k:
+                active = everyone
+            Dd = np.zeros(d)
+            Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
+            # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
+            t1 = time.perf_counter()
+            s1, ss = seeds(1)[0], seeds(n_init)
+            labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
+            timings["u_step"] += time.perf_counter() - t1
+            # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
+            t1 = time.perf_counter()
+            counts = np.bincount(labels, minlength=c).astype(np.float64)
+            Q = Zc.label_rmatvec(labels, c, counts)  # Zc^T U, U the labels' indicator
+            Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
+            # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
+            vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,
+                                     q_scaled=True, out=W)
+            products += nprod
+            timings["w_step"] += time.perf_counter() - t1
+            # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
+            t1 = time.perf_counter()
+            G = (W.T @ Q) / np.sqrt(counts)[None, :]
+            Y = Zc.matvec(W)
+            C = G.T
+            timings["g_step"] += time.perf_counter() - t1
+            f_new = ufcm_objective(Y, W, labels, G, alpha, beta, p)
+            objective.append(f_new)
+            history.append({"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
+                            "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
+                            "seconds": time.perf_counter() - t_it})
+            log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new, chosen,
+                     history[-1]["seconds"])
+            rise = f_new - f
+            f = f_new
+            if abs(rise) <= tol * max(1.0, abs(f)):
+                converged = True
+                break
+    G = C.T
+    scores = np.sqrt(np.einsum("ij,ij->i", W, W))
+    diagnostics = {"iterations": len(history), "converged": converged, "timings": timings,
+                   "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": dense,
+                   "pca_converged": pca_converged,
+                   "operator_products": products, "history": history}
+    return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)
