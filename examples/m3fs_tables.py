@@ -1,7 +1,7 @@
 """M3FS (Zhao, Kwok, Wang, Zhang, CVPR 2009): the paper's Figure 1 (iris plus 10 N(0,1) noise features) and
 Table 2 (clustering accuracy and Rand index of M3FS's own cluster labels, m = the number of features = sum sigma),
 with the faithful solver :func:`dufs.methods.m3fs.m3fs_faithful`, and in Table 2's last columns the alternating
-solver :func:`dufs.methods.m3fs_scalable.m3fs_alternating` on the same graph (with its default label polishing);
+solver :func:`dufs.methods.m3fs.alternating.m3fs_alternating` on the same graph (with its default label polishing);
 the paper's figures beside ours.
 
 Protocol (section 4.1): the labels are removed, M3FS clusters into the true number of classes M, "then we label each
@@ -42,8 +42,7 @@ from sklearn.metrics import rand_score
 
 from dufs.engine import Matrix
 from dufs.evaluate import clustering_accuracy, majority_accuracy
-from dufs.methods.m3fs import m3fs_faithful, m3fs_laplacian
-from dufs.methods.m3fs_scalable import m3fs_alternating
+from dufs.methods.m3fs import m3fs_alternating, m3fs_faithful, m3fs_laplacian
 
 PAPER = {  # Table 2, M3FS column: (m, ACC %, RI)
     "digits1v7": (10, 100.0, 1.00), "digits2v7": (10, 100.0, 1.00), "ionosphere": (10, 85.57, 0.755),

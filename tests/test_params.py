@@ -49,7 +49,7 @@ def test_functions_defaults_are_the_tables(method):
 
 
 def test_m3fs_solvers_accept_every_parameter_of_the_table():
-    from dufs.methods.m3fs_scalable import m3fs_alternating
+    from dufs.methods.m3fs import m3fs_alternating
 
     both = set(inspect.signature(m3fs.m3fs_faithful).parameters) | set(inspect.signature(m3fs_alternating).parameters)
     assert set(METHODS["m3fs"].params) - {"solver"} <= both

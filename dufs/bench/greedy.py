@@ -98,7 +98,7 @@ def _step_floor(client: Any, n: int, seed: int, repeats: int) -> dict:
     for the workers where :func:`~dufs.engine.shm.shared_eligible`, else each worker its own)."""
     from dufs.engine.shm import publish, shared_eligible
     from dufs.kernels.greedy import A_OPTIMAL, D_OPTIMAL
-    from dufs.methods.greedy import _step_dtype
+    from dufs.methods.greedy.partition import _step_dtype
 
     V2 = np.random.default_rng(seed).standard_normal((n, 2))
     V1 = np.ascontiguousarray(V2[:, :1])  # the plain pass's

@@ -26,7 +26,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
                store: Path | None = None, console: Any = None, workers: tuple[int, ...] = (1, 2), repeats: int = 5,
                seed: int = 0, n_features: int = 50, max_iter: int = 3, n_anchors: int = 256,
                embed_dim: int = 32) -> dict:
-    """:func:`dufs.methods.m3fs_scalable.m3fs_alternating` (two clusters, standardize "scale", anchor graph of
+    """:func:`dufs.methods.m3fs.alternating.m3fs_alternating` (two clusters, standardize "scale", anchor graph of
     ``n_anchors``) on the store, blocks persisted, with 1 and 2 workers: the median time of an outer iteration
     (labels, the v-step's FISTA iterations, the sigma step) and of one v-solver iteration, after a warm-up run of
     two short iterations, against plain ``Matrix.rmatvec(v)`` passes in the same cluster; peak RSS per worker during
@@ -36,7 +36,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     runs' ratios."""
     from dufs.engine import as_matrix
     from dufs.engine.graphs import anchor_graph
-    from dufs.methods.m3fs_scalable import m3fs_alternating
+    from dufs.methods.m3fs import m3fs_alternating
 
     say = console.print if console is not None else print
     st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)

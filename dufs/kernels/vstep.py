@@ -1,4 +1,4 @@
-"""M3FS's two-cluster v-step (dufs.methods.m3fs_scalable): the smoothed hinge's slope in the shared bias, and the
+"""M3FS's two-cluster v-step (dufs.methods.m3fs.vstep): the smoothed hinge's slope in the shared bias, and the
 FISTA updates over the n_features-vectors fused into one sweep each (at a million features a vector is 8 MB, and
 the same arithmetic as separate NumPy operations took 17 sweeps and four fresh arrays an iteration).
 
@@ -262,7 +262,7 @@ def top_positive(g, k):
     """(the indices of the k largest positive entries of g, by value descending then index ascending, the sum of g
     over every other entry): one sweep keeping the best k in a bounded heap of -g (:mod:`dufs.kernels.topk`,
     O(n log k) whatever the order of g), one more for the sum. The sigma step's water-filling
-    (dufs.methods.m3fs.sigma_step) needs only these: at a million features an argpartition, the sort of its head
+    (dufs.methods.m3fs.problem.sigma_step) needs only these: at a million features an argpartition, the sort of its head
     and the mask of the rest took 10 ms a step."""
     val = np.empty(k)
     idx = np.empty(k, np.int64)

@@ -171,9 +171,9 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
         small = n <= M3FS_FAITHFUL_MAX[0] and d <= M3FS_FAITHFUL_MAX[1]
         solver = "faithful" if small and has_cvxpy() else "alternating"
     if solver == "faithful":
-        from dufs.methods.m3fs import m3fs_faithful as run
+        from dufs.methods.m3fs.faithful import m3fs_faithful as run
     else:
-        from dufs.methods.m3fs_scalable import m3fs_alternating as run
+        from dufs.methods.m3fs.alternating import m3fs_alternating as run
     p = {k: v for k, v in p.items() if not (v is None and M3FS_PARAMS[k].default is None)}  # None: the solver's
     accepted = inspect.signature(run).parameters
     wrong = sorted(k for k in p if k not in accepted)

@@ -43,7 +43,7 @@ def _data(seed: int = 0):
 
 def _run(which: str, M: Matrix, y: np.ndarray) -> None:
     if which == "m3fs":
-        from dufs.methods.m3fs_scalable import m3fs_alternating
+        from dufs.methods.m3fs import m3fs_alternating
 
         m3fs_alternating(M, n_features=4, C=10.0, lambda_=0.01, n_neighbors=5, max_iter=2, init="random")
     elif which == "ufcm":

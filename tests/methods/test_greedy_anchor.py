@@ -140,7 +140,7 @@ def test_m3fs_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_clie
     the same split as numpy.linalg.eigh of the dense normalised Laplacian (up to naming the two sides), and the
     alternating solver then selects the same features as with the graph given densely."""
     from dufs.engine.graphs import laplacian
-    from dufs.methods.m3fs_scalable import _init_labels, m3fs_alternating
+    from dufs.methods.m3fs.alternating import _init_labels, m3fs_alternating
 
     X, path = store
     with cluster_client.as_current():

@@ -13,16 +13,15 @@ cp = pytest.importorskip("cvxpy")
 
 from dufs.errors import ParameterError  # noqa: E402
 from dufs.evaluate import clustering_accuracy  # noqa: E402
-from dufs.methods.m3fs import (  # noqa: E402
+from dufs.methods.m3fs.faithful import (  # noqa: E402
     _Master,
     _psd_factor,
     _rows,
     m3fs_faithful,
-    m3fs_laplacian,
     most_violated,
     objective,
-    sigma_step,
 )
+from dufs.methods.m3fs.problem import m3fs_laplacian, sigma_step  # noqa: E402
 
 
 def _standardise(X):

@@ -9,8 +9,8 @@ import scipy.sparse as sp
 
 from dufs.engine import Matrix
 from dufs.errors import ParameterError
-from dufs.methods import m3fs_scalable as ms
-from dufs.methods.m3fs import m3fs_faithful, m3fs_laplacian, sigma_step
+from dufs.methods.m3fs import alternating as ms
+from dufs.methods.m3fs import m3fs_faithful, m3fs_laplacian, resident, sigma_step, vstep
 
 cp = pytest.importorskip("cvxpy")
 
@@ -114,7 +114,7 @@ def test_v_step_matches_cvxpy(k, pre):
     y = np.where(np.arange(40) < 20, 1.0, -1.0) if k == 2 else np.arange(40) % 3
     C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
     kw = {"LZ": L @ Z, "L1": L @ np.ones(40)} if pre else {}
-    out = ms.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, n_clusters=k, tol=1e-7, max_iter=4000,
+    out = vstep.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, n_clusters=k, tol=1e-7, max_iter=4000,
                     **kw)
     Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, k)
     assert out["value"] == pytest.approx(val, rel=1e-5)
@@ -137,7 +137,7 @@ def test_a_v_step_started_at_its_optimum_stops_there():
     y = np.where(np.arange(40) < 20, 1.0, -1.0)
     C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
     Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, 2)
-    out = ms.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, V0=Vc, b0=bc, tol=1e-7, max_iter=500)
+    out = vstep.v_step(M, sigma, y, L, C=C, lambda_=lam, l=l, smoothing=mu, V0=Vc, b0=bc, tol=1e-7, max_iter=500)
     assert out["iterations"] <= 25, out["iterations"]
     assert out["value"] == pytest.approx(val, rel=1e-6)
     np.testing.assert_allclose(out["V"], Vc.reshape(-1, 1), atol=2e-3)
@@ -226,7 +226,7 @@ def test_digits1v7_against_faithful():
 @pytest.mark.parametrize("standardize", ["zscore", "scale"])
 def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
     """Two clusters over blocks persisted on a cluster: the vectors over the features stay on the workers
-    (m3fs_resident, one sweep an iteration); the same optimum as CVXPY's on the transformed data made by NumPy, the
+    (m3fs.resident, one sweep an iteration); the same optimum as CVXPY's on the transformed data made by NumPy, the
     centring (zscore) and the balance constraint's vector (scale: Z's column sums are not 0) included."""
     X = _data(40, 12, seed=2, sparse=True)
     D = X.toarray()
@@ -237,10 +237,10 @@ def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
     C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
     with cluster_client.as_current():
         M = Matrix(X, standardize=standardize, block_width=4).persist()  # 3 blocks in 2 partitions
-        assert len(ms.resident_partitions(M)) == 2
+        assert len(resident.resident_partitions(M)) == 2
         kw = dict(C=C, lambda_=lam, l=l, smoothing=mu, colsum=Z.sum(axis=0), tol=1e-7, max_iter=4000)
-        out = ms.v_step(M, sigma, y, L, **kw)
-        here = ms.v_step(M, sigma, y, L, resident=False, **kw)
+        out = vstep.v_step(M, sigma, y, L, **kw)
+        here = vstep.v_step(M, sigma, y, L, resident=False, **kw)
     assert out["resident"] and not here["resident"]
     Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, 2)
     assert out["value"] == pytest.approx(val, rel=1e-5)
@@ -270,12 +270,12 @@ def test_v_step_results_through_shared_memory_are_the_messages_numbers(cluster_c
     kw = dict(C=5.0, lambda_=0.05, l=2.0, smoothing=0.05, colsum=Z.sum(axis=0), tol=1e-7, max_iter=400)
     with cluster_client.as_current():
         M = Matrix(X, standardize="scale", block_width=block_width).persist()
-        assert len(ms.resident_partitions(M)) == (2 if block_width == 4 else 1)
+        assert len(resident.resident_partitions(M)) == (2 if block_width == 4 else 1)
         with dask.config.set({"dufs.engine.shared-memory-bytes": 1}):
-            files = ms.v_step(M, sigma, y, L, **kw)
+            files = vstep.v_step(M, sigma, y, L, **kw)
         with dask.config.set({"dufs.engine.shared-memory": "off"}):
-            messages = ms.v_step(M, sigma, y, L, **kw)
-        here = ms.v_step(M, sigma, y, L, resident=False, **kw)
+            messages = vstep.v_step(M, sigma, y, L, **kw)
+        here = vstep.v_step(M, sigma, y, L, resident=False, **kw)
     assert files["resident"] and messages["resident"] and not here["resident"]
     assert files["iterations"] > 5 and files["iterations"] == messages["iterations"]
     assert files["value"] == messages["value"]
@@ -306,13 +306,13 @@ def test_a_v_step_from_the_state_the_last_one_kept_is_one_from_its_v(cluster_cli
         M = Matrix(X, standardize=standardize, block_width=4).persist()
         before = _resident_tokens(cluster_client)  # other tests' state may still wait for its drop
         keep: dict = {}
-        first = ms.v_step(M, sigma1, y, L, keep=keep, **kw)
+        first = vstep.v_step(M, sigma1, y, L, keep=keep, **kw)
         assert keep["rd"].V is first["V"]
         sigma2 = sigma_step(first["V"][:, 0], 4.0)
         sigma2[3] = 0.0  # a feature whose weight goes: its u starts at 0
-        kept = ms.v_step(M, sigma2, y, L, V0=first["V"], b0=first["b"], F0=first["F"], keep=keep, **kw)
-        fresh = ms.v_step(M, sigma2, y, L, V0=first["V"], b0=first["b"], F0=first["F"], **kw)
-        other = ms.v_step(M, sigma2, y, L, V0=first["V"].copy(), b0=first["b"], F0=first["F"], keep=keep, **kw)
+        kept = vstep.v_step(M, sigma2, y, L, V0=first["V"], b0=first["b"], F0=first["F"], keep=keep, **kw)
+        fresh = vstep.v_step(M, sigma2, y, L, V0=first["V"], b0=first["b"], F0=first["F"], **kw)
+        other = vstep.v_step(M, sigma2, y, L, V0=first["V"].copy(), b0=first["b"], F0=first["F"], keep=keep, **kw)
         keep.pop("rd").release()
         direct.flush_drops(cluster_client)
         assert _resident_tokens(cluster_client) <= before  # the states this test made are gone
@@ -328,7 +328,7 @@ def test_a_lost_resident_state_is_said_lost(cluster_client):
     """The v-step runs again with its vectors on the driver when the workers lose what they kept: the error the
     next call meets is one that says so (dufs.engine.cluster.is_lost)."""
     from dufs.engine.cluster import is_lost
-    from dufs.methods.m3fs_resident import ResidentU, resident_partitions
+    from dufs.methods.m3fs.resident import ResidentU, resident_partitions
 
     X = _data(40, 12, seed=2, sparse=True)
     with cluster_client.as_current():
@@ -368,13 +368,13 @@ def test_a_v_step_with_no_step_that_lowers_it_says_so(cluster_client):
     y = np.where(np.arange(40) < 20, 1.0, -1.0)
     kw = dict(C=1.0, lambda_=0.0, l=40.0, smoothing=0.1, max_iter=50)
     with pytest.raises(FloatingPointError, match="backtracking found no step.*standardize='scale'"):
-        ms.v_step(Matrix(X), np.full(12, 0.5), y, None, **kw)
+        vstep.v_step(Matrix(X), np.full(12, 0.5), y, None, **kw)
     with cluster_client.as_current():
         M = Matrix(X, block_width=4).persist()
-        assert ms.resident_partitions(M) is not None
+        assert resident.resident_partitions(M) is not None
         before = _resident_tokens(cluster_client)  # other tests' state may still wait for its drop
         with pytest.raises(FloatingPointError, match="backtracking found no step") as err:
-            ms.v_step(M, np.full(12, 0.5), y, None, **kw)
+            vstep.v_step(M, np.full(12, 0.5), y, None, **kw)
     # let go even while the traceback (its frames) lives on, as a notebook's last one does
     direct.flush_drops(cluster_client)  # released state goes at the next call to its worker, or now
     assert _resident_tokens(cluster_client) <= before
@@ -417,7 +417,7 @@ def test_best_bias_is_the_minimum_over_a_fine_grid(case):
     lam, mu = [(0.0, 1e-2), (1e-3, 1e-2), (1e-1, 0.5), (1e-3, 0.0)][case % 4]
     c = 10.0 / n
     lo, hi = sorted(rng.uniform(-1.5, 1.5, size=2))
-    b = ms._best_bias(Fu, y, L @ Fu if lam else None, L @ np.ones(n) if lam else None, lam, c, mu, lo, hi,
+    b = vstep._best_bias(Fu, y, L @ Fu if lam else None, L @ np.ones(n) if lam else None, lam, c, mu, lo, hi,
                       rng.uniform(lo, hi))
     assert lo <= b <= hi
 
@@ -444,8 +444,8 @@ def test_best_bias_of_a_flat_function_stays_where_it_started(lam, start, seed):
     Fu = np.zeros(n)
     L1 = np.random.default_rng(seed).standard_normal(n) * 1e-17
     c, mu, lo, hi = 1.0 / n, 1e-2, -0.1, 0.1
-    b0 = ms._best_bias(Fu, y, None, None, 0.0, c, mu, lo, hi, start)
-    b = ms._best_bias(Fu, y, np.zeros(n), L1, lam, c, mu, lo, hi, start)
+    b0 = vstep._best_bias(Fu, y, None, None, 0.0, c, mu, lo, hi, start)
+    b = vstep._best_bias(Fu, y, np.zeros(n), L1, lam, c, mu, lo, hi, start)
     assert b0 == start and b == start
 
 

@@ -1,6 +1,6 @@
 """The two-cluster v-step's feature-side vectors kept on the workers, beside the blocks (:func:`resident_partitions`).
 
-A FISTA iteration of the v-step (:func:`dufs.methods.m3fs_scalable.v_step`) makes two products with the data: the
+A FISTA iteration of the v-step (:func:`dufs.methods.m3fs.vstep.v_step`) makes two products with the data: the
 gradient g = Z^T R of the loss in the scores, and the scores Z s n of the trial point n = y - g / L (s = sigma^1/2, y
 the momentum point). Between them everything over the features is elementwise (the momentum, the gradient in u, the
 trial step) or a dot product. On the driver, each product ships a vector over the features one way (Z^T R back, s n out:
