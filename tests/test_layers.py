@@ -1,4 +1,5 @@
-"""The import-linter ``layers`` contract of pyproject.toml (DESIGN.md section 2) holds.
+"""The import-linter contracts of pyproject.toml hold: the ``layers`` one (DESIGN.md section 2) and the one that keeps
+the methods on the engine's public API.
 
 The linter runs as its console script ``lint-imports``, found beside this interpreter whatever PATH holds
 (``tests._scripts``); every check requires the contract's name and the kept/broken counts in its report, so a
@@ -56,6 +57,23 @@ def test_layers_contract_catches_a_violation(tmp_path):
     assert f"{layers} BROKEN" in res.stdout, out
     assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in res.stdout, out
     assert "dufs.kernels.sparse -> dufs.data.store" in res.stdout, out
+
+
+def test_methods_contract_catches_an_engine_module(tmp_path):
+    """The second contract is live: a method importing one of the engine's modules (here the shared-memory
+    transport), not its public API, breaks it; the imports it lists as still allowed do not."""
+    shutil.copytree(ROOT / "dufs", tmp_path / "dufs", ignore=shutil.ignore_patterns("*.npz", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "dufs" / "methods" / "filters.py", "a") as f:
+        f.write("\nfrom dufs.engine.shm import local_array  # noqa\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = lint_imports(tmp_path / "pyproject.toml", "--no-cache", env=env)
+    out = _report(res)
+    assert res.returncode != 0, out
+    methods = next(c for c in CONTRACTS if c.startswith("methods see the engine"))
+    assert f"{methods} BROKEN" in res.stdout, out
+    assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in res.stdout, out
+    assert "dufs.methods.filters -> dufs.engine.shm" in res.stdout, out
 
 
 # the venv's scripts are not on PATH: VENV/bin/python -m pytest without activating the venv (issue 60)

@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import Matrix
-from dufs.engine.graphs import AnchorGraph, anchor_graph, graph_rows, knn_graph, resolve_graph
-from dufs.engine.stats import block_stats
+from dufs.engine import AnchorGraph, Matrix, anchor_graph, block_stats, graph_rows, knn_graph, resolve_graph
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
 from dufs.methods.labels import class_labels, labels_of, target_type

@@ -8,14 +8,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import Matrix
-from dufs.engine.graphs import (
-    AnchorGraph,
-    anchor_graph,
-    graph_rows,
-    knn_graph,
-    resolve_graph,
-)
+from dufs.engine import AnchorGraph, Matrix, anchor_graph, graph_rows, knn_graph, resolve_graph
 from dufs.errors import ParameterError
 
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import Matrix
-from dufs.engine.graphs import AnchorGraph, graph_rows, laplacian_operator
+from dufs.engine import AnchorGraph, Matrix, graph_rows, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import JCFS
 from dufs.methods.graph import sample_graph
@@ -127,7 +126,7 @@ def _anchor_embedding(G: AnchorGraph, S: list, shift: np.ndarray, coef: np.ndarr
     F^T F is one reduction over the graph's row pieces, each row block taking the selected columns from its own
     CSR rows (``XS``, the columns themselves, only for a graph held whole); Y (n x c) comes back whole (c plain
     n-vectors: float32 above ``dufs.engine.max-task-bytes``)."""
-    from dufs.engine.rows import max_task_bytes
+    from dufs.engine import max_task_bytes
 
     n, k = G.shape[0], len(S)
     single = n * c * 8 > max_task_bytes()

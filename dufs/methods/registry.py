@@ -56,7 +56,7 @@ def rank(scores: np.ndarray, higher_is_better: bool = True, k: int | None = None
     """Feature indices best first; NaN scores last; ties broken by the lower index. ``k``: only the first ``k``
     of that order, in memory bounded by slices of the scores (:func:`dufs.engine.blocks.ranked_head`)."""
     if k is not None and k < np.asarray(scores).size:
-        from dufs.engine.blocks import ranked_head
+        from dufs.engine import ranked_head
 
         return ranked_head(scores, k, higher_is_better)
     s = np.asarray(scores, dtype=np.float64)

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from dufs.engine.cluster import is_lost
+from dufs.engine import is_lost
 from dufs.errors import ParameterError
 
 __all__ = ["MAX_RECOVERIES", "atomic_write", "checkpoint_dir", "recoverable", "release", "store_dir"]

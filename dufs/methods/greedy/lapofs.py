@@ -5,11 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dufs.engine import Matrix
-from dufs.engine.graphs import (
-    AnchorGraph,
-    laplacian_operator,
-)
+from dufs.engine import AnchorGraph, Matrix, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import (
     A_OPTIMAL,

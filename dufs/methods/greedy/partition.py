@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import Matrix
-from dufs.engine.dispatch import current_client
+from dufs.engine import Matrix, current_client
 from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec

@@ -14,12 +14,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix, PerBlock
+from dufs.engine import AnchorGraph, Matrix, PerBlock
 from dufs.engine.direct import last_timeline
 from dufs.engine.dispatch import shipped
-from dufs.engine.graphs import (
-    AnchorGraph,
-)
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.greedy import (

@@ -61,9 +61,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix
-from dufs.engine.blocks import ranked_head
-from dufs.engine.graphs import AnchorGraph, graph_rows, laplacian_operator
+from dufs.engine import AnchorGraph, Matrix, graph_rows, laplacian_operator, ranked_head
 from dufs.errors import ParameterError
 from dufs.methods.m3fs.problem import sigma_step
 from dufs.methods.m3fs.vstep import _objectives, v_step

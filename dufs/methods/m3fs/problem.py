@@ -127,7 +127,7 @@ def m3fs_laplacian(X: np.ndarray, *, graph: str = "gaussian", n_neighbors: int =
         W = np.exp(-D2 / (2.0 * rho * rho))
         np.fill_diagonal(W, 0.0)
     elif graph == "knn":
-        from dufs.engine.graphs import knn_graph
+        from dufs.engine import knn_graph
 
         W = knn_graph(X, n_neighbors, weights="heat").toarray()
     else:

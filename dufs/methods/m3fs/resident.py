@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import Matrix
-from dufs.engine.blocks import PerBlock
+from dufs.engine import Matrix, PerBlock, current_client, tree_sum_values
 from dufs.engine.buffers import buffer
-from dufs.engine.dispatch import current_client, shipped, tree_sum_values
+from dufs.engine.dispatch import shipped
 from dufs.engine.shm import lend, local_array, receive_eligible, receive_or_none, writable_array
 from dufs.kernels.vstep import fista_sweep, scaled_start
 

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix
-from dufs.engine.cluster import is_lost
+from dufs.engine import Matrix, is_lost
 from dufs.kernels.vstep import (
     axpy,
     fista_extrapolate,

@@ -280,7 +280,7 @@ def block_margins(b: Any, spec: MarginSpec, r_block: np.ndarray | None = None) -
     """One feature block's ``coef``, ``shift``, ``colsum``, ``qii``, ``r`` and ``rho`` by ``spec`` (computed where
     the block lives; the same values as :func:`geometry` and :func:`relevance` on the whole matrix). With
     ``r_block``: the block's slice of a relevance computed on the driver ("given")."""
-    from dufs.engine.stats import block_stats
+    from dufs.engine import block_stats
 
     m = spec.m
     classed = spec.kind in ("ratio", "fisher")

@@ -122,7 +122,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     seed = _int_param("random_state", random_state, 0, 2**32 - 1)
     if c > n - 1 or k > d - 1:
         raise ParameterError(f"ufcm needs n_clusters < n_samples and n_components < n_features; the data are {n} x {d}")
-    from dufs.engine.rows import max_task_bytes
+    from dufs.engine import max_task_bytes
 
     if n * max(k, c) * 8 > max_task_bytes():
         raise ParameterError(f"ufcm: Zc W and the cluster indicators are {n:,} x {max(k, c)} (n_components, "

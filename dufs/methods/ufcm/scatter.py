@@ -76,7 +76,7 @@ class _Centred:
     def scatter(self) -> np.ndarray:
         """S_t = Zc^T Zc as a dense d x d matrix: two passes per chunk of columns."""
         d, n = self.d, self.n
-        from dufs.engine.rows import max_task_bytes
+        from dufs.engine import max_task_bytes
 
         # Z E is n x k dense: at most _GRAM_BYTES, and half of dufs.engine.max-task-bytes (the pass that takes it
         # also takes its data block)
@@ -228,7 +228,7 @@ def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random
     of clustered sparse data are close together)."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    from dufs.engine.rows import Rows
+    from dufs.engine import Rows
 
     n, d = Zc.n, Zc.d
     rows = Rows.of(M)
