@@ -96,10 +96,10 @@ def test_knn_graph_of_matrix_equals_sklearn_on_transformed_dense(standardize, de
     gives sklearn's graph."""
     import dask
 
-    from dufs.engine import graphs
+    from dufs.engine import knn
 
     if not dense_rows:
-        monkeypatch.setattr(graphs, "_GRAM_DENSE_ROWS_BYTES", 0)
+        monkeypatch.setattr(knn, "_GRAM_DENSE_ROWS_BYTES", 0)
     X = _sparse_data()
     Zd = _dense_z(X.toarray(), standardize)
     want_bin = _reference(Zd, 4)
@@ -233,7 +233,7 @@ def test_anchor_laplacian_operator_equals_dense(anchor_case):
 def test_anchor_laplacian_vec_in_row_ranges_is_scipy(threads):
     """L v = v - s (Zh (li (Zh^T (s v)))) with Zh's rows in ranges on several threads (rows without anchors among
     them) against SciPy's separate products; one thread gives the fused kernel's numbers bit for bit."""
-    from dufs.engine.graphs import _anchor_laplacian_vec
+    from dufs.engine.laplacian import _anchor_laplacian_vec
     from dufs.kernels.anchor import normed_laplacian_vec
 
     rng = np.random.default_rng(threads)
@@ -347,10 +347,10 @@ def test_anchor_graph_of_a_store_by_row_blocks_on_the_cluster(cluster_client, ro
     """Rows embedded block by block on the workers (R hashed per nonzero) equal dense Z R; k-means over the row
     pieces (sample, then Lloyd map-reduce steps); Zh's rows are each sample's s nearest anchors, never whole on
     the driver until asked for; the Laplacian scores equal eq. (3) with that graph densely."""
-    import dufs.engine.graphs as graphs
+    from dufs.engine import anchors
     from dufs.engine.rows import Pieces
 
-    monkeypatch.setattr(graphs, "KMEANS_SAMPLE", 120)  # 300 samples: the sample-then-Lloyd route
+    monkeypatch.setattr(anchors, "KMEANS_SAMPLE", 120)  # 300 samples: the sample-then-Lloyd route
     X, path = row_store
     Zd = _dense_z(X.toarray(), standardize) if standardize else X.toarray()
     with cluster_client.as_current():
@@ -395,7 +395,7 @@ def test_a_graph_from_a_closed_cluster_says_so(row_store):
 
 
 def test_lloyd_step_over_row_pieces_equals_dense(cluster_client, row_store):
-    from dufs.engine.graphs import _rows_embed, _rows_lloyd
+    from dufs.engine.anchors import _rows_embed, _rows_lloyd
     from dufs.engine.rows import Rows
 
     X, path = row_store
@@ -462,7 +462,7 @@ def test_k_smallest_breaks_ties_as_a_stable_full_sort():
     """The anchor graph's nearest anchors (_k_smallest): the k smallest of each row, ties at the k-th value broken
     by the lower index without sorting the row: the same (index, value) pairs as NumPy's stable full sort, on
     integer distances that tie at nearly every row."""
-    from dufs.engine.graphs import _k_smallest
+    from dufs.engine.knn import _k_smallest
 
     rng = np.random.default_rng(0)
     for trial in range(300):
