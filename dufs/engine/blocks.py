@@ -15,7 +15,7 @@ from dask.sizeof import sizeof
 
 from dufs import config
 from dufs.engine.buffers import buffer
-from dufs.engine.shm import local_array, writable_array
+from dufs.engine.shm import local_array, resolved, writable_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
@@ -305,14 +305,14 @@ def block_columns(src, local):
 
 
 def block_topk(src, fn, k, largest, args, kwargs, start):
-    s = np.asarray(fn(resolve(src), *args, **kwargs), dtype=np.float64).ravel()
+    s = np.asarray(fn(resolve(src), *resolved(args), **resolved(kwargs)), dtype=np.float64).ravel()
     return local_topk(s, k, largest, start)
 
 
 def block_scores_and_top(src, fn, k, largest, args, kwargs, start, dtype=np.float64):
     """A block's scores by ``fn`` (sent as ``dtype``) and, unless ``k`` is None, its ``k`` best by their float64
     values (:func:`local_topk`)."""
-    s = np.asarray(fn(resolve(src), *args, **kwargs), dtype=np.float64).ravel()
+    s = np.asarray(fn(resolve(src), *resolved(args), **resolved(kwargs)), dtype=np.float64).ravel()
     top = local_topk(s, k, largest, start) if k is not None else (None, None)
     return s.astype(dtype, copy=False), top
 
@@ -370,16 +370,19 @@ def gather_block(b: FeatureBlock) -> FeatureBlock:
     return b
 
 
+# a method's function, run on its block (or its partition's blocks) with its arguments resolved: a vector shared
+# through /dev/shm is given as the array (dufs.engine.shm.resolved), so methods see plain arrays
 def map_one(fn, src, args, kwargs):
-    return fn(resolve(src), *args, **kwargs)
+    return fn(resolve(src), *resolved(args), **resolved(kwargs))
 
 
 def map_group(fn, srcs, args, kwargs):
-    return fn([resolve(s) for s in srcs], *args, **kwargs)
+    return fn([resolve(s) for s in srcs], *resolved(args), **resolved(kwargs))
 
 
 def map_state(fn, src, state, args, kwargs):
-    out = fn([resolve(s) for s in src] if isinstance(src, list) else resolve(src), state, *args, **kwargs)
+    out = fn([resolve(s) for s in src] if isinstance(src, list) else resolve(src), state, *resolved(args),
+             **resolved(kwargs))
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ParameterError("a map_blocks function given state= must return (new_state, result)")
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import mmap
 import os
@@ -41,7 +42,8 @@ from dufs._lease import Lease, lease
 from dufs.data._fs import pid_alive
 
 __all__ = ["SharedArray", "SharedArrayLost", "SharedResult", "local_array", "publish", "put_result", "receive",
-           "lend", "receive_eligible", "receive_or_none", "release_files", "results_local", "shared_eligible",
+           "lend", "receive_eligible", "receive_or_none", "release_files", "resolved", "results_local",
+           "shared_eligible",
            "take_result", "writable_array", "workers_share_memory"]
 
 _DIR = "/dev/shm"
@@ -123,6 +125,26 @@ def _mapped(x: SharedArray, maps: OrderedDict, writable: bool, what: str) -> np.
         while len(maps) > _KEEP:
             maps.popitem(last=False)
         return raw
+
+
+def resolved(x: Any) -> Any:
+    """``x`` with every :class:`SharedArray` in it mapped: a vector (:func:`publish`) read-only
+    (:func:`local_array`), a results' file (:func:`receive`) for writing (:func:`writable_array`); within lists,
+    tuples, dicts and dataclass instances (a copy with the fields replaced; ``x`` itself where nothing was shared).
+    What the engine does to a pass's arguments before it calls a method's function, which so sees plain arrays."""
+    if isinstance(x, SharedArray):
+        return local_array(x) if x.gen is not None else writable_array(x)
+    if type(x) in (list, tuple):
+        got = [resolved(v) for v in x]
+        return x if all(a is b for a, b in zip(got, x, strict=True)) else type(x)(got)
+    if type(x) is dict:
+        got = {k: resolved(v) for k, v in x.items()}
+        return x if all(got[k] is v for k, v in x.items()) else got
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        new = {f.name: resolved(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
+        changed = {k: v for k, v in new.items() if v is not getattr(x, k)}
+        return dataclasses.replace(x, **changed) if changed else x
+    return x
 
 
 def local_array(x: Any) -> Any:

@@ -404,3 +404,28 @@ def test_products_z_u_sum_their_partials_from_shared_memory_as_the_workers_do(cl
                 np.testing.assert_array_equal(g, w)
                 np.testing.assert_allclose(g, Z @ x, rtol=0, atol=1e-12 * np.abs(Z @ x).max())
             M.release()
+
+
+def test_resolved_maps_shared_arrays_inside_containers_and_dataclasses():
+    """What the engine gives a method's function: every SharedArray mapped, inside lists, tuples, dicts and
+    dataclasses (a copy with the field replaced); anything without one is returned as it is."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Spec:
+        m: int
+        yn: object = None
+
+    a = np.arange(300_000, dtype=np.float64)
+    plain = (1, [2.0, "x"], {"k": a}, Spec(3, a))
+    assert shm.resolved(plain) is plain and shm.resolved(plain[3]) is plain[3]
+    with shm.publish(a) as ref:
+        got = shm.resolved((ref, [ref, 2], {"k": ref}, Spec(3, ref), 5))
+        for x in (got[0], got[1][0], got[2]["k"], got[3].yn):
+            assert isinstance(x, np.ndarray) and not x.flags.writeable
+            np.testing.assert_array_equal(x, a)
+        assert got[1][1] == 2 and got[3].m == 3 and got[4] == 5 and type(got[1]) is list
+    with shm.receive((4, 3), np.float64) as (ref, view):
+        out = shm.resolved([ref])[0]  # a results' file: given for writing, the driver's view sees the writes
+        out[1] = 7.0
+        np.testing.assert_array_equal(view[1], [7.0, 7.0, 7.0])

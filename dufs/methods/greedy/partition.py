@@ -11,7 +11,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs.engine import Matrix, current_client
-from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
 from dufs.kernels.greedy import (
@@ -123,7 +122,6 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
     there, in the same sweep that picks the best) and the current ones become the new state's spares: the state
     it was given stays as it was (a task may run again), and no array is allocated (a fresh array's pages fault in
     again every step: 25 bytes a feature)."""
-    V = local_array(V)
     swapped = _swapped(mode)
     spare = state.get("spare") or {k: np.empty_like(state[k]) for k in swapped}
     np.copyto(spare["sel"], state["sel"])  # s and v: the kernel reads the state's and writes the spares

@@ -28,7 +28,7 @@ import numpy as np
 from dufs.engine import Matrix, PerBlock, current_client, tree_sum_values
 from dufs.engine.buffers import buffer
 from dufs.engine.dispatch import shipped
-from dufs.engine.shm import lend, local_array, receive_eligible, receive_or_none, writable_array
+from dufs.engine.shm import lend, receive_eligible, receive_or_none
 from dufs.kernels.vstep import fista_sweep, scaled_start
 
 __all__ = ["ResidentU", "resident_partitions"]
@@ -61,7 +61,6 @@ def _init(blks, st, U0, s, inv, mu, colsum):
     def parts(v):
         if v is None:
             return None
-        v = local_array(v)
         out = []
         for b in blks:
             p = buffer(b.stop - b.start)
@@ -98,7 +97,6 @@ def _renew(blks, st, s, decision):
     (s_old x) / s (0 where s is not positive: the driver's scaled_start of V0 = s_old x, the V the last v-step
     returned) and si, cm, a for the new s; only s shipped, the state's arrays reused."""
     x, _ = _decided(st, decision)
-    s = local_array(s)
     for i, b in enumerate(blks):
         sb = s[b.start:b.stop]
         xi = x[i]
@@ -145,11 +143,10 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, rene
     if renew is not None:
         st, _ = _renew(blks, st, renew, decision)
         decision = None
-    R = local_array(R)
     n = R.shape[0]
     x, xp = _decided(st, decision)
     if into is not None:  # the driver's file: nothing to send back but the dots
-        out = writable_array(into)[row[0]]
+        out = into[row[0]]
         out.fill(0.0)
     else:  # pooled: the scores go back each call, a fresh vector's pages fault in each time
         out = buffer(n, zero=True)
@@ -178,9 +175,8 @@ def _final(blks, st, decision, into=None, starts=None, renew=None):
     x, xp = _decided(st, decision)
     if into is None:
         return {**st, "x": x, "xp": xp}, [xi * si for xi, si in zip(x, st["s"], strict=True)]
-    target = writable_array(into)
     for xi, si, a in zip(x, st["s"], starts, strict=True):
-        np.multiply(xi, si, out=target[a:a + xi.shape[0]])
+        np.multiply(xi, si, out=into[a:a + xi.shape[0]])
     return {**st, "x": x, "xp": xp}, None
 
 

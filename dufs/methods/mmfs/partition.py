@@ -9,7 +9,6 @@ import time
 import numpy as np
 
 from dufs.engine.buffers import buffer
-from dufs.engine.shm import local_array
 from dufs.kernels.dcd import (
     active_set,
     dcd_epoch,
@@ -78,7 +77,7 @@ def _block_state(blk, spec, r_block, alpha0, seed) -> tuple[dict, tuple]:
 
     rows = np.zeros((7, blk.width))  # coef, shift, colsum, qii, rho, alpha, g: one allocation
     factor = spec.theta / (1.0 - spec.theta)
-    y = local_array(spec.yn) if spec.kind == "correlation" else _NO_LABELS
+    y = spec.yn if spec.kind == "correlation" else _NO_LABELS
     part = mmfs_block_init(blk.indptr, blk.indices, blk.data, spec.m, spec.m, GEOMETRY_MODE[spec.standardize], y,
                            factor, rows)
     if spec.kind == "given":
@@ -238,7 +237,6 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     Returns the new states and a :class:`PartitionResult`: the change of ws and the round's :class:`RoundTotals`
     (dws, dt, dS: the change of w that the alphas' change makes, whatever ``sigma``)."""
     t0 = time.perf_counter()
-    ws = local_array(ws)
     part = part[0] if isinstance(part, list) else part
     tail = RoundTotals(partitions=1.0)
     new, sets = [], []

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from dufs.engine import Matrix, check_labels, transform_of
-from dufs.engine.shm import local_array
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
 from dufs.kernels.dcd import mmfs_geometry
@@ -284,13 +283,13 @@ def block_margins(b: Any, spec: MarginSpec, r_block: np.ndarray | None = None) -
 
     m = spec.m
     classed = spec.kind in ("ratio", "fisher")
-    st = block_stats(b, m, local_array(spec.codes) if classed else None, 0 if not classed else spec.counts.shape[0])
+    st = block_stats(b, m, spec.codes if classed else None, 0 if not classed else spec.counts.shape[0])
     geo = _geometry_of(st, m, spec.standardize, b.width)
     if spec.kind == "given":
         r = np.asarray(r_block, dtype=np.float64)
     elif spec.kind == "correlation":
         raw = np.empty((b.width, 1))
-        csc_rmatvec(b.indptr, b.indices, b.data, local_array(spec.yn)[:, None], raw)
+        csc_rmatvec(b.indptr, b.indices, b.data, spec.yn[:, None], raw)
         r = np.abs(geo["coef"] * raw[:, 0])  # 1^T y~ = 0, so the shift drops out
     elif spec.kind == "ratio":
         st.class_count = spec.counts
