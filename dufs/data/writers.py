@@ -106,8 +106,12 @@ def _compute_to_the_end(tasks: list, *, local: bool = False) -> tuple:
         from distributed import wait
 
         futures = client.compute(tasks)
-        wait(futures)  # every task finished or failed
-        return tuple(client.gather(futures))
+        try:
+            wait(futures)  # every task finished or failed
+            return tuple(client.gather(futures))
+        finally:  # released now: a failure's traceback would keep them (and their results on the workers) alive
+            for f in futures:
+                f.release()
     if scheduler is not None and not local:
         return dask.compute(*tasks)
     pool = cf.ThreadPoolExecutor(os.cpu_count() or 1)

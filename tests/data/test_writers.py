@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import dask.array as da
 import fsspec
@@ -194,9 +195,20 @@ def test_a_failing_dask_input_leaves_nothing(store_path, scheduler, request):
     for y in (Y_REF, None):  # twice: the first failure left nothing to clash with
         ctx = client.as_current() if client is not None else contextlib.nullcontext()
         with ctx, Blocking(row_block=3, granule=4, block_nnz=40, chunk_elements=50).config():
-            with pytest.raises(ValueError, match="reshape"):
+            with pytest.raises(ValueError, match="reshape") as failed:
                 write_store(_dask_input_failing_in_its_last_rows(), path, y)
         assert _leftovers(path) == []
+        if client is not None:  # the written slabs' results gone from the workers, the traceback still alive
+            assert failed.value is not None
+            deadline = time.monotonic() + 5
+            while any(str(k).startswith("_write_slab") for d in client.run(_worker_keys).values() for k in d) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not [k for d in client.run(_worker_keys).values() for k in d if str(k).startswith("_write_slab")]
+
+
+def _worker_keys(dask_worker=None) -> list:
+    return list(dask_worker.data)
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])

@@ -58,6 +58,7 @@ def test_a_method_that_raises_in_a_users_client_leaves_nothing_behind(cluster_cl
     write_store(X, path, y=y, feature_block=500)
     before_keys = cluster_client.run_on_scheduler(_scheduler_keys)
     before_shm = _shm_files()
+    before = cluster_client.run(_worker_leftovers)  # what earlier tests on this cluster left, if anything
     seen = []
 
     def count(what):
@@ -83,6 +84,7 @@ def test_a_method_that_raises_in_a_users_client_leaves_nothing_behind(cluster_cl
         dufs.fit(str(path), y, method=method, n_features=5, client=cluster_client, **params)
     assert cluster_client.run_on_scheduler(_scheduler_keys) == before_keys
     for addr, left in cluster_client.run(_worker_leftovers).items():
-        assert left == {"resident": 0, "pooled": 0, "shm": before_shm, "data": []}, addr
+        assert left["data"] == before[addr]["data"] and left["shm"] == before_shm, addr
+        assert left["resident"] <= before[addr]["resident"] and left["pooled"] == 0, addr
     assert _shm_files() == before_shm
     assert buffers.pooled_bytes() == 0
