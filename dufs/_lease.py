@@ -15,6 +15,7 @@ the free-threaded build), so a buffer in use is never handed out twice whatever 
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -31,7 +32,8 @@ class _Owner:
 
     def __init__(self, memory: np.ndarray, offset: int, nbytes: int):
         self.memory = memory
-        self.__array_interface__ = {"data": (memory.ctypes.data + offset, not memory.flags.writeable),
+        self.__array_interface__ = {"data": (memory.__array_interface__["data"][0] + offset,
+                                             not memory.flags.writeable),
                                     "shape": (nbytes,), "typestr": "|u1", "version": 3}
 
 
@@ -59,7 +61,7 @@ def lease(memory: np.ndarray, shape: Any, dtype: Any, offset: int = 0) -> tuple[
     C-contiguous and hold the array's bytes."""
     dt = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    nbytes = math.prod(shape) * dt.itemsize
     if not memory.flags.c_contiguous or memory.nbytes < offset + nbytes:
         raise ValueError(f"a lease of {offset + nbytes} bytes over a buffer of {memory.nbytes} (contiguous: "
                          f"{memory.flags.c_contiguous})")
