@@ -43,37 +43,33 @@ def test_layers_contract_is_kept():
     _assert_kept(lint_imports(ROOT / "pyproject.toml"))
 
 
-def test_layers_contract_catches_a_violation(tmp_path):
-    """The contract is live: a kernels module importing the storage layer breaks it."""
+def _broken_by(tmp_path, module: str, line: str, contract: str, edge: str) -> None:
+    """A copy of the package with ``line`` appended to ``module`` (a path under dufs/) breaks ``contract`` alone,
+    naming the import ``edge``."""
     shutil.copytree(ROOT / "dufs", tmp_path / "dufs", ignore=shutil.ignore_patterns("*.npz", "__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "dufs" / "kernels" / "sparse.py", "a") as f:
-        f.write("\nfrom dufs.data import store  # noqa\n")
+    with open(tmp_path / "dufs" / module, "a") as f:
+        f.write(f"\n{line}  # noqa\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     res = lint_imports(tmp_path / "pyproject.toml", "--no-cache", env=env)
     out = _report(res)
     assert res.returncode != 0, out
-    layers = next(c for c in CONTRACTS if "layers" in c)
-    assert f"{layers} BROKEN" in res.stdout, out
+    assert f"{contract} BROKEN" in res.stdout, out
     assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in res.stdout, out
-    assert "dufs.kernels.sparse -> dufs.data.store" in res.stdout, out
+    assert edge in res.stdout, out
+
+
+def test_layers_contract_catches_a_violation(tmp_path):
+    """The contract is live: a kernels module importing the storage layer breaks it."""
+    _broken_by(tmp_path, "kernels/sparse.py", "from dufs.data import store", next(c for c in CONTRACTS
+               if "layers" in c), "dufs.kernels.sparse -> dufs.data.store")
 
 
 def test_methods_contract_catches_an_engine_module(tmp_path):
     """The second contract is live: a method importing one of the engine's modules (here the shared-memory
-    transport), not its public API, breaks it; the imports it lists as still allowed do not."""
-    shutil.copytree(ROOT / "dufs", tmp_path / "dufs", ignore=shutil.ignore_patterns("*.npz", "__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "dufs" / "methods" / "filters.py", "a") as f:
-        f.write("\nfrom dufs.engine.shm import local_array  # noqa\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    res = lint_imports(tmp_path / "pyproject.toml", "--no-cache", env=env)
-    out = _report(res)
-    assert res.returncode != 0, out
-    methods = next(c for c in CONTRACTS if c.startswith("methods see the engine"))
-    assert f"{methods} BROKEN" in res.stdout, out
-    assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in res.stdout, out
-    assert "dufs.methods.filters -> dufs.engine.shm" in res.stdout, out
+    transport), not its public API, breaks it."""
+    _broken_by(tmp_path, "methods/filters.py", "from dufs.engine.shm import local_array", next(
+        c for c in CONTRACTS if c.startswith("methods see the engine")), "dufs.methods.filters -> dufs.engine.shm")
 
 
 # the venv's scripts are not on PATH: VENV/bin/python -m pytest without activating the venv (issue 60)
