@@ -31,7 +31,7 @@ def _small_inputs(ins: list[str]) -> bool:
     most ``dufs.convert.local-bytes``: converted on threads then (the embedded cluster's start, about 2 s here,
     costs more than converting them)."""
     from dufs import config
-    from dufs.data.convert import _compressed
+    from dufs.data.units import _compressed
 
     if any("://" in p for p in ins):
         return False
