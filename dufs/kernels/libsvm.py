@@ -12,6 +12,12 @@ Numbers are parsed to exactly the float64 that Python's ``float`` gives by
 :mod:`dufs.kernels._decimal` (Clinger's fast path, else the Eisel-Lemire algorithm). The rare token
 still ambiguous (near a halfway point), overflowing, or holding underscores is recorded and
 finished by Python's ``float`` after the numba call.
+
+One module over the size the project keeps its modules to, on purpose: the parser is one numba function
+(``_parse_kernel``) and the small ``@njit`` helpers it inlines, which numba compiles together; every error it can
+report, its message and the checks that decide between them belong with it, and split across modules the
+helpers would be imported back into the one function that uses them. The number parsing that stands apart lives
+in :mod:`dufs.kernels._decimal`.
 """
 
 from __future__ import annotations
