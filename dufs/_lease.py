@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Lease", "lease"]
+__all__ = ["FREE", "Lease", "lease"]
 
 
 class _Owner:
