@@ -1,21 +1,28 @@
 """engine layer of dufs (docs/architecture.md, "Layers"): the cluster, the feature-blocked matrix, sample graphs.
 
 What the methods may use is exported here (a contract in ``pyproject.toml`` keeps them off the engine's modules):
-the matrix and its blocks, per-block statistics and rankings, sample graphs and row pieces, and the checks a solver
-needs to recover from lost workers.
+the matrix and its blocks, per-block statistics and rankings, sample graphs and row pieces, the checks a solver
+needs to recover from lost workers, and the few words of transport a solver with state on the workers says: ship
+an array to the workers (:func:`shipped`, :func:`in_shared_memory`), have results written into one array here
+(:func:`receiving`), take a pooled output array (:func:`buffer`).
 """
 
 from dufs.engine.blocks import FeatureBlock, PerBlock, StoreBlock, ranked_head
+from dufs.engine.buffers import buffer
 from dufs.engine.cluster import get_client, is_lost
-from dufs.engine.dispatch import current_client, tree_sum_values
+from dufs.engine.direct import last_timeline
+from dufs.engine.dispatch import current_client, in_shared_memory, shipped, tree_sum_values
+from dufs.engine.executor import Executor
 from dufs.engine.graphs import AnchorGraph, anchor_graph, graph_rows, knn_graph, laplacian_operator, resolve_graph
 from dufs.engine.inputs import check_finite, check_labels, input_identity
 from dufs.engine.matrix import STANDARDIZE, Matrix, Transform, as_matrix, transform_of
 from dufs.engine.rows import Rows, max_task_bytes
+from dufs.engine.shm import Receiving, receiving
 from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
 
-__all__ = ["STANDARDIZE", "AnchorGraph", "BlockState", "ColumnStats", "FeatureBlock", "Matrix", "PerBlock", "Rows",
-           "StoreBlock", "Transform", "anchor_graph", "as_matrix", "block_stats", "check_finite", "check_labels",
-           "current_client", "get_client", "graph_rows", "input_identity", "is_lost", "knn_graph",
-           "laplacian_operator", "max_task_bytes", "ranked_head", "resolve_graph", "transform_of", "tree_sum_values"]
+__all__ = ["STANDARDIZE", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock", "Matrix", "PerBlock",
+           "Receiving", "Rows", "StoreBlock", "Transform", "anchor_graph", "as_matrix", "block_stats", "buffer",
+           "check_finite", "check_labels", "current_client", "get_client", "graph_rows", "in_shared_memory",
+           "input_identity", "is_lost", "knn_graph", "laplacian_operator", "last_timeline", "max_task_bytes",
+           "ranked_head", "receiving", "resolve_graph", "shipped", "transform_of", "tree_sum_values"]

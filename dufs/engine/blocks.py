@@ -20,7 +20,7 @@ from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
 
-__all__ = ["BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "block_columns", "block_matvec",
+__all__ = ["BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "assemble_columns", "block_columns", "block_matvec",
            "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
            "map_state", "materialize", "nnz_of", "partition_rmatvec", "resolve"]
 
@@ -386,3 +386,24 @@ def map_state(fn, src, state, args, kwargs):
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ParameterError("a map_blocks function given state= must return (new_state, result)")
     return out
+
+
+def assemble_columns(n: int, ids: np.ndarray, owner: np.ndarray, bounds: np.ndarray, locs: dict, got: dict,
+                     dtype: Any) -> Any:
+    """Columns ``ids`` as one SciPy ``csc_array`` (n x len(ids)), in the order given, from each owning block's
+    :func:`block_columns` result ``got[i]`` over its sorted local columns ``locs[i]``."""
+    import scipy.sparse as sp
+
+    indptr, indices, data = [np.zeros(1, np.int64)], [], []
+    off = 0
+    for j, i in zip(ids, owner, strict=True):
+        ip, ix, dt = got[i]
+        p = int(np.searchsorted(locs[i], j - bounds[i]))
+        a, b = ip[p], ip[p + 1]
+        indices.append(ix[a:b])
+        data.append(dt[a:b])
+        off += b - a
+        indptr.append(np.array([off], np.int64))
+    return sp.csc_array((np.concatenate(data) if data else np.zeros(0, dtype),
+                         np.concatenate(indices) if indices else np.zeros(0, np.int32),
+                         np.concatenate(indptr)), shape=(n, ids.shape[0]))

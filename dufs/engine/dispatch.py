@@ -31,8 +31,9 @@ import numpy as np
 
 from dufs.scheduling import current_client
 
-__all__ = ["compute", "current_client", "delayed", "forget", "inline_pass", "is_inline", "scatter_to", "scope",
-           "share", "shareable", "shipped", "track", "tree_sum", "tree_sum_into", "tree_sum_values"]
+__all__ = ["compute", "current_client", "delayed", "forget", "in_shared_memory", "inline_pass", "is_inline",
+           "scatter_to", "scope", "share", "shareable", "shipped", "track", "tree_sum", "tree_sum_into",
+           "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -128,17 +129,10 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
         yield x
         return
     if shared and where is None:
-        from dufs.engine.shm import publish, shared_eligible
-
-        if shared_eligible(client, x):
-            with contextlib.ExitStack() as stack:
-                try:
-                    ref = stack.enter_context(publish(x))
-                except OSError:  # /dev/shm full (a container's is often 64 MB) or not writable: scattered instead
-                    ref = None
-                if ref is not None:
-                    yield ref
-                    return
+        with in_shared_memory(x) as ref:
+            if ref is not x:
+                yield ref
+                return
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
         futs: Any = scatter_to(client, x, where)
     else:
@@ -148,6 +142,25 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
     finally:
         for f in futs if isinstance(futs, list) else [futs]:
             f.release()
+
+
+@contextlib.contextmanager
+def in_shared_memory(x: Any) -> Iterator[Any]:
+    """``x`` (an array every worker reads) in one file in /dev/shm for the block, which every worker maps
+    (:func:`dufs.engine.shm.publish`), where they all share this machine's; else ``x`` itself (sent by the pass
+    that takes it): shared memory off, workers elsewhere, too small, or /dev/shm full (a container's is often
+    64 MB) or not writable."""
+    from dufs.engine.shm import publish, shared_eligible
+
+    if not shared_eligible(current_client(), x):
+        yield x
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            ref = stack.enter_context(publish(x))
+        except OSError:
+            ref = x
+        yield ref
 
 
 def scatter_to(client: Any, items: list, where: list[str]) -> list:

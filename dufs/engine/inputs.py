@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,9 +16,10 @@ from dufs.data.layout import MAX_ABS, TOO_LARGE
 from dufs.engine.blocks import BlockInfo, FeatureBlock, StoreBlock
 from dufs.errors import ParameterError
 
-__all__ = ["as_2d", "as_ids", "block_slab", "blocks_from_array", "blocks_from_dask", "blocks_from_store",
-           "check_finite", "check_labels", "check_standardize", "dask_identity", "est_bytes", "input_identity",
-           "is_dask_array", "memory_identity", "store_identity"]
+__all__ = ["Source", "as_2d", "as_ids", "block_slab", "blocks_from_array", "blocks_from_dask", "blocks_from_store",
+           "check_finite", "check_label_codes", "check_labels", "check_product_dtype", "check_standardize",
+           "dask_identity", "est_bytes", "input_identity", "is_dask_array", "memory_identity", "source_of",
+           "store_identity"]
 
 
 _NO_IMPUTE = "dufs does not impute NaN or inf: remove or fill it"
@@ -334,6 +336,29 @@ def as_ids(ids: Any, d: int) -> np.ndarray:
     return a
 
 
+def check_product_dtype(dtype: Any, name: str) -> None:
+    """A product's ``dtype``: float32 or float64."""
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise ParameterError(f"The 'dtype' parameter of {name} must be float32 or float64; got {dtype!r}.")
+
+
+def check_label_codes(labels: Any, n_labels: Any, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``labels`` (integers in [0, n_labels), one a sample) checked for ``Matrix.label_rmatvec``, and each label's
+    count (None for no samples)."""
+    if isinstance(n_labels, bool) or not isinstance(n_labels, int | np.integer) or n_labels < 1:
+        raise ParameterError(f"The 'n_labels' parameter of label_rmatvec must be an int >= 1; got {n_labels!r}.")
+    c = int(n_labels)
+    lab = np.asarray(labels)
+    if lab.shape != (n,) or (lab.size and lab.dtype.kind not in "iu"):
+        raise ParameterError(f"The 'labels' parameter of label_rmatvec must be integers of shape (n_samples,) "
+                             f"= ({n},); got {lab.dtype} of shape {lab.shape}.")
+    counts = np.bincount(lab, minlength=c) if lab.size and lab.min() >= 0 else None
+    if lab.size and (counts is None or counts.shape[0] > c):
+        raise ParameterError(f"The 'labels' parameter of label_rmatvec must lie in [0, n_labels) = [0, {c}); "
+                             f"got values in [{lab.min()}, {lab.max()}].")
+    return lab, counts
+
+
 def as_2d(V: Any, n: int, name: str, what: str, keep_float32: bool = False) -> tuple[np.ndarray, bool]:
     V = np.asarray(V)
     V = V.astype(np.float32 if keep_float32 and V.dtype == np.float32 else np.float64, copy=False)
@@ -342,3 +367,51 @@ def as_2d(V: Any, n: int, name: str, what: str, keep_float32: bool = False) -> t
                              f"got {V.shape}.")
     one = V.ndim == 1
     return np.ascontiguousarray(V[:, None] if one else V), one
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a matrix is built over (:func:`source_of`): the blocks' sources and their
+    :class:`~dufs.engine.blocks.BlockInfo`, the shape and dtype, the labels the input carries, where the blocks
+    live (``residency``), the input's identity, and a store's path and feature ids."""
+
+    src: list
+    blocks: list
+    shape: tuple[int, int]
+    dtype: Any
+    labels: Any
+    residency: dict
+    identity: dict
+    store_path: str | None = None
+    feature_ids: np.ndarray | None = None
+
+
+def source_of(X: Any, block_width: int | None, y: Any) -> Source:
+    """The :class:`Source` of a store (a :class:`~dufs.data.SparseStore` or its path), a Dask array or an in-memory
+    matrix (NumPy, SciPy or pydata sparse); ``y`` given overrides a store's labels."""
+    if isinstance(X, str | os.PathLike):
+        from dufs.data import open_store
+
+        X = open_store(X)
+    from dufs.data import SparseStore
+
+    if isinstance(X, SparseStore):
+        src = blocks_from_store(X)
+        return Source(src, [BlockInfo(b.start, b.stop, b.nnz) for b in src], X.shape, X.dtype,
+                      X.y if y is None else y,
+                      {"mode": "store", "bytes": est_bytes(src, X.dtype),
+                       "reason": "not persisted: blocks are read on the workers, cached per process"},
+                      store_identity(X, X.feature_ids), X.path, X.feature_ids)
+    if is_dask_array(X):
+        src, infos, shape, dtype = blocks_from_dask(X, block_width)
+        return Source(src, infos, shape, dtype, y,
+                      {"mode": "source", "bytes": None,
+                       "reason": "not persisted: blocks are recomputed from the Dask graph each pass"},
+                      dask_identity(X))
+    kind = type(X).__name__
+    if type(X).__module__.startswith("sparse"):
+        X = X.to_scipy_sparse()
+    src, shape, dtype, fingerprint = blocks_from_array(X, block_width)
+    return Source(src, [BlockInfo(b.start, b.stop, b.nnz) for b in src], shape, dtype, y,
+                  {"mode": "driver", "bytes": sum(b.nbytes for b in src), "reason": "in memory in this process"},
+                  memory_identity(kind, shape, sum(b.nnz for b in src), dtype, fingerprint))

@@ -162,7 +162,7 @@ class Rows:
             created = st.meta.created
             b = st.bounds("csr")
             return cls([RowBlock(int(b[i]), int(b[i + 1]), st.path, i, created) for i in range(len(b) - 1)], (n, d))
-        X = M.rows_in_memory()
+        X = rows_in_memory(M)
         step = int(config.get("store.row-block"))
         return cls([RowBlock(a, min(n, a + step), csr=X[a:min(n, a + step)]) for a in range(0, max(n, 1), step)
                     if a < n], (n, d))
@@ -237,3 +237,18 @@ class Rows:
                 nxt.append(parts[-1])
             parts = nxt
         return parts[0].result() if self.client is not None else parts[0]
+
+
+def rows_in_memory(M: Any) -> Any:
+    """The raw rows as one SciPy ``csr_array`` in this process, from in-memory blocks (for a store, read its CSR
+    row blocks instead: :class:`dufs.engine.rows.Rows`)."""
+    if M.residency["mode"] != "driver":
+        raise ParameterError(f"the rows of a {M.residency['mode']} matrix are not in this process; give a "
+                             f"store or an in-memory matrix")
+    import scipy.sparse as sp
+
+    n = M.shape[0]
+    parts = [sp.csc_array((b.data, b.indices, b.indptr), shape=(n, b.width)) for b in M.executor.src]
+    if not parts:
+        return sp.csr_array((n, 0))
+    return sp.hstack(parts, format="csr")

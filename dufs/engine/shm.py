@@ -41,10 +41,9 @@ from dufs import config
 from dufs._lease import Lease, lease
 from dufs.data._fs import pid_alive
 
-__all__ = ["SharedArray", "SharedArrayLost", "SharedResult", "local_array", "publish", "put_result", "receive",
-           "lend", "receive_eligible", "receive_or_none", "release_files", "resolved", "results_local",
-           "shared_eligible",
-           "take_result", "writable_array", "workers_share_memory"]
+__all__ = ["Receiving", "SharedArray", "SharedArrayLost", "SharedResult", "lend", "local_array", "publish",
+           "put_result", "receive", "receive_eligible", "receive_or_none", "receiving", "release_files", "resolved",
+           "results_local", "shared_eligible", "take_result", "workers_share_memory", "writable_array"]
 
 _DIR = "/dev/shm"
 _PREFIX = "dufs-"
@@ -543,6 +542,39 @@ def receive_or_none(stack: contextlib.ExitStack, shape: tuple, dtype: Any) -> tu
         return stack.enter_context(receive(shape, dtype))
     except OSError:
         return None
+
+
+@dataclass(frozen=True)
+class Receiving:
+    """A pass's results written by the workers into one file that this process maps (:func:`receive`):
+    ``target`` goes to the workers' calls (the engine maps it, writable, before it calls a method's function),
+    ``array`` is this process's view, valid inside the ``with`` block that made it (:func:`receiving`)."""
+
+    target: SharedArray
+    array: np.ndarray
+
+    def result(self) -> np.ndarray:
+        """The results as an array that outlives the block: the file's own where it may stay with it
+        (:func:`lend`), else copied into a pooled array of this process (:func:`dufs.engine.buffers.buffer`)."""
+        if lend(self.target):
+            return self.array
+        from dufs.engine.buffers import buffer
+
+        out = buffer(self.array.shape, self.array.dtype)
+        np.copyto(out, self.array)
+        return out
+
+
+def receiving(stack: contextlib.ExitStack, shape: tuple, dtype: Any = np.float64) -> Receiving | None:
+    """A :class:`Receiving` for results of ``shape`` and ``dtype``, its file held for the length of ``stack``, where
+    they should come back through /dev/shm (:func:`receive_eligible`) and it has room; else None (the results are
+    sent back as messages)."""
+    from dufs.scheduling import current_client
+
+    if not receive_eligible(current_client(), int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize):
+        return None
+    got = receive_or_none(stack, shape, dtype)
+    return None if got is None else Receiving(*got)
 
 
 def results_local(client: Any) -> bool:

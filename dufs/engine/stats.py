@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -10,7 +11,7 @@ from dufs.engine.blocks import resolve
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_class_stats, csc_column_stats
 
-__all__ = ["ColumnStats", "block_stats"]
+__all__ = ["ColumnStats", "Transform", "block_stats", "transform_of"]
 
 
 @dataclass
@@ -134,3 +135,24 @@ def block_stats(src, n_rows, codes, n_classes):
     if codes is not None:
         out.class_sum, out.class_sumsq = csc_class_stats(indptr, indices, data, codes, n_classes)
     return out
+
+
+class Transform(NamedTuple):
+    """The implicit standardisation of a matrix: Z = (X - 1 centre^T) diag(inv_scale), per feature; ``centre``
+    None means no centring, ``inv_scale`` None no scaling."""
+
+    centre: np.ndarray | None
+    inv_scale: np.ndarray | None
+
+
+def transform_of(stats: ColumnStats, standardize: str | None) -> Transform:
+    """The standardisation ``standardize`` of columns with these statistics (of a whole matrix or of one block:
+    every number is per feature)."""
+    if standardize is None:
+        return Transform(None, None)
+    sd = stats.std()
+    sd = np.where((sd > 0) & np.isfinite(sd), sd, 1.0)
+    inv = 1.0 / sd
+    if standardize == "scale":
+        return Transform(None, inv)
+    return Transform(np.nan_to_num(stats.mean(), nan=0.0), inv)

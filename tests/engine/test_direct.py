@@ -67,10 +67,10 @@ def test_a_call_sent_where_the_blocks_are_not_runs_the_pass_as_tasks(cluster_cli
         M = as_matrix(X, block_width=60, persist=True)
         shm.release_files()  # one results' file in the pool after this pass: the one the direct calls are given
         np.testing.assert_allclose(M.rmatvec(v), ref, rtol=0, atol=1e-10 * np.abs(ref).max())
-        when, units, where = M._placed(cluster_client)
+        when, units, where = M.executor.placed(cluster_client)
         a, b = sorted(set(where))
         swapped = [b if w == a else a for w in where]
-        M._units = {cluster_client.id: (time.monotonic(), units, swapped)}
+        M.executor.placed_at = {cluster_client.id: (time.monotonic(), units, swapped)}
         results = {f[0] for f in shm._RESULTS.free + shm._RESULTS.lent}
         assert len(results) == 1
         with get_task_stream(cluster_client) as ts:
@@ -78,7 +78,7 @@ def test_a_call_sent_where_the_blocks_are_not_runs_the_pass_as_tasks(cluster_cli
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-10 * np.abs(ref).max())
         assert len([t for t in _tasks(ts) if "partition" in t]) == 2  # as tasks
         assert not results & {f[0] for f in shm._RESULTS.free + shm._RESULTS.lent}  # the direct calls' file dropped
-        assert M._placed(cluster_client)[2] == where  # asked again
+        assert M.executor.placed(cluster_client)[2] == where  # asked again
         with get_task_stream(cluster_client) as ts:
             np.testing.assert_allclose(M.rmatvec(2 * v), 2 * ref, rtol=0, atol=2e-10 * np.abs(ref).max())
         assert not [t for t in _tasks(ts) if "partition" in t]  # direct again
@@ -189,7 +189,7 @@ def test_state_kept_on_a_worker_follows_a_block_that_moved(cluster_client):
                                 partitions=parts)
         assert state.resident
         i = parts[0][0]
-        fut = M._src[i]
+        fut = M.executor.src[i]
         (home,) = cluster_client.who_has([fut])[fut.key]
         other = next(a for a in cluster_client.scheduler_info(n_workers=-1)["workers"] if a != home)
         assert cluster_client.submit(_size, fut, workers=[other], allow_other_workers=False).result() > 0
@@ -200,7 +200,7 @@ def test_state_kept_on_a_worker_follows_a_block_that_moved(cluster_client):
         while set(cluster_client.who_has([fut])[fut.key]) != {other} and time.monotonic() < deadline:
             time.sleep(0.05)
         assert set(cluster_client.who_has([fut])[fut.key]) == {other}  # the block moved
-        M._units = {}  # and the matrix knows it (its record of where the blocks are asked again)
+        M.executor.placed_at = {}  # and the matrix knows it (its record of where the blocks are asked again)
         res, new = M.map_blocks(_in_parts, 2.0, state=state, partitions=parts)
         state.release()
         assert new.resident

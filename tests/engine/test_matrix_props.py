@@ -359,7 +359,7 @@ def test_work_runs_on_the_workers(cluster_client, tmp_path):
             assert persisted.residency["mode"] == "persisted" and persisted.residency["n_workers"] == 2
             assert stored.residency["mode"] == "store"
             assert stored_persisted.residency["mode"] == "persisted"
-            assert all(hasattr(s, "key") for s in persisted._src)  # futures on the workers
+            assert all(hasattr(s, "key") for s in persisted.executor.src)  # futures on the workers
             for M in (persisted, stored, stored_persisted):
                 pids = M.map_blocks(_pid)
                 assert len(pids) == M.n_blocks and set(pids) <= worker_pids, M.residency

@@ -16,21 +16,23 @@ def _blas_threads() -> set[int]:
     return {int(m["num_threads"]) for m in _controller().info() if m.get("user_api") == "blas"}
 
 
-class _Counter(list):
-    """A Matrix's pass counter that notes the driver's BLAS threads at every pass counted."""
-
-    def __init__(self, start: list, seen: list):
-        super().__init__(start)
-        self.seen = seen
-
-    def __setitem__(self, i, v):
-        self.seen.append(_blas_threads())
-        super().__setitem__(i, v)
-
-
 def _spied(M: Matrix) -> list[set[int]]:
+    """The driver's BLAS threads noted at every pass the matrix's executor counts."""
     seen: list[set[int]] = []
-    M._passes = _Counter(M._passes, seen)
+    ex = M.executor
+
+    class _Spy(type(ex)):
+        @property
+        def passes(self) -> int:
+            return self.__dict__["_spied_passes"]
+
+        @passes.setter
+        def passes(self, v: int) -> None:
+            seen.append(_blas_threads())
+            self.__dict__["_spied_passes"] = v
+
+    ex.__dict__["_spied_passes"] = ex.__dict__.pop("passes")
+    ex.__class__ = _Spy
     return seen
 
 

@@ -295,7 +295,7 @@ def test_a_blocks_state_in_one_sweep_is_the_margins_of_dense_formulas(standardiz
     yc = y - y.mean()
     rho = theta / (1 - theta) * np.abs(F.T @ (yc / np.linalg.norm(yc)))
     want = {"coef": coef, "shift": shift, "colsum": Xd.sum(axis=0), "qii": (F * F).sum(axis=0), "rho": rho}
-    for src in M._src:
+    for src in M.executor.src:
         blk = resolve(src)
         cols = slice(blk.start, blk.start + blk.width)
         st, part = _block_state(blk, spec, None, None, 0)

@@ -14,9 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
-from dufs.engine import AnchorGraph, Matrix, PerBlock
-from dufs.engine.direct import last_timeline
-from dufs.engine.dispatch import shipped
+from dufs.engine import AnchorGraph, Matrix, PerBlock, last_timeline, shipped
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.greedy import (

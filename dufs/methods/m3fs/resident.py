@@ -25,10 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import Matrix, PerBlock, current_client, tree_sum_values
-from dufs.engine.buffers import buffer
-from dufs.engine.dispatch import shipped
-from dufs.engine.shm import lend, receive_eligible, receive_or_none
+from dufs.engine import Matrix, PerBlock, buffer, current_client, receiving, shipped, tree_sum_values
 from dufs.kernels.vstep import fista_sweep, scaled_start
 
 __all__ = ["ResidentU", "resident_partitions"]
@@ -138,7 +135,7 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, rene
     from the last v-step's final decision, s = ``renew``), then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
     g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores, written into row ``row[0]`` of the
-    driver's results file ``into`` (:func:`~dufs.engine.shm.receive`) where it gives one, else sent back. The
+    driver's results file ``into`` (:func:`dufs.engine.receiving`) where it gives one, else sent back. The
     state given is used up (its arrays that the new one no longer holds are written)."""
     if renew is not None:
         st, _ = _renew(blks, st, renew, decision)
@@ -235,26 +232,21 @@ class ResidentU:
         self.pending = None
         return {"renew": ref}
 
-    def _local(self, nbytes: int) -> bool:
-        """Whether results of ``nbytes`` come back through a file in /dev/shm that the workers write
-        (:func:`~dufs.engine.shm.receive`: every worker on this machine), not as messages (each a new file that
-        the driver maps, its pages faulted in on both sides)."""
-        return receive_eligible(current_client(), nbytes)
-
     def step(self, R: np.ndarray, beta: float, gb: float, step: float) -> tuple[np.ndarray, dict]:
         R2 = np.ascontiguousarray(R, dtype=np.float64).reshape(self.n)
         k = len(self.parts)
         with contextlib.ExitStack() as stack:
             Ra = stack.enter_context(shipped(R2, broadcast=True, shared=True))
-            got_file = receive_or_none(stack, (k, self.n), np.float64) if self._local(k * self.n * 8) else None
-            extra = {} if got_file is None else {"into": got_file[0], "row": PerBlock(self._rows)}
+            # the partitions' scores written into one file here where the workers share this machine
+            into = receiving(stack, (k, self.n), np.float64)
+            extra = {} if into is None else {"into": into.target, "row": PerBlock(self._rows)}
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
                                                 state=self.state, partitions=self.parts, **extra,
                                                 **self._renewing(stack))
             # the partitions' scores summed in the same order either way (the same numbers), into an array of
             # the driver's own (the file goes back to the pool: one partition's row is copied out)
-            rows = [g[1][:, 0] for g in got] if got_file is None else list(got_file[1])
-            Fu = rows[0].copy() if got_file is not None and k == 1 else tree_sum_values(rows)
+            rows = [g[1][:, 0] for g in got] if into is None else list(into.array)
+            Fu = rows[0].copy() if into is not None and k == 1 else tree_sum_values(rows)
         self.decision = None
         dots = np.sum([g[0] for g in got], axis=0)
         if self.centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
@@ -290,16 +282,14 @@ class ResidentU:
         d = self.M.shape[1]
         bounds = self.M.bounds
         with contextlib.ExitStack() as stack:
-            got_file = receive_or_none(stack, (d,), np.float64) if self._local(d * 8) else None
-            extra = {} if got_file is None else {"into": got_file[0],
-                                                 "starts": PerBlock([int(a) for a in bounds[:-1]])}
+            into = receiving(stack, (d,), np.float64)
+            extra = {} if into is None else {"into": into.target, "starts": PerBlock([int(a) for a in bounds[:-1]])}
             got, self.state = self.M.map_blocks(_final, self.decision, state=self.state, partitions=self.parts,
                                                 **extra, **self._renewing(stack))
             self.M.count_passes(-1)  # it sweeps no nonzeros
             self.decision = None
-            if got_file is not None:
-                # the file's array is the result where /dev/shm has room (back to the pool once let go)
-                return got_file[1] if lend(got_file[0]) else got_file[1].copy()
+            if into is not None:
+                return into.result()
         out = np.empty(d)
         for part, vs in zip(self.parts, got, strict=True):
             for i, v in zip(part, vs, strict=True):

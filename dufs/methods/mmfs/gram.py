@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from dufs.engine.buffers import buffer
+from dufs.engine import buffer
 from dufs.kernels.dcd import (
     add_columns,
     column_gram,

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from dufs.engine.buffers import buffer
+from dufs.engine import buffer
 from dufs.kernels.dcd import (
     active_set,
     dcd_epoch,

@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix, PerBlock
-from dufs.engine.buffers import buffer
-from dufs.engine.dispatch import shipped
+from dufs.engine import Matrix, PerBlock, buffer, in_shared_memory, shipped
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import (
     apply_step,
@@ -79,25 +77,15 @@ def _init_on_blocks(M: Matrix, partitions: list, spec: Any, alpha0: np.ndarray |
 @contextlib.contextmanager
 def spec_shared(spec: Any) -> Any:
     """``spec`` (a :class:`~dufs.methods.mmfs.MarginSpec`) with its n-vectors (the scaled labels, the class codes)
-    in /dev/shm for the ``with`` block where the workers share this machine's (:func:`~dufs.engine.shm.publish`),
-    else as it is (scattered once by the pass). Scattered, a 2M-sample spec (16 MB) took 64 ms of a 2-worker
-    solve's start."""
+    in /dev/shm for the ``with`` block where the workers share this machine's (:func:`dufs.engine.in_shared_memory`),
+    else as it is (scattered once by the pass)."""
     from dataclasses import replace
 
-    from dufs.engine.shm import publish, shared_eligible
-
-    client = current_client()
-    big = {k: a for k in ("yn", "codes") if isinstance(a := getattr(spec, k), np.ndarray) and
-           shared_eligible(client, a)}
-    if not big:
-        yield spec
-        return
     with contextlib.ExitStack() as stack:
-        try:
-            refs = {k: stack.enter_context(publish(a)) for k, a in big.items()}
-        except OSError:  # /dev/shm cannot hold them: scattered
-            refs = None
-        yield spec if refs is None else replace(spec, **refs)
+        refs = {k: stack.enter_context(in_shared_memory(a)) for k in ("yn", "codes")
+                if isinstance(a := getattr(spec, k), np.ndarray)}
+        shared = {k: r for k, r in refs.items() if r is not getattr(spec, k)}
+        yield replace(spec, **shared) if shared else spec
 
 
 def init_state(M: Matrix, partitions: list, spec: Any, seed: int) -> tuple[Any, np.ndarray]:

@@ -1,0 +1,205 @@
+"""How ``Matrix.map_blocks`` runs (part of the executor, :mod:`dufs.engine.executor`): one task a block or a
+partition, or, with state kept beside the blocks, direct calls on the workers that hold them
+(:mod:`dufs.engine.direct`) where every worker is on this machine, else tasks pinned to the blocks' workers."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import dask
+
+from dufs.engine.blocks import PerBlock, map_group, map_one, map_state
+from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
+from dufs.engine.dispatch import compute, current_client, delayed, share, shareable, track, tree_sum, tree_sum_values
+from dufs.engine.state import BlockState
+
+__all__ = ["StatePasses"]
+
+#: a direct call's result this large comes back through /dev/shm (a greedy step's attached columns): otherwise it
+#: comes back through the scheduler
+_SPILL_BYTES = 256 << 10
+
+
+class StatePasses:
+    """The executor's ``map_blocks`` passes (a mixin of :class:`~dufs.engine.executor.Executor`)."""
+
+    def map(self, fn: Any, args: tuple, kwargs: dict, state: Any, reduce: str | None, units: list | None,
+            name: str) -> Any:
+        """``Matrix.map_blocks`` (checked there): ``fn`` over every block, or every partition of ``units``;
+        ``state`` a list of the blocks' or partitions' items (or None)."""
+
+        def pick(a: Any, u: int) -> Any:
+            if units is None:
+                return self.block_item(a, u)
+            return [self.block_item(a, i) for i in units[u]] if isinstance(a, PerBlock) else a
+
+        srcs = list(self.src) if units is None else [[self.src[i] for i in q] for q in units]
+        if state is not None:
+            got = self._map_direct(fn, srcs, state, args, kwargs, units, reduce, pick, name)
+            if not isinstance(got, str):
+                return got
+            resident = [i for i in state if isinstance(i, Resident)]
+            if resident:  # dropped now (its memory back before the solver rebuilds it), then said lost
+                release_resident(resident)
+                flush_drops(current_client())
+                raise HeldLost(f"the block state kept on the workers by direct calls was lost: {got}")
+        shared = [self.scatter_per_block(share(a)) for a in args]
+        kw = {k: self.scatter_per_block(share(v)) for k, v in kwargs.items()}
+
+        def task_args(u: int) -> tuple:
+            return tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}
+
+        if state is None:
+            f = delayed(map_one if units is None else map_group)
+            tasks = [f(fn, s, *task_args(u)) for u, s in enumerate(srcs)]
+            if reduce == "sum":
+                return self.run([tree_sum(tasks)], name)[0] if tasks else None
+            return self.run(tasks, name)
+        return self._map_tasks(fn, srcs, state, task_args, units, reduce)
+
+    def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, units: list | None,
+                   reduce: str | None) -> tuple:
+        """``map`` with state as tasks, each pinned (loosely) to the worker of its blocks, the new state left there."""
+        from operator import getitem
+
+        n = len(srcs)
+        f = delayed(map_state)
+        g = delayed(getitem, pure=True)
+        client = current_client()
+        home = self.homes(client, units) if client is not None else [None] * n
+        new, res = [], []
+        for u, s in enumerate(srcs):
+            # a unit's task and the two picks of its output on the worker of its blocks: left free, a pick could
+            # run on the other worker and pull the whole (state, result) pair across
+            with dask.annotate(**({"workers": [home[u]], "allow_other_workers": True} if home[u] else {})):
+                p = f(fn, s, items[u], *task_args(u))
+                new.append(g(p, 0))
+                res.append(g(p, 1))
+        self.passes += 1
+        if client is None:
+            got = compute(new + res)
+            return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
+        futs = track(client.compute(new + ([tree_sum(res)] if reduce == "sum" else res)))
+        out = client.gather(futs[n:])
+        return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
+
+    def _direct_homes(self, client: Any, items: list, units: list | None) -> tuple | str:
+        """(jobs, the worker of each unit, the worker of each block, whether calls fetch moved blocks) for
+        :meth:`_map_direct`, or why it cannot run."""
+        unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
+        resident = any(isinstance(i, Resident) for i in items)
+        if resident and all(isinstance(it, Resident) for it in items) and self.direct_ok(client):
+            # each unit where its state is kept: a block that moved meanwhile is fetched back by the call
+            # (dufs.engine.direct); the state goes only with its worker
+            jobs: dict[str, list[int]] = {}
+            home = {}
+            for u, it in enumerate(items):
+                jobs.setdefault(it.address, []).append(u)
+                home[u] = it.address
+            unit_of = {i: u for u, bs in enumerate(unit_blocks) for i in bs}
+            return jobs, home, [home[unit_of[i]] for i in range(self.n_blocks)], True
+        jobs = self.direct_jobs(unit_blocks)
+        if jobs is None:
+            return "its blocks are not on one worker a unit, or direct passes are switched off"
+        home = {u: a for a, us in jobs.items() for u in us}
+        if resident and not all(not isinstance(it, Resident) or it.address == home[u] for u, it in enumerate(items)):
+            return "part of its state is kept on the workers and part is not"
+        return jobs, home, self.placed(client)[2], False
+
+    def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, units: list | None,
+                    reduce: str | None, pick: Any, name: str) -> tuple | str:
+        """``map`` with state as direct calls: each unit's ``fn(blocks, state, ...)`` called on the worker that
+        holds its blocks, the new state kept in that worker's memory (a :class:`~dufs.engine.direct.Resident` item
+        a unit), the results brought back and (``reduce``) summed here by the workers' fixed tree. Why it cannot
+        run, where it cannot (the caller runs tasks, or, over state kept by direct calls, says it was lost); a call
+        that fails over state kept that way raises the worker's error."""
+        from dufs.engine.shm import results_local, take_result
+
+        client = current_client()
+        resident = any(isinstance(i, Resident) for i in items)
+        # on workers of this machine only: a call's result goes through the scheduler unless it comes back through
+        # /dev/shm, where tasks send theirs straight back. State kept by direct calls says they ran here before
+        if not resident and not results_local(client):
+            return "the workers are not all on this machine"
+        homes = self._direct_homes(client, items, units)
+        if isinstance(homes, str):
+            return homes
+        jobs, home, where, follow = homes
+        got = self._direct_args(client, jobs, where, args, kwargs, resident)
+        if isinstance(got, str):
+            return got
+        dargs, dkw = got
+        tokens = [uuid.uuid4().hex for _ in srcs]
+        calls = [(fn, s, items[u], tuple(pick(a, u) for a in dargs), {k: pick(v, u) for k, v in dkw.items()},
+                  tokens[u], _SPILL_BYTES) for u, s in enumerate(srcs)]
+        try:
+            got = self.direct_pass(name, map_resident, jobs, calls, fetch=follow)
+        except DirectFailed as exc:
+            self.placed_at = {}
+            if resident:  # the state is on the workers only: the worker's own error (lost, or a real one)
+                raise exc.__cause__ from None
+            return f"a call failed ({exc})"
+        res: list = [None] * len(srcs)
+        for a, us in jobs.items():
+            for u, r in zip(us, got[a], strict=True):
+                res[u] = take_result(r)
+        out = tree_sum_values(res) if reduce == "sum" else res
+        kept = [Resident(tokens[u], home[u]) for u in range(len(srcs))]
+        self.kept.extend(kept)
+        return out, BlockState(kept, client)
+
+    def _direct_args(self, client: Any, jobs: dict, where: list, args: tuple, kwargs: dict, resident: bool
+                     ) -> tuple | str:
+        """The direct calls' arguments: each block's slice of a :class:`PerBlock` on its block's worker, other large
+        arguments on every worker called, futures the caller gave checked to be there (their values sent with the
+        calls where the state is kept on the workers); or why the calls cannot run."""
+
+        def place(a: Any) -> Any:
+            if isinstance(a, PerBlock):
+                return self.scatter_per_block(a, where)
+            return track(client.scatter(a, hash=False, broadcast=True)) if shareable(a) else a
+
+        dargs = [place(a) for a in args]
+        dkw = {k: place(v) for k, v in kwargs.items()}
+        given = _futures((args, kwargs))
+        if given:
+            who = client.who_has(given)
+            missing = [f for f in given if not set(jobs) <= set(who.get(f.key, ()))]
+            if missing and not resident:
+                return "an argument is not on every worker called"
+            if missing:
+                values = dict(zip([f.key for f in missing], client.gather(missing), strict=True))
+                dargs = [_by_value(a, values) for a in dargs]
+                dkw = {k: _by_value(v, values) for k, v in dkw.items()}
+        return dargs, dkw
+
+
+def _futures(x: Any) -> list:
+    """The ``distributed.Future`` objects within ``x`` (lists, tuples, dicts, :class:`PerBlock`)."""
+    from distributed import Future
+
+    if isinstance(x, Future):
+        return [x]
+    if isinstance(x, PerBlock):
+        return _futures(x.value) if isinstance(x.value, list | tuple) else []
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, list | tuple):
+        return [f for v in x for f in _futures(v)]
+    return []
+
+
+def _by_value(x: Any, values: dict) -> Any:
+    """``x`` with the futures whose keys are in ``values`` replaced by those values (within lists, tuples and
+    :class:`PerBlock`)."""
+    from distributed import Future
+
+    if isinstance(x, Future):
+        return values.get(x.key, x)
+    if isinstance(x, PerBlock):
+        return PerBlock(_by_value(x.value, values)) if isinstance(x.value, list | tuple) else x
+    if isinstance(x, list | tuple):
+        return type(x)(_by_value(v, values) for v in x)
+    return x
+
