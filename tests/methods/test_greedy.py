@@ -14,7 +14,7 @@ import scipy.sparse as sp
 from scipy.linalg import subspace_angles
 
 import dufs
-from dufs.engine import Matrix, as_matrix
+from dufs.engine import Executor, Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods import greedy
 from dufs.methods import jcfs as jcfs_module
@@ -341,21 +341,23 @@ def test_jcfs_on_a_process_cluster(cluster_client):
 
 # ---------------------------------------------------------------------------------------------------- a lost worker
 _ENGINE_CALLS = ("map_blocks", "rmatvec", "matvec", "columns", "dense_columns", "topk", "column_stats",
-                 "kernel_column", "_resident")
+                 "kernel_column", "executor.run_resident")
 
 
 def _count_engine_calls(monkeypatch, on_call):
     """Wrap the Matrix operations a method can run; ``on_call(i)`` before the i-th (from 1)."""
     count = [0]
     for name in _ENGINE_CALLS:
-        real = getattr(Matrix, name)
+        cls = Executor if name.startswith("executor.") else Matrix
+        name = name.removeprefix("executor.")
+        real = getattr(cls, name)
 
         def wrapped(self, *a, _real=real, **k):
             count[0] += 1
             on_call(count[0])
             return _real(self, *a, **k)
 
-        monkeypatch.setattr(Matrix, name, wrapped)
+        monkeypatch.setattr(cls, name, wrapped)
     return count
 
 
