@@ -241,6 +241,44 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
     StoreError
         An output that must not be written (see ``overwrite``), or an unfinished conversion in the way.
     """
+    ins, outs, many, block_bytes = _arguments(inputs, output, zero_based, n_features, on_error, value_dtype,
+                                              block_bytes)
+    store_of = list(range(len(ins))) if many else [0] * len(ins)
+    opts = {"skip": on_error == "skip", "zero_based": zero_based, "n_features": n_features}
+    in_ranges = [_parallel_bz2(p, block_bytes) for p in ins]
+    builders = _builders(ins, outs, many, store_of, in_ranges, value_dtype, overwrite, resume,
+                         {"zero_based": zero_based, "n_features": n_features, "on_error": on_error,
+                          "block_bytes": block_bytes})
+    begun, fresh = [], []  # the builders begun; those begun here, not resumed
+    report = ConvertReport()
+    for b in builders:  # every output refused before any is begun (nothing written, nothing replaced)
+        b.check_target()
+    ex = Executor(client)
+    try:
+        done = _begin(builders, begun, fresh)
+        total = sum(_file_size(p) for p in ins)
+        _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total, in_ranges)
+        infos = [b.row_block_infos() for b in builders]
+        zb, shift, nf = _index_base(builders, infos, ins, store_of, zero_based, n_features)
+        report.zero_based, report.n_features = bool(zb), int(nf)
+        stores = _finalize(builders, infos, ins, store_of, nf, shift, zb, ex, report, progress)
+        return (stores if many else stores[0]), report
+    except InputFormatError:
+        for b in begun:
+            b.abort(remove=True)
+        raise
+    except BaseException:
+        for b in begun:  # keep the partial store for --resume (unless nothing was written), release the lock
+            b.abort(remove=b in fresh and len(begun) < len(builders))
+        raise
+    finally:
+        ex.close()
+
+
+def _arguments(inputs: Any, output: Any, zero_based: Any, n_features: Any, on_error: str, value_dtype: Any,
+               block_bytes: Any) -> tuple[list[str], list[str], bool, int]:
+    """convert_libsvm's arguments checked: the input paths (local ones made absolute), the outputs, whether there
+    is one output per input, and the block size in bytes."""
     # local paths made absolute here: the tasks that read them run on workers whose working directory may be another
     # (`dask worker` processes started elsewhere); a relative name read there was another file, or none
     ins = [p if _is_url(p) else os.path.abspath(p)
@@ -262,81 +300,80 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         fs, fp = fsspec.core.url_to_fs(p)
         if not fs.exists(fp):
             raise ParameterError(f"{p}: no such file")
-    store_of = list(range(len(ins))) if many else [0] * len(ins)
-    opts = {"skip": on_error == "skip", "zero_based": zero_based, "n_features": n_features}
-    in_ranges = [_parallel_bz2(p, block_bytes) for p in ins]
+    return ins, outs, many, block_bytes
+
+
+def _builders(ins: list[str], outs: list[str], many: bool, store_of: list[int], in_ranges: list, value_dtype: Any,
+              overwrite: bool, resume: bool, given: dict) -> list[StoreBuilder]:
+    """One builder per output, its options (what a resume must match) recorded: ``given`` is the options as
+    passed (zero_based, n_features, on_error, block_bytes)."""
     builders = []
     for s, out in enumerate(outs):
         mine = [(p, r) for p, r, k in zip(ins, in_ranges, store_of, strict=False) if k == s]
         # a .bz2 input read in ranges of its bzip2 blocks is cut into other row blocks than one decompressed on
         # the driver: a resume must cut it the same way
         options = {"inputs": [[Location.of(p).url, _file_size(p), *(["bz2 ranges"] * r)] for p, r in mine],
-                   "zero_based": zero_based,
-                   "n_features": n_features, "on_error": on_error, "block_bytes": block_bytes,
-                   "together_with": [Location.of(o).url for o in outs] if many else None}
+                   **given, "together_with": [Location.of(o).url for o in outs] if many else None}
         b = StoreBuilder(out, value_dtype=value_dtype, overwrite=overwrite, resume=resume, options=options)
         b.options["value_dtype"] = str(b.value_dtype)  # a resume must write the same dtype
         builders.append(b)
-    begun: list[StoreBuilder] = []
-    fresh: list[StoreBuilder] = []  # begun here, not resumed
-    report = ConvertReport()
-    for b in builders:  # every output refused before any is begun (nothing written, nothing replaced)
-        b.check_target()
-    ex = Executor(client)
-    try:
-        done = []
-        for b in builders:
-            new = not b.partial.exists()
-            done.append(b.begin())
-            begun.append(b)
-            if new:
-                fresh.append(b)
-        total = sum(_file_size(p) for p in ins)
-        _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total, in_ranges)
-        # the index base and n_features, over every input together (as load_svmlight_files)
-        infos = [b.row_block_infos() for b in builders]
-        for s, inf in enumerate(infos):  # a store of no rows: empty input, or only comments and blank lines
-            if not sum(blk.n_rows for blk in inf):
-                mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
-                n_skipped = sum(_record(blk).n_skipped for blk in inf)
-                why = f" ({n_skipped:,} bad line{'' if n_skipped == 1 else 's'} skipped)" if n_skipped else ""
-                raise InputFormatError(f"no data lines in {', '.join(mine)}{why}", path=mine[0])
-        all_blocks = [blk for inf in infos for blk in inf if blk.nnz]
-        min_idx = min((blk.min_index for blk in all_blocks), default=1)
-        zb = zero_based if zero_based != "auto" else (min_idx == 0)
-        # blocks of a known base were shifted as they were parsed; "auto" blocks are shifted at finalize
-        shift = (0 if zb else 1) if zero_based == "auto" else 0
-        max_idx = max((blk.max_index for blk in all_blocks), default=-1)
-        nf = n_features if n_features is not None else max(max_idx - shift + 1, 0)
-        if max_idx - shift >= nf:
-            max_idx_text = max_idx + (0 if zb or zero_based == "auto" else 1)
-            s, inf = next((s, inf) for s, inf in enumerate(infos) for blk in inf if blk.max_index == max_idx)
-            blk = next(blk for blk in inf if blk.max_index == max_idx)
-            f, line = _global_line(builders[s], inf, blk, ins, store_of, s)
-            raise InputFormatError(f"{f}:{line}: feature index {max_idx_text} is beyond n_features={nf} "
-                                   f"({'zero' if zb else 'one'}-based)", path=f, line=line)
-        report.zero_based, report.n_features = bool(zb), int(nf)
-        stores = []
-        for s, b in enumerate(builders):
+    return builders
+
+
+def _begin(builders: list[StoreBuilder], begun: list[StoreBuilder], fresh: list[StoreBuilder]) -> list:
+    """Begin every build (``begun``; ``fresh``: those begun here, not resumed); the row blocks each has already."""
+    done = []
+    for b in builders:
+        new = not b.partial.exists()
+        done.append(b.begin())
+        begun.append(b)
+        if new:
+            fresh.append(b)
+    return done
+
+
+def _index_base(builders: list[StoreBuilder], infos: list[list[RowBlockMeta]], ins: list[str], store_of: list[int],
+                zero_based: Any, n_features: int | None) -> tuple[bool, int, int]:
+    """The index base and n_features, over every input together (as load_svmlight_files), and the shift of the
+    "auto" blocks' indices. Raises on a store of no rows or an index beyond n_features."""
+    for s, inf in enumerate(infos):  # a store of no rows: empty input, or only comments and blank lines
+        if not sum(blk.n_rows for blk in inf):
             mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
-            stores.append(b.finalize(  # rows of labels only (no index at all) need no shift
-                n_features=nf, index_shift=shift if any(blk.nnz for blk in infos[s]) else 0, executor=ex,
-                provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],
-                            "zero_based": bool(zb), "lines": report.lines, "qid_lines": report.qid_lines,
-                            "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},
-                progress=(lambda stage, k, n: progress({"stage": stage, "done": k, "total": n}))
-                if progress else None, timings=report.timings))
-        return (stores if many else stores[0]), report
-    except InputFormatError:
-        for b in begun:
-            b.abort(remove=True)
-        raise
-    except BaseException:
-        for b in begun:  # keep the partial store for --resume (unless nothing was written), release the lock
-            b.abort(remove=b in fresh and len(begun) < len(builders))
-        raise
-    finally:
-        ex.close()
+            n_skipped = sum(_record(blk).n_skipped for blk in inf)
+            why = f" ({n_skipped:,} bad line{'' if n_skipped == 1 else 's'} skipped)" if n_skipped else ""
+            raise InputFormatError(f"no data lines in {', '.join(mine)}{why}", path=mine[0])
+    all_blocks = [blk for inf in infos for blk in inf if blk.nnz]
+    min_idx = min((blk.min_index for blk in all_blocks), default=1)
+    zb = zero_based if zero_based != "auto" else (min_idx == 0)
+    # blocks of a known base were shifted as they were parsed; "auto" blocks are shifted at finalize
+    shift = (0 if zb else 1) if zero_based == "auto" else 0
+    max_idx = max((blk.max_index for blk in all_blocks), default=-1)
+    nf = n_features if n_features is not None else max(max_idx - shift + 1, 0)
+    if max_idx - shift >= nf:
+        max_idx_text = max_idx + (0 if zb or zero_based == "auto" else 1)
+        s, inf = next((s, inf) for s, inf in enumerate(infos) for blk in inf if blk.max_index == max_idx)
+        blk = next(blk for blk in inf if blk.max_index == max_idx)
+        f, line = _global_line(builders[s], inf, blk, ins, store_of, s)
+        raise InputFormatError(f"{f}:{line}: feature index {max_idx_text} is beyond n_features={nf} "
+                               f"({'zero' if zb else 'one'}-based)", path=f, line=line)
+    return zb, shift, nf
+
+
+def _finalize(builders: list[StoreBuilder], infos: list[list[RowBlockMeta]], ins: list[str], store_of: list[int],
+              nf: int, shift: int, zb: bool, ex: Executor, report: ConvertReport,
+              progress: Callable[[dict], None] | None) -> list[SparseStore]:
+    """Finalize every store (the transpose, the move into place), with the conversion's provenance."""
+    stores = []
+    for s, b in enumerate(builders):
+        mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
+        stores.append(b.finalize(  # rows of labels only (no index at all) need no shift
+            n_features=nf, index_shift=shift if any(blk.nnz for blk in infos[s]) else 0, executor=ex,
+            provenance={"source": "libsvm", "inputs": [Location.of(p).url for p in mine],
+                        "zero_based": bool(zb), "lines": report.lines, "qid_lines": report.qid_lines,
+                        "skipped_lines": report.skipped_lines, "skipped": report.skipped[:10]},
+            progress=(lambda stage, k, n: progress({"stage": stage, "done": k, "total": n}))
+            if progress else None, timings=report.timings))
+    return stores
 
 
 def _record(blk: RowBlockMeta) -> IngestRecord:
@@ -353,22 +390,72 @@ def _global_line(b: StoreBuilder, infos: list[RowBlockMeta], blk: RowBlockMeta, 
 
 
 def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, progress, total, in_ranges) -> None:
-    next_block = [0] * len(builders)
-    in_flight: dict = {}
-    max_in_flight = max(2, ex.n_workers * int(config.get("convert.in-flight")))
-    sizes: dict = {}  # (file, start) -> (lines, bytes) of that unit, to number lines without re-reading
-    first_skipped: list = []  # the first few skipped lines by position: (file, start, offset, unit, path, line, why)
+    """Parse and write every unit of every input not written before (``done``: by store), counting into ``report``;
+    the first bad line of all raises, once every task in flight has ended."""
+    run = _UnitRun(store_of, builders, opts, block_bytes, ex, report, progress, total)
+    try:
+        run.submit_all(ins, done, in_ranges)
+        while run.in_flight:
+            run.collect(next(iter(ex.as_completed(list(run.in_flight)))))
+    except InputFormatError:
+        # a compressed stream that ends early or is corrupt (a bad line has drained in_flight already): every
+        # block in flight comes before that point and may hold a bad line, which is then the error; and the partial
+        # store is removed next, so the tasks writing into it must end first
+        errors = run.drain()
+        if errors:
+            try:
+                run.fail(*min(errors, key=lambda e: (e[0].file, e[0].start)))
+            except InputFormatError as first:
+                raise first from None
+        raise
+    except BaseException:
+        ex.cancel(list(run.in_flight))
+        raise
+    run.number_skipped()
 
-    def before(unit: Unit) -> tuple[int, int]:
+
+class _UnitRun:
+    """The parse tasks of one conversion: submitted in order, a bounded number in flight, their counts summed into
+    the report as they finish, and the sizes of the finished units kept to number lines without re-reading."""
+
+    def __init__(self, store_of, builders, opts, block_bytes, ex, report, progress, total) -> None:
+        self.store_of, self.builders, self.opts, self.block_bytes = store_of, builders, opts, block_bytes
+        self.ex, self.report, self.progress, self.total = ex, report, progress, total
+        self.in_flight: dict = {}
+        self.max_in_flight = max(2, ex.n_workers * int(config.get("convert.in-flight")))
+        self.sizes: dict = {}  # (file, start) -> (lines, bytes) of that unit, to number lines without re-reading
+        # the first few skipped lines by position: (file, start, offset, unit, path, line, why)
+        self.first_skipped: list = []
+
+    def submit_all(self, ins: list[str], done: list, in_ranges: list) -> None:
+        """Cut every input into units, in order; submit those not written before, count the others."""
+        report, store_of = self.report, self.store_of
+        next_block = [0] * len(self.builders)
+        for k, path in enumerate(ins):
+            s = store_of[k]
+            units = _units(path, k, self.block_bytes, next_block[s], in_ranges[k])
+            while True:
+                t0 = time.perf_counter()  # cutting the input; for compressed text, the driver's decompression
+                u, payload = next(units, (None, None))
+                report.timings["driver: units"] = report.timings.get("driver: units", 0.0) + time.perf_counter() - t0
+                if u is None:
+                    break
+                next_block[s] = u.block + 1
+                if u.block in done[s]:
+                    self.account(_done_counts(self.builders[s], u.block), u, path)
+                    continue
+                self.submit(u, path, payload)
+
+    def before(self, unit: Unit) -> tuple[int, int]:
         """Lines and bytes of the units before ``unit`` in its file (every one of them has finished)."""
-        got = [v for (f, st), v in sizes.items() if f == unit.file and st < unit.start]
+        got = [v for (f, st), v in self.sizes.items() if f == unit.file and st < unit.start]
         return sum(v[0] for v in got), sum(v[1] for v in got)
 
-    def drain() -> list:
+    def drain(self) -> list:
         """Wait for every task in flight; the (unit, path, result) of those that found a bad line."""
         errors = []
-        for f in ex.as_completed(list(in_flight)):
-            u, p = in_flight.pop(f)
+        for f in self.ex.as_completed(list(self.in_flight)):
+            u, p = self.in_flight.pop(f)
             try:
                 rr = f.result()
             except BaseException:  # noqa: BLE001 - cancelled, or failed: either way it no longer writes
@@ -376,28 +463,30 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
             if rr["error"] is not None or rr.get("decompress"):
                 errors.append((u, p, rr))
             else:
-                sizes[(u.file, u.start)] = (rr["n_lines"], rr["bytes"])
+                self.sizes[(u.file, u.start)] = (rr["n_lines"], rr["bytes"])
         return errors
 
-    def collect(fut) -> None:
-        unit, path = in_flight.pop(fut)
+    def collect(self, fut) -> None:
+        """Account a finished task, or fail on its bad line."""
+        unit, path = self.in_flight.pop(fut)
         r = fut.result()
         if r["error"] is not None or r.get("decompress"):
-            fail(unit, path, r)
-        account(r, unit, path)
+            self.fail(unit, path, r)
+        self.account(r, unit, path)
 
-    def fail(unit: Unit, path: str, r: dict) -> None:
+    def fail(self, unit: Unit, path: str, r: dict) -> None:
+        """Raise the first bad line of all, as ``file:line: why (byte offset N)``."""
         # Wait for the tasks still in flight: they write into the partial store, which is removed next. Report
         # the first bad line of all (every unit before the failed ones was submitted, in order).
-        if ex.client is None:
-            ex.cancel(list(in_flight))  # drops only the queued ones; a running thread cannot be stopped
-        errors = [(unit, path, r), *drain()]
+        if self.ex.client is None:
+            self.ex.cancel(list(self.in_flight))  # drops only the queued ones; a running thread cannot be stopped
+        errors = [(unit, path, r), *self.drain()]
         unit, path, r = min(errors, key=lambda e: (e[0].file, e[0].start))
         if r.get("decompress"):
-            _decompress_error(path, block_bytes, r["decompress"])
+            _decompress_error(path, self.block_bytes, r["decompress"])
         line, offset, why = r["error"]
         if unit.relative:
-            lines, offset0 = before(unit)
+            lines, offset0 = self.before(unit)
             first, offset = lines + 1, offset + offset0
         else:
             first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
@@ -405,7 +494,9 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
         where = f" (byte offset {offset})" if offset is not None else ""
         raise InputFormatError(f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset, reason=why)
 
-    def account(r: dict, unit: Unit, path: str) -> None:
+    def account(self, r: dict, unit: Unit, path: str) -> None:
+        """Add a unit's counts to the report, keep its first skipped lines, report progress."""
+        report = self.report
         report.rows += r.get("n_rows", 0)
         report.nnz += r.get("nnz", 0)
         report.lines += r["n_lines"]
@@ -416,63 +507,35 @@ def _run_units(ins, store_of, builders, done, opts, block_bytes, ex, report, pro
         report.bytes += r["bytes"]
         for phase, dt in r.get("timings", {}).items():
             report.timings[phase] = report.timings.get(phase, 0.0) + dt
-        sizes[(unit.file, unit.start)] = (r["n_lines"], r["bytes"])
+        self.sizes[(unit.file, unit.start)] = (r["n_lines"], r["bytes"])
         if r["skipped"]:  # blocks finish in any order: keep the first few by position in the input
-            first_skipped.extend((unit.file, unit.start, off, unit, path, line, why)
-                                 for line, off, why in r["skipped"])
-            first_skipped.sort(key=lambda e: e[:3])
-            del first_skipped[10:]
-        if progress:
-            progress({"stage": "parse", "rows": report.rows, "bytes": report.bytes, "total_bytes": total})
+            self.first_skipped.extend((unit.file, unit.start, off, unit, path, line, why)
+                                      for line, off, why in r["skipped"])
+            self.first_skipped.sort(key=lambda e: e[:3])
+            del self.first_skipped[10:]
+        if self.progress:
+            self.progress({"stage": "parse", "rows": report.rows, "bytes": report.bytes, "total_bytes": self.total})
 
-    def submit(unit: Unit, path: str, payload: Any) -> None:
+    def submit(self, unit: Unit, path: str, payload: Any) -> None:
+        """Submit a unit's parse task, once fewer than the limit are in flight."""
         # byte ranges of plain files and ranges of bzip2 blocks carry no data (workers read them): queue them all
         # on the scheduler; blocks of decompressed text are held in memory until parsed: keep only a few in flight
-        limit = max_in_flight if isinstance(payload, bytes) else 64 * max_in_flight
-        while len(in_flight) >= limit:
-            collect(next(iter(ex.as_completed(list(in_flight)))))
-        fut = ex.submit(_parse_and_write, builders[store_of[unit.file]], unit, path, payload, opts)
-        in_flight[fut] = (unit, path)
+        limit = self.max_in_flight if isinstance(payload, bytes) else 64 * self.max_in_flight
+        while len(self.in_flight) >= limit:
+            self.collect(next(iter(self.ex.as_completed(list(self.in_flight)))))
+        fut = self.ex.submit(_parse_and_write, self.builders[self.store_of[unit.file]], unit, path, payload,
+                             self.opts)
+        self.in_flight[fut] = (unit, path)
 
-    try:
-        for k, path in enumerate(ins):
-            s = store_of[k]
-            units = _units(path, k, block_bytes, next_block[s], in_ranges[k])
-            while True:
-                t0 = time.perf_counter()  # cutting the input; for compressed text, the driver's decompression
-                u, payload = next(units, (None, None))
-                report.timings["driver: units"] = report.timings.get("driver: units", 0.0) + time.perf_counter() - t0
-                if u is None:
-                    break
-                next_block[s] = u.block + 1
-                if u.block in done[s]:
-                    account(_done_counts(builders[s], u.block), u, path)
-                    continue
-                submit(u, path, payload)
-        while in_flight:
-            collect(next(iter(ex.as_completed(list(in_flight)))))
-    except InputFormatError:
-        # a compressed stream that ends early or is corrupt (a bad line has drained in_flight already): every
-        # block in flight comes before that point and may hold a bad line, which is then the error; and the partial
-        # store is removed next, so the tasks writing into it must end first
-        errors = drain()
-        if errors:
-            try:
-                fail(*min(errors, key=lambda e: (e[0].file, e[0].start)))
-            except InputFormatError as first:
-                raise first from None
-        raise
-    except BaseException:
-        ex.cancel(list(in_flight))
-        raise
-    # every unit is done: number the skipped lines (the lines of the units before them, in the same file)
-    for _, _, off, unit, path, line, why in first_skipped:
-        if unit.first_line > 0:
-            first, offset = unit.first_line, unit.start + off
-        else:
-            lines, base = before(unit)
-            first, offset = lines + 1, (base if unit.relative else unit.start) + off
-        report.skipped.append((path, first + line - 1, offset, why))
+    def number_skipped(self) -> None:
+        """Every unit is done: number the skipped lines (the lines of the units before them, in the same file)."""
+        for _, _, off, unit, path, line, why in self.first_skipped:
+            if unit.first_line > 0:
+                first, offset = unit.first_line, unit.start + off
+            else:
+                lines, base = self.before(unit)
+                first, offset = lines + 1, (base if unit.relative else unit.start) + off
+            self.report.skipped.append((path, first + line - 1, offset, why))
 
 
 def _done_counts(b: StoreBuilder, i: int) -> dict:
