@@ -327,98 +327,30 @@ class StoreBuilder(TransposeSteps):
         timings = {} if timings is None else timings
         t0 = time.perf_counter()
         infos = self.row_block_infos()
-        n_rows_blk = np.array([b.n_rows for b in infos], dtype=np.int64)
-        row_bounds = np.concatenate([[0], np.cumsum(n_rows_blk)]).astype(np.int64)
-        n_rows = int(row_bounds[-1])
-        max_raw = max((b.max_index for b in infos), default=-1)
-        min_raw = min((b.min_index for b in infos if b.nnz), default=0)
-        if index_shift and min_raw < index_shift:
-            raise ParameterError(f"index {min_raw} is below the index base {index_shift}")
-        needed = max_raw - index_shift + 1
-        if n_features is None:
-            n_features = max(needed, 0)
-        elif needed > n_features:
-            raise ParameterError(f"the data has feature index {max_raw} (base {index_shift}) but "
-                                 f"n_features={n_features}")
-        has_y = [b.has_y for b in infos]
-        if any(has_y) and not all(has_y):
-            raise StoreError("some row blocks have labels and some do not")
+        row_bounds, n_features, labelled = _check_row_blocks(infos, n_features, index_shift)
         g = self._group()
         ex = executor or Executor()
         try:
-            todo = [b.index for b in infos
-                    if b.raw_indices and (b.indices_shift != index_shift or b.fix_pending)]
-            if any(b.raw_indices is False for b in infos) and index_shift:
-                raise StoreError("cannot shift the index base of row blocks written with final indices")
-            ex.map_ordered(lambda i: self._reindex_row_block(i, index_shift), todo,
-                           on_done=lambda _: progress and progress("reindex", 1, len(todo)))
-            bounds_raw = self._feature_bounds(len(infos), n_features, index_shift, feature_block)
-            nb = len(bounds_raw) - 1
-            done = layout.finished_blocks(g, FEATURES)
-            prev_bounds = layout.read_partial(dict(g.attrs)).csc_bounds
-            if prev_bounds is not None and prev_bounds != [int(x) for x in bounds_raw]:
-                done = set()
-            g.attrs.put(layout.with_csc_bounds(dict(g.attrs), [int(x) for x in bounds_raw]))
-            offsets = self._spill_offsets(len(infos), bounds_raw)
-            row_nnz = [int(b.nnz) for b in infos]
-            csc_bounds = np.clip(bounds_raw - index_shift, 0, n_features)
-            csc_bounds[-1] = n_features
-            timings["finalize: plan"] = timings.get("finalize: plan", 0.0) + time.perf_counter() - t0
-            futures = {j: ex.submit(self._assemble_feature_block, j, bounds_raw, row_bounds, index_shift, n_features,
-                                    offsets, row_nnz) for j in range(nb) if j not in done}
-            try:
-                with _timed(timings, "finalize: labels"):  # while the workers transpose
-                    y_checksum = self._write_labels(g, infos, n_rows) if all(has_y) and infos else None
-                fnnz = _Streamed(_new_array(g, layout.FEATURE_NNZ, n_features, np.int64, self.chunk))
-                for j in range(nb):  # per-feature nonzeros, block by block as they finish, in order
-                    if j in futures:  # the task returns them: its indptr is not read back
-                        phases, nnz = futures.pop(j).result()
-                        for phase, dt in phases.items():
-                            timings[phase] = timings.get(phase, 0.0) + dt
-                        if progress:
-                            progress("transpose", 1, nb - len(done))
-                    with _timed(timings, "finalize: feature nnz"):
-                        if j in done:  # finished by an earlier run
-                            ip = read_array(layout.block_group(g, FEATURES, j)[layout.INDPTR], f"csc block {j}")
-                            nnz = np.diff(ip)
-                        if nnz.shape[0] != csc_bounds[j + 1] - csc_bounds[j]:
-                            raise StoreError(f"{self.partial.url}: csc block {j} holds {nnz.shape[0]} features, "
-                                             f"not {csc_bounds[j + 1] - csc_bounds[j]}")
-                        fnnz.append(nnz)
-                with _timed(timings, "finalize: feature nnz"):
-                    fnnz.close()
-            except BaseException:
-                ex.cancel(list(futures.values()))
-                raise
+            csc_bounds, y_checksum = self._transpose(g, infos, ex, row_bounds, n_features, index_shift, feature_block,
+                                                     labelled, progress, timings, t0)
         finally:
             if executor is None:
                 ex.close()
         t1 = time.perf_counter()
         feature_blocks = [layout.read_feature_block(dict(layout.block_group(g, FEATURES, j).attrs))
-                          for j in range(nb)]
+                          for j in range(len(csc_bounds) - 1)]
         if feature_ids is not None:
-            fid = np.asarray(feature_ids)
-            if fid.shape != (n_features,):
-                raise ParameterError(f"feature_ids has shape {fid.shape}; expected ({n_features},)")
-            if fid.dtype.kind in "OUST":  # T: NumPy 2 StringDType (as Zarr v3 reads strings back)
-                fid = np.array([str(v) for v in fid.tolist()], dtype=str)
-                arr = g.create_array(layout.FEATURE_IDS, shape=fid.shape, dtype=str, fill_value="", overwrite=True,
-                                     chunks=(max(1, min(self.chunk, fid.size)),), compressors=compressors(),
-                                     config={"write_empty_chunks": True})  # crc32c-checked like every array
-                if fid.size:
-                    arr[...] = fid
-            else:
-                write_array(g, layout.FEATURE_IDS, fid.astype(np.int64))
+            self._write_feature_ids(g, feature_ids, n_features)
         meta = StoreMeta(
             version=FORMAT_VERSION,
-            shape=(n_rows, int(n_features)),
+            shape=(int(row_bounds[-1]), int(n_features)),
             nnz=int(sum(b.nnz for b in infos)),
             dtype=self.value_dtype, index_dtype="int32", indptr_dtype="int64",
             row_bounds=tuple(int(x) for x in row_bounds), row_block_nnz=tuple(int(b.nnz) for b in infos),
             feature_bounds=tuple(int(x) for x in csc_bounds), feature_block_nnz=tuple(f.nnz for f in feature_blocks),
             feature_checksums=tuple(f.checksum for f in feature_blocks),
             y_checksum=y_checksum,
-            has_labels=bool(all(has_y) and infos), has_feature_ids=feature_ids is not None,
+            has_labels=labelled, has_feature_ids=feature_ids is not None,
             provenance=_jsonable({**(provenance or {}), "options": self.options}),
             ground_truth=_jsonable(ground_truth) if ground_truth else None,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -432,6 +364,79 @@ class StoreBuilder(TransposeSteps):
         self._move_into_place()
         timings["finalize: close"] = timings.get("finalize: close", 0.0) + time.perf_counter() - t1
         return SparseStore(self.final.url)
+
+    def _transpose(self, g: zarr.Group, infos: list[RowBlockMeta], ex: Executor, row_bounds: np.ndarray,
+                   n_features: int, index_shift: int, feature_block: int | None, labelled: bool,
+                   progress: Callable[[str, int, int], None] | None, timings: dict[str, float],
+                   t0: float) -> tuple[np.ndarray, str | None]:
+        """Reindex the row blocks that need it, then assemble the feature blocks on ``ex`` while the driver writes
+        the labels and the per-feature nonzeros. Returns the CSC feature bounds and the labels' checksum."""
+        todo = [b.index for b in infos
+                if b.raw_indices and (b.indices_shift != index_shift or b.fix_pending)]
+        if any(b.raw_indices is False for b in infos) and index_shift:
+            raise StoreError("cannot shift the index base of row blocks written with final indices")
+        ex.map_ordered(lambda i: self._reindex_row_block(i, index_shift), todo,
+                       on_done=lambda _: progress and progress("reindex", 1, len(todo)))
+        bounds_raw = self._feature_bounds(len(infos), n_features, index_shift, feature_block)
+        done = layout.finished_blocks(g, FEATURES)
+        prev_bounds = layout.read_partial(dict(g.attrs)).csc_bounds
+        if prev_bounds is not None and prev_bounds != [int(x) for x in bounds_raw]:
+            done = set()
+        g.attrs.put(layout.with_csc_bounds(dict(g.attrs), [int(x) for x in bounds_raw]))
+        offsets = self._spill_offsets(len(infos), bounds_raw)
+        row_nnz = [int(b.nnz) for b in infos]
+        csc_bounds = np.clip(bounds_raw - index_shift, 0, n_features)
+        csc_bounds[-1] = n_features
+        timings["finalize: plan"] = timings.get("finalize: plan", 0.0) + time.perf_counter() - t0
+        futures = {j: ex.submit(self._assemble_feature_block, j, bounds_raw, row_bounds, index_shift, n_features,
+                                offsets, row_nnz) for j in range(len(bounds_raw) - 1) if j not in done}
+        try:
+            with _timed(timings, "finalize: labels"):  # while the workers transpose
+                y_checksum = self._write_labels(g, infos, int(row_bounds[-1])) if labelled else None
+            self._write_feature_nnz(g, futures, done, csc_bounds, n_features, progress, timings)
+        except BaseException:
+            ex.cancel(list(futures.values()))
+            raise
+        return csc_bounds, y_checksum
+
+    def _write_feature_nnz(self, g: zarr.Group, futures: dict, done: set, csc_bounds: np.ndarray, n_features: int,
+                           progress: Callable[[str, int, int], None] | None, timings: dict[str, float]) -> None:
+        """Write the per-feature nonzeros, block by block as the feature blocks finish, in order (a finished
+        block's task returns them: its indptr is not read back)."""
+        nb = len(csc_bounds) - 1
+        fnnz = _Streamed(_new_array(g, layout.FEATURE_NNZ, n_features, np.int64, self.chunk))
+        for j in range(nb):
+            if j in futures:
+                phases, nnz = futures.pop(j).result()
+                for phase, dt in phases.items():
+                    timings[phase] = timings.get(phase, 0.0) + dt
+                if progress:
+                    progress("transpose", 1, nb - len(done))
+            with _timed(timings, "finalize: feature nnz"):
+                if j in done:  # finished by an earlier run
+                    ip = read_array(layout.block_group(g, FEATURES, j)[layout.INDPTR], f"csc block {j}")
+                    nnz = np.diff(ip)
+                if nnz.shape[0] != csc_bounds[j + 1] - csc_bounds[j]:
+                    raise StoreError(f"{self.partial.url}: csc block {j} holds {nnz.shape[0]} features, "
+                                     f"not {csc_bounds[j + 1] - csc_bounds[j]}")
+                fnnz.append(nnz)
+        with _timed(timings, "finalize: feature nnz"):
+            fnnz.close()
+
+    def _write_feature_ids(self, g: zarr.Group, feature_ids: Any, n_features: int) -> None:
+        """Write the feature ids (strings or integers), checked against ``n_features``."""
+        fid = np.asarray(feature_ids)
+        if fid.shape != (n_features,):
+            raise ParameterError(f"feature_ids has shape {fid.shape}; expected ({n_features},)")
+        if fid.dtype.kind in "OUST":  # T: NumPy 2 StringDType (as Zarr v3 reads strings back)
+            fid = np.array([str(v) for v in fid.tolist()], dtype=str)
+            arr = g.create_array(layout.FEATURE_IDS, shape=fid.shape, dtype=str, fill_value="", overwrite=True,
+                                 chunks=(max(1, min(self.chunk, fid.size)),), compressors=compressors(),
+                                 config={"write_empty_chunks": True})  # crc32c-checked like every array
+            if fid.size:
+                arr[...] = fid
+        else:
+            write_array(g, layout.FEATURE_IDS, fid.astype(np.int64))
 
     def _write_labels(self, g: zarr.Group, infos: list[RowBlockMeta], n_rows: int) -> str:
         """Write the labels of every row block as one array, a chunk at a time; return their checksum."""
@@ -473,6 +478,29 @@ class StoreBuilder(TransposeSteps):
             old.remove()
         release_lock(self.final)
         self._locked = False
+
+
+def _check_row_blocks(infos: list[RowBlockMeta], n_features: int | None,
+                      index_shift: int) -> tuple[np.ndarray, int, bool]:
+    """The row bounds, n_features (default: the largest index, less the base, plus one) and whether the rows have
+    labels, with the row blocks checked against the index base, n_features and one another."""
+    n_rows_blk = np.array([b.n_rows for b in infos], dtype=np.int64)
+    row_bounds = np.concatenate([[0], np.cumsum(n_rows_blk)]).astype(np.int64)
+    max_raw = max((b.max_index for b in infos), default=-1)
+    min_raw = min((b.min_index for b in infos if b.nnz), default=0)
+    if index_shift and min_raw < index_shift:
+        raise ParameterError(f"index {min_raw} is below the index base {index_shift}")
+    needed = max_raw - index_shift + 1
+    if n_features is None:
+        n_features = max(needed, 0)
+    elif needed > n_features:
+        raise ParameterError(f"the data has feature index {max_raw} (base {index_shift}) but "
+                             f"n_features={n_features}")
+    has_y = [b.has_y for b in infos]
+    if any(has_y) and not all(has_y):
+        raise StoreError("some row blocks have labels and some do not")
+    return row_bounds, n_features, bool(all(has_y) and infos)
+
 
 def _in_scratch(name: str, a: np.ndarray, dtype: Any) -> np.ndarray:
     """``a`` as a C-contiguous array of ``dtype``: itself when it is one, else a copy in scratch memory."""
