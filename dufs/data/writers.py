@@ -147,8 +147,29 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
     -------
     SparseStore
     """
-    import dask
+    row_block, n_rows, n_features = _check_write_args(X, y, row_block)
+    b = StoreBuilder(path, value_dtype=value_dtype or _default_dtype(X), overwrite=overwrite,
+                     options={"writer": "write_store", "row_block": row_block})
+    b.begin()
+    try:
+        if _is_dask(X):
+            _write_dask(b, X, y, row_block)
+        else:
+            _write_in_memory(b, X, y, row_block, n_rows)
+        if n_rows == 0:
+            b.write_row_block(0, np.zeros(1, np.int64), np.empty(0, np.int32), np.empty(0),
+                              None if y is None else np.empty(0))
+        return b.finalize(n_features=n_features, feature_ids=feature_ids, feature_block=feature_block,
+                          provenance={"source": "write_store", "input_type": type(X).__name__,
+                                      **(provenance or {})},
+                          ground_truth=ground_truth)
+    except BaseException:
+        b.abort(remove=True)
+        raise
 
+
+def _check_write_args(X: Any, y: Any, row_block: int | None) -> tuple[int, int, int]:
+    """write_store's arguments checked, before anything is written: the rows per block, and X's shape."""
     row_block = int(config.get("store.row-block") if row_block is None else row_block)  # 0 is an error
     if row_block < 1:
         raise ParameterError(f"The 'row_block' parameter of write_store must be an int >= 1; got {row_block}.")
@@ -162,56 +183,50 @@ def write_store(X: Any, path: str | os.PathLike, y: Any = None, *, feature_ids: 
             raise ParameterError(f"y holds labels of dtype {np.asarray(y).dtype}; a store keeps numeric labels: "
                                  f"encode the classes first (classes, y = np.unique(y, return_inverse=True))")
         _check_finite(np.asarray(y, dtype=np.float64), "y")
-    b = StoreBuilder(path, value_dtype=value_dtype or _default_dtype(X), overwrite=overwrite,
-                     options={"writer": "write_store", "row_block": row_block})
-    b.begin()
-    try:
-        starts = list(range(0, n_rows, row_block))
-        if _is_dask(X):
-            import dask.array as da
+    return row_block, n_rows, n_features
 
-            Xr = X.rechunk({0: row_block, 1: -1})
-            parts = Xr.to_delayed().ravel()
-            if y is not None:
-                yd = y if _is_dask(y) else da.from_array(np.asarray(y), chunks=row_block)
-                ys = yd.rechunk(Xr.chunks[0]).to_delayed().ravel()
-            else:
-                ys = [None] * len(parts)
-            row0 = np.concatenate([[0], np.cumsum(Xr.chunks[0])[:-1]]).astype(int)
-            tasks = [dask.delayed(_write_slab)(b, i, part, yy, int(row0[i]))
-                     for i, (part, yy) in enumerate(zip(parts, ys, strict=True))]
-            _compute_to_the_end(tasks)
-        else:
-            M = X
-            if type(X).__module__.startswith("sparse"):
-                M = _widen(X).to_scipy_sparse()
-            if sp.issparse(M):
-                M = sp.csr_array(M)  # shares the caller's buffers when X is a CSR array already
-                if not M.has_sorted_indices:
-                    M = M.copy()  # sorted here, not in the caller's array
-                    M.sort_indices()
-                _check_finite_rows(M.indptr, M.indices, M.data, 0, "in all")  # the first of all, before any write
-            elif isinstance(M, np.ndarray) and M.size and not np.isfinite(M).all():
-                r, c = np.argwhere(~np.isfinite(M))[0]
-                n_bad = int((~np.isfinite(M)).sum())
-                raise ParameterError(f"X has a non-finite value ({float(M[r, c])}) at row {int(r)}, feature {int(c)}"
-                                     + (f" ({n_bad} in all)" if n_bad > 1 else "")
-                                     + "; dufs stores finite numbers only: remove or fill it")
-            ya = None if y is None else np.asarray(y)
-            tasks = [dask.delayed(_write_slab)(b, i, M[a:a + row_block],
-                                               None if ya is None else ya[a:a + row_block], a)
-                     for i, a in enumerate(starts)]
-            _compute_to_the_end(tasks, local=True)
-        if n_rows == 0:
-            b.write_row_block(0, np.zeros(1, np.int64), np.empty(0, np.int32), np.empty(0),
-                              None if y is None else np.empty(0))
-        return b.finalize(n_features=n_features, feature_ids=feature_ids, feature_block=feature_block,
-                          provenance={"source": "write_store", "input_type": type(X).__name__,
-                                      **(provenance or {})},
-                          ground_truth=ground_truth)
-    except BaseException:
-        b.abort(remove=True)
-        raise
+
+def _write_dask(b: StoreBuilder, X: Any, y: Any, row_block: int) -> None:
+    """Write a Dask array's row blocks: each slab computed and written by a task, on the workers."""
+    import dask
+    import dask.array as da
+
+    Xr = X.rechunk({0: row_block, 1: -1})
+    parts = Xr.to_delayed().ravel()
+    if y is not None:
+        yd = y if _is_dask(y) else da.from_array(np.asarray(y), chunks=row_block)
+        ys = yd.rechunk(Xr.chunks[0]).to_delayed().ravel()
+    else:
+        ys = [None] * len(parts)
+    row0 = np.concatenate([[0], np.cumsum(Xr.chunks[0])[:-1]]).astype(int)
+    tasks = [dask.delayed(_write_slab)(b, i, part, yy, int(row0[i]))
+             for i, (part, yy) in enumerate(zip(parts, ys, strict=True))]
+    _compute_to_the_end(tasks)
+
+
+def _write_in_memory(b: StoreBuilder, X: Any, y: Any, row_block: int, n_rows: int) -> None:
+    """Write in-memory input's row blocks on local threads, its first non-finite value refused before any write."""
+    import dask
+
+    M = X
+    if type(X).__module__.startswith("sparse"):
+        M = _widen(X).to_scipy_sparse()
+    if sp.issparse(M):
+        M = sp.csr_array(M)  # shares the caller's buffers when X is a CSR array already
+        if not M.has_sorted_indices:
+            M = M.copy()  # sorted here, not in the caller's array
+            M.sort_indices()
+        _check_finite_rows(M.indptr, M.indices, M.data, 0, "in all")  # the first of all, before any write
+    elif isinstance(M, np.ndarray) and M.size and not np.isfinite(M).all():
+        r, c = np.argwhere(~np.isfinite(M))[0]
+        n_bad = int((~np.isfinite(M)).sum())
+        raise ParameterError(f"X has a non-finite value ({float(M[r, c])}) at row {int(r)}, feature {int(c)}"
+                             + (f" ({n_bad} in all)" if n_bad > 1 else "")
+                             + "; dufs stores finite numbers only: remove or fill it")
+    ya = None if y is None else np.asarray(y)
+    tasks = [dask.delayed(_write_slab)(b, i, M[a:a + row_block], None if ya is None else ya[a:a + row_block], a)
+             for i, a in enumerate(range(0, n_rows, row_block))]
+    _compute_to_the_end(tasks, local=True)
 
 
 def _is_dask(x: Any) -> bool:
