@@ -250,10 +250,6 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
     median of ``repeats`` solves on the same cluster after one untimed solve (one solve's time moves 10-30% from run
     to run on the 2-core test machine, and a solve takes about a second: 11 by default); (c) peak memory per worker
     against its blocks plus O(n_samples) vectors, over all the solves."""
-    from dufs.engine import FeatureBlock, as_matrix
-    from dufs.methods.mmfs import geometry, relevance
-    from dufs.methods.mmfs import mmfs as run_mmfs
-
     say = console.print if console is not None else print
     st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
@@ -262,33 +258,12 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
     res: dict[str, Any] = describe(st, f"MMFS standardize='scale', C={C:g}, gamma={gamma:g}, tol={tol:g}", say)
 
     # the MMFS geometry (per-feature scaling) and margins, computed once in this process
-    t0 = time.perf_counter()
-    M0 = as_matrix(st.path, standardize="scale", persist=False)
-    geo = geometry(M0)
-    rho = relevance(M0, y, geo)  # theta = 0.5: rho = r
-    res["geometry_s"] = time.perf_counter() - t0
-    blocks = []
-    for i in range(st.n_blocks("csc")):
-        b = st.block(i, "csc")
-        ip = np.asarray(b.indptr, dtype=np.int64)
-        blocks.append(FeatureBlock(int(b.start), int(b.stop), ip - ip[0], np.asarray(b.indices),
-                                   np.asarray(b.data)))
+    geo, rho, blocks, res["geometry_s"] = _geometry_and_blocks(st, y)
     say(f"geometry and margins (column stats + relevance pass): {res['geometry_s']:.1f} s; blocks loaded")
 
     # (a) LIBLINEAR -s 3 vs our epoch on the same problem (margins 1, the same scaled columns, C, gamma)
-    ll = _liblinear(blocks, geo, n, d, C=C, gamma=gamma, eps=ll_eps, say=say)
-    res["liblinear"] = ll
-    ones = np.ones(d)
-    n_ep = max([r["iters"] for r in ll.get("runs", [])] + [1]) if ll else 14
-    ours: dict[str, Any] = {}
-    for o in (0, 256):
-        _Serial(blocks[:1], geo, ones, m=n, C=C, gamma=gamma).epoch(o)  # warm: numba compiles or loads its cache
-        s = _Serial(blocks, geo, ones, m=n, C=C, gamma=gamma, seed=seed)
-        times = [s.epoch(o) for _ in range(n_ep)]
-        obj, rel = s.gap()
-        ours[o] = {"first_s": times[0], "mean_s": float(np.mean(times)), "epochs": n_ep, "objective": obj,
-                   "rel_gap": rel}
-    res["ours"] = ours
+    res["liblinear"], res["ours"] = _epoch_vs_liblinear(blocks, geo, n, d, C=C, gamma=gamma, eps=ll_eps, seed=seed,
+                                                        say=say)
 
     # visit orders on one block (its own MMFS problem: margins rho)
     big = int(np.argmax([b.nnz for b in blocks]))
@@ -304,90 +279,164 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
     # and each solve and gradient pass taken on every one in turn: one cluster's solves minutes after the other's
     # compared this machine's drift as much as the solver (2-worker solves of 1.6-2.6 s in one run)
     reps = max(1, int(repeats))
-    on: dict[int, dict[str, Any]] = {}
+    solve = {"C": C, "gamma": gamma, "tol": tol, "max_epochs": max_epochs}
     with contextlib.ExitStack() as stack, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-        for w in workers:
-            client = stack.enter_context(local_cluster(w))
-            with client.as_current():
-                M = as_matrix(st.path, standardize="scale", persist=True)
-                if M.residency.get("mode") != "persisted":
-                    say(f"warning: the blocks were not persisted ({M.residency.get('reason')})")
-                stack.callback(M.release)
-                bb = max(client.run(worker_blocks_bytes).values())
-                t0 = time.perf_counter()
-                M.stats  # noqa: B018 - the statistics pass, timed apart from the solver
-                stats_s = time.perf_counter() - t0
-                # the process with its blocks resident and the engine imported, before the solver
-                idle = max(client.run(rss).values()) - bb
-                files0 = client.run(rss_files)
-                # one solve not timed: a fresh cluster's first one ran 1.1-1.4x the next (2.3-3.7 s against 1.8-2.7
-                # s on 1 worker): the solver's kernels loaded from numba's cache, its arrays' pages faulted in
-                run_mmfs(M, y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
-                # the files that solve mapped (the solver's compiled code from numba's cache, libraries: 48 MB of
-                # the 2M x 5M bench's worker), not data: the memory check counted them as vectors of n_samples
-                code = max(v - files0.get(a, v) for a, v in client.run(rss_files).items())
-                on[w] = {"client": client, "M": M, "bb": bb, "stats_s": stats_s, "idle": idle, "code": code,
-                         "walls": [], "runs": [], "grad": [], "pool0": max(client.run(_pooled).values())}
-
-        def gradient_passes() -> None:  # a few on every cluster in turn, from a state made on each (not timed)
-            g = {}
-            for w in workers:
-                with on[w]["client"].as_current():
-                    g[w] = _GradientPass(on[w]["M"], y, C=C, gamma=gamma, seed=seed)
-                    g[w].wall()  # its first round's index arrays fault in
-            for _ in range(max(5, reps)):
-                for w in workers:
-                    with on[w]["client"].as_current():
-                        on[w]["grad"].append(g[w].wall())
-            for w in workers:
-                with on[w]["client"].as_current():
-                    g[w].close()
-
+        on = {w: _start_cluster(stack, w, st, y, solve, say) for w in workers}
         # the gradient pass alone, before the solves and after them (its time moves with the worker's state)
-        gradient_passes()
-        with contextlib.ExitStack() as sampling:
-            peaks = {w: sampling.enter_context(WorkerPeak(on[w]["client"])) for w in workers}
-            for _ in range(reps):
-                for w in workers:
-                    with on[w]["client"].as_current():
-                        t0 = time.perf_counter()
-                        r = run_mmfs(on[w]["M"], y, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs)
-                        on[w]["walls"].append(time.perf_counter() - t0)
-                        on[w]["runs"].append(r)
-        for w in workers:
-            on[w]["peak"] = peaks[w].peak
-            on[w]["pool"] = max(on[w]["client"].run(_pooled).values())
-        gradient_passes()
+        _gradient_passes(on, workers, y, C=C, gamma=gamma, seed=seed, reps=reps)
+        _timed_solves(on, workers, y, solve, reps)
+        _gradient_passes(on, workers, y, C=C, gamma=gamma, seed=seed, reps=reps)
     for w in workers:
-        o = on[w]
-        walls, runs, grad_walls = o["walls"], o["runs"], o["grad"]
-        bb, stats_s, idle, pool, pool0 = o["bb"], o["stats_s"], o["idle"], o["pool"], o["pool0"]
-        wall = median(walls)
-        r = runs[walls.index(sorted(walls)[(len(walls) - 1) // 2])]  # the median solve (its trace, its rounds)
-        dg = r.diagnostics
-        # mmfs keeps 7 float64 arrays a feature in its per-block state (coef, shift, colsum, qii, rho, alpha, g); a
-        # round makes a new g and alpha and a working-set index (3 arrays of 8 bytes a feature, transient)
-        tr = dg["trace"]
-        K = dg["n_partitions"]
-        res[f"w{w}"] = {"state_bytes": 7 * 8 * -(-d // w), "transient_bytes": 3 * 8 * -(-d // w), "wall_s": wall,
-                        "walls_s": walls, "all_rounds": [x.diagnostics["rounds"] for x in runs],
-                        "stats_s": stats_s, "grad_walls_s": grad_walls, "grad_s": median(grad_walls),
-                        "rounds": dg["rounds"], "converged": dg["converged"],
-                        "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": o["peak"], "idle": idle,
-                        "code": o["code"],
-                        "blocks_bytes": bb, "objective": dg["objective"], "n_partitions": K,
-                        "pool_bytes": pool, "pool_growth": pool - pool0,
-                        "rules": {k: sum(t["rule"] == k for t in tr) for k in sorted({t["rule"] for t in tr})},
-                        "start_med": float(np.median([t["start_s"] / K for t in tr])),
-                        "map_med": float(np.median([t["map_s"] for t in tr])),
-                        "round_med": float(np.median([t["wall_s"] for t in tr]))}
+        res[f"w{w}"] = _worker_figures(on[w], w, d)
     _mmfs_table(res, workers, say, n, nnz, tol)
     return res
 
 
+def _geometry_and_blocks(st: Any, y: np.ndarray) -> tuple[dict, np.ndarray, list, float]:
+    """The MMFS geometry and margins of the store (theta = 0.5: rho = r), its feature blocks loaded in this process,
+    and the seconds the geometry and margins took."""
+    from dufs.engine import FeatureBlock, as_matrix
+    from dufs.methods.mmfs import geometry, relevance
+
+    t0 = time.perf_counter()
+    M0 = as_matrix(st.path, standardize="scale", persist=False)
+    geo = geometry(M0)
+    rho = relevance(M0, y, geo)  # theta = 0.5: rho = r
+    seconds = time.perf_counter() - t0
+    blocks = []
+    for i in range(st.n_blocks("csc")):
+        b = st.block(i, "csc")
+        ip = np.asarray(b.indptr, dtype=np.int64)
+        blocks.append(FeatureBlock(int(b.start), int(b.stop), ip - ip[0], np.asarray(b.indices),
+                                   np.asarray(b.data)))
+    return geo, rho, blocks, seconds
+
+
+def _epoch_vs_liblinear(blocks: list, geo: dict, n: int, d: int, *, C: float, gamma: float, eps: tuple[float, ...],
+                        seed: int, say: Any) -> tuple[dict, dict]:
+    """(a): LIBLINEAR ``-s 3`` and our serial epoch, random and block-random, on the same problem (margins 1), as
+    many epochs as LIBLINEAR's longest run took iterations."""
+    ll = _liblinear(blocks, geo, n, d, C=C, gamma=gamma, eps=eps, say=say)
+    ones = np.ones(d)
+    n_ep = max([r["iters"] for r in ll.get("runs", [])] + [1]) if ll else 14
+    ours: dict[str, Any] = {}
+    for o in (0, 256):
+        _Serial(blocks[:1], geo, ones, m=n, C=C, gamma=gamma).epoch(o)  # warm: numba compiles or loads its cache
+        s = _Serial(blocks, geo, ones, m=n, C=C, gamma=gamma, seed=seed)
+        times = [s.epoch(o) for _ in range(n_ep)]
+        obj, rel = s.gap()
+        ours[o] = {"first_s": times[0], "mean_s": float(np.mean(times)), "epochs": n_ep, "objective": obj,
+                   "rel_gap": rel}
+    return ll, ours
+
+
+def _start_cluster(stack: contextlib.ExitStack, w: int, st: Any, y: np.ndarray, solve: dict, say: Any) -> dict:
+    """A cluster of ``w`` workers (closed with ``stack``), the store's blocks persisted on it, its statistics pass
+    timed and one solve run untimed; what it holds then (blocks, idle process, the solver's code, pass outputs)."""
+    from dufs.engine import as_matrix
+    from dufs.methods.mmfs import mmfs as run_mmfs
+
+    client = stack.enter_context(local_cluster(w))
+    with client.as_current():
+        M = as_matrix(st.path, standardize="scale", persist=True)
+        if M.residency.get("mode") != "persisted":
+            say(f"warning: the blocks were not persisted ({M.residency.get('reason')})")
+        stack.callback(M.release)
+        bb = max(client.run(worker_blocks_bytes).values())
+        t0 = time.perf_counter()
+        M.stats  # noqa: B018 - the statistics pass, timed apart from the solver
+        stats_s = time.perf_counter() - t0
+        # the process with its blocks resident and the engine imported, before the solver
+        idle = max(client.run(rss).values()) - bb
+        files0 = client.run(rss_files)
+        # one solve not timed: a fresh cluster's first one ran 1.1-1.4x the next (2.3-3.7 s against 1.8-2.7
+        # s on 1 worker): the solver's kernels loaded from numba's cache, its arrays' pages faulted in
+        run_mmfs(M, y, **solve)
+        # the files that solve mapped (the solver's compiled code from numba's cache, libraries: 48 MB of
+        # the 2M x 5M bench's worker), not data: the memory check counted them as vectors of n_samples
+        code = max(v - files0.get(a, v) for a, v in client.run(rss_files).items())
+        return {"client": client, "M": M, "bb": bb, "stats_s": stats_s, "idle": idle, "code": code,
+                "walls": [], "runs": [], "grad": [], "pool0": max(client.run(_pooled).values())}
+
+
+def _gradient_passes(on: dict, workers: tuple[int, ...], y: np.ndarray, *, C: float, gamma: float, seed: int,
+                     reps: int) -> None:
+    """A few gradient passes on every cluster in turn, from a state made on each (not timed)."""
+    g = {}
+    for w in workers:
+        with on[w]["client"].as_current():
+            g[w] = _GradientPass(on[w]["M"], y, C=C, gamma=gamma, seed=seed)
+            g[w].wall()  # its first round's index arrays fault in
+    for _ in range(max(5, reps)):
+        for w in workers:
+            with on[w]["client"].as_current():
+                on[w]["grad"].append(g[w].wall())
+    for w in workers:
+        with on[w]["client"].as_current():
+            g[w].close()
+
+
+def _timed_solves(on: dict, workers: tuple[int, ...], y: np.ndarray, solve: dict, reps: int) -> None:
+    """``reps`` solves on every cluster in turn, timed, the workers' peak memory sampled over all of them."""
+    from dufs.methods.mmfs import mmfs as run_mmfs
+
+    with contextlib.ExitStack() as sampling:
+        peaks = {w: sampling.enter_context(WorkerPeak(on[w]["client"])) for w in workers}
+        for _ in range(reps):
+            for w in workers:
+                with on[w]["client"].as_current():
+                    t0 = time.perf_counter()
+                    r = run_mmfs(on[w]["M"], y, **solve)
+                    on[w]["walls"].append(time.perf_counter() - t0)
+                    on[w]["runs"].append(r)
+    for w in workers:
+        on[w]["peak"] = peaks[w].peak
+        on[w]["pool"] = max(on[w]["client"].run(_pooled).values())
+
+
+def _worker_figures(o: dict, w: int, d: int) -> dict:
+    """The figures of ``w`` workers: the median solve's, its rounds' medians, the memory."""
+    walls, runs, grad_walls = o["walls"], o["runs"], o["grad"]
+    bb, stats_s, idle, pool, pool0 = o["bb"], o["stats_s"], o["idle"], o["pool"], o["pool0"]
+    wall = median(walls)
+    r = runs[walls.index(sorted(walls)[(len(walls) - 1) // 2])]  # the median solve (its trace, its rounds)
+    dg = r.diagnostics
+    # mmfs keeps 7 float64 arrays a feature in its per-block state (coef, shift, colsum, qii, rho, alpha, g); a
+    # round makes a new g and alpha and a working-set index (3 arrays of 8 bytes a feature, transient)
+    tr = dg["trace"]
+    K = dg["n_partitions"]
+    return {"state_bytes": 7 * 8 * -(-d // w), "transient_bytes": 3 * 8 * -(-d // w), "wall_s": wall,
+            "walls_s": walls, "all_rounds": [x.diagnostics["rounds"] for x in runs],
+            "stats_s": stats_s, "grad_walls_s": grad_walls, "grad_s": median(grad_walls),
+            "rounds": dg["rounds"], "converged": dg["converged"],
+            "rel_gap": dg["relative_gap"], "support": dg["support"], "peak": o["peak"], "idle": idle,
+            "code": o["code"],
+            "blocks_bytes": bb, "objective": dg["objective"], "n_partitions": K,
+            "pool_bytes": pool, "pool_growth": pool - pool0,
+            "rules": {k: sum(t["rule"] == k for t in tr) for k in sorted({t["rule"] for t in tr})},
+            "start_med": float(np.median([t["start_s"] / K for t in tr])),
+            "map_med": float(np.median([t["map_s"] for t in tr])),
+            "round_med": float(np.median([t["wall_s"] for t in tr]))}
+
+
 
 def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int, tol: float) -> None:
+    """Print the figures: (a) the epochs and the visit orders, (b) the solves, (c) the memory."""
+    _epochs_table(res, say, nnz)
+    say(f"visit orders, serial DCD on one block (block {res['orders_block']}, its own MMFS problem) to a relative "
+        f"gap of {tol:g}, in this process:")
+    base = res["orders"][0]
+    for r in res["orders"]:
+        say(f"  {_order_name(r['order']):28s}: first epoch {r['first_s'] * 1e3:7.1f} ms "
+            f"({base['first_s'] / r['first_s']:.2f}x random), {r['epochs']:3d} epochs, {r['total_s']:.2f} s to the "
+            f"gap ({base['total_s'] / r['total_s']:.2f}x random; reached {r['rel_gap']:.1e})")
+    _solves_table(res, workers, say)
+    _memory_table(res, workers, say, n)
+
+
+def _epochs_table(res: dict, say: Any, nnz: int) -> None:
+    """(a): LIBLINEAR's seconds an iteration against our epoch's (and their ratios into ``res``)."""
     ll, ours = res["liblinear"], res["ours"]
     say("(a) one epoch, in this process on the store's blocks (serial DCD, bias moving, shrinking), against "
         "LIBLINEAR -s 3 on the transposed problem (features as instances, labels +1, margins 1, the same scaled "
@@ -413,13 +462,10 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
             f"{v['objective']:.6g}, relative gap {v['rel_gap']:.2e}")
         if per_it:
             res[f"ratio_order{o}"] = v["mean_s"] / per_it
-    say(f"visit orders, serial DCD on one block (block {res['orders_block']}, its own MMFS problem) to a relative "
-        f"gap of {tol:g}, in this process:")
-    base = res["orders"][0]
-    for r in res["orders"]:
-        say(f"  {_order_name(r['order']):28s}: first epoch {r['first_s'] * 1e3:7.1f} ms "
-            f"({base['first_s'] / r['first_s']:.2f}x random), {r['epochs']:3d} epochs, {r['total_s']:.2f} s to the "
-            f"gap ({base['total_s'] / r['total_s']:.2f}x random; reached {r['rel_gap']:.1e})")
+
+
+def _solves_table(res: dict, workers: tuple[int, ...], say: Any) -> None:
+    """(b): the solves on each cluster size, the speed-up (into ``res``), and the serial solves for comparison."""
     say("(b) mmfs(as_matrix(store, standardize='scale', persist=True), y, gamma, tol) on a LocalCluster of processes "
         "(1 thread each), column stats computed before (timed apart):")
     from dufs.methods.mmfs.solver import _SCREEN
@@ -457,6 +503,10 @@ def _mmfs_table(res: dict, workers: tuple[int, ...], say: Any, n: int, nnz: int,
         say(f"  for comparison, serial DCD over all blocks in this process (one partition, bias moving, "
             f"{_order_name(r['order'])}): {r['epochs']} epochs, {r['total_s']:.1f} s of kernel to relative gap "
             f"{r['rel_gap']:.1e}")
+
+
+def _memory_table(res: dict, workers: tuple[int, ...], say: Any, n: int) -> None:
+    """(c): each worker's peak memory against its blocks, the solver's state and O(n_samples) vectors."""
     say("(c) peak RSS per worker during mmfs against its persisted blocks, the solver's per-feature state (7 arrays "
         "of 8 bytes a feature, and 3 made during a round) and O(n_samples) float64 vectors:")
     vec = n * 8
