@@ -66,12 +66,6 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     turn: this machine's speed drifts by tens of percent within a minute, and interleaving puts every figure and
     its reference under the same conditions); medians. Also where the time of one pass goes (task
     compute vs wall) and whether the results agree."""
-    from distributed import get_task_stream
-
-    from dufs.engine import as_matrix
-    from dufs.engine.blocks import block_rmatvec, partition_rmatvec
-    from dufs.engine.direct import last_timeline
-
     say = console.print if console is not None else print
     st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
@@ -84,7 +78,6 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
     XT = X.T
     ref = np.asarray(XT @ v, dtype=np.float64)  # warm
     ref_norm = float(np.linalg.norm(ref)) or 1.0
-    names = (block_rmatvec.__name__, partition_rmatvec.__name__)
 
     res["v_mib"] = n * np.dtype(v.dtype).itemsize / 2**20  # V is shipped in its own dtype (float32 here)
     with contextlib.ExitStack() as stack, warnings.catch_warnings():
@@ -94,18 +87,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
         # other put minutes of this machine's drift between them: ceilings of 1.54x and 2.16x in two runs)
         on: dict[int, tuple[Any, Any]] = {}
         for w in workers:
-            client = stack.enter_context(local_cluster(w))
-            with client.as_current():
-                M = as_matrix(st.path, persist=True)
-                if M.residency.get("mode") != "persisted":
-                    say(f"[yellow]warning: the blocks were not persisted ({M.residency.get('reason')})[/yellow]"
-                        if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
-                M.rmatvec(v)  # warm-up: numba compilation in the workers
-                M.rmatvec(v, gather=False).release()
-                kernel_alone_seconds(client, v, 1)
-                M.rmatvec(v, dtype=np.float32)  # warm: the float32-result kernel compiles
-            stack.callback(M.release)
-            on[w] = (client, M)
+            on[w] = _warm_cluster(stack, w, st.path, v, say, console)
         keys = ("sc", "times", "comp", "lead", "tail", "resident", "kern", "t32")
         got: dict[int, dict[str, list]] = {w: {k: [] for k in keys} for w in workers}
         out: dict[int, Any] = {}
@@ -113,62 +95,101 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
         for _ in range(repeats):
             for w in workers:
                 client, M = on[w]
-                g = got[w]
                 with client.as_current():
-                    t0 = time.perf_counter()
-                    XT @ v
-                    g["sc"].append(time.perf_counter() - t0)
-                    with get_task_stream(client) as ts:
-                        t0, w0 = time.perf_counter(), time.time()
-                        out[w] = M.rmatvec(v)
-                        g["times"].append(time.perf_counter() - t0)
-                        w1 = time.time()
-                    # the pass's task keys are named after its block function (dask.delayed's key prefix); a direct
-                    # pass (no tasks) reports its calls' times itself
-                    c, first, last = _task_timeline(ts.data, names)
-                    if c <= 0.0 and last_timeline():
-                        c, first, last = (sum(t1 - t0 for _, t0, t1 in last_timeline()),
-                                          min(t0 for _, t0, _ in last_timeline()),
-                                          max(t1 for _, _, t1 in last_timeline()))
-                    if c <= 0.0:
-                        raise RuntimeError(f"no {' or '.join(names)} task in the task stream: the breakdown would "
-                                           f"be empty (task keys: "
-                                           f"{sorted({str(r.get('key'))[:40] for r in ts.data})[:5]})")
-                    g["comp"].append(c)
-                    g["lead"].append(first - w0)
-                    g["tail"].append(w1 - last)
-                    t0 = time.perf_counter()
-                    h = M.rmatvec(v, gather=False)  # the per-block results stay on the workers
-                    g["resident"].append(time.perf_counter() - t0)
-                    h.release()
-                    t0 = time.perf_counter()
-                    out32[w] = M.rmatvec(v, dtype=np.float32)  # the result in SciPy's dtype: half the bytes back
-                    g["t32"].append(time.perf_counter() - t0)
-                    # the kernel alone, no Dask: each worker loops over its own persisted blocks, all workers at
-                    # once
-                    g["kern"].append(kernel_alone_seconds(client, v, 1))
+                    out[w], out32[w] = _pass_round(client, M, XT, v, got[w])
     for w in workers:
-        g = got[w]
-        times = g["times"]
-        res[f"w{w}_scipy_s"] = median(g["sc"])
-        res[f"w{w}_kernel_s"] = median(g["kern"])
-        res[f"w{w}_resident_s"] = median(g["resident"])
-        res[f"w{w}_f32_s"] = median(g["t32"])
-        res[f"w{w}_f32_maxdiff"] = float(np.max(np.abs(np.asarray(out32[w], dtype=np.float64) - ref))) / ref_norm
-        res[f"w{w}_s"] = median(times)
-        # where the time went: one round's split (the round of median wall time), not each part's median apart.
-        # Task times come from the worker's clock, corrected by distributed's estimate of its offset, so a
-        # round's lead and tail may trade time with each other; within one round they still add up to its wall
-        mid = int(np.argsort(times, kind="stable")[len(times) // 2])
-        res[f"w{w}_split_s"] = times[mid]
-        res[f"w{w}_compute_s"] = g["comp"][mid]
-        res[f"w{w}_lead_s"] = g["lead"][mid]
-        res[f"w{w}_tail_s"] = g["tail"][mid]
-        res[f"w{w}_maxdiff"] = float(np.max(np.abs(np.asarray(out[w], dtype=np.float64) - ref))) / ref_norm
+        res.update(_pass_figures(w, got[w], out[w], out32[w], ref, ref_norm))
     del out, out32
     del X, XT
     res["scipy_s"] = median([res[f"w{w}_scipy_s"] for w in workers])
     _pass_table(res, workers, say, console)
+    return res
+
+
+def _warm_cluster(stack: contextlib.ExitStack, w: int, path: Any, v: np.ndarray, say: Any,
+                  console: Any) -> tuple[Any, Any]:
+    """A cluster of ``w`` workers (closed with ``stack``), the store's blocks persisted on it (released with
+    ``stack``), every pass measured run once (numba compiles in the workers): its client and matrix."""
+    from dufs.engine import as_matrix
+
+    client = stack.enter_context(local_cluster(w))
+    with client.as_current():
+        M = as_matrix(path, persist=True)
+        if M.residency.get("mode") != "persisted":
+            say(f"[yellow]warning: the blocks were not persisted ({M.residency.get('reason')})[/yellow]"
+                if console is not None else f"warning: blocks not persisted ({M.residency.get('reason')})")
+        M.rmatvec(v)  # warm-up: numba compilation in the workers
+        M.rmatvec(v, gather=False).release()
+        kernel_alone_seconds(client, v, 1)
+        M.rmatvec(v, dtype=np.float32)  # warm: the float32-result kernel compiles
+    stack.callback(M.release)
+    return client, M
+
+
+def _pass_round(client: Any, M: Any, XT: Any, v: np.ndarray, g: dict[str, list]) -> tuple[Any, Any]:
+    """One round on one cluster: SciPy, the pass (and where its time went), the pass with its result left on the
+    workers, the float32-result pass and the kernel alone, their seconds appended to ``g``. Returns the two passes'
+    results."""
+    from distributed import get_task_stream
+
+    from dufs.engine.blocks import block_rmatvec, partition_rmatvec
+    from dufs.engine.direct import last_timeline
+
+    names = (block_rmatvec.__name__, partition_rmatvec.__name__)
+    t0 = time.perf_counter()
+    XT @ v
+    g["sc"].append(time.perf_counter() - t0)
+    with get_task_stream(client) as ts:
+        t0, w0 = time.perf_counter(), time.time()
+        out = M.rmatvec(v)
+        g["times"].append(time.perf_counter() - t0)
+        w1 = time.time()
+    # the pass's task keys are named after its block function (dask.delayed's key prefix); a direct
+    # pass (no tasks) reports its calls' times itself
+    c, first, last = _task_timeline(ts.data, names)
+    if c <= 0.0 and last_timeline():
+        c, first, last = (sum(t1 - t0 for _, t0, t1 in last_timeline()),
+                          min(t0 for _, t0, _ in last_timeline()),
+                          max(t1 for _, _, t1 in last_timeline()))
+    if c <= 0.0:
+        raise RuntimeError(f"no {' or '.join(names)} task in the task stream: the breakdown would "
+                           f"be empty (task keys: "
+                           f"{sorted({str(r.get('key'))[:40] for r in ts.data})[:5]})")
+    g["comp"].append(c)
+    g["lead"].append(first - w0)
+    g["tail"].append(w1 - last)
+    t0 = time.perf_counter()
+    h = M.rmatvec(v, gather=False)  # the per-block results stay on the workers
+    g["resident"].append(time.perf_counter() - t0)
+    h.release()
+    t0 = time.perf_counter()
+    out32 = M.rmatvec(v, dtype=np.float32)  # the result in SciPy's dtype: half the bytes back
+    g["t32"].append(time.perf_counter() - t0)
+    # the kernel alone, no Dask: each worker loops over its own persisted blocks, all workers at
+    # once
+    g["kern"].append(kernel_alone_seconds(client, v, 1))
+    return out, out32
+
+
+def _pass_figures(w: int, g: dict[str, list], out: Any, out32: Any, ref: np.ndarray, ref_norm: float) -> dict:
+    """The figures of ``w`` workers: medians, the split of the median round, the results' distance to SciPy's."""
+    res: dict[str, Any] = {}
+    times = g["times"]
+    res[f"w{w}_scipy_s"] = median(g["sc"])
+    res[f"w{w}_kernel_s"] = median(g["kern"])
+    res[f"w{w}_resident_s"] = median(g["resident"])
+    res[f"w{w}_f32_s"] = median(g["t32"])
+    res[f"w{w}_f32_maxdiff"] = float(np.max(np.abs(np.asarray(out32, dtype=np.float64) - ref))) / ref_norm
+    res[f"w{w}_s"] = median(times)
+    # where the time went: one round's split (the round of median wall time), not each part's median apart.
+    # Task times come from the worker's clock, corrected by distributed's estimate of its offset, so a
+    # round's lead and tail may trade time with each other; within one round they still add up to its wall
+    mid = int(np.argsort(times, kind="stable")[len(times) // 2])
+    res[f"w{w}_split_s"] = times[mid]
+    res[f"w{w}_compute_s"] = g["comp"][mid]
+    res[f"w{w}_lead_s"] = g["lead"][mid]
+    res[f"w{w}_tail_s"] = g["tail"][mid]
+    res[f"w{w}_maxdiff"] = float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))) / ref_norm
     return res
 
 
