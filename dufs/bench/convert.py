@@ -172,11 +172,6 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     """Our conversion MB/s with 1 and 2 workers against ``load_svmlight_file`` on the same file, and the machine's
     ceiling; the .bz2 figures (:func:`_bz2_section`); peak memory per worker for a file 1x and 4x larger.
     ``n_features``: of the file (default kddb's features per row, :data:`KDDB_FEATURES_PER_ROW`)."""
-    import dask
-    from sklearn.datasets import load_svmlight_file
-
-    from dufs.data.convert import convert_libsvm
-
     say = console.print if console is not None else print
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)  # as the other benches' --dir: made when missing
@@ -189,6 +184,17 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     say(f"file: {size1 / 1e6:.1f} MB ({f1}); 4x file: {size4 / 1e6:.1f} MB; blocks of {block_bytes / 2**20:.0f} MiB; "
         f"median of {repeats} runs")
     res: dict[str, Any] = {"size_mb": size1 / 1e6}
+    sk = _sklearn_section(f1, size1, repeats, say, res)
+    _text_section(f1, size1, root, repeats, block_bytes, sk, say, res)
+    _bz2_section(f1, size1, root, repeats, block_bytes, say, res)
+    _memory_section(f1, f4, root, block_bytes, say, res)
+    tmp.cleanup()
+    return res
+
+
+def _sklearn_section(f1: Path, size1: int, repeats: int, say: Any, res: dict) -> float:
+    """scikit-learn's ``load_svmlight_file`` MB/s on the file: the reference."""
+    from sklearn.datasets import load_svmlight_file
 
     times = []
     for _ in range(repeats):
@@ -200,6 +206,14 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     say(f"sklearn load_svmlight_file      : {sk:8.1f} MB/s   (1.00x; the file: {X.shape[0]:,} rows x "
         f"{X.shape[1]:,} features, {X.nnz:,} nonzeros)")
     del X
+    return sk
+
+
+def _text_section(f1: Path, size1: int, root: Path, repeats: int, block_bytes: int, sk: float, say: Any,
+                  res: dict) -> None:
+    """dufs convert on 1 and 2 workers (where its time went), the parser alone on each, and the machine's ceiling:
+    the parser alone on 1 and on 2 processes at once."""
+    from dufs.data.convert import convert_libsvm
 
     parse_alone = {}
     for n in (1, 2):
@@ -207,20 +221,7 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
             # warm the workers (numba caches, imports) on a small piece
             convert_libsvm(str(f1), str(root / "warm.zarr"), client=client, overwrite=True,
                            block_bytes=1 << 20)
-            times, parse_times, splits = [], [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                marks: dict = {}
-
-                def prog(ev: dict, marks: dict = marks) -> None:
-                    if ev["stage"] != "parse" and "parsed" not in marks:
-                        marks["parsed"] = time.perf_counter()
-
-                _, rep = convert_libsvm(str(f1), str(root / "out.zarr"), client=client, overwrite=True,
-                                        progress=prog, block_bytes=block_bytes)
-                times.append(time.perf_counter() - t0)
-                splits.append((times[-1], rep.timings))
-                parse_times.append(marks.get("parsed", time.perf_counter()) - t0)
+            times, parse_times, splits = _timed_converts(client, f1, root, repeats, block_bytes)
             mb = size1 / median(times) / 1e6
             mbp = size1 / median(parse_times) / 1e6
             res[f"dufs_{n}w_mbps"] = mb
@@ -237,7 +238,36 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
     res["ceiling_2w"] = ceiling
     say(f"2 workers / 1 worker            : {res['speedup_2w']:.2f}x; machine ceiling, measured in this run (the "
         f"parser alone on 1 and on 2 processes at once): {ceiling:.2f}x, so {res['speedup_2w'] / ceiling:.0%} of it")
-    _bz2_section(f1, size1, root, repeats, block_bytes, say, res)
+
+
+def _timed_converts(client: Any, f1: Path, root: Path, repeats: int,
+                    block_bytes: int) -> tuple[list[float], list[float], list[tuple[float, dict]]]:
+    """``repeats`` conversions of the file: their seconds, the seconds to the end of their parse stage, and each
+    one's seconds with its time split (``ConvertReport.timings``)."""
+    from dufs.data.convert import convert_libsvm
+
+    times, parse_times, splits = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        marks: dict = {}
+
+        def prog(ev: dict, marks: dict = marks) -> None:
+            if ev["stage"] != "parse" and "parsed" not in marks:
+                marks["parsed"] = time.perf_counter()
+
+        _, rep = convert_libsvm(str(f1), str(root / "out.zarr"), client=client, overwrite=True,
+                                progress=prog, block_bytes=block_bytes)
+        times.append(time.perf_counter() - t0)
+        splits.append((times[-1], rep.timings))
+        parse_times.append(marks.get("parsed", time.perf_counter()) - t0)
+    return times, parse_times, splits
+
+
+def _memory_section(f1: Path, f4: Path, root: Path, block_bytes: int, say: Any, res: dict) -> None:
+    """Peak memory per worker converting the file 1x and 4x larger, which must not grow with the file."""
+    import dask
+
+    from dufs.data.convert import convert_libsvm
 
     # memory is bounded by the block sizes: give both files blocks of the same size (feature blocks of at most
     # 1M nonzeros; row blocks of block_bytes of text) and the peak per worker must not grow with the file
@@ -254,5 +284,3 @@ def ingest(*, size_mb: float = 64.0, repeats: int = 3, work_dir: Path | None = N
                 f"{drv.peak_sum / 1e6:7.1f} MB")
     say(f"peak worker memory 4x / 1x      : {res['peak_worker_mb_4x'] / res['peak_worker_mb_1x']:.2f}x "
         f"(target: about 1.0, it must not grow with the file)")
-    tmp.cleanup()
-    return res
