@@ -61,32 +61,52 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
             # each process pays once (0.5 s of the first outer iteration here), not an iteration's; two outer
             # iterations, as the second v-step starts from the state the first left (kernels of its own)
             m3fs_alternating(M, max_iter=2, inner_max_iter=2, polish=0, **kw)
-            runs: list[dict[str, Any]] = []
             with WorkerPeak(client) as wp:
-                for i in range(max(1, int(repeats))):
-                    before = ref["pass_walls_s"] if i == 0 else plain_pass_seconds(M, v, 3)
-                    t0 = time.perf_counter()
-                    r = m3fs_alternating(M, max_iter=max_iter, inner_max_iter=50, **kw)
-                    wall = time.perf_counter() - t0
-                    passes = before + plain_pass_seconds(M, v, 3)
-                    dg = r.diagnostics
-                    per_inner = [t / max(k, 1) for t, k in zip(dg["iteration_seconds"], dg["inner_iterations"],
-                                                               strict=True)]
-                    runs.append({"iteration_s": median(dg["iteration_seconds"]), "inner_s": median(per_inner),
-                                 "pass_s": median(passes), "passes": passes, "wall_s": wall, "result": r})
-            ratio = [x["iteration_s"] / x["pass_s"] for x in runs]
-            mid = runs[int(np.argsort(ratio, kind="stable")[(len(runs) - 1) // 2])]  # the run of median ratio
-            dg = mid["result"].diagnostics
-            res[f"w{w}"] = {**ref, "pass_s": mid["pass_s"], "pass_walls_s": [t for x in runs for t in x["passes"]],
-                            "ratio": median(ratio), "ratios": ratio, "iteration_s": mid["iteration_s"],
-                            "iterations_s": [x["iteration_s"] for x in runs],
-                            "passes_s": [x["pass_s"] for x in runs], "inner_iteration_s": mid["inner_s"],
-                            "inner_ratio": median([x["inner_s"] / x["pass_s"] for x in runs]),
-                            "inner_iterations": dg["inner_iterations"],
-                            "passes_per_iteration": dg["passes_per_iteration"], "wall_s": mid["wall_s"],
-                            "peak": wp.peak, "blocks_bytes": bb, "objective": mid["result"].objective.tolist(),
-                            "selected": mid["result"].selected[:5].tolist()}
+                runs = _timed_runs(M, v, ref, kw, max_iter, repeats)
+            res[f"w{w}"] = _run_figures(ref, runs, wp.peak, bb)
             M.release()
+    _m3fs_table(res, workers, say)
+    return res
+
+
+def _timed_runs(M: Any, v: np.ndarray, ref: dict, kw: dict, max_iter: int, repeats: int) -> list[dict[str, Any]]:
+    """``repeats`` runs of ``max_iter`` outer iterations, each with the plain passes around it (3 before, 3 after;
+    the first run's before are ``ref``'s): their medians, passes, wall time and result."""
+    from dufs.methods.m3fs import m3fs_alternating
+
+    runs: list[dict[str, Any]] = []
+    for i in range(max(1, int(repeats))):
+        before = ref["pass_walls_s"] if i == 0 else plain_pass_seconds(M, v, 3)
+        t0 = time.perf_counter()
+        r = m3fs_alternating(M, max_iter=max_iter, inner_max_iter=50, **kw)
+        wall = time.perf_counter() - t0
+        passes = before + plain_pass_seconds(M, v, 3)
+        dg = r.diagnostics
+        per_inner = [t / max(k, 1) for t, k in zip(dg["iteration_seconds"], dg["inner_iterations"],
+                                                   strict=True)]
+        runs.append({"iteration_s": median(dg["iteration_seconds"]), "inner_s": median(per_inner),
+                     "pass_s": median(passes), "passes": passes, "wall_s": wall, "result": r})
+    return runs
+
+
+def _run_figures(ref: dict, runs: list[dict[str, Any]], peak: float, bb: int) -> dict:
+    """The figures of one cluster size: the median of the runs' ratios to their passes, and the median run's."""
+    ratio = [x["iteration_s"] / x["pass_s"] for x in runs]
+    mid = runs[int(np.argsort(ratio, kind="stable")[(len(runs) - 1) // 2])]  # the run of median ratio
+    dg = mid["result"].diagnostics
+    return {**ref, "pass_s": mid["pass_s"], "pass_walls_s": [t for x in runs for t in x["passes"]],
+            "ratio": median(ratio), "ratios": ratio, "iteration_s": mid["iteration_s"],
+            "iterations_s": [x["iteration_s"] for x in runs],
+            "passes_s": [x["pass_s"] for x in runs], "inner_iteration_s": mid["inner_s"],
+            "inner_ratio": median([x["inner_s"] / x["pass_s"] for x in runs]),
+            "inner_iterations": dg["inner_iterations"],
+            "passes_per_iteration": dg["passes_per_iteration"], "wall_s": mid["wall_s"],
+            "peak": peak, "blocks_bytes": bb, "objective": mid["result"].objective.tolist(),
+            "selected": mid["result"].selected[:5].tolist()}
+
+
+def _m3fs_table(res: dict, workers: tuple[int, ...], say: Any) -> None:
+    """Print the figures: each cluster size's runs against their passes, and the speed-up."""
     say(f"anchor graph built on each cluster (the same graph: a fixed seed), on the first in {res['graph_s']:.1f} s")
     for w in workers:
         o = res[f"w{w}"]
@@ -103,4 +123,3 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
         res["speedup_2w"] = res["w1"]["iteration_s"] / res["w2"]["iteration_s"]
         say(f"  speed-up of an outer iteration, 2 workers vs 1: {res['speedup_2w']:.2f}x")
         say_speedup(res, res["speedup_2w"], "M3FS outer iteration", say)
-    return res
