@@ -374,9 +374,6 @@ def topk_curve(X, y, ranking, ks, *, test=None, cv="loo", C: float = 1.0, random
         On malformed data, a ranking with repeats or out-of-range indices, ``ks`` out of range, a bad ``cv``,
         ``C`` <= 0 or a test set of other width.
     """
-    from sklearn.model_selection import LeaveOneOut, StratifiedKFold
-    from sklearn.svm import LinearSVC
-
     func = "topk_curve"
     X = _matrix(X, "X", func)
     y = _labels(y, "y", func)
@@ -384,12 +381,34 @@ def topk_curve(X, y, ranking, ks, *, test=None, cv="loo", C: float = 1.0, random
     n, m = X.shape
     seed = _seed(random_state, func)
 
+    r = _ranking(ranking, m, func)
+    ks_list = _ks(ks, r, m, func)
+    if not isinstance(C, numbers.Real) or isinstance(C, bool) or not np.isfinite(C) or C <= 0:
+        raise ParameterError(f"The 'C' parameter of {func} must be a finite float > 0; got {C!r}.")
+
+    if test is not None:
+        Xt, yt = _test_set(test, m, func)
+        splits = None
+    else:
+        Xt = yt = None
+        splits = _cv_splits(cv, n, y, seed, func)
+    accuracy = [_topk_accuracy(X, y, r[:k], splits, Xt, yt, C, seed) for k in ks_list]
+    return {"k": ks_list, "accuracy": accuracy}
+
+
+def _ranking(ranking, m: int, func: str) -> np.ndarray:
+    """The ranking as an array, checked: distinct int feature indices in ``[0, m)``."""
     r = np.asarray(ranking)
     if r.ndim != 1 or r.size == 0 or (r.dtype.kind not in "iu") or r.min() < 0 or r.max() >= m \
             or np.unique(r).size != r.size:
         shown = r.tolist() if r.size <= 10 else f"array of shape {r.shape} and dtype {r.dtype}"
         raise ParameterError(f"The 'ranking' parameter of {func} must be distinct int feature indices in "
                              f"[0, n_features) with n_features={m}; got {shown}.")
+    return r
+
+
+def _ks(ks, r: np.ndarray, m: int, func: str) -> list[int]:
+    """The K values as a list of ints, each checked to be in ``[1, len(ranking)]``."""
     if isinstance(ks, numbers.Integral):
         ks_list = [ks]
     elif isinstance(ks, np.ndarray):
@@ -403,46 +422,54 @@ def topk_curve(X, y, ranking, ks, *, test=None, cv="loo", C: float = 1.0, random
     if bad:
         bound = "n_features" if r.size == m else f"len(ranking)={r.size}"
         raise ParameterError(f"The 'ks' parameter of {func} must be ints in [1, {bound}]; got {ks!r}.")
-    ks_list = [int(k) for k in ks_list]
-    if not isinstance(C, numbers.Real) or isinstance(C, bool) or not np.isfinite(C) or C <= 0:
-        raise ParameterError(f"The 'C' parameter of {func} must be a finite float > 0; got {C!r}.")
+    return [int(k) for k in ks_list]
 
-    if test is not None:
-        if not isinstance(test, (tuple, list)) or len(test) != 2:
-            raise ParameterError(f"The 'test' parameter of {func} must be a tuple (X_test, y_test) or None; "
-                                 f"got {type(test).__name__}.")
-        Xt = _matrix(test[0], "test", func)
-        yt = _labels(test[1], "test", func)
-        _same_length(Xt, yt, func, "test[0]", "test")
-        if Xt.shape[1] != m:
-            raise ParameterError(f"The 'test' parameter of {func} must have the {m} features of 'X'; "
-                                 f"got {Xt.shape[1]}.")
-        splits = None
+
+def _test_set(test, m: int, func: str) -> tuple:
+    """The test set ``(X_test, y_test)``, checked: as many labels as rows, the ``m`` features of ``X``."""
+    if not isinstance(test, (tuple, list)) or len(test) != 2:
+        raise ParameterError(f"The 'test' parameter of {func} must be a tuple (X_test, y_test) or None; "
+                             f"got {type(test).__name__}.")
+    Xt = _matrix(test[0], "test", func)
+    yt = _labels(test[1], "test", func)
+    _same_length(Xt, yt, func, "test[0]", "test")
+    if Xt.shape[1] != m:
+        raise ParameterError(f"The 'test' parameter of {func} must have the {m} features of 'X'; "
+                             f"got {Xt.shape[1]}.")
+    return Xt, yt
+
+
+def _cv_splits(cv, n: int, y: np.ndarray, seed, func: str) -> list:
+    """The (train, test) index pairs of the cross-validation ``cv`` (``None``: leave-one-out below 100 samples,
+    else stratified 5-fold)."""
+    from sklearn.model_selection import LeaveOneOut, StratifiedKFold
+
+    if cv is None:
+        cv = "loo" if n < 100 else 5
+    if cv == "loo":
+        splitter = LeaveOneOut()
+    elif isinstance(cv, numbers.Integral) and not isinstance(cv, bool) and 2 <= cv <= n:
+        splitter = StratifiedKFold(n_splits=int(cv), shuffle=True, random_state=seed)
     else:
-        if cv is None:
-            cv = "loo" if n < 100 else 5
-        if cv == "loo":
-            splitter = LeaveOneOut()
-        elif isinstance(cv, numbers.Integral) and not isinstance(cv, bool) and 2 <= cv <= n:
-            splitter = StratifiedKFold(n_splits=int(cv), shuffle=True, random_state=seed)
-        else:
-            raise ParameterError(f"The 'cv' parameter of {func} must be 'loo', an int in [2, n_samples] or None; "
-                                 f"got {cv!r}.")
-        splits = list(splitter.split(np.zeros((n, 1)), y))
+        raise ParameterError(f"The 'cv' parameter of {func} must be 'loo', an int in [2, n_samples] or None; "
+                             f"got {cv!r}.")
+    return list(splitter.split(np.zeros((n, 1)), y))
+
+
+def _topk_accuracy(X, y: np.ndarray, cols: np.ndarray, splits: list | None, Xt, yt, C: float, seed) -> float:
+    """The SVM's accuracy on the features ``cols``: on the test set when there is one (``splits`` None), else the
+    mean of the folds' accuracies."""
+    from sklearn.svm import LinearSVC
 
     def svm():
         return LinearSVC(C=float(C), loss="squared_hinge", penalty="l2", dual="auto", random_state=seed)
 
-    accuracy = []
-    for k in ks_list:
-        cols = r[:k]
-        Xk = X[:, cols]
-        if splits is None:
-            clf = svm().fit(Xk, y)
-            acc = float(np.mean(clf.predict(Xt[:, cols]) == yt))
-        else:
-            fold_acc = [float(np.mean(svm().fit(Xk[tr], y[tr]).predict(Xk[te]) == y[te])) for tr, te in splits]
-            acc = float(np.mean(fold_acc))
-        log.debug("top-%d accuracy %.4f", k, acc)
-        accuracy.append(acc)
-    return {"k": ks_list, "accuracy": accuracy}
+    Xk = X[:, cols]
+    if splits is None:
+        clf = svm().fit(Xk, y)
+        acc = float(np.mean(clf.predict(Xt[:, cols]) == yt))
+    else:
+        fold_acc = [float(np.mean(svm().fit(Xk[tr], y[tr]).predict(Xk[te]) == y[te])) for tr, te in splits]
+        acc = float(np.mean(fold_acc))
+    log.debug("top-%d accuracy %.4f", cols.shape[0], acc)
+    return acc
