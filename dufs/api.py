@@ -196,14 +196,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     std = spec.standardize if standardize is ... else standardize
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    dask_source = None
-    if _is_dask(X) and client is None and distributed_client() is None and _small_dask(X):
-        # small enough to run in this process (what a pass over it costs is less than a task's overhead): computed
-        # here and run as in-memory input, with no cluster to start (recorded as the Dask array it came from)
-        from dufs.engine.inputs import dask_identity
-
-        dask_source = dask_identity(X)
-        X = X.compute(scheduler="threads")
+    X, dask_source = _compute_small_dask(X, client)
     in_memory = not (_is_dask(X) or isinstance(X, (str, os.PathLike)) or type(X).__name__ == "SparseStore")
     # run in this process, no cluster: synchronous for in-memory input, else threads (a small store's passes inline)
     local = client is False or (client is None and distributed_client() is None and small_store(X))
@@ -215,31 +208,32 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         # whatever happens in the method, nothing of the fit stays on the cluster: the matrix releases its blocks
         # and the workers' state, the scope the futures a pass still held (a user's own client lives on)
         with ctx, scope(c):
-            with timer("load", timings, log):
-                if not spec.supervised:
-                    y = None  # ignored: not read, not checked (a store's own labels are read as before)
-                elif _is_dask(y):
-                    y = np.asarray(y.compute())
-                M = as_matrix(X, standardize=std, y=y, persist=c is not None)
+            M = _load(X, y, spec, std, c, timings)
             with M:
                 source = dict(M.identity) if dask_source is None else {**dask_source, "nnz": int(M.nnz)}
                 n_total = M.shape[1]
                 n_features = check_n_features(n_features, n_total, method)
-                if spec.supervised and M.y is None:
-                    raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
-                with timer("score", timings, log):
-                    res: MethodResult = spec.run(M, M.y, n_features=int(n_features), **params)
-                    scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
-                    by_scores = res.by_scores
+                res = _score(M, spec, method, int(n_features), params, timings)
                 n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
                 passes = M.passes
                 if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
                     source["nnz"] = int(sum(b.nnz for b in M.blocks))
                 feature_ids = M.feature_ids
-    problem = _degenerate(method, scores, by_scores, method_diag, params)
+    return _selection(method, spec, res, M, n_features=n_features, n_total=n_total, std=std, params=params,
+                      source=source, feature_ids=feature_ids, passes=passes, n_workers=n_workers, timings=timings,
+                      t0=t0)
+
+
+def _selection(method: str, spec: MethodSpec, res: MethodResult, M: Any, *, n_features: int, n_total: int,
+               std: Any, params: dict, source: dict, feature_ids: Any, passes: Any, n_workers: int,
+               timings: dict[str, float], t0: float) -> Selection:
+    """The method's result as a :class:`Selection`: ranked when the method gave scores only, a degenerate result
+    warned about (on fit's caller), the selected features' ids recorded in ``source``."""
+    scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
+    problem = _degenerate(method, scores, res.by_scores, method_diag, params)
     if problem is not None:
         method_diag["degenerate"] = problem
-        warnings.warn(problem, DufsWarning, stacklevel=2)
+        warnings.warn(problem, DufsWarning, stacklevel=3)
     if order is None:
         order = rank(scores, spec.higher_is_better, k=int(n_features))
     sel = order[:n_features]
@@ -252,3 +246,35 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                      params={"n_features": int(n_features), "standardize": std,
                              **{k: v for k, v in params.items() if k != "W"}},
                      diagnostics=diagnostics, higher_is_better=spec.higher_is_better, source=source)
+
+
+def _compute_small_dask(X: Any, client: Any) -> tuple[Any, dict | None]:
+    """A Dask array small enough to run in this process (what a pass over it costs is less than a task's overhead),
+    with no client given or active, computed here to run as in-memory input, with no cluster to start; and the
+    identity of the Dask array it came from (None for any other input, returned as it is)."""
+    if _is_dask(X) and client is None and distributed_client() is None and _small_dask(X):
+        from dufs.engine.inputs import dask_identity
+
+        dask_source = dask_identity(X)
+        return X.compute(scheduler="threads"), dask_source
+    return X, None
+
+
+def _load(X: Any, y: Any, spec: MethodSpec, std: Any, c: Any, timings: dict[str, float]) -> Any:
+    """The input as a :class:`~dufs.engine.Matrix` (persisted on the cluster ``c`` if any), with the labels a
+    supervised method reads (an unsupervised one's are ignored: not read, not checked)."""
+    with timer("load", timings, log):
+        if not spec.supervised:
+            y = None  # ignored: not read, not checked (a store's own labels are read as before)
+        elif _is_dask(y):
+            y = np.asarray(y.compute())
+        return as_matrix(X, standardize=std, y=y, persist=c is not None)
+
+
+def _score(M: Any, spec: MethodSpec, method: str, n_features: int, params: dict,
+           timings: dict[str, float]) -> MethodResult:
+    """Run the method on ``M`` (a supervised one needs labels)."""
+    if spec.supervised and M.y is None:
+        raise ParameterError(f"method {method!r} is supervised: give labels y (or a store with labels)")
+    with timer("score", timings, log):
+        return spec.run(M, M.y, n_features=n_features, **params)
