@@ -61,19 +61,7 @@ def convert(
     """Convert libsvm text into a dufs store: `dufs convert train.bz2 train.zarr`."""
     from dufs.data.convert import convert_libsvm
 
-    if len(inputs) < 2:
-        fail(DufsError("give at least one input and the output: dufs convert IN... OUT"))
-    # strings, not Paths: a Path makes s3://bucket/x.zarr into s3:/bucket/x.zarr
-    *ins, dest = inputs
-    zb: Any = {"auto": "auto", "true": True, "false": False}.get(zero_based.lower())
-    if zb is None:
-        fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
-    for p in ins:  # before any cluster starts (URLs are checked by the converter)
-        if "://" not in p and not Path(p).exists():
-            fail(ParameterError(f"{p}: no such file"))
-        if "://" not in p and Path(p).is_dir():
-            fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
-    check_output_dir(dest, "OUT")
+    ins, dest, zb = _convert_args(inputs, zero_based)
     small = workers is None and not scheduler and _small_inputs(ins)
     if small:
         workers = 0  # as dufs select does with a small store: no cluster to start (said after: an error is one line)
@@ -93,25 +81,52 @@ def convert(
     t0 = time.perf_counter()
     try:
         with cluster(scheduler, workers) as client, bytes_progress() as bar:
-            task = bar.add_task("parse", total=None, rate="")
-
-            def progress(ev: dict) -> None:
-                el = max(time.perf_counter() - t0, 1e-9)
-                if ev["stage"] == "parse":
-                    bar.update(task, completed=ev["bytes"], total=ev["total_bytes"],
-                               rate=f"{ev['rows'] / el:,.0f} rows/s  {ev['bytes'] / el / 1e6:,.1f} MB/s")
-                else:
-                    bar.update(task, description=ev["stage"], advance=0, rate=f"{ev['total']} blocks")
-
             stores, rep = convert_libsvm(list(ins), outs,
                                          zero_based=zb, n_features=n_features, on_error=on_error,
                                          value_dtype=dtype, resume=resume, overwrite=overwrite,
-                                         block_bytes=block_bytes, client=client, progress=progress)
+                                         block_bytes=block_bytes, client=client, progress=_convert_progress(bar, t0))
     except DufsError as exc:
         if made_dest and not any(local_dest.iterdir()):
             local_dest.rmdir()  # leave no output behind
         fail(exc)
-    dt = time.perf_counter() - t0
+    _print_converted(stores, rep, time.perf_counter() - t0, small)
+
+
+def _convert_args(inputs: list[str], zero_based: str) -> tuple[list[str], str, Any]:
+    """The inputs, the output and the index base of ``dufs convert``, checked before any cluster starts."""
+    if len(inputs) < 2:
+        fail(DufsError("give at least one input and the output: dufs convert IN... OUT"))
+    # strings, not Paths: a Path makes s3://bucket/x.zarr into s3:/bucket/x.zarr
+    *ins, dest = inputs
+    zb: Any = {"auto": "auto", "true": True, "false": False}.get(zero_based.lower())
+    if zb is None:
+        fail(DufsError(f"--zero-based must be auto, true or false; got {zero_based!r}"))
+    for p in ins:  # before any cluster starts (URLs are checked by the converter)
+        if "://" not in p and not Path(p).exists():
+            fail(ParameterError(f"{p}: no such file"))
+        if "://" not in p and Path(p).is_dir():
+            fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
+    check_output_dir(dest, "OUT")
+    return ins, dest, zb
+
+
+def _convert_progress(bar: Any, t0: float) -> Any:
+    """The conversion's progress callback: bytes and rates while parsing, then the finalize stages' blocks."""
+    task = bar.add_task("parse", total=None, rate="")
+
+    def progress(ev: dict) -> None:
+        el = max(time.perf_counter() - t0, 1e-9)
+        if ev["stage"] == "parse":
+            bar.update(task, completed=ev["bytes"], total=ev["total_bytes"],
+                       rate=f"{ev['rows'] / el:,.0f} rows/s  {ev['bytes'] / el / 1e6:,.1f} MB/s")
+        else:
+            bar.update(task, description=ev["stage"], advance=0, rate=f"{ev['total']} blocks")
+
+    return progress
+
+
+def _print_converted(stores: Any, rep: Any, dt: float, small: bool) -> None:
+    """What ``dufs convert`` did: counts and rate on one line, the first skipped lines, then the stores' paths."""
     if small:
         console.print("the input is small (at most dufs.convert.local-bytes): converted on this process's threads "
                       "(--workers N for a cluster)", highlight=False, soft_wrap=True)
