@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from dufs.kernels.dcd import (
 )
 from dufs.methods.mmfs.gram import _ColumnCache, _driver_epoch, _GramCache
 from dufs.methods.mmfs.partition import _init, _init_from_spec, _margin_summary, _round, _take_alpha, inner_epochs
+from dufs.methods.mmfs.records import PartitionResult, RoundTotals
 from dufs.methods.solver import recoverable, release
 from dufs.scheduling import current_client, driver_threads, in_threads
 
@@ -196,217 +198,326 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     rebuilt from that copy and the rounds go on from there. ``recovery`` (a dict) counts ``recoveries`` and the
     ``rounds_replayed``.
     """
-    m = M.shape[0]
-    if partitions is None:
-        partitions = [list(range(M.n_blocks))]
-    recovery = {} if recovery is None else recovery
-    recovery.setdefault("recoveries", 0)
-    recovery.setdefault("rounds_replayed", 0)
-    trace = [] if trace is None else trace
-    every = max(1, int(checkpoint_every))
-    client = current_client()
-    snap_on = checkpoint is not None or client is not None
-    seen = recovery.setdefault("_workers", set())
+    run = _Solve(M, rho, geo, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs, random_state=random_state,
+                 partitions=partitions, trace=trace, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                 checkpoint_meta=checkpoint_meta, recovery=recovery, rule=rule, gather_g=gather_g, top=top)
+    run.start(w, state, alpha0, cold)
+    return run.rounds()
 
-    def watch() -> None:  # workers that left the cluster during the solve (dask may recompute their work itself)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                now = set(client.scheduler_info(n_workers=-1).get("workers", {}))
-                recovery["workers_lost"] = len(seen - now)
-                seen.update(now)
 
-    watch()
-    seed = int(random_state)
-    # alpha = 0, b = 0 (``cold``: the state given was made at alpha = 0, by :func:`init_state`)
-    cold = cold or (w is None and alpha0 is None and state is None)
-    at_zero = w is None  # w = 0, b = 0: the first round's start need not read the data (dcd_start)
-    if w is None:
-        ws, wt, b = np.zeros(m), np.zeros(2), 0.0
-    else:
-        ws, wt, b = w
-    if state is None:
-        state = _init_blocks(M, partitions, geo, rho, alpha0, seed)
-        if alpha0 is None and snap_on:
-            alpha0 = np.zeros(M.shape[1])
-    elif alpha0 is None and snap_on:
-        alpha0, _, state = (np.zeros(M.shape[1]), None, state) if cold else _gather_alpha(M, partitions, state)[:3]
-    # the last copy of alpha on the driver with the (w, b) it belongs to, the rounds and trace entries before it
-    snap = (alpha0, ws, wt, b, 0, len(trace))
-    K = len(partitions)
-    step = np.zeros(2)  # (s, t): along the last round's direction, and along the change before it (below)
-    pw, ps = None, 0.0  # the change of w (and of sum alpha) the last step made: the momentum direction
-    dal = None  # the blocks' directions when the driver ran their epochs (else each block keeps its own)
-    budget = _SERIAL_NNZ // K if K > 1 and rule == "auto" else 0
-    cache = _ColumnCache(_SERIAL_NNZ) if budget else None  # working-set columns kept here between rounds
-    held = _GramCache() if budget else None  # and the Gram matrix of the last one solved through it
-    partition_of = [0] * M.n_blocks  # each block's partition
-    for q, part_blocks in enumerate(partitions):
-        for i in part_blocks:
-            partition_of[i] = q
-    bounds = M.bounds
-    if rule not in ("auto", "cocoa+"):
-        raise ParameterError(f"The 'rule' parameter of solve must be 'auto' or 'cocoa+'; got {rule!r}.")
-    # whether this round solves CoCoA+'s local subproblems (the previous round did not decrease the gap). From a cold
-    # start (alpha = 0, b = 0) the first round does too where the partitions run its epochs (its working sets, the
-    # features of the largest margins, too large for the driver): held at 0, far from its optimum, the bias made
-    # every partition's epoch over all the features take up about half of them (2.35M of 5M on the 2M x 5M bench
-    # store, three rounds of 0.45 s before the gap came down), where the bias moving locally took up 52 (the serial
-    # epoch: 35)
-    cocoa = K > 1 and (rule == "cocoa+" or cold)
-    prev_gap = np.inf
-    converged = False
-    gap = obj = np.inf
-    r = 0
-    alpha = g = None
-    gathered: dict = {}  # the last gather's support and ranking head (_gather_alpha)
-    wnorm2 = None  # ||ws||^2 when known (apply_step)
-    while True:
-        last = r >= max_epochs
-        t_round = time.perf_counter()
-        reused0 = 0 if cache is None else cache.reused
-        try:
-            if state is None:
-                state = _init_blocks(M, partitions, geo, rho, snap[0], seed + 7919 * recovery["recoveries"])
-            # under a cluster w travels beside the graph, not inside it: the scheduler keeps the task specs of the
-            # whole chain of block states, and an embedded w would stay there once per round (m floats each); a
-            # lost chain is rebuilt from the driver's last copy of alpha instead (below). It goes to every worker
-            # at once when more than one partition reads it (scattered to one worker, the others' tasks fetched it
-            # from there: a second transfer), or, on this machine's workers, as one shared copy (dufs.engine.shm)
-            t_map = time.perf_counter()
-            sigma = float(K) if cocoa else 1.0
-            with shipped(ws, broadcast=partitions is not None and len(partitions) > 1, shared=True) as w_arg:
-                res, new_state = M.map_blocks(_round, w_arg, wt, b, step, float(m), C, gamma, K == 1 or cocoa,
-                                              not last, sigma, None if dal is None else PerBlock(dal), budget,
-                                              PerBlock(partition_of),
-                                              None if cache is None else PerBlock(cache.known(bounds)),
-                                              at_zero and r == 0, -(-_SCREEN // K) if at_zero and r == 0 else 0,
-                                              float(tol) if K == 1 else None,
-                                              state=state, reduce="sum", partitions=partitions)
-            release(state)
-            state = new_state
-            t_map = time.perf_counter() - t_map
-            tl = res.tail
-            dal = None
-            mode = "serial" if K == 1 else "cocoa+" if cocoa else "held-bias"
-            # the gap at this round's start (the driver's epochs below add no gap terms)
-            gap, ra = tl.gap, tl.rho_alpha
-            if wnorm2 is None:  # ws is w itself: the driver folds the constant part in every round
-                wnorm2 = float(ws @ ws)
-            obj = 0.5 * wnorm2 + b * b / (2.0 * gamma) - ra
-            rel = gap / max(abs(obj), 1e-300)
-            done = rel <= tol or gap <= 0.0 or tl.at_tol > 0.0
-            # the change of ws the partitions made (not read after a round that ends the solve)
-            dws = None if done else res.dense_into(buffer(m))
-            # a round that ends the solve runs no driver epoch: its step would never be applied (on 2 workers,
-            # 60-90 ms of serial DCD on the 2M x 5M bench store)
-            serial = tl.epochs_run == 0
-            if res.cols:
-                mode = "serial working set" if serial else mode
-            if res.cols and not done:
-                # the partitions whose working sets were small sent them: with no partition running its own epoch,
-                # one serial epoch over all of them, the bias moving (exact DCD on the working set); otherwise an
-                # epoch per partition, as the partition would have run it
-                by: dict = {}
-                for c in res.cols:
-                    by.setdefault(-1 if serial else c["part"], []).append(c if cache is None else cache.complete(c))
-                dal = [None] * M.n_blocks
-                for q, cs in sorted(by.items()):
-                    reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), M.nnz) if serial else 1
-                    _, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa,
-                                              1.0 if serial else sigma, seed * 1000003 + 7 * r + q + 2, reps, held,
-                                              dws)
-                    tl = tl + sc
-                    for start, ix, d in dl:
-                        dal[int(np.searchsorted(bounds, start, side="right")) - 1] = (ix, d)
-                dal = dal if any(v is not None for v in dal) else None  # None: the block keeps its own
-            dt, ds, slope = tl.dt, tl.ds, tl.slope
-            r += 1
-            fresh = False
-            if done or last or (snap_on and r % every == 0):
-                # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)
-                alpha, g, state, gathered = _gather_alpha(M, partitions, state,
-                                                          with_g=gather_g and (done or last),
-                                                          top=top if done or last else 0)
-                snap = (alpha, ws, wt, b, r - 1, len(trace))
-                fresh = True
-                watch()
-        except Exception as e:
-            if not snap_on or snap[0] is None or not recoverable(e, recovery["recoveries"]):
-                raise
-            recovery["recoveries"] += 1
-            recovery["rounds_replayed"] += r - snap[4]
-            recovery.setdefault("errors", []).append(f"{type(e).__name__}: {str(e)[:200]}")
-            log.warning("MMFS: the block state was lost (%s: %s); rebuilding it from alpha at round %d",
-                        type(e).__name__, str(e)[:200], snap[5])
+class _Snapshot(NamedTuple):
+    """The last copy of alpha on the driver with the (w, b) it belongs to, the rounds and the trace entries before
+    it: what a checkpoint holds and where the rounds go on from after lost workers."""
+
+    alpha: np.ndarray | None
+    ws: np.ndarray
+    wt: np.ndarray
+    b: float
+    rounds: int
+    entries: int
+
+
+@dataclass
+class _Outcome:
+    """A round as the driver's steps after it see it: the partitions' summed result, the totals (with the
+    driver's epochs), the rule that ran, the relative gap at the round's start and whether it ends the solve, the
+    change of ws (None when it does), the seconds waiting for the partitions, and whether alpha was gathered."""
+
+    res: PartitionResult
+    tl: RoundTotals
+    mode: str
+    rel: float
+    done: bool
+    dws: np.ndarray | None
+    t_map: float
+    fresh: bool
+
+
+class _Solve:
+    """One :func:`solve`'s state between its rounds: the problem and the parameters (fixed), the driver's (ws, wt,
+    b), the partitions' block state, the last :class:`_Snapshot`, the step and the momentum, the rule of the next
+    round, and the numbers :func:`solve` returns. :meth:`start`, then :meth:`rounds`: each round on the partitions
+    (:meth:`round`: :meth:`map_round`, :meth:`driver_epochs`, :meth:`gather`), its trace entry (:meth:`record`),
+    the checkpoint (:meth:`save`), the next rule and the line search (:meth:`next_rule`, :meth:`line_step`), or,
+    when the round failed as lost workers make it fail, :meth:`recover`."""
+
+    def __init__(self, M: Matrix, rho: Any, geo: dict | None, *, C: float, gamma: float, tol: float,
+                 max_epochs: int, random_state: int, partitions: list | None, trace: list | None, checkpoint: Any,
+                 checkpoint_every: int, checkpoint_meta: dict | None, recovery: dict | None, rule: str,
+                 gather_g: bool, top: int):
+        self.M, self.rho, self.geo = M, rho, geo
+        self.C, self.gamma, self.tol, self.max_epochs = C, gamma, tol, max_epochs
+        self.m = M.shape[0]
+        self.partitions = [list(range(M.n_blocks))] if partitions is None else partitions
+        self.recovery = {} if recovery is None else recovery
+        self.recovery.setdefault("recoveries", 0)
+        self.recovery.setdefault("rounds_replayed", 0)
+        self.trace = [] if trace is None else trace
+        self.every = max(1, int(checkpoint_every))
+        self.checkpoint, self.checkpoint_meta = checkpoint, checkpoint_meta
+        self.client = current_client()
+        self.snap_on = checkpoint is not None or self.client is not None
+        self.seen = self.recovery.setdefault("_workers", set())
+        self.rule, self.gather_g, self.top = rule, gather_g, top
+        self.seed = int(random_state)
+        K = self.K = len(self.partitions)
+        self.budget = _SERIAL_NNZ // K if K > 1 and rule == "auto" else 0
+        self.cache = _ColumnCache(_SERIAL_NNZ) if self.budget else None  # working-set columns kept between rounds
+        self.held = _GramCache() if self.budget else None  # and the Gram matrix of the last one solved through it
+        self.partition_of = [0] * M.n_blocks  # each block's partition
+        for q, part_blocks in enumerate(self.partitions):
+            for i in part_blocks:
+                self.partition_of[i] = q
+        self.bounds = M.bounds
+
+    def watch(self) -> None:
+        """Count the workers that left the cluster during the solve (dask may recompute their work itself)."""
+        if self.client is not None:
             with contextlib.suppress(Exception):
-                release(state)
-            state = None
-            _, ws, wt, b, r, n = snap
-            del trace[n:]
-            step, pw, ps = np.zeros(2), None, 0.0
-            wnorm2 = None
-            dal = None
-            cocoa = rule == "cocoa+" and K > 1
-            prev_gap = np.inf
-            continue
-        trace.append({"round": len(trace), "objective": obj, "duality_gap": gap, "relative_gap": rel,
-                      "updates": int(tl.updates), "active": int(tl.visited), "gamma": gamma,
-                      "rule": mode,
-                      # the working sets' nonzeros the driver had from earlier rounds (not sent again)
-                      "reused_nnz": 0 if cache is None else cache.reused - reused0,
-                      # seconds: the round on the driver (its checkpoint included), waiting for the partitions'
-                      # tasks, and summed over those: starting (step, gradient, gap terms), the DCD epochs, the task
-                      "wall_s": time.perf_counter() - t_round, "map_s": t_map, "start_s": tl.start_s,
-                      "epoch_s": tl.epoch_s, "task_s": tl.task_s})
-        log.debug("round %d: D = %.10g, gap = %.3g (relative %.3g), %d updates, %d active", len(trace) - 1, obj,
-                  gap, rel, int(tl.updates), int(tl.visited))
-        if checkpoint is not None and fresh:
-            checkpoint.save(snap[0], {"round": snap[5], "gamma": gamma, "trace": trace[:snap[5]],
-                                      "converged": bool(done), **(checkpoint_meta or {})}, gathered["support"])
-        if done:
-            converged = True
-            break
-        if last:
-            break
-        alpha = g = None
-        # the fallback: after a round whose gap did not decrease, one round of CoCoA+ (provably safe; Ma et al.).
-        # Measured on the 2M x 5M store, 2 partitions: 19 rounds to a 1e-3 gap, against 23 with the fallback
-        # only after a round whose line search found no descent (the gap zig-zags under the held-bias rule)
-        cocoa = K > 1 and (rule == "cocoa+" or not cocoa and gap >= prev_gap)
-        prev_gap = gap
-        # exact line search along the summed direction d: the dual is quadratic along it, with slope
-        # d^T grad D = sum_j d_j (g_j - rho_j) (summed by the blocks from the exact gradient) and curvature
-        # ||dw||^2 + gamma ds^2 (dw = dws + dt 1 summed element by element, not expanded: no cancellation between
-        # its two parts)
-        # (the sums over the samples by step_dots and apply_step, one sweep each, into pooled vectors
-        # (dufs.engine.buffers): a fresh n_samples vector's pages cost more than the arithmetic, 12-20 ms an
-        # operation at 2M samples on the test machine's driver against 2-3 ms)
-        dd, pp, dp = _step_dots(dws, dt, pw)
+                now = set(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+                self.recovery["workers_lost"] = len(self.seen - now)
+                self.seen.update(now)
+
+    def start(self, w: tuple | None, state: Any, alpha0: np.ndarray | None, cold: bool) -> None:
+        """The start: (w, b), the block state, the first snapshot, no step yet, and the first round's rule."""
+        self.watch()
+        # alpha = 0, b = 0 (``cold``: the state given was made at alpha = 0, by :func:`init_state`)
+        cold = cold or (w is None and alpha0 is None and state is None)
+        self.at_zero = w is None  # w = 0, b = 0: the first round's start need not read the data (dcd_start)
+        if w is None:
+            self.ws, self.wt, self.b = np.zeros(self.m), np.zeros(2), 0.0
+        else:
+            self.ws, self.wt, self.b = w
+        M, d = self.M, self.M.shape[1]
+        if state is None:
+            state = _init_blocks(M, self.partitions, self.geo, self.rho, alpha0, self.seed)
+            if alpha0 is None and self.snap_on:
+                alpha0 = np.zeros(d)
+        elif alpha0 is None and self.snap_on:
+            alpha0, _, state = (np.zeros(d), None, state) if cold else _gather_alpha(M, self.partitions, state)[:3]
+        self.state = state
+        self.snap = _Snapshot(alpha0, self.ws, self.wt, self.b, 0, len(self.trace))
+        self.step = np.zeros(2)  # (s, t): along the last round's direction, and along the change before it (below)
+        self.pw, self.ps = None, 0.0  # the change of w (and of sum alpha) the last step made: the momentum direction
+        self.dal = None  # the blocks' directions when the driver ran their epochs (else each block keeps its own)
+        if self.rule not in ("auto", "cocoa+"):
+            raise ParameterError(f"The 'rule' parameter of solve must be 'auto' or 'cocoa+'; got {self.rule!r}.")
+        # whether this round solves CoCoA+'s local subproblems (the previous round did not decrease the gap). From a
+        # cold start (alpha = 0, b = 0) the first round does too where the partitions run its epochs (its working
+        # sets, the features of the largest margins, too large for the driver): held at 0, far from its optimum, the
+        # bias made every partition's epoch over all the features take up about half of them (2.35M of 5M on the
+        # 2M x 5M bench store, three rounds of 0.45 s before the gap came down), where the bias moving locally took
+        # up 52 (the serial epoch: 35)
+        self.cocoa = self.K > 1 and (self.rule == "cocoa+" or cold)
+        self.prev_gap = np.inf
+        self.converged = False
+        self.gap = self.obj = np.inf
+        self.r = 0
+        self.alpha = self.g = None
+        self.gathered: dict = {}  # the last gather's support and ranking head (_gather_alpha)
+        self.wnorm2 = None  # ||ws||^2 when known (apply_step)
+
+    @property
+    def sigma(self) -> float:
+        """CoCoA+'s sigma' this round (K), 1 under the held-bias rule."""
+        return float(self.K) if self.cocoa else 1.0
+
+    def rounds(self) -> dict:
+        """The rounds until the gap is within tol or after ``max_epochs``; :func:`solve`'s dict."""
+        while True:
+            last = self.r >= self.max_epochs
+            t_round = time.perf_counter()
+            reused0 = 0 if self.cache is None else self.cache.reused
+            try:
+                out = self.round(last)
+            except Exception as e:
+                if not self.snap_on or self.snap.alpha is None or not recoverable(e, self.recovery["recoveries"]):
+                    raise
+                self.recover(e)
+                continue
+            self.record(out, t_round, reused0)
+            if self.checkpoint is not None and out.fresh:
+                self.save(out.done)
+            if out.done:
+                self.converged = True
+                break
+            if last:
+                break
+            self.alpha = self.g = None
+            self.next_rule()
+            self.line_step(out)
+            del out  # the round's summed result: its vectors free (pooled) before the next round's
+        return {"state": self.state, "ws": self.ws, "wt": self.wt, "b": self.b, "gap": self.gap,
+                "objective": self.obj, "converged": self.converged, "trace": self.trace, "alpha": self.alpha,
+                "g": self.g, "top": self.gathered.get("top"),
+                "support": int(self.gathered["support"][0].shape[0]) if self.gathered
+                else int(np.count_nonzero(self.alpha))}
+
+    def round(self, last: bool) -> _Outcome:
+        """One round: the partitions' (:meth:`map_round`), the gap at its start, the driver's epochs over the
+        working sets the partitions sent, and alpha gathered when the round ends the solve or a snapshot is due."""
+        if self.state is None:
+            self.state = _init_blocks(self.M, self.partitions, self.geo, self.rho, self.snap.alpha,
+                                      self.seed + 7919 * self.recovery["recoveries"])
+        res, t_map = self.map_round(last)
+        tl = res.tail
+        self.dal = None
+        mode = "serial" if self.K == 1 else "cocoa+" if self.cocoa else "held-bias"
+        # the gap at this round's start (the driver's epochs below add no gap terms)
+        self.gap, ra = tl.gap, tl.rho_alpha
+        if self.wnorm2 is None:  # ws is w itself: the driver folds the constant part in every round
+            self.wnorm2 = float(self.ws @ self.ws)
+        self.obj = 0.5 * self.wnorm2 + self.b * self.b / (2.0 * self.gamma) - ra
+        rel = self.gap / max(abs(self.obj), 1e-300)
+        done = rel <= self.tol or self.gap <= 0.0 or tl.at_tol > 0.0
+        # the change of ws the partitions made (not read after a round that ends the solve)
+        dws = None if done else res.dense_into(buffer(self.m))
+        # a round that ends the solve runs no driver epoch: its step would never be applied (on 2 workers,
+        # 60-90 ms of serial DCD on the 2M x 5M bench store)
+        serial = tl.epochs_run == 0
+        if res.cols:
+            mode = "serial working set" if serial else mode
+        if res.cols and not done:
+            tl = self.driver_epochs(res.cols, tl, serial, dws)
+        self.r += 1
+        fresh = done or last or (self.snap_on and self.r % self.every == 0)
+        if fresh:  # alpha now is the one the round's gap was computed at: it belongs to (ws, wt, b)
+            self.gather(done or last)
+        return _Outcome(res, tl, mode, rel, done, dws, t_map, fresh)
+
+    def map_round(self, last: bool) -> tuple[PartitionResult, float]:
+        """The partitions' part of the round (:func:`~dufs.methods.mmfs.partition._round`, their results summed)
+        and the seconds the driver waited for it; the block state moves on to the new one.
+
+        Under a cluster w travels beside the graph, not inside it: the scheduler keeps the task specs of the whole
+        chain of block states, and an embedded w would stay there once per round (m floats each); a lost chain is
+        rebuilt from the driver's last copy of alpha instead (:meth:`recover`). It goes to every worker at once when
+        more than one partition reads it (scattered to one worker, the others' tasks fetched it from there: a
+        second transfer), or, on this machine's workers, as one shared copy (dufs.engine.shm)."""
+        t_map = time.perf_counter()
+        K, first = self.K, self.at_zero and self.r == 0
+        with shipped(self.ws, broadcast=K > 1, shared=True) as w_arg:
+            res, new_state = self.M.map_blocks(
+                _round, w_arg, self.wt, self.b, self.step, float(self.m), self.C, self.gamma, K == 1 or self.cocoa,
+                not last, self.sigma, None if self.dal is None else PerBlock(self.dal), self.budget,
+                PerBlock(self.partition_of), None if self.cache is None else PerBlock(self.cache.known(self.bounds)),
+                first, -(-_SCREEN // K) if first else 0, float(self.tol) if K == 1 else None,
+                state=self.state, reduce="sum", partitions=self.partitions)
+        release(self.state)
+        self.state = new_state
+        return res, time.perf_counter() - t_map
+
+    def driver_epochs(self, cols: list, tl: RoundTotals, serial: bool, dws: np.ndarray) -> RoundTotals:
+        """The driver's epochs over the working sets the partitions sent (``cols``), their directions to
+        ``self.dal``; returns ``tl`` with their totals added. With no partition running its own epoch
+        (``serial``), one serial epoch over all of them, the bias moving (exact DCD on the working set); otherwise
+        an epoch per partition, as the partition would have run it."""
+        by: dict = {}
+        for c in cols:
+            by.setdefault(-1 if serial else c["part"], []).append(c if self.cache is None else self.cache.complete(c))
+        dal = [None] * self.M.n_blocks
+        for q, cs in sorted(by.items()):
+            reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), self.M.nnz) if serial else 1
+            _, sc, dl = _driver_epoch(cs, self.ws, self.wt, self.b, self.m, self.C, self.gamma, serial or self.cocoa,
+                                      1.0 if serial else self.sigma, self.seed * 1000003 + 7 * self.r + q + 2, reps,
+                                      self.held, dws)
+            tl = tl + sc
+            for start, ix, d in dl:
+                dal[int(np.searchsorted(self.bounds, start, side="right")) - 1] = (ix, d)
+        self.dal = dal if any(v is not None for v in dal) else None  # None: the block keeps its own
+        return tl
+
+    def gather(self, final: bool) -> None:
+        """alpha (and on the ``final`` round g and the ranking's head) to the driver, as the new snapshot."""
+        self.alpha, self.g, self.state, self.gathered = _gather_alpha(
+            self.M, self.partitions, self.state, with_g=self.gather_g and final, top=self.top if final else 0)
+        self.snap = _Snapshot(self.alpha, self.ws, self.wt, self.b, self.r - 1, len(self.trace))
+        self.watch()
+
+    def recover(self, e: Exception) -> None:
+        """After a round that failed because workers (and the block state on them) were lost: back to the last
+        snapshot, the block state to be rebuilt from its alpha by the next round."""
+        rec = self.recovery
+        rec["recoveries"] += 1
+        rec["rounds_replayed"] += self.r - self.snap.rounds
+        rec.setdefault("errors", []).append(f"{type(e).__name__}: {str(e)[:200]}")
+        log.warning("MMFS: the block state was lost (%s: %s); rebuilding it from alpha at round %d",
+                    type(e).__name__, str(e)[:200], self.snap.entries)
+        with contextlib.suppress(Exception):
+            release(self.state)
+        self.state = None
+        _, self.ws, self.wt, self.b, self.r, n = self.snap
+        del self.trace[n:]
+        self.step, self.pw, self.ps = np.zeros(2), None, 0.0
+        self.wnorm2 = None
+        self.dal = None
+        self.cocoa = self.rule == "cocoa+" and self.K > 1
+        self.prev_gap = np.inf
+
+    def record(self, out: _Outcome, t_round: float, reused0: int) -> None:
+        """The round's trace entry and log line."""
+        tl, gap, obj = out.tl, self.gap, self.obj
+        self.trace.append({"round": len(self.trace), "objective": obj, "duality_gap": gap, "relative_gap": out.rel,
+                           "updates": int(tl.updates), "active": int(tl.visited), "gamma": self.gamma,
+                           "rule": out.mode,
+                           # the working sets' nonzeros the driver had from earlier rounds (not sent again)
+                           "reused_nnz": 0 if self.cache is None else self.cache.reused - reused0,
+                           # seconds: the round on the driver (its checkpoint included), waiting for the partitions'
+                           # tasks, and summed over those: starting (step, gradient, gap terms), the DCD epochs, the
+                           # task
+                           "wall_s": time.perf_counter() - t_round, "map_s": out.t_map, "start_s": tl.start_s,
+                           "epoch_s": tl.epoch_s, "task_s": tl.task_s})
+        log.debug("round %d: D = %.10g, gap = %.3g (relative %.3g), %d updates, %d active", len(self.trace) - 1,
+                  obj, gap, out.rel, int(tl.updates), int(tl.visited))
+
+    def save(self, done: bool) -> None:
+        """The last snapshot's alpha to the checkpoint, with the trace before it."""
+        snap = self.snap
+        meta = {"round": snap.entries, "gamma": self.gamma, "trace": self.trace[:snap.entries],
+                "converged": bool(done), **(self.checkpoint_meta or {})}
+        self.checkpoint.save(snap.alpha, meta, self.gathered["support"])
+
+    def next_rule(self) -> None:
+        """The fallback: after a round whose gap did not decrease, one round of CoCoA+ (provably safe; Ma et al.).
+        Measured on the 2M x 5M store, 2 partitions: 19 rounds to a 1e-3 gap, against 23 with the fallback only
+        after a round whose line search found no descent (the gap zig-zags under the held-bias rule)."""
+        self.cocoa = self.K > 1 and (self.rule == "cocoa+" or not self.cocoa and self.gap >= self.prev_gap)
+        self.prev_gap = self.gap
+
+    def line_step(self, out: _Outcome) -> None:
+        """The step (s, t) by an exact line search, applied to (ws, wt, b) and the momentum direction.
+
+        Along the summed direction d: the dual is quadratic along it, with slope d^T grad D = sum_j d_j (g_j -
+        rho_j) (summed by the blocks from the exact gradient) and curvature ||dw||^2 + gamma ds^2 (dw = dws + dt 1
+        summed element by element, not expanded: no cancellation between its two parts). The sums over the
+        samples by step_dots and apply_step, one sweep each, into pooled vectors (dufs.engine.buffers): a fresh
+        n_samples vector's pages cost more than the arithmetic, 12-20 ms an operation at 2M samples on the test
+        machine's driver against 2-3 ms."""
+        tl, gamma, m = out.tl, self.gamma, self.m
+        dt, ds, slope = tl.dt, tl.ds, tl.slope
+        dd, pp, dp = _step_dots(out.dws, dt, self.pw)
         den = dd + gamma * ds * ds
         st_ = float(np.clip(-slope / den, 0.0, 1.0)) if den > 0 and slope < 0 else 0.0
         tt = 0.0
-        if pw is not None and tl.thi > tl.tlo and not res.cols:
+        if self.pw is not None and tl.thi > tl.tlo and not out.res.cols:
             # and along the last step's change p as well: the dual is quadratic on span{d, p}, minimised over
             # s in [0, 1] and the t that keeps alpha in the box. The bias couples every coordinate (gamma 1 1^T,
             # an eigenvalue of gamma times the free coordinates): one direction a round zig-zags across it
+            ps = self.ps
             st_, tt = _plane_step(slope, tl.pslope, den, pp + gamma * ps * ps, dp + gamma * ds * ps, tl.tlo,
                                   tl.thi, st_)
-        step = np.array([st_, tt])
-        trace[-1]["step"], trace[-1]["momentum"] = st_, tt
-        ps = st_ * ds + tt * ps if tt != 0.0 else st_ * ds
+        self.step = np.array([st_, tt])
+        self.trace[-1]["step"], self.trace[-1]["momentum"] = st_, tt
+        self.ps = st_ * ds + tt * self.ps if tt != 0.0 else st_ * ds
         if st_ != 0.0 or tt != 0.0:
-            pw = buffer(m) if pw is None else pw
+            self.pw = buffer(m) if self.pw is None else self.pw
             new_ws = buffer(m)  # not the one a snapshot holds: a pooled vector is handed out only once unused
-            total, wnorm2 = _apply_step(dws, dt, st_, tt, pw, ws, new_ws)
-            ws = new_ws
-            wt = np.array([0.0, total])
+            total, self.wnorm2 = _apply_step(out.dws, dt, st_, tt, self.pw, self.ws, new_ws)
+            self.ws = new_ws
+            self.wt = np.array([0.0, total])
         else:
-            pw = None
-        dws = None
-        b = b + gamma * ps
-    return {"state": state, "ws": ws, "wt": wt, "b": b, "gap": gap, "objective": obj, "converged": converged,
-            "trace": trace, "alpha": alpha, "g": g, "top": gathered.get("top"),
-            "support": int(gathered["support"][0].shape[0]) if gathered else int(np.count_nonzero(alpha))}
+            self.pw = None
+        self.b = self.b + gamma * self.ps
 
 
 def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: float, thi: float,
