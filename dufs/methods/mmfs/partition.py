@@ -239,6 +239,38 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
     t0 = time.perf_counter()
     part = part[0] if isinstance(part, list) else part
     tail = RoundTotals(partitions=1.0)
+    new, sets = _start_blocks(blocks, states, ws, wt, b, step, m, C, dal, at_zero, tail)
+    tail.start_s = time.perf_counter() - t0
+    tail.tlo = tail.thi = 0.0  # no momentum step unless this partition's epoch runs here (below)
+    if screen and epoch:
+        sets = _screened(new, sets, int(screen))
+    if tol is not None and epoch and _within_tol(ws, b, gamma, tol, tail):  # the driver's test of the same numbers
+        epoch = False
+        tail.at_tol = 1.0
+    if not epoch:
+        tail.task_s = time.perf_counter() - t0
+        return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail)
+    nnz = sum(int((blk.indptr[ix + 1] - blk.indptr[ix]).sum()) for blk, ix in zip(blocks, sets, strict=True))
+    if nnz <= budget:
+        cols = _hand_over(blocks, new, sets, part, have, tail)
+        tail.task_s = time.perf_counter() - t0
+        return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail, cols)
+    tail.epochs_run = 1.0
+    tail.tlo, tail.thi = -np.inf, np.inf
+    serial = update_bias and sigma == 1.0
+    reps = 1
+    if serial:  # serial DCD: the whole working set again while a fraction of a pass pays
+        reps = inner_epochs(nnz, sum(int(b_.indptr[-1]) for b_ in blocks))
+    dws = _gram_round(blocks, new, sets, m, C, gamma, tail) if serial else None
+    if dws is None:
+        dws = _dcd_round(blocks, new, sets, ws, wt, b, m, C, gamma, update_bias, sigma, reps, tail)
+    tail.task_s = time.perf_counter() - t0
+    return new, PartitionResult.of(dws, tail)
+
+
+def _start_blocks(blocks, states, ws, wt, b, step, m, C, dal, at_zero, tail) -> tuple[list, list]:
+    """Every block's start of the round (:func:`_start`), its gap terms and the slope along the momentum direction
+    added to ``tail``: the new states and the working sets."""
     new, sets = [], []
     for q, (blk, st) in enumerate(zip(blocks, states, strict=True)):
         st, (gap, sa, ra), ix = _start(blk, st, ws, wt, b, step, m, C, None if dal is None else dal[q], at_zero)
@@ -250,59 +282,62 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         tail.rho_alpha += ra
         new.append(st)
         sets.append(ix)
-    tail.start_s = time.perf_counter() - t0
-    tail.tlo = tail.thi = 0.0  # no momentum step unless this partition's epoch runs here (below)
-    if screen and epoch:
-        sets = _screened(new, sets, int(screen))
-    if tol is not None and epoch:  # the driver's test of the same numbers (solve)
-        obj = 0.5 * float(ws @ ws) + b * b / (2.0 * gamma) - tail.rho_alpha
-        if tail.gap / max(abs(obj), 1e-300) <= tol or tail.gap <= 0.0:
-            epoch = False
-            tail.at_tol = 1.0
-    if not epoch:
-        tail.task_s = time.perf_counter() - t0
-        return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail)
-    nnz = sum(int((blk.indptr[ix + 1] - blk.indptr[ix]).sum()) for blk, ix in zip(blocks, sets, strict=True))
-    if nnz <= budget:
-        cols = []
-        for q, (blk, st, ix) in enumerate(zip(blocks, new, sets, strict=True)):
-            st["dalpha"] = _NO_STEP
-            if ix.size:
-                cols.append({"part": part, **_payload(blk, st, ix, None if have is None else have[q])})
-        tail.visited = float(sum(ix.size for ix in sets))
-        tail.task_s = time.perf_counter() - t0
-        return new, PartitionResult(ws.shape[0], np.zeros(0, dtype=np.int64), np.zeros(0), tail, cols)
-    tail.epochs_run = 1.0
-    tail.tlo, tail.thi = -np.inf, np.inf
-    serial = update_bias and sigma == 1.0
-    reps = 1
-    if serial:  # serial DCD: the whole working set again while a fraction of a pass pays
-        reps = inner_epochs(nnz, sum(int(b_.indptr[-1]) for b_ in blocks))
-    if serial and 0 < sum(ix.size for ix in sets) <= gram.GRAM_MAX and _gram_pays(
+    return new, sets
+
+
+def _within_tol(ws, b, gamma, tol, tail) -> bool:
+    """Whether the relative gap at the round's start (the only partition's gap terms) is within ``tol``: the test
+    :func:`~dufs.methods.mmfs.solver.solve` makes of the same numbers."""
+    obj = 0.5 * float(ws @ ws) + b * b / (2.0 * gamma) - tail.rho_alpha
+    return tail.gap / max(abs(obj), 1e-300) <= tol or tail.gap <= 0.0
+
+
+def _hand_over(blocks, new, sets, part, have, tail) -> list:
+    """The blocks' working sets for the driver's epoch (:func:`_payload`, tagged with ``part``), no direction of
+    their own this round."""
+    cols = []
+    for q, (blk, st, ix) in enumerate(zip(blocks, new, sets, strict=True)):
+        st["dalpha"] = _NO_STEP
+        if ix.size:
+            cols.append({"part": part, **_payload(blk, st, ix, None if have is None else have[q])})
+    tail.visited = float(sum(ix.size for ix in sets))
+    return cols
+
+
+def _gram_round(blocks, new, sets, m, C, gamma, tail) -> np.ndarray | None:
+    """Serial DCD on a small working set by its k x k matrix (kept in the partition's state between rounds), where
+    that pays: the change of ws, the blocks' directions set and ``tail`` filled; None where it does not pay."""
+    if not (0 < sum(ix.size for ix in sets) <= gram.GRAM_MAX and _gram_pays(
             np.concatenate([blk.indptr[ix + 1] - blk.indptr[ix] for blk, ix in zip(blocks, sets, strict=True)]),
-            m):  # a small working set: by its k x k matrix
-        t1 = time.perf_counter()
-        cols = [_payload(blk, st, ix) for blk, st, ix in zip(blocks, new, sets, strict=True) if ix.size]
-        indptr, indices, data, per = _stack(cols)
-        a = per["alpha"].copy()
-        rng = new[0]["rng"].copy()
-        held = new[0].setdefault("gram", _GramCache())  # kept in the partition's state between rounds
-        got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, held=held)
-        if got is not None:
-            dws, sc = got
-            new[0]["rng"] = rng
-            moved = iter(_moved(cols, a - per["alpha"]))
-            for st, ix in zip(new, sets, strict=True):
-                if ix.size:
-                    _, idx, d = next(moved)
-                    st["dalpha"] = (idx, d)
-                lo, hi = _momentum_bounds(st, C)
-                tail.tlo, tail.thi = max(tail.tlo, lo), min(tail.thi, hi)
-                tail.visited += int(ix.shape[0])
-            tail.epoch_s += time.perf_counter() - t1
-            tail.updates, tail.ds, tail.slope, tail.dt, tail.dS = sc.updates, sc.ds, sc.slope, sc.dt, sc.dS
-            tail.task_s = time.perf_counter() - t0
-            return new, PartitionResult.of(dws, tail)
+            m)):
+        return None
+    t1 = time.perf_counter()
+    cols = [_payload(blk, st, ix) for blk, st, ix in zip(blocks, new, sets, strict=True) if ix.size]
+    indptr, indices, data, per = _stack(cols)
+    a = per["alpha"].copy()
+    rng = new[0]["rng"].copy()
+    held = new[0].setdefault("gram", _GramCache())  # kept in the partition's state between rounds
+    got = _gram_epochs(indptr, indices, data, per, a, m, C, gamma, rng, held=held)
+    if got is None:
+        return None
+    dws, sc = got
+    new[0]["rng"] = rng
+    moved = iter(_moved(cols, a - per["alpha"]))
+    for st, ix in zip(new, sets, strict=True):
+        if ix.size:
+            _, idx, d = next(moved)
+            st["dalpha"] = (idx, d)
+        lo, hi = _momentum_bounds(st, C)
+        tail.tlo, tail.thi = max(tail.tlo, lo), min(tail.thi, hi)
+        tail.visited += int(ix.shape[0])
+    tail.epoch_s += time.perf_counter() - t1
+    tail.updates, tail.ds, tail.slope, tail.dt, tail.dS = sc.updates, sc.ds, sc.slope, sc.dt, sc.dS
+    return dws
+
+
+def _dcd_round(blocks, new, sets, ws, wt, b, m, C, gamma, update_bias, sigma, reps, tail) -> np.ndarray:
+    """``reps`` DCD epochs over the blocks' working sets (in a random order) against one local copy of (w, b): the
+    change of ws (scaled by 1 / ``sigma``), the blocks' directions set and ``tail`` filled."""
     wsl = buffer(ws.shape[0])  # pooled (dufs.engine.buffers): a fresh vector's pages fault in at every round
     np.copyto(wsl, ws)
     wtl = wt.copy()
@@ -335,8 +370,7 @@ def _round(blocks, states, ws, wt, b, step, m, C, gamma, update_bias, epoch, sig
         dws /= sigma
         tail.dt /= sigma
         tail.dS /= sigma
-    tail.task_s = time.perf_counter() - t0
-    return new, PartitionResult.of(dws, tail)
+    return dws
 
 
 def _screened(states: list, sets: list, k: int) -> list:
