@@ -4,7 +4,8 @@
 - :mod:`~dufs.methods.m3fs.problem`: the parameters, the normalised Laplacian and the closed-form sigma step;
 - :mod:`~dufs.methods.m3fs.faithful`: the paper's cutting plane, CCCP and SOCP, for moderate dimension;
 - :mod:`~dufs.methods.m3fs.alternating`: the scalable alternation of labels, v and sigma;
-- :mod:`~dufs.methods.m3fs.vstep`: its v-step (smoothed hinge, manifold term, class balance, FISTA);
+- :mod:`~dufs.methods.m3fs.vstep`: its v-step (smoothed hinge, manifold term, class balance, placement);
+- :mod:`~dufs.methods.m3fs.fista`: the v-step's solver (FISTA with backtracking and restart);
 - :mod:`~dufs.methods.m3fs.resident`: the v-step's state kept on the workers beside the blocks.
 """
 

@@ -1,10 +1,12 @@
 """M3FS's v-step (docs/methods.md, "M3FS"): the Laplacian-regularised smoothed-hinge problem in v (and b) with
-sigma and the labels fixed, its objectives, the class-balance projection, and the accelerated projected gradient
-that solves it."""
+sigma and the labels fixed, its objectives, the class-balance projection, and where the v-step runs (its vectors
+over the features here or on the workers); the accelerated projected gradient that solves it is
+:mod:`dufs.methods.m3fs.fista`."""
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,10 +15,6 @@ from dufs._logging import get_logger
 from dufs.engine import Matrix, is_lost
 from dufs.kernels.vstep import (
     axpy,
-    fista_extrapolate,
-    fista_gradient,
-    fista_momentum,
-    fista_trial,
     hinge_bias_slope,
     hinge_loss,
     hinge_manifold,
@@ -25,15 +23,11 @@ from dufs.kernels.vstep import (
     start_dots,
     weighted_norm2,
 )
+from dufs.methods.m3fs.fista import _State, fista
 from dufs.methods.m3fs.resident import ResidentU, resident_partitions
 
 log = get_logger(__name__)
 
-# the v-step stops once _STALL iterations in a row have not lowered its best value by _STALL_REL of it: a warm start
-# already at the optimum (a label-polishing trial, a last iteration whose labels did not change) has a first
-# gradient-mapping norm so small that ``tol`` times it is below what floating point resolves, and ran all its
-# ``max_iter`` iterations (500 of them, 1,072 passes, in each such v-step on 3000 samples)
-_STALL, _STALL_REL = 10, 1e-13
 _NONE = np.zeros(0)  # an empty array: "none" to the kernels (no balance vector, no gradient wanted)
 
 
@@ -212,6 +206,105 @@ def _best_bias(Fu: np.ndarray, y: np.ndarray, LG: np.ndarray | None, L1: np.ndar
     return b
 
 
+@dataclass(frozen=True)
+class _VArgs:
+    """:func:`v_step`'s keywords: the problem's weights, the start (and what the caller has made already for it)
+    and the stopping rule."""
+
+    C: float
+    lambda_: float
+    l: float
+    smoothing: float
+    n_clusters: int
+    V0: np.ndarray | None
+    b0: float
+    colsum: np.ndarray | None
+    tol: float
+    max_iter: int
+    lipschitz: float
+    LZ: np.ndarray | None
+    L1: np.ndarray | None
+    max_passes: int | None
+    F0: np.ndarray | None
+    value_rtol: float
+    LF0: np.ndarray | None
+
+
+class _VProblem:
+    """The v-step's problem in u = S^-1/2 v, sigma and the labels fixed: the data, the weights, the balance, and
+    the scores, the bias's elimination (two clusters) and the majoriser's value and gradient at a point."""
+
+    def __init__(self, M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs):
+        n, d = M.shape
+        self.M, self.L, self.n, self.d = M, L, n, d
+        y = np.asarray(y)
+        self.binary = binary = int(a.n_clusters) == 2
+        self.p = 1 if binary else int(a.n_clusters)
+        self.yy = y.astype(np.float64) if binary else y.astype(np.int64)
+        # sigma^1/2 and the balance's vector a = S^1/2 colsum in one sweep
+        self.s_half = np.empty(d)
+        a_bal = None if a.colsum is None else np.empty(d)
+        sqrt_weights(np.ascontiguousarray(sigma, dtype=np.float64), _NONE if a.colsum is None else
+                     np.ascontiguousarray(a.colsum, dtype=np.float64), self.s_half, _NONE if a_bal is None else a_bal)
+        self.bal = _Balance(a_bal, n, a.l, binary)
+        self.c, self.lambda_, self.smoothing = a.C / n, a.lambda_, a.smoothing
+        self.LZs = None if a.LZ is None or a.lambda_ == 0 else a.LZ * self.s_half[None, :]
+        self.L1v = None
+        if binary and a.lambda_ != 0.0:
+            self.L1v = np.asarray(a.L1 if a.L1 is not None else L @ np.ones((n, 1)), dtype=np.float64).ravel()
+        self.a_vec = np.zeros(0) if self.bal.a is None else np.ascontiguousarray(self.bal.a, dtype=np.float64)
+
+    def scores(self, U: np.ndarray, b: float) -> np.ndarray:
+        """F = Z S^1/2 U (+ b, two clusters): a pass over the data."""
+        Fv = self.M.matvec(self.s_half[:, None] * U).reshape(self.n, self.p)
+        return Fv + b if self.binary else Fv
+
+    def settle(self, U: np.ndarray | None, Fu: np.ndarray, b: float, aU: float | None = None,
+               LFu: np.ndarray | None = None) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """Two clusters: the bias is eliminated, min over b of J(u, b) (the balance constraint is an interval
+        of b for every u), from ``Fu`` = Z S^1/2 u without it, starting at ``b``: (b, F = Fu + b, L F). FISTA
+        then runs on phi(u) = min_b J(u, b), convex and as smooth (a partial minimisation), with the gradient
+        of :mod:`dufs.methods.m3fs.fista`. With b a coordinate of the gradient step instead, a hinge linear in b
+        (few scores within mu of the margin) made b walk to the balance bound by a fixed step an iteration: 8 of a
+        v-step's 14 iterations on a 200K-row store. ``aU``: a^T u, when the caller has it; ``LFu``: L Fu, when the
+        caller has it (its own array: it becomes L F)."""
+        lambda_, bal, n = self.lambda_, self.bal, self.n
+        LG = None
+        if lambda_ != 0.0:
+            if LFu is not None:
+                LG = LFu
+            else:
+                LG = (self.LZs @ U)[:, 0] if self.LZs is not None else np.asarray(self.L @ Fu[:, None]).ravel()
+        if aU is None:
+            aU = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
+        b = _best_bias(Fu, self.yy, LG, self.L1v, lambda_, self.c, self.smoothing, (-bal.l - aU) / n,
+                       (bal.l - aU) / n, b)
+        if not Fu.flags.writeable:  # a result as it came back from the cluster
+            Fu = Fu.copy()
+        Fu += b  # Fu is the caller's own array: it becomes F
+        if LG is not None:
+            axpy(b, self.L1v, LG)
+        return b, Fu[:, None], None if LG is None else LG[:, None]
+
+    def value(self, U: np.ndarray | None, b: float, F: np.ndarray, LF: np.ndarray | None = None,
+              uu: float | None = None, grad: bool = True) -> tuple[float, np.ndarray | None]:
+        """The majoriser's value at (U, b) with scores F and its gradient in F (None unless ``grad``); ``LF`` = L F
+        when the caller has it (two clusters: kept, as the next momentum point's L F is made from it; more: used
+        up); ``uu`` = ||U||^2 when the caller has it."""
+        lambda_ = self.lambda_
+        if self.binary and LF is not None and lambda_ != 0.0:  # two clusters: one sweep (dufs.kernels.vstep)
+            G = np.empty((self.n, 1)) if grad else None
+            lv, fl = hinge_manifold(F[:, 0], self.yy, float(self.smoothing), float(self.c), LF.reshape(-1),
+                                    float(lambda_), _NONE if G is None else G[:, 0])
+            return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * fl, G
+        lv, G = _loss(F, self.yy, self.smoothing, self.c)
+        if LF is None and self.LZs is not None:  # M clusters (two clusters always come with L F: settle makes it)
+            LF = self.LZs @ U
+        mv, G2 = _manifold(self.L, F, lambda_, LF)
+        G += G2  # _loss returns a fresh array; in place keeps one n x p array alive, not three
+        return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + mv, G
+
+
 def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lambda_: float, l: float,
            smoothing: float, n_clusters: int = 2, V0: np.ndarray | None = None, b0: float = 0.0,
            colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
@@ -244,287 +337,45 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     on the driver. ``keep`` (a dict, the caller's): that state is left on the workers under ``keep["rd"]`` and the
     next v-step given the same dict and, as ``V0``, this one's V starts from it (the caller releases what is left
     there when done: ``keep["rd"].release()``)."""
-    kw = dict(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
-              tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
-              value_rtol=value_rtol, LF0=LF0)
+    a = _VArgs(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
+               tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
+               value_rtol=value_rtol, LF0=LF0)
     parts = resident_partitions(M) if resident and int(n_clusters) == 2 and (LZ is None or lambda_ == 0) \
         else None
     if parts is not None:
         try:
-            return _v_step(M, sigma, y, L, parts=parts, keep=keep, **kw)
+            return _v_step(M, sigma, y, L, a, parts=parts, keep=keep)
         except Exception as e:
             if not is_lost(e):
                 raise
             log.warning("v_step: %s; the v-step again from its start, its vectors on the driver", e)
-    return _v_step(M, sigma, y, L, parts=None, keep=None, **kw)
+    return _v_step(M, sigma, y, L, a, parts=None, keep=None)
 
 
-def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lambda_: float, l: float,
-            smoothing: float, n_clusters: int, V0: np.ndarray | None, b0: float, colsum: np.ndarray | None,
-            tol: float, max_iter: int, lipschitz: float, LZ: np.ndarray | None, L1: np.ndarray | None,
-            max_passes: int | None, F0: np.ndarray | None, value_rtol: float, parts: list | None,
-            keep: dict | None, LF0: np.ndarray | None) -> dict:
+
+
+def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, parts: list | None,
+            keep: dict | None) -> dict:
     """:func:`v_step`, its vectors over the features on the workers of ``parts`` (:class:`ResidentU`) or here."""
-    n, d = M.shape
-    V0_given = V0  # the caller's array (a state kept from the v-step that returned it starts from it)
-    y = np.asarray(y)
-    binary = int(n_clusters) == 2
-    p = 1 if binary else int(n_clusters)
-    yy = y.astype(np.float64) if binary else y.astype(np.int64)
-    # sigma^1/2 and the balance's vector a = S^1/2 colsum in one sweep
-    s_half = np.empty(d)
-    a_bal = None if colsum is None else np.empty(d)
-    sqrt_weights(np.ascontiguousarray(sigma, dtype=np.float64), _NONE if colsum is None else
-                 np.ascontiguousarray(colsum, dtype=np.float64), s_half, _NONE if a_bal is None else a_bal)
-    bal = _Balance(a_bal, n, l, binary)
-    c = C / n
-    off = False  # V0 has weight where sigma is 0
-    # u on the workers: the driver needs only a^T u0 and ||u0||^2 of the start (made by start_dots, the same way
-    # whether the workers make u0 from the state the last v-step left or get it shipped), and u0 itself only to
-    # ship it or to compute its scores
+    prob = _VProblem(M, sigma, y, L, a)
+    # the state the last v-step left on the workers starts this one when it was left for the V0 given
     renew = parts is not None and keep is not None and keep.get("rd") is not None and \
-        keep["rd"].fits(M, parts, V0_given, colsum)
-    aU0 = uu0 = None
-    if V0 is not None:
-        V0 = np.asarray(V0, dtype=np.float64).reshape(d, p)
-        if parts is not None:
-            off, aU0, uu0 = start_dots(V0[:, 0], s_half, _NONE if bal.a is None else bal.a)
-        U = None
-        if not renew or off:
-            U = np.empty((d, p))
-            off = scaled_start(V0, s_half, U)  # V0 / s_half, 0 where sigma is
-    else:
-        U = np.zeros((d, p))
-        if parts is not None:
-            aU0 = uu0 = 0.0
-    b = float(b0) if binary else 0.0
-    projected_same = True
-    if not binary:
-        U2, b = bal.project(U, b)
-        projected_same = U2 is U
-        U = U2
+        keep["rd"].fits(M, parts, a.V0, a.colsum)
     passes0 = M.passes
-
-    def scores(U: np.ndarray, b: float) -> np.ndarray:
-        Fv = M.matvec(s_half[:, None] * U).reshape(n, p)
-        return Fv + b if binary else Fv
-
-    LZs = None if LZ is None or lambda_ == 0 else LZ * s_half[None, :]
-
-    L1v = None
-    if binary and lambda_ != 0.0:
-        L1v = np.asarray(L1 if L1 is not None else L @ np.ones((n, 1)), dtype=np.float64).ravel()
-
-    a_vec = np.zeros(0) if bal.a is None else np.ascontiguousarray(bal.a, dtype=np.float64)
-
-    def settle(U: np.ndarray, Fu: np.ndarray, b: float, aU: float | None = None, LFu: np.ndarray | None = None
-               ) -> tuple[float, np.ndarray, np.ndarray | None]:
-        """Two clusters: the bias is eliminated, min over b of J(u, b) (the balance constraint is an interval
-        of b for every u), from ``Fu`` = Z S^1/2 u without it, starting at ``b``: (b, F = Fu + b, L F). FISTA
-        then runs on phi(u) = min_b J(u, b), convex and as smooth (a partial minimisation), with the gradient
-        below. With b a coordinate of the gradient step instead, a hinge linear in b (few scores within mu of the
-        margin) made b walk to the balance bound by a fixed step an iteration: 8 of a v-step's 14 iterations on a
-        200K-row store. ``aU``: a^T u, when the caller has it; ``LFu``: L Fu, when the caller has it (its own
-        array: it becomes L F)."""
-        LG = None
-        if lambda_ != 0.0:
-            if LFu is not None:
-                LG = LFu
-            else:
-                LG = (LZs @ U)[:, 0] if LZs is not None else np.asarray(L @ Fu[:, None]).ravel()
-        if aU is None:
-            aU = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
-        b = _best_bias(Fu, yy, LG, L1v, lambda_, c, smoothing, (-bal.l - aU) / n, (bal.l - aU) / n, b)
-        if not Fu.flags.writeable:  # a result as it came back from the cluster
-            Fu = Fu.copy()
-        Fu += b  # Fu is the caller's own array: it becomes F
-        if LG is not None:
-            axpy(b, L1v, LG)
-        return b, Fu[:, None], None if LG is None else LG[:, None]
-
-    def value(U: np.ndarray, b: float, F: np.ndarray, LF: np.ndarray | None = None, uu: float | None = None,
-              grad: bool = True) -> tuple[float, np.ndarray | None]:
-        """The majoriser's value at (U, b) with scores F and its gradient in F (None unless ``grad``); ``LF`` = L F
-        when the caller has it (two clusters: kept, as the next momentum point's L F is made from it; more: used
-        up)."""
-        if binary and LF is not None and lambda_ != 0.0:  # two clusters: one sweep (dufs.kernels.vstep)
-            G = np.empty((n, 1)) if grad else None
-            lv, fl = hinge_manifold(F[:, 0], yy, float(smoothing), float(c), LF.reshape(-1), float(lambda_),
-                                    _NONE if G is None else G[:, 0])
-            return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * fl, G
-        lv, G = _loss(F, yy, smoothing, c)
-        if LF is None and LZs is not None:  # M clusters (two clusters always come with L F: settle makes it)
-            LF = LZs @ U
-        mv, G2 = _manifold(L, F, lambda_, LF)
-        G += G2  # _loss returns a fresh array; in place keeps one n x p array alive, not three
-        return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + mv, G
-
-    # the caller's scores are those of U when V0 has no weight where sigma is 0 (U is zero there)
-    warm = F0 is not None and V0 is not None and not off and projected_same
-    if binary:
-        if not warm and U is None:
-            U = np.empty((d, p))
-            scaled_start(V0, s_half, U)
-        Fu = np.array(F0[:, 0] if F0.ndim == 2 else F0, dtype=np.float64) - float(b0) if warm \
-            else scores(U, 0.0)[:, 0]
-        LFu = None
-        if warm and LF0 is not None and L1v is not None:  # L Fu = L F0 - b0 L 1, no product with L
-            LFu = np.array(np.reshape(LF0, -1), dtype=np.float64)
-            axpy(-float(b0), L1v, LFu)
-        b, F, LF = settle(U, Fu, b, aU0, LFu)
-        Fx = value(U, b, F, LF, uu0, grad=False)[0]
-    else:
-        F = np.array(F0, dtype=np.float64).reshape(n, p) if warm else scores(U, b)
-        Fx = value(U, b, F)[0]
-    x, xb, xF = U, b, F
-    xp, xpb, xpF = U, b, F
-    rd = None
-    if parts is not None:  # u on the workers: the driver keeps a^T x and a^T x_prev (ax, axp) for a^T y
-        ax = axp = aU0
-        rd = keep.pop("rd", None) if keep is not None else None
-        if renew:
-            rd.renew(s_half)  # the last v-step's state: u0 made there from its u
-        else:
-            if rd is not None:
-                rd.release()
-            rd = ResidentU(M, U[:, 0], s_half, colsum, parts)
-        x = xp = U = None
-    # two clusters with a manifold term: L F at x and at xp (x is always the best point), so that L F at the
-    # extrapolated point is extrapolated too (L is linear) instead of a product with L an iteration
-    xLF = xpLF = LF if binary else None
-    t = 1.0
-    Lip = float(lipschitz)
-    g0 = None
-    it = 0
-    best = (Fx, x, xb, xF)
-    stalled = 0
+    U, b, F, LF, value, aU0 = _first_point(prob, a, parts, renew)
+    rd = _place(prob, U, a.colsum, parts, keep, renew)
+    st = _State(U, b, F, LF, value, a.lipschitz, rd, aU0, prob.binary)
     try:
-        for it in range(1, int(max_iter) + 1):  # noqa: B007 (the count is returned)
-            t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
-            beta = (t - 1.0) / t_next  # Beck and Teboulle's momentum
-            t = t_next
-            # at kddb size a d-vector is 240 MB and an n-vector 154 MB: the updates below work in place so that the
-            # loop holds x, xp, y, the gradient, the trial point and its step (and their scores), not their temporaries
-            yb = xb + beta * (xb - xpb)
-            LF = None
-            if binary:  # fused sweeps (dufs.kernels.vstep); the best bias at the extrapolated point
-                yF = np.empty((n, 1))
-                yFu = yF[:, 0]
-                fista_extrapolate(xF[:, 0], xpF[:, 0], beta, yb, _NONE, yFu)  # its scores less the extrapolated bias
-                LFu = None
-                if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
-                    LFu = np.empty(n)
-                    fista_extrapolate(xLF[:, 0], xpLF[:, 0], beta, yb, L1v, LFu)
-                if rd is None:
-                    yU = np.empty((d, 1))
-                    aY, uuY = fista_momentum(x[:, 0], xp[:, 0], beta, a_vec, yU[:, 0])
-                else:  # y on the workers: a^T y from a^T x and a^T x_prev, ||y||^2 comes back with the step
-                    yU, aY, uuY = None, (1.0 + beta) * ax - beta * axp, 0.0
-                yb, yF, LF = settle(yU, yFu, yb, aY, LFu)
-                Fy, R = value(yU, yb, yF, LF, uuY)
-            else:
-                yF = xF - xpF
-                yF *= beta
-                yF += xF
-                yU = x - xp
-                yU *= beta
-                yU += x
-                Fy, R = value(yU, yb, yF, LF)
-            gb = float(R.sum()) if binary else 0.0  # dJ/db
-            Lip *= 0.9
-            if rd is not None:  # the gradient, the trial point and its scores: one call, one sweep of the data
-                Fu, dots = rd.step(R, beta, gb, 1.0 / Lip)
-                del R
-                Fy += 0.5 * dots["uuY"]
-                LFt = LyFu = None  # a retrial's L Fu, and the momentum point's L (yF - yb)
-                while True:
-                    nb, nF, nLF = settle(None, Fu, yb, dots["aN"], LFt)
-                    Fn = value(None, nb, nF, nLF, dots["uuN"], grad=False)[0]
-                    dd, gd = dots["dd"], dots["gd"]
-                    if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
-                        break
-                    Lip = _longer(Lip, Fn, Fy)
-                    Fu = nF[:, 0]
-                    Fu -= nb  # the trial's scores without the bias again
-                    if nLF is not None:  # L Fu is affine in the step as Fu is (ResidentU.retrial): no product
-                        if LyFu is None:
-                            LyFu = np.array(LF[:, 0])
-                            axpy(-yb, L1v, LyFu)
-                        LFt = nLF[:, 0]
-                        axpy(-nb, L1v, LFt)
-                        LFt -= LyFu
-                        LFt *= (1.0 / Lip) / rd.tried
-                        LFt += LyFu
-                    Fu, dots = rd.retrial(1.0 / Lip, Fu, yF[:, 0] - yb)
-                    del nF, nLF
-                nU = None
-                del yF
-            else:
-                gU = M.rmatvec(R).reshape(d, p)
-                del R
-                if binary:
-                    # phi's gradient (Danskin's theorem in beta = n b + a^T u, whose interval [-l, l] does not move
-                    # with u): J's in u less dJ/db a / n, nonzero when the best bias sits on the balance bound
-                    fista_gradient(gU[:, 0], s_half, yU[:, 0], a_vec, gb / n)
-                else:
-                    gU *= s_half[:, None]
-                    gU += yU
-                while True:
-                    if binary:
-                        nU, sv = np.empty((d, 1)), np.empty(d)
-                        aN, uuN, dd, gd = fista_trial(gU[:, 0], yU[:, 0], s_half, a_vec, 1.0 / Lip, nU[:, 0], sv)
-                        nb, nF, nLF = settle(nU, M.matvec(sv), yb, aN)
-                        del sv
-                        Fn = value(nU, nb, nF, nLF, uuN, grad=False)[0]
-                    else:
-                        nU = gU * (-1.0 / Lip)
-                        nU += yU
-                        nU, nb = bal.project(nU, 0.0)
-                        nF, nLF = scores(nU, nb), None
-                        Fn = value(nU, nb, nF)[0]
-                        dU = nU - yU
-                        dd = float(np.vdot(dU, dU))
-                        gd = float(np.vdot(gU, dU))
-                        del dU
-                    quad = gd + 0.5 * Lip * dd
-                    if Fn <= Fy + quad + 1e-12 * max(1.0, abs(Fy)):
-                        break
-                    del nU, nF, nLF
-                    Lip = _longer(Lip, Fn, Fy)
-                del yU, yF, gU
-            gm = Lip * np.sqrt(dd)
-            g0 = gm if g0 is None else g0
-            stalled = stalled + 1 if Fn >= best[0] - _STALL_REL * max(1.0, abs(best[0])) else 0
-            if Fn > best[0]:  # restart the momentum from the best point
-                t = 1.0
-                xp, xpb, xpF = best[1], best[2], best[3]
-                x, xb, xF = best[1], best[2], best[3]
-                xpLF = xLF
-                if rd is not None:
-                    rd.restart()
-                    axp = ax
-            else:
-                xp, xpb, xpF = x, xb, xF
-                x, xb, xF = nU, nb, nF
-                best = (Fn, nU, nb, nF)
-                if binary and xLF is not None:
-                    xpLF, xLF = xLF, nLF
-                if rd is not None:
-                    rd.accept()
-                    axp, ax = ax, dots["aN"]
-            if gm <= tol * max(g0, 1e-300) or gm == 0.0 or stalled >= _STALL or \
-                    0.5 * gm * gm <= value_rtol * abs(best[0]):
-                break
-            if max_passes is not None and M.passes - passes0 >= max_passes:
-                break
+        it = fista(prob, st, tol=a.tol, max_iter=a.max_iter, value_rtol=a.value_rtol, max_passes=a.max_passes,
+                   passes0=passes0)
     except BaseException:  # what the workers keep goes with the v-step that failed
         if rd is not None:
             with contextlib.suppress(Exception):
                 rd.release()
         raise
-    Fbest, U, b, F = best
+    Fbest, U, b, F = st.best
     # v = S^1/2 u: made by the workers from their u (only v comes back), or here
-    V = rd.result()[:, None] if rd is not None else s_half[:, None] * U
+    V = rd.result()[:, None] if rd is not None else prob.s_half[:, None] * U
     if rd is not None:
         if keep is not None:  # left on the workers for the next v-step from this V
             rd.V = V
@@ -533,19 +384,67 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, la
             rd.release()
     # x is the best point: xLF = L F at the F returned
     return {"V": V, "b": b, "F": F, "value": Fbest, "iterations": it, "passes": M.passes - passes0,
-            "lipschitz": Lip, "resident": rd is not None, "LF": xLF if binary else None}
+            "lipschitz": st.Lip, "resident": rd is not None, "LF": st.xLF if prob.binary else None}
 
 
-_LIP_MAX = 1e150  # a backtracking Lipschitz estimate past this: no step of FISTA's can lower the value
+def _first_point(prob: _VProblem, a: _VArgs, parts: list | None, renew: bool) -> tuple:
+    """The start u0 = S^-1/2 V0 (0 without V0; M clusters: projected on the balance) and b0, its scores (the
+    caller's F0, and LF0, when they are u0's), the best bias there (two clusters) and the majoriser's value:
+    (u0, b, F, L F, value, a^T u0). With u on the workers (``parts``) the driver needs only a^T u0 and ||u0||^2
+    (made by start_dots, the same way whether the workers make u0 from the state the last v-step left, ``renew``,
+    or get it shipped), and u0 itself (else None) only to ship it or to compute its scores."""
+    d, p, binary, s_half = prob.d, prob.p, prob.binary, prob.s_half
+    off = False  # V0 has weight where sigma is 0
+    aU0 = uu0 = None
+    V0 = a.V0
+    if V0 is not None:
+        V0 = np.asarray(V0, dtype=np.float64).reshape(d, p)
+        if parts is not None:
+            off, aU0, uu0 = start_dots(V0[:, 0], s_half, _NONE if prob.bal.a is None else prob.bal.a)
+        U = None
+        if not renew or off:
+            U = np.empty((d, p))
+            off = scaled_start(V0, s_half, U)  # V0 / s_half, 0 where sigma is
+    else:
+        U = np.zeros((d, p))
+        if parts is not None:
+            aU0 = uu0 = 0.0
+    b = float(a.b0) if binary else 0.0
+    projected_same = True
+    if not binary:
+        U2, b = prob.bal.project(U, b)
+        projected_same = U2 is U
+        U = U2
+    # the caller's scores are those of U when V0 has no weight where sigma is 0 (U is zero there)
+    warm = a.F0 is not None and V0 is not None and not off and projected_same
+    if not binary:
+        F = np.array(a.F0, dtype=np.float64).reshape(prob.n, p) if warm else prob.scores(U, b)
+        return U, b, F, None, prob.value(U, b, F)[0], aU0
+    if not warm and U is None:
+        U = np.empty((d, p))
+        scaled_start(V0, s_half, U)
+    F0 = a.F0
+    Fu = np.array(F0[:, 0] if F0.ndim == 2 else F0, dtype=np.float64) - float(a.b0) if warm \
+        else prob.scores(U, 0.0)[:, 0]
+    LFu = None
+    if warm and a.LF0 is not None and prob.L1v is not None:  # L Fu = L F0 - b0 L 1, no product with L
+        LFu = np.array(np.reshape(a.LF0, -1), dtype=np.float64)
+        axpy(-float(a.b0), prob.L1v, LFu)
+    b, F, LF = prob.settle(U, Fu, b, aU0, LFu)
+    return U, b, F, LF, prob.value(U, b, F, LF, uu0, grad=False)[0], aU0
 
 
-def _longer(Lip: float, Fn: float, Fy: float) -> float:
-    """The backtracking's next Lipschitz estimate, twice ``Lip``; a FloatingPointError where no step can pass the
-    test: the trial value ``Fn`` or the momentum point's ``Fy`` is NaN, or the estimate is past :data:`_LIP_MAX`
-    (the step is then too small to move anything), where doubling it went on for ever."""
-    if np.isnan(Fn) or np.isnan(Fy) or not Lip <= _LIP_MAX:
-        raise FloatingPointError(f"m3fs v-step: backtracking found no step that lowers the objective (trial value "
-                                 f"{Fn!r}, value at the momentum point {Fy!r}, Lipschitz estimate {Lip:.3g}): the "
-                                 f"scores overflow or hold NaN; scale the data (standardize='scale') or check it "
-                                 f"for NaN and very large values")
-    return 2.0 * Lip
+def _place(prob: _VProblem, U: np.ndarray | None, colsum: np.ndarray | None, parts: list | None,
+           keep: dict | None, renew: bool) -> ResidentU | None:
+    """With ``parts``, u on the workers: the state the last v-step left there (``renew``: u0 made there from its
+    u) or a new one, shipped u0 ``U``; else None (u here)."""
+    if parts is None:
+        return None
+    rd = keep.pop("rd", None) if keep is not None else None
+    if renew:
+        rd.renew(prob.s_half)  # the last v-step's state: u0 made there from its u
+    else:
+        if rd is not None:
+            rd.release()
+        rd = ResidentU(prob.M, U[:, 0], prob.s_half, colsum, parts)
+    return rd
