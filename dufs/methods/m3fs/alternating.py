@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -228,6 +228,66 @@ def _colsum(M: Matrix) -> np.ndarray | None:
     return s if inv is None else s * inv
 
 
+def _checked(n: int, d: int, *, n_features: Any, n_clusters: Any, max_iter: Any, inner_max_iter: Any, polish: Any,
+             C: Any, lambda_: Any, tol: Any, smoothing: Any, inner_tol: Any, max_passes: Any,
+             l: Any) -> tuple[float, float, float, float, float, float]:
+    """:func:`m3fs_alternating`'s parameters checked; (C, lambda_, tol, smoothing, inner_tol, l) as floats, lambda_
+    None made min(_LAMBDA, _LAMBDA_N / n) and l None 0.1 n."""
+    if not isinstance(n_features, int | np.integer) or isinstance(n_features, bool) or not 1 <= n_features <= d:
+        raise ParameterError(f"The 'n_features' parameter of m3fs_alternating must be an int in [1, {d}]; "
+                             f"got {n_features!r}.")
+    if not isinstance(n_clusters, int | np.integer) or isinstance(n_clusters, bool) or not 2 <= n_clusters < n:
+        raise ParameterError(f"The 'n_clusters' parameter of m3fs_alternating must be an int in [2, {n - 1}]; "
+                             f"got {n_clusters!r}.")
+    for name, val in (("max_iter", max_iter), ("inner_max_iter", inner_max_iter)):
+        if not isinstance(val, int | np.integer) or isinstance(val, bool) or val < 1:
+            raise ParameterError(f"The '{name}' parameter of m3fs_alternating must be an int >= 1; got {val!r}.")
+    if not (polish == "auto" or (isinstance(polish, int | np.integer) and not isinstance(polish, bool)
+                                 and polish >= 0)):
+        raise ParameterError(f"The 'polish' parameter of m3fs_alternating must be an int >= 0 or 'auto'; "
+                             f"got {polish!r}.")
+    C = _check("C", C, strict=True)
+    lam = 0.0 if lambda_ is None else _check("lambda_", lambda_)
+    tol = _check("tol", tol)
+    mu = _check("smoothing", smoothing)
+    inner_tol = _check("inner_tol", inner_tol)
+    if max_passes is not None and (not isinstance(max_passes, int | np.integer) or isinstance(max_passes, bool)
+                                   or max_passes < 1):
+        raise ParameterError(f"The 'max_passes' parameter of m3fs_alternating must be an int >= 1 or None; "
+                             f"got {max_passes!r}.")
+    lam = min(_LAMBDA, _LAMBDA_N / n) if lambda_ is None else lam
+    ll = 0.1 * n if l is None else _check("l", l)
+    return C, lam, tol, mu, inner_tol, ll
+
+
+def _graph(M: Matrix, L: Any, W: Any, **kw: Any) -> tuple[Any, Any]:
+    """(the sample graph, its normalised Laplacian): (None, ``L``) when given (checked), else the graph of
+    :func:`dufs.methods.graph.sample_graph` (``W``, or built with the keywords ``kw``) and its Laplacian."""
+    from dufs.methods.graph import sample_graph
+
+    n = M.shape[0]
+    if L is not None:
+        if L.shape != (n, n):
+            raise ParameterError(f"The 'L' parameter of m3fs_alternating must be {n} x {n}; got {L.shape}.")
+        return None, L
+    # the kNN graph of sparse data too on its unstandardized rows: graph_rows says why, with the figures
+    Wg = sample_graph(graph_rows(M), W, **kw)
+    return Wg, laplacian_operator(Wg, normed=True)
+
+
+def _products(M: Matrix, L: Any, lam: float, k: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(L Z, L 1) for the manifold term, made once: L Z (one pass) for a dense L of n * n_features at most
+    ``_LZ_MAX``, else L 1 alone for two clusters (every two-cluster v-step needs it), else neither."""
+    n, d = M.shape
+    LZ = L1 = None
+    if isinstance(L, np.ndarray) and n * d <= _LZ_MAX and lam != 0:
+        LZ = np.ascontiguousarray(M.rmatvec(np.ascontiguousarray(L.T)).T)  # (Z^T L^T)^T = L Z, one pass
+        L1 = L @ np.ones(n)
+    elif k == 2 and lam != 0:  # L 1, which every two-cluster v-step needs: made once
+        L1 = np.asarray(L @ np.ones((n, 1)), dtype=np.float64).ravel()
+    return LZ, L1
+
+
 # ---------------------------------------------------------------------------------------------------- the method
 def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: float | None = None, n_clusters: int = 2,
                      l: float | None = None, graph: str = "auto", W: Any = None, L: Any = None, n_neighbors: int = 5,
@@ -292,165 +352,209 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     ----------
     Zhao et al., CVPR 2009, problems (6) and (14), CCCP step (9)/(17); docs/methods.md, "M3FS".
     """
-    from dufs.methods.graph import sample_graph
-
     n, d = M.shape
-    if not isinstance(n_features, int | np.integer) or isinstance(n_features, bool) or not 1 <= n_features <= d:
-        raise ParameterError(f"The 'n_features' parameter of m3fs_alternating must be an int in [1, {d}]; "
-                             f"got {n_features!r}.")
-    if not isinstance(n_clusters, int | np.integer) or isinstance(n_clusters, bool) or not 2 <= n_clusters < n:
-        raise ParameterError(f"The 'n_clusters' parameter of m3fs_alternating must be an int in [2, {n - 1}]; "
-                             f"got {n_clusters!r}.")
-    for name, val in (("max_iter", max_iter), ("inner_max_iter", inner_max_iter)):
-        if not isinstance(val, int | np.integer) or isinstance(val, bool) or val < 1:
-            raise ParameterError(f"The '{name}' parameter of m3fs_alternating must be an int >= 1; got {val!r}.")
-    if not (polish == "auto" or (isinstance(polish, int | np.integer) and not isinstance(polish, bool)
-                                 and polish >= 0)):
-        raise ParameterError(f"The 'polish' parameter of m3fs_alternating must be an int >= 0 or 'auto'; "
-                             f"got {polish!r}.")
-    C = _check("C", C, strict=True)
-    lam = 0.0 if lambda_ is None else _check("lambda_", lambda_)
-    tol = _check("tol", tol)
-    mu = _check("smoothing", smoothing)
-    inner_tol = _check("inner_tol", inner_tol)
-    if max_passes is not None and (not isinstance(max_passes, int | np.integer) or isinstance(max_passes, bool)
-                                   or max_passes < 1):
-        raise ParameterError(f"The 'max_passes' parameter of m3fs_alternating must be an int >= 1 or None; "
-                             f"got {max_passes!r}.")
-    lam = min(_LAMBDA, _LAMBDA_N / n) if lambda_ is None else lam
-    ll = 0.1 * n if l is None else _check("l", l)
+    C, lam, tol, mu, inner_tol, ll = _checked(
+        n, d, n_features=n_features, n_clusters=n_clusters, max_iter=max_iter, inner_max_iter=inner_max_iter,
+        polish=polish, C=C, lambda_=lambda_, tol=tol, smoothing=smoothing, inner_tol=inner_tol, max_passes=max_passes,
+        l=l)
     k = int(n_clusters)
-    binary = k == 2
-    timings: dict[str, float] = {}
-    passes0 = M.passes
+    passes0, t0 = M.passes, time.perf_counter()
+    Wg, Lop = _graph(M, L, W, graph=graph, n_neighbors=n_neighbors, weights=weights, n_anchors=n_anchors,
+                     anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
+    timings = {"graph": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    if L is not None:
-        Wg = None
-        Lop = L
-        if Lop.shape != (n, n):
-            raise ParameterError(f"The 'L' parameter of m3fs_alternating must be {n} x {n}; got {Lop.shape}.")
-    else:
-        # the kNN graph of sparse data too on its unstandardized rows: graph_rows says why, with the figures
-        Wg = sample_graph(graph_rows(M), W, graph=graph, n_neighbors=n_neighbors, weights=weights,
-                          n_anchors=n_anchors, anchor_neighbors=anchor_neighbors, embed_dim=embed_dim,
-                          random_state=random_state)
-        Lop = laplacian_operator(Wg, normed=True)
-    timings["graph"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    colsum = _colsum(M)
-    LZ = L1 = None
-    if isinstance(Lop, np.ndarray) and n * d <= _LZ_MAX and lam != 0:
-        LZ = np.ascontiguousarray(M.rmatvec(np.ascontiguousarray(Lop.T)).T)  # (Z^T L^T)^T = L Z, one pass
-        L1 = Lop @ np.ones(n)
-    elif k == 2 and lam != 0:  # L 1, which every two-cluster v-step needs: made once
-        L1 = np.asarray(Lop @ np.ones((n, 1)), dtype=np.float64).ravel()
+    run = _Alternation(M, Lop, n_features, k, C, lam, ll, mu, tol, inner_tol, inner_max_iter, alternations, max_iter,
+                       max_passes, callback, _colsum(M), *_products(M, Lop, lam, k))
     lab = _init_labels(M, Lop, init, k, random_state, int(dense_below), Wg)
     timings["init"] = time.perf_counter() - t0
-    p = 1 if binary else k
-    hist, exact, iters, inner, it_s, it_passes = [], [], [], [], [], []
+    return run.result(*run.solve(lab, polish), timings, passes0, Wg)
 
-    def alternate(lab, sigma, V, b, F, Lip, it0):
+
+# ---------------------------------------------------------------------------------------------------- the alternation
+class _Point(NamedTuple):
+    """Where an alternation stopped: labels, sigma, V, b, the scores F, the Lipschitz estimate, J_mu, J and whether
+    it converged."""
+
+    lab: np.ndarray
+    sigma: np.ndarray
+    V: np.ndarray
+    b: float
+    F: np.ndarray
+    Lip: float
+    J: float
+    Je: float
+    converged: bool
+
+
+@dataclass
+class _Alternation:
+    """:func:`m3fs_alternating`'s problem (the Laplacian ``L``, checked weights, ``colsum`` and the products L Z,
+    L 1 made once) and rule, the v-step's state on the workers from one v-step to the next (``keep``) and the run's
+    histories (J_mu, J, the iterations' records, inner iterations, seconds and passes per iteration)."""
+
+    M: Matrix
+    L: Any
+    n_features: int
+    k: int
+    C: float
+    lam: float
+    l: float
+    mu: float
+    tol: float
+    inner_tol: float
+    inner_max_iter: int
+    alternations: int
+    max_iter: int
+    max_passes: int | None
+    callback: Any
+    colsum: np.ndarray | None
+    LZ: np.ndarray | None
+    L1: np.ndarray | None
+    solve0: int = 0
+    keep: dict = field(default_factory=dict)
+    hist: list = field(default_factory=list)
+    exact: list = field(default_factory=list)
+    iters: list = field(default_factory=list)
+    inner: list = field(default_factory=list)
+    it_s: list = field(default_factory=list)
+    it_passes: list = field(default_factory=list)
+
+    @property
+    def binary(self) -> bool:
+        return self.k == 2
+
+    def spent(self) -> bool:
+        return self.max_passes is not None and self.M.passes - self.solve0 >= int(self.max_passes)
+
+    def solve(self, lab: np.ndarray, polish: Any) -> tuple[_Point, list[dict]]:
+        """The alternation from labels ``lab``, sigma = m / d and v = 0, then the label polishing; the v-step's
+        state left on the workers is released at the end."""
+        n, d = self.M.shape
+        p = 1 if self.binary else self.k
+        with one_blas_thread():
+            try:
+                self.solve0 = self.M.passes
+                point, _ = self.alternate(lab, np.full(d, min(1.0, self.n_features / d)), np.zeros((d, p)), 0.0,
+                                          np.zeros((n, p)), 1.0, 0)
+                n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
+                return self.polish(point, n_polish)
+            finally:
+                if self.keep.get("rd") is not None:
+                    self.keep["rd"].release()
+
+    def alternate(self, lab: np.ndarray, sigma: np.ndarray, V: np.ndarray, b: float, F: np.ndarray, Lip: float,
+                  it0: int) -> tuple[_Point, tuple]:
         """The alternation from labels ``lab`` and a warm (sigma, V, b) with its scores F = Z V + b; appends to
-        the histories given ``it0`` >= 0, else keeps its own. Returns (lab, sigma, V, b, F, Lip, J, Je,
-        converged, its history)."""
-        own = ([], [], [], [], [], [])
-        H = (hist, exact, iters, inner, it_s, it_passes) if it0 >= 0 else own
+        the histories given ``it0`` >= 0, else keeps its own. Returns (the point reached, its history)."""
+        own: tuple = ([], [], [], [], [], [])
+        H = (self.hist, self.exact, self.iters, self.inner, self.it_s, self.it_passes) if it0 >= 0 else own
         converged = False
         J = Je = np.inf
         LF = None  # L F, once a v-step has returned it (two clusters): the next one and the objective need no product
-        for it in range(int(max_iter)):
-            if spent():
+        for it in range(int(self.max_iter)):
+            if self.spent():
                 break
             t1 = time.perf_counter()
-            p1 = M.passes
-            y = (2.0 * lab - 1.0) if binary else lab
-            n_inner = 0
-            Jprev = np.inf
-            for _ in range(int(alternations)):  # the CCCP step (9)/(17): (v, b) and sigma alternate, labels fixed
-                if n_inner and spent():
-                    break
-                left = None if max_passes is None else max(1, int(max_passes) - (M.passes - solve0))
-                vs = v_step(M, sigma, y, Lop, C=C, lambda_=lam, l=ll, smoothing=mu, n_clusters=k, V0=V, b0=b,
-                            colsum=colsum, tol=inner_tol, max_iter=int(inner_max_iter), lipschitz=Lip, LZ=LZ,
-                            L1=L1, max_passes=left, F0=F, value_rtol=_VALUE_RTOL * tol, keep=keep, LF0=LF)
-                V, b, F, Lip, LF = vs["V"], vs["b"], vs["F"], vs["lipschitz"], vs["LF"]
-                n_inner += vs["iterations"]
-                sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, n_features), dtype=np.float64)
-                J, Je = _objectives(F, V, sigma, Lop, C=C, lambda_=lam, smoothings=(mu, 0.0), LF=LF)
-                done = Jprev - J <= tol * max(abs(J), 1e-300)
-                Jprev = J
-                if done:
-                    break
-            new = (F[:, 0] >= 0).astype(np.int64) if binary else np.argmax(F, axis=1).astype(np.int64)
+            p1 = self.M.passes
+            y = (2.0 * lab - 1.0) if self.binary else lab
+            sigma, V, b, F, Lip, LF, J, Je, n_inner = self.cccp(y, sigma, V, b, F, Lip, LF, J, Je)
+            new = (F[:, 0] >= 0).astype(np.int64) if self.binary else np.argmax(F, axis=1).astype(np.int64)
             changed = int((new != lab).sum())
             lab = new
-            H[0].append(J)
-            H[1].append(Je)
-            H[3].append(n_inner)
-            H[4].append(time.perf_counter() - t1)
-            H[5].append(M.passes - p1)
-            H[2].append({"iteration": max(it0, 0) + it, "objective": J, "objective_exact": Je,
-                         "labels_changed": changed, "inner_iterations": n_inner, "seconds": H[4][-1],
-                         "passes": H[5][-1]})
-            log.info("m3fs_alternating: iteration %d, J_mu = %.6g (J = %.6g), %d labels changed, %d inner "
-                     "iterations", max(it0, 0) + it, J, Je, changed, n_inner)
-            if callback is not None:
-                callback(max(it0, 0) + it, H[2][-1])
-            if changed == 0 and (it == 0 or H[0][-2] - J <= tol * max(abs(J), 1e-300)):
+            self._record(H, max(it0, 0) + it, J, Je, changed, n_inner, t1, p1)
+            if changed == 0 and (it == 0 or H[0][-2] - J <= self.tol * max(abs(J), 1e-300)):
                 converged = True
                 break
-        return lab, sigma, V, b, F, Lip, J, Je, converged, H
+        return _Point(lab, sigma, V, b, F, Lip, J, Je, converged), H
 
-    def spent() -> bool:
-        return max_passes is not None and M.passes - solve0 >= int(max_passes)
+    def cccp(self, y: np.ndarray, sigma: np.ndarray, V: np.ndarray, b: float, F: np.ndarray, Lip: float,
+             LF: np.ndarray | None, J: float, Je: float) -> tuple:
+        """The CCCP step (9)/(17) at the labels ``y``: (v, b) and sigma alternate, at most ``alternations`` pairs,
+        until J_mu falls by less than ``tol``. Returns (sigma, V, b, F, Lip, L F, J_mu, J, inner iterations)."""
+        M, binary = self.M, self.binary
+        n_inner = 0
+        Jprev = np.inf
+        for _ in range(int(self.alternations)):
+            if n_inner and self.spent():
+                break
+            left = None if self.max_passes is None else max(1, int(self.max_passes) - (M.passes - self.solve0))
+            vs = v_step(M, sigma, y, self.L, C=self.C, lambda_=self.lam, l=self.l, smoothing=self.mu,
+                        n_clusters=self.k, V0=V, b0=b, colsum=self.colsum, tol=self.inner_tol,
+                        max_iter=int(self.inner_max_iter), lipschitz=Lip, LZ=self.LZ, L1=self.L1, max_passes=left,
+                        F0=F, value_rtol=_VALUE_RTOL * self.tol, keep=self.keep, LF0=LF)
+            V, b, F, Lip, LF = vs["V"], vs["b"], vs["F"], vs["lipschitz"], vs["LF"]
+            n_inner += vs["iterations"]
+            sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, self.n_features), dtype=np.float64)
+            J, Je = _objectives(F, V, sigma, self.L, C=self.C, lambda_=self.lam, smoothings=(self.mu, 0.0), LF=LF)
+            done = Jprev - J <= self.tol * max(abs(J), 1e-300)
+            Jprev = J
+            if done:
+                break
+        return sigma, V, b, F, Lip, LF, J, Je, n_inner
 
-    keep: dict = {}  # the two-cluster v-step's state on the workers, from one v-step to the next
-    with one_blas_thread():
-        try:
-            solve0 = M.passes
-            lab, sigma, V, b, F, Lip, J, Je, converged, _ = alternate(lab, np.full(d, min(1.0, n_features / d)),
-                                                                       np.zeros((d, p)), 0.0, np.zeros((n, p)), 1.0, 0)
-            # label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin may
-            # belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep the
-            # result when J_mu goes down (so J_mu stays monotone over the whole run).
-            n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
-            polished: list[dict] = []
-            tried: set[int] = set()
-            for _ in range(n_polish):
-                if spent():
-                    break
-                if binary:
-                    margin = np.abs(F[:, 0])
-                else:
-                    top2 = np.sort(F, axis=1)[:, -2:]
-                    margin = top2[:, 1] - top2[:, 0]
-                j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
-                if j is None:
-                    break
-                tried.add(j)
-                lab2 = lab.copy()
-                lab2[j] = 1 - lab2[j] if binary else int(np.argsort(F[j])[-2])
-                trial = alternate(lab2, sigma, V, b, F, Lip, -1)
-                ok = trial[6] < J - 1e-12 * max(abs(J), 1.0)
-                polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial[6]),
-                                 "objective_exact": float(trial[7]), "accepted": bool(ok)})
-                if ok:
-                    lab, sigma, V, b, F, Lip, J, Je, converged, _ = trial
-                    hist.append(J)
-                    exact.append(Je)
-                    log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, J, Je)
-        finally:
-            if keep.get("rd") is not None:
-                keep["rd"].release()
-    sel = ranked_head(sigma, n_features)  # by sigma, ties to the lower index (no d-sized sort on the driver)
-    diag = {"iterations": len(iters), "converged": converged, "passes": M.passes - passes0,
-            "passes_per_iteration": it_passes, "iteration_seconds": it_s, "inner_iterations": inner,
-            "history": iters, "timings": timings, "lipschitz": Lip, "smoothing": mu, "l": ll,
-            "graph": "given L" if Wg is None else "anchor" if isinstance(Wg, AnchorGraph) else "knn",
-            "n_clusters": k, "polish": polished, "lambda_": lam,
-            "stopped": "converged" if converged else "max_passes" if spent() else "max_iter"}
-    if not converged and spent():
-        log.warning("m3fs_alternating: stopped after its budget of max_passes = %d passes before converging; the "
-                    "selection is the current saliencies'", int(max_passes))
-    return M3FSAlternatingResult(sigma=sigma, labels=lab, selected=sel, v=V[:, 0] if binary else V, b=float(b), f=F,
-                                 objective=np.array(hist), objective_exact=np.array(exact), diagnostics=diag)
+    def _record(self, H: tuple, it: int, J: float, Je: float, changed: int, n_inner: int, t1: float,
+                p1: int) -> None:
+        """Iteration ``it``'s entries in the histories ``H``, its log line and the callback."""
+        H[0].append(J)
+        H[1].append(Je)
+        H[3].append(n_inner)
+        H[4].append(time.perf_counter() - t1)
+        H[5].append(self.M.passes - p1)
+        H[2].append({"iteration": it, "objective": J, "objective_exact": Je, "labels_changed": changed,
+                     "inner_iterations": n_inner, "seconds": H[4][-1], "passes": H[5][-1]})
+        log.info("m3fs_alternating: iteration %d, J_mu = %.6g (J = %.6g), %d labels changed, %d inner "
+                 "iterations", it, J, Je, changed, n_inner)
+        if self.callback is not None:
+            self.callback(it, H[2][-1])
+
+    def polish(self, point: _Point, n_polish: int) -> tuple[_Point, list[dict]]:
+        """Label polishing: the alternation stops at a local minimum over the labels; a sample of smallest margin
+        may belong to the other side (two local minima a label apart). Flip it, re-run the alternation warm, keep
+        the result when J_mu goes down (so J_mu stays monotone over the whole run); up to ``n_polish`` flips."""
+        polished: list[dict] = []
+        tried: set[int] = set()
+        for _ in range(n_polish):
+            if self.spent():
+                break
+            F = point.F
+            if self.binary:
+                margin = np.abs(F[:, 0])
+            else:
+                top2 = np.sort(F, axis=1)[:, -2:]
+                margin = top2[:, 1] - top2[:, 0]
+            j = next((int(i) for i in np.argsort(margin, kind="stable") if int(i) not in tried), None)
+            if j is None:
+                break
+            tried.add(j)
+            lab2 = point.lab.copy()
+            lab2[j] = 1 - lab2[j] if self.binary else int(np.argsort(F[j])[-2])
+            trial, _ = self.alternate(lab2, point.sigma, point.V, point.b, F, point.Lip, -1)
+            ok = trial.J < point.J - 1e-12 * max(abs(point.J), 1.0)
+            polished.append({"sample": j, "margin": float(margin[j]), "objective": float(trial.J),
+                             "objective_exact": float(trial.Je), "accepted": bool(ok)})
+            if ok:
+                point = trial
+                self.hist.append(trial.J)
+                self.exact.append(trial.Je)
+                log.info("m3fs_alternating: flipping sample %d lowers J_mu to %.6g (J = %.6g)", j, trial.J, trial.Je)
+        return point, polished
+
+    def result(self, point: _Point, polished: list[dict], timings: dict, passes0: int,
+               Wg: Any) -> M3FSAlternatingResult:
+        """The result: the selection by sigma and the diagnostics."""
+        sigma, converged, binary = point.sigma, point.converged, self.binary
+        sel = ranked_head(sigma, self.n_features)  # by sigma, ties to the lower index (no d-sized sort on the driver)
+        diag = {"iterations": len(self.iters), "converged": converged, "passes": self.M.passes - passes0,
+                "passes_per_iteration": self.it_passes, "iteration_seconds": self.it_s,
+                "inner_iterations": self.inner, "history": self.iters, "timings": timings, "lipschitz": point.Lip,
+                "smoothing": self.mu, "l": self.l,
+                "graph": "given L" if Wg is None else "anchor" if isinstance(Wg, AnchorGraph) else "knn",
+                "n_clusters": self.k, "polish": polished, "lambda_": self.lam,
+                "stopped": "converged" if converged else "max_passes" if self.spent() else "max_iter"}
+        if not converged and self.spent():
+            log.warning("m3fs_alternating: stopped after its budget of max_passes = %d passes before converging; the "
+                        "selection is the current saliencies'", int(self.max_passes))
+        return M3FSAlternatingResult(sigma=sigma, labels=point.lab, selected=sel,
+                                     v=point.V[:, 0] if binary else point.V, b=float(point.b), f=point.F,
+                                     objective=np.array(self.hist), objective_exact=np.array(self.exact),
+                                     diagnostics=diag)
