@@ -340,6 +340,21 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
     Zhao, Kwok, Wang, Zhang (2009), Algorithms 1 and 2, eqs. (7)-(17), Propositions 3, 4 and 8.
     """
     t0 = time.perf_counter()
+    X, L, m, M, C, lam, eps, l_, max_cp, max_cc = _checked(
+        X, n_features=n_features, n_clusters=n_clusters, C=C, lambda_=lambda_, epsilon=epsilon, l=l,
+        max_cutting_planes=max_cutting_planes, max_cccp=max_cccp, graph=graph, n_neighbors=n_neighbors,
+        sigma_width=sigma_width, L=L)
+    _cvxpy()
+    run = _Faithful(X, L, M, C=C, lam=lam, m=m, l_=l_, random_state=random_state)
+    run.cutting_plane(eps, max_cp, max_cc)
+    return run.result(eps, t0)
+
+
+def _checked(X: Any, *, n_features: Any, n_clusters: Any, C: Any, lambda_: Any, epsilon: Any, l: Any,
+             max_cutting_planes: Any, max_cccp: Any, graph: str, n_neighbors: Any, sigma_width: Any,
+             L: Any) -> tuple:
+    """:func:`m3fs_faithful`'s parameters checked: (X as a float array, the Laplacian (given, or of the
+    ``graph``), m, M, C, lambda_, epsilon, l (None: 0.1 n), max_cutting_planes, max_cccp)."""
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] < 1 or not np.all(np.isfinite(X)):
         raise ParameterError(f"The 'X' parameter of m3fs_faithful must be a finite 2-D array with at least 2 rows; "
@@ -363,50 +378,81 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
         L = np.asarray(L.toarray() if hasattr(L, "toarray") else L, dtype=np.float64)
         if L.shape != (n, n):
             raise ParameterError(f"The 'L' parameter of m3fs_faithful must be {n} x {n}; got {L.shape}.")
-    _cvxpy()
+    return X, L, m, M, C, lam, eps, l_, max_cp, max_cc
 
-    Aug = np.hstack([X, np.ones((n, 1))]) if M == 2 else X
-    R = _psd_factor(Aug.T @ (L @ Aug))
-    s_bal = X.sum(axis=0)
 
-    init = _spectral_init(L, M, random_state)
-    v, b = _ridge_fit(X, init, M)
-    omega: list[np.ndarray] = []
-    xi = 0.0
-    sigma = np.full(d, m / d)
-    obj = np.nan
-    diag: dict[str, Any] = {"cutting_planes": 0, "cccp_iterations": [], "objectives": [], "violations": [],
-                            "cccp_capped": 0, "cccp_cycles": 0, "inaccurate_socps": 0, "l": l_, "init_labels": init}
-    converged = False
-    master = None
-    z_used = None
-    for it in range(max_cp + 1):
-        F = _scores(X, v, b, M)
-        c, loss = most_violated(F, M)
-        viol = loss - xi
-        diag["violations"].append(viol)
-        if viol <= eps:
-            converged = True
-            break
-        if it == max_cp:
-            break
-        omega.append(c)
-        if master is not None:
-            diag["inaccurate_socps"] += master.inaccurate
-        master = _Master(len(omega), d, M, R, s_bal, n, C, lam, m, l_)
+class _Faithful:
+    """Algorithm 1 over Algorithm 2 on one problem: the data, the factor R of the manifold term (R^T R =
+    [X 1]^T L [X 1], or X^T L X multi-class), the balance's column sums, and the run's state: the working set
+    Omega, the current (v, b, xi, sigma), the last master problem and the diagnostics."""
+
+    def __init__(self, X: np.ndarray, L: np.ndarray, M: int, *, C: float, lam: float, m: int, l_: float,
+                 random_state: int):
+        n, d = X.shape
+        self.X, self.L, self.M, self.C, self.lam, self.m, self.l_ = X, L, M, C, lam, m, l_
+        Aug = np.hstack([X, np.ones((n, 1))]) if M == 2 else X
+        self.R = _psd_factor(Aug.T @ (L @ Aug))
+        self.s_bal = X.sum(axis=0)
+        init = _spectral_init(L, M, random_state)
+        self.v, self.b = _ridge_fit(X, init, M)
+        self.omega: list[np.ndarray] = []
+        self.xi = 0.0
+        self.sigma = np.full(d, m / d)
+        self.obj = np.nan
+        self.diag: dict[str, Any] = {"cutting_planes": 0, "cccp_iterations": [], "objectives": [], "violations": [],
+                                     "cccp_capped": 0, "cccp_cycles": 0, "inaccurate_socps": 0, "l": l_,
+                                     "init_labels": init}
+        self.converged = False
+        self.master: _Master | None = None
+        self.z_used = None
+
+    def cutting_plane(self, eps: float, max_cp: int, max_cc: int) -> None:
+        """Algorithm 1: the most violated constraint added to Omega and the master problem solved by CCCP, until
+        none is violated by more than ``eps`` or ``max_cp`` constraints were added."""
+        X, M, diag = self.X, self.M, self.diag
+        n, d = X.shape
+        for it in range(max_cp + 1):
+            F = _scores(X, self.v, self.b, M)
+            c, loss = most_violated(F, M)
+            viol = loss - self.xi
+            diag["violations"].append(viol)
+            if viol <= eps:
+                self.converged = True
+                break
+            if it == max_cp:
+                break
+            self.omega.append(c)
+            if self.master is not None:
+                diag["inaccurate_socps"] += self.master.inaccurate
+            self.master = _Master(len(self.omega), d, M, self.R, self.s_bal, n, self.C, self.lam, self.m, self.l_)
+            steps = self.cccp(F, max_cc, it)
+            diag["cccp_iterations"].append(steps)
+            diag["objectives"].append(self.obj)
+            log.debug("M3FS cutting plane %d: violation %.4g, objective %.6g, %d CCCP steps", it + 1, viol, self.obj,
+                      steps)
+        if not self.converged:
+            log.warning("M3FS: the cutting plane stopped at max_cutting_planes=%d, violation %.4g > epsilon %.4g",
+                        max_cp, diag["violations"][-1], eps)
+
+    def cccp(self, F: np.ndarray, max_cc: int, it: int) -> int:
+        """Algorithm 2 on the master problem over Omega: SOCP steps (9)/(17) from the signs (labels) of ``F`` until
+        the objective changes by less than alpha or the signs repeat (or cycle), ``max_cc`` steps at most; returns
+        the steps made."""
+        X, M, master, diag = self.X, self.M, self.master, self.diag
+        d = X.shape[1]
         z = _z(F, M)
         prev = np.inf
         seen = {z.tobytes()}
         steps = 0
-        for steps in range(1, max_cc + 1):  # noqa: B007 (the count is recorded below)
-            A, h = _rows(X, omega, z, M)
-            z_used = z
-            obj = master.solve(A, h)
+        for steps in range(1, max_cc + 1):  # noqa: B007 (the count is returned)
+            A, h = _rows(X, self.omega, z, M)
+            self.z_used = z
+            self.obj = obj = master.solve(A, h)
             u = np.asarray(master.u.value)
-            v, b = (u[:d].copy(), float(u[d])) if M == 2 else (u.reshape(M, d).copy(), 0.0)
-            xi = max(float(master.xi.value), 0.0)
-            sigma = np.clip(np.asarray(master.sigma.value), 0.0, 1.0)
-            z_new = _z(_scores(X, v, b, M), M)
+            self.v, self.b = (u[:d].copy(), float(u[d])) if M == 2 else (u.reshape(M, d).copy(), 0.0)
+            self.xi = max(float(master.xi.value), 0.0)
+            self.sigma = np.clip(np.asarray(master.sigma.value), 0.0, 1.0)
+            z_new = _z(_scores(X, self.v, self.b, M), M)
             if np.array_equal(z_new, z) or abs(prev - obj) <= _ALPHA * abs(obj):
                 break
             if z_new.tobytes() in seen:  # multi-class: the held indicator term can make the signs cycle
@@ -417,27 +463,27 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
         else:
             diag["cccp_capped"] += 1
             log.info("M3FS: CCCP hit max_cccp=%d at cutting plane %d", max_cc, it + 1)
-        diag["cccp_iterations"].append(steps)
-        diag["objectives"].append(obj)
-        log.debug("M3FS cutting plane %d: violation %.4g, objective %.6g, %d CCCP steps", it + 1, viol, obj, steps)
-    if not converged:
-        log.warning("M3FS: the cutting plane stopped at max_cutting_planes=%d, violation %.4g > epsilon %.4g",
-                    max_cp, diag["violations"][-1], eps)
-    F = _scores(X, v, b, M)
-    _, loss = most_violated(F, M)
-    if master is not None:
-        diag["inaccurate_socps"] += master.inaccurate
-    diag["cutting_planes"] = len(omega)
-    diag["working_set"] = np.array(omega, dtype=np.int64).reshape(len(omega), n)
-    diag["last_z"] = z_used if omega else None
-    diag["prop4_violation"] = loss - (xi + eps)
-    diag["converged"] = converged
-    diag["socp_sigma"] = sigma
-    diag["seconds"] = time.perf_counter() - t0
-    sal = sigma_step(v, m)
-    selected = np.argsort(-sal, kind="stable")[:m]
-    log.info("M3FS: %d cutting planes, %d CCCP steps, objective %.6g, %.2f s", len(omega),
-             sum(diag["cccp_iterations"]), obj, diag["seconds"])
-    return M3FSResult(sigma=sal, selected=selected, labels=_labels_of(F, M), v=v, b=b, xi=xi,
-                      objective=objective(X, L, v, b, sal, xi, C=C, lambda_=lam) if omega else float("nan"),
-                      diagnostics=diag)
+        return steps
+
+    def result(self, eps: float, t0: float) -> M3FSResult:
+        """The saliencies (the sigma step's closed form at the final v), the selection and the diagnostics."""
+        X, M, diag, omega, v, b, xi = self.X, self.M, self.diag, self.omega, self.v, self.b, self.xi
+        n = X.shape[0]
+        F = _scores(X, v, b, M)
+        _, loss = most_violated(F, M)
+        if self.master is not None:
+            diag["inaccurate_socps"] += self.master.inaccurate
+        diag["cutting_planes"] = len(omega)
+        diag["working_set"] = np.array(omega, dtype=np.int64).reshape(len(omega), n)
+        diag["last_z"] = self.z_used if omega else None
+        diag["prop4_violation"] = loss - (xi + eps)
+        diag["converged"] = self.converged
+        diag["socp_sigma"] = self.sigma
+        diag["seconds"] = time.perf_counter() - t0
+        sal = sigma_step(v, self.m)
+        selected = np.argsort(-sal, kind="stable")[:self.m]
+        log.info("M3FS: %d cutting planes, %d CCCP steps, objective %.6g, %.2f s", len(omega),
+                 sum(diag["cccp_iterations"]), self.obj, diag["seconds"])
+        return M3FSResult(sigma=sal, selected=selected, labels=_labels_of(F, M), v=v, b=b, xi=xi,
+                          objective=objective(X, self.L, v, b, sal, xi, C=self.C, lambda_=self.lam) if omega
+                          else float("nan"), diagnostics=diag)
