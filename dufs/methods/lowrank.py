@@ -309,128 +309,174 @@ def _top_lowrank_deflated(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: b
     g_ev, B = np.linalg.eigh(_gram(Ql)) if live.size else (np.zeros(c), np.eye(c))
     top = float(g_ev[-1]) if live.size else 0.0  # ||Qa||_2^2
     B = B[:, g_ev > 1e-13 * c * top] if top > 0.0 else B
-    c = B.shape[1]
     scale = max(top, float(Da.max()), np.finfo(float).tiny)
     cand_vals: list[float] = []
     cand_ys: list[Any] = []  # each root's y (its eigenvector is (t I + D)^-1 Q y), or the row i of an e_i
     if live.size and top > 0.0:
-        asc = np.sort(Dl)  # D ascending: -D_i > t iff D_i < -t
-        kk = min(k, live.size)
-
-        def poles(t: float) -> int:
-            return int(np.searchsorted(asc, -t, side="left"))  # #{-D_i > t}
-
-        def on_pole(t: float) -> bool:
-            i = int(np.searchsorted(asc, -t, side="left"))
-            return i < asc.size and asc[i] == -t
-
-        # each M(t) is a sweep over Ql (d x c: 80 MB at a million features), the eigenproblems c x c: every t
-        # evaluated is kept (c x c each), since the roots' brackets and searches meet the same points again
-        cache: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-        moments = _SecularMoments(Ql, Dl, B, float(asc[kk - 1]), 1e-9 * scale) if use_moments else None
-
-        def m_at(t: float) -> tuple[np.ndarray, np.ndarray]:
-            got = cache.get(t)
-            if got is None:
-                got = moments.at(t) if moments is not None else None
-                if got is None:
-                    Mt, Pt = _secular_m_and_slope(Ql, Dl, t)
-                    got = (B.T @ Mt @ B, B.T @ Pt @ B)
-                cache[t] = got
-            return got
-
-        def mus(t: float) -> np.ndarray:
-            return np.linalg.eigvalsh(m_at(t)[0])[::-1]
-
-        def count(t: float) -> int:
-            return poles(t) + int(np.sum(mus(t) > 1.0))
-
-        # the rows of the smallest diagonal values (the poles nearest the roots among them), ascending, in the
-        # basis B: their terms of M(t) exact in the model of _secular_root, the rest's to first order
-        nn = min(Dl.size, kk + 1 + _MODEL_ROWS)
-        near = np.argpartition(Dl, nn - 1)[:nn] if nn < Dl.size else np.arange(Dl.size)
-        QnB, Dn = Ql[near] @ B, Dl[near]
-
-        def near_terms(t: float) -> tuple[np.ndarray, np.ndarray]:
-            r = QnB / (t + Dn)[:, None]
-            return r.T @ QnB, r.T @ r
-
-        def model(t0: float) -> Any:
-            M0, P0 = m_at(t0)
-            Mn, Pn = near_terms(t0)
-            Mf, Pf = M0 - Mn, P0 - Pn
-
-            def at(s: float) -> np.ndarray:
-                return Mf - (s - t0) * Pf + near_terms(s)[0]
-            return at
-
-        hi0 = -float(asc[0]) + top * (1.0 + 1e-9) + scale * 1e-12
-        eps = 4.0 * np.finfo(float).eps * scale
-        above = -float(asc[0]) + scale * 1e-12  # just above every pole: where M(t) is positive definite
-        for j in range(1, kk + 1):
-            lo, hi = -float(asc[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
-            prev = cand_vals[-1] if cand_vals else None
-            if prev is not None and prev < hi:
-                hi = prev  # the j-th eigenvalue is at most the (j-1)-th (M(prev) is cached)
-            if lo < above < hi and count(above) >= j:
-                lo = above  # no pole inside: one sweep (the same t for every root), no bisection over the poles
-            t = None
-            while hi - lo > eps:
-                P = poles(hi)
-                inside = poles(lo) - P - (1 if on_pole(lo) else 0)  # diagonal values strictly inside (lo, hi)
-                if inside <= 0 and 1 <= j - P <= c:
-                    # no diagonal value inside: the root is where the (j - P)-th mu crosses 1, a continuous
-                    # decreasing function here, so Newton's method (safeguarded) finishes it in a few steps
-                    i = j - P - 1
-                    glo, ghi = float(mus(lo)[i]) - 1.0, float(mus(hi)[i]) - 1.0
-                    if hi == prev and ghi >= 0.0:
-                        t = prev  # count(prev) >= j: a repeated eigenvalue (to rounding)
-                        break
-                    if glo >= 0.0 > ghi:
-                        pole = -float(asc[P]) if P < asc.size else None  # the nearest diagonal values below
-                        up = -float(asc[P - 1]) if P >= 1 else None  # and above
-                        t = _secular_root(m_at, i, lo, hi, eps, pole, up, model) if glo > 0.0 else lo
-                        break
-                if inside >= 2:
-                    # split the diagonal values inside in half: mid between the middle one and the next below it
-                    a_ = P + (inside - 1) // 2
-                    mid = 0.5 * (-float(asc[a_]) - float(asc[a_ + 1]))
-                    if not lo < mid < hi or on_pole(mid):
-                        mid = 0.5 * (lo + hi)
-                elif inside == 1:
-                    # one value -D inside: which side of it is the root? a point close above it first (the root
-                    # above it: a bracket without poles), then one close below; a root closer to the pole than that
-                    # brings both in by the same factor
-                    q = -float(asc[P])
-                    mid = q + 1e-3 * (hi - q)
-                    if not lo < mid < hi or on_pole(mid):
-                        mid = 0.5 * (lo + hi)
-                    elif count(mid) < j:
-                        hi = mid
-                        mid = q - 1e-3 * (q - lo)
-                        if not lo < mid < hi or on_pole(mid):
-                            mid = 0.5 * (lo + hi)
-                else:
-                    mid = 0.5 * (lo + hi)
-                if mid in (lo, hi):
-                    break
-                if on_pole(mid) or count(mid) >= j:
-                    lo = mid
-                else:
-                    hi = mid
-            if t is None:
-                t = lo if lo in cache else hi if hi in cache else 0.5 * (lo + hi)
-            w, Y = np.linalg.eigh(m_at(t)[0])
-            # a repeated eigenvalue: the next eigenvector of M(t) near 1 not taken yet
-            same = sum(1 for v in cand_vals if abs(v - t) <= 1e3 * eps)
-            order = np.argsort(np.abs(w - 1.0))
-            cand_vals.append(t)
-            cand_ys.append(B @ Y[:, order[min(same, c - 1)]])
+        sec = _Secular(Ql, Dl, B, min(k, live.size), scale, use_moments)
+        cand_vals, cand_ys = _secular_roots(sec, min(k, live.size), top, scale)
     for i in np.flatnonzero(zero)[np.argsort(Da[zero])][:k]:
         cand_vals.append(-float(Da[i]))
         cand_ys.append(int(i))
     if len(cand_vals) < k:
         return None
+    vals, V = _eigenvectors(Ql, Dl, live, m, k, cand_vals, cand_ys)
+    QtV = Qa.T @ V
+    res = _column_norms(m, k, lambda sl: Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl])  # ||A v - t v||
+    if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
+        return None
+    return vals, V
+
+
+class _Secular:
+    """The secular functions of :func:`_top_lowrank_deflated` over the rows of Q that take part (``Ql``, ``Dl``),
+    in the basis ``B`` of Q's row space: M(t) = B^T Q^T (t I + diag(D))^-1 Q B and its minus derivative P(t) (from
+    the moments, :class:`_SecularMoments`, or a sweep over Q), the number of eigenvalues above t, and the model of
+    :func:`_secular_root`, exact in the rows of the diagonal values nearest the ``kk`` roots."""
+
+    def __init__(self, Ql: np.ndarray, Dl: np.ndarray, B: np.ndarray, kk: int, scale: float, use_moments: bool):
+        self.Ql, self.Dl, self.B, self.c = Ql, Dl, B, B.shape[1]
+        self.asc = np.sort(Dl)  # D ascending: -D_i > t iff D_i < -t
+        # each M(t) is a sweep over Ql (d x c: 80 MB at a million features), the eigenproblems c x c: every t
+        # evaluated is kept (c x c each), since the roots' brackets and searches meet the same points again
+        self.cache: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self.moments = _SecularMoments(Ql, Dl, B, float(self.asc[kk - 1]), 1e-9 * scale) if use_moments else None
+        # the rows of the smallest diagonal values (the poles nearest the roots among them), ascending, in the
+        # basis B: their terms of M(t) exact in the model of _secular_root, the rest's to first order
+        nn = min(Dl.size, kk + 1 + _MODEL_ROWS)
+        near = np.argpartition(Dl, nn - 1)[:nn] if nn < Dl.size else np.arange(Dl.size)
+        self.QnB, self.Dn = Ql[near] @ B, Dl[near]
+
+    def poles(self, t: float) -> int:
+        return int(np.searchsorted(self.asc, -t, side="left"))  # #{-D_i > t}
+
+    def on_pole(self, t: float) -> bool:
+        i = int(np.searchsorted(self.asc, -t, side="left"))
+        return i < self.asc.size and self.asc[i] == -t
+
+    def m_at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        got = self.cache.get(t)
+        if got is None:
+            got = self.moments.at(t) if self.moments is not None else None
+            if got is None:
+                Mt, Pt = _secular_m_and_slope(self.Ql, self.Dl, t)
+                got = (self.B.T @ Mt @ self.B, self.B.T @ Pt @ self.B)
+            self.cache[t] = got
+        return got
+
+    def mus(self, t: float) -> np.ndarray:
+        return np.linalg.eigvalsh(self.m_at(t)[0])[::-1]
+
+    def count(self, t: float) -> int:
+        return self.poles(t) + int(np.sum(self.mus(t) > 1.0))
+
+    def near_terms(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        r = self.QnB / (t + self.Dn)[:, None]
+        return r.T @ self.QnB, r.T @ r
+
+    def model(self, t0: float) -> Any:
+        M0, P0 = self.m_at(t0)
+        Mn, Pn = self.near_terms(t0)
+        Mf, Pf = M0 - Mn, P0 - Pn
+
+        def at(s: float) -> np.ndarray:
+            return Mf - (s - t0) * Pf + self.near_terms(s)[0]
+        return at
+
+
+def _secular_roots(sec: _Secular, kk: int, top: float, scale: float) -> tuple[list[float], list[Any]]:
+    """The ``kk`` largest eigenvalues t of A (``top`` = ||Q||_2^2 bounds the first), each searched between the j-th
+    largest -D_i and the (j-1)-th eigenvalue (:func:`_root`), with the vector y (its eigenvector is
+    (t I + D)^-1 Q y): the eigenvector of M(t) for the eigenvalue 1."""
+    asc, c = sec.asc, sec.c
+    cand_vals: list[float] = []
+    cand_ys: list[Any] = []
+    hi0 = -float(asc[0]) + top * (1.0 + 1e-9) + scale * 1e-12
+    eps = 4.0 * np.finfo(float).eps * scale
+    above = -float(asc[0]) + scale * 1e-12  # just above every pole: where M(t) is positive definite
+    for j in range(1, kk + 1):
+        lo, hi = -float(asc[j - 1]) - scale * 1e-12, hi0  # count(lo) >= j > count(hi)
+        prev = cand_vals[-1] if cand_vals else None
+        if prev is not None and prev < hi:
+            hi = prev  # the j-th eigenvalue is at most the (j-1)-th (M(prev) is cached)
+        if lo < above < hi and sec.count(above) >= j:
+            lo = above  # no pole inside: one sweep (the same t for every root), no bisection over the poles
+        t = _root(sec, j, lo, hi, prev, eps)
+        w, Y = np.linalg.eigh(sec.m_at(t)[0])
+        # a repeated eigenvalue: the next eigenvector of M(t) near 1 not taken yet
+        same = sum(1 for v in cand_vals if abs(v - t) <= 1e3 * eps)
+        order = np.argsort(np.abs(w - 1.0))
+        cand_vals.append(t)
+        cand_ys.append(sec.B @ Y[:, order[min(same, c - 1)]])
+    return cand_vals, cand_ys
+
+
+def _root(sec: _Secular, j: int, lo: float, hi: float, prev: float | None, eps: float) -> float:
+    """The j-th eigenvalue in [lo, hi] (count(lo) >= j > count(hi); ``prev`` the (j-1)-th): bisection over the
+    diagonal values inside the bracket (:func:`_split`) until none is left, then :func:`_secular_root` on the mu
+    that crosses 1 there."""
+    asc, c = sec.asc, sec.c
+    t = None
+    while hi - lo > eps:
+        P = sec.poles(hi)
+        inside = sec.poles(lo) - P - (1 if sec.on_pole(lo) else 0)  # diagonal values strictly inside (lo, hi)
+        if inside <= 0 and 1 <= j - P <= c:
+            # no diagonal value inside: the root is where the (j - P)-th mu crosses 1, a continuous
+            # decreasing function here, so Newton's method (safeguarded) finishes it in a few steps
+            i = j - P - 1
+            glo, ghi = float(sec.mus(lo)[i]) - 1.0, float(sec.mus(hi)[i]) - 1.0
+            if hi == prev and ghi >= 0.0:
+                t = prev  # count(prev) >= j: a repeated eigenvalue (to rounding)
+                break
+            if glo >= 0.0 > ghi:
+                pole = -float(asc[P]) if P < asc.size else None  # the nearest diagonal values below
+                up = -float(asc[P - 1]) if P >= 1 else None  # and above
+                t = _secular_root(sec.m_at, i, lo, hi, eps, pole, up, sec.model) if glo > 0.0 else lo
+                break
+        mid, hi = _split(sec, j, lo, hi, P, inside)
+        if mid in (lo, hi):
+            break
+        if sec.on_pole(mid) or sec.count(mid) >= j:
+            lo = mid
+        else:
+            hi = mid
+    if t is None:
+        t = lo if lo in sec.cache else hi if hi in sec.cache else 0.5 * (lo + hi)
+    return t
+
+
+def _split(sec: _Secular, j: int, lo: float, hi: float, P: int, inside: int) -> tuple[float, float]:
+    """The next point of :func:`_root`'s bisection of (lo, hi), with ``inside`` diagonal values strictly inside
+    (``P`` above it), and the bracket's upper end (lowered where a point tried on the way is above the root)."""
+    asc = sec.asc
+    if inside >= 2:
+        # split the diagonal values inside in half: mid between the middle one and the next below it
+        a_ = P + (inside - 1) // 2
+        mid = 0.5 * (-float(asc[a_]) - float(asc[a_ + 1]))
+        if not lo < mid < hi or sec.on_pole(mid):
+            mid = 0.5 * (lo + hi)
+    elif inside == 1:
+        # one value -D inside: which side of it is the root? a point close above it first (the root
+        # above it: a bracket without poles), then one close below; a root closer to the pole than that
+        # brings both in by the same factor
+        q = -float(asc[P])
+        mid = q + 1e-3 * (hi - q)
+        if not lo < mid < hi or sec.on_pole(mid):
+            mid = 0.5 * (lo + hi)
+        elif sec.count(mid) < j:
+            hi = mid
+            mid = q - 1e-3 * (q - lo)
+            if not lo < mid < hi or sec.on_pole(mid):
+                mid = 0.5 * (lo + hi)
+    else:
+        mid = 0.5 * (lo + hi)
+    return mid, hi
+
+
+def _eigenvectors(Ql: np.ndarray, Dl: np.ndarray, live: np.ndarray, m: int, k: int, cand_vals: list[float],
+                  cand_ys: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest of the eigenvalues found and their eigenvectors, orthonormal: (t I + D)^-1 Q y of a root
+    (on the rows ``live``), e_i of a zero row i."""
     order = np.argsort(-np.asarray(cand_vals), kind="stable")[:k]
     vals = np.asarray(cand_vals)[order]
     cols = [j for j, i in enumerate(order) if not isinstance(cand_ys[i], int)]
@@ -452,13 +498,7 @@ def _top_lowrank_deflated(Qa: np.ndarray, Da: np.ndarray, k: int, use_moments: b
     for j, i in enumerate(order):
         if isinstance(cand_ys[i], int):
             V[cand_ys[i], j] = 1.0
-    V = _orth(V, inplace=True)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
-    QtV = Qa.T @ V
-
-    res = _column_norms(m, k, lambda sl: Qa[sl] @ QtV - (Da[sl, None] + vals[None, :]) * V[sl])  # ||A v - t v||
-    if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
-        return None
-    return vals, V
+    return vals, _orth(V, inplace=True)  # orthonormal (already so, up to rounding, for distinct eigenvalues)
 
 
 def _orth(S: np.ndarray, *, inplace: bool = False) -> np.ndarray:
