@@ -110,6 +110,43 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     ----------
     Wang et al., ECML PKDD 2015, eq. (6), (7), (10), (13), (14), Algorithm 1.
     """
+    c, k, alpha, beta, p, tol, max_iter, n_init, dense_below, seed = _checked(
+        M, n_clusters=n_clusters, n_components=n_components, alpha=alpha, beta=beta, p=p, max_iter=max_iter,
+        n_init=n_init, tol=tol, random_state=random_state, dense_below=dense_below)
+    passes0 = M.passes
+    t0 = time.perf_counter()
+    run = _Run(M, c, k, alpha, beta, p, n_init, seed, dense_below)
+    W, Y, labels, C, f, products, pca_converged = run.start()
+    run.timings["setup"] = time.perf_counter() - t0
+    objective = [f]
+    history: list[dict] = []
+    converged = False
+    # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its threads
+    with one_blas_thread() if not run.dense else contextlib.nullcontext():
+        for it in range(max_iter):
+            W, Y, labels, C, f_new, entry, nprod = run.iteration(W, Y, labels, C, it)
+            products += nprod
+            objective.append(f_new)
+            history.append(entry)
+            log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new,
+                     entry["u_candidate"], entry["seconds"])
+            rise = f_new - f
+            f = f_new
+            if abs(rise) <= tol * max(1.0, abs(f)):
+                converged = True
+                break
+    G = C.T
+    scores = np.sqrt(np.einsum("ij,ij->i", W, W))
+    diagnostics = {"iterations": len(history), "converged": converged, "timings": run.timings,
+                   "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": run.dense,
+                   "pca_converged": pca_converged,
+                   "operator_products": products, "history": history}
+    return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)
+
+
+def _checked(M: Any, *, n_clusters: Any, n_components: Any, alpha: Any, beta: Any, p: Any, max_iter: Any,
+             n_init: Any, tol: Any, random_state: Any, dense_below: Any) -> tuple:
+    """:func:`ufcm`'s parameters checked: (c, d', alpha, beta, p, tol, max_iter, n_init, dense_below, seed)."""
     if not isinstance(M, Matrix):
         raise ParameterError(f"ufcm needs a dufs.engine.Matrix; got {type(M).__name__} (use dufs.engine.as_matrix)")
     n, d = M.shape
@@ -129,87 +166,85 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
                              f"n_clusters) in float64, over dufs.engine.max-task-bytes "
                              f"({max_task_bytes() / 2**30:.2f} GiB); use fewer clusters or components, or raise "
                              f"the bound")
-    rng = np.random.default_rng(seed)
+    return c, k, alpha, beta, p, tol, max_iter, n_init, dense_below, seed
 
-    def seeds(m: int) -> list[int]:
-        return [int(s) for s in rng.integers(0, 2**31 - 1, size=m)]
 
-    timings: dict[str, float] = {"setup": 0.0, "u_step": 0.0, "w_step": 0.0, "g_step": 0.0}
-    passes0 = M.passes
-    t0 = time.perf_counter()
-    Zc = _Centred(M)
-    dense = d < dense_below
-    St = Zc.scatter() if dense else None
-    everyone = np.ones(d, dtype=bool)
-    # step 3: W by PCA (the top d' eigenvectors of S_t)
-    pca_converged = True
-    if dense:
-        _, W, nprod = _w_step(Zc, St, np.zeros((d, c)), np.ones(c), np.zeros(d), everyone, k, 0.0, 0.0)
-    else:
-        start = _sample_pca_start if n > _PCA_SAMPLE_ABOVE else None
-        _, W, nprod, pca_converged = start(M, Zc, k, seed, rng) if start else _top_scatter(Zc, k, rng)
-        if not pca_converged and start is None:
-            log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
-                        "the subspace reached", _PCA_MAXITER)
-    W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here (_on_features)
-    Y = Zc.matvec(W)
-    # step 4: U by k-means on W^T x_i (the best of 1 + n_init runs by the k-means term)
-    labels, _, _ = _choose(Y, c, [], seeds(max(1, n_init)), seed)
-    C, counts = _centroids(Y, labels, c)
-    f = ufcm_objective(Y, W, labels, C.T, alpha, beta, p)
-    timings["setup"] = time.perf_counter() - t0
-    objective = [f]
-    history: list[dict] = []
-    converged = False
-    products = nprod
-    # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its threads
-    with one_blas_thread() if not dense else contextlib.nullcontext():
-        for it in range(max_iter):
-            t_it = time.perf_counter()
-            # step 6: D (eq. (7)); rows at zero stay there
-            r = np.sqrt(np.einsum("ij,ij->i", W, W))
-            active = r > _EPS
-            if active.sum() <= k:
-                active = everyone
-            Dd = np.zeros(d)
-            Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
-            # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
-            t1 = time.perf_counter()
-            s1, ss = seeds(1)[0], seeds(n_init)
-            labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
-            timings["u_step"] += time.perf_counter() - t1
-            # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
-            t1 = time.perf_counter()
-            counts = np.bincount(labels, minlength=c).astype(np.float64)
-            Q = Zc.label_rmatvec(labels, c, counts)  # Zc^T U, U the labels' indicator
-            Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
-            # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
-            vals, W, nprod = _w_step(Zc, St, Q, counts, Dd, active, k, alpha, beta, X0=None if dense else W,
-                                     q_scaled=True, out=W)
-            products += nprod
-            timings["w_step"] += time.perf_counter() - t1
-            # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
-            t1 = time.perf_counter()
-            G = (W.T @ Q) / np.sqrt(counts)[None, :]
-            Y = Zc.matvec(W)
-            C = G.T
-            timings["g_step"] += time.perf_counter() - t1
-            f_new = ufcm_objective(Y, W, labels, G, alpha, beta, p)
-            objective.append(f_new)
-            history.append({"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
-                            "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
-                            "seconds": time.perf_counter() - t_it})
-            log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new, chosen,
-                     history[-1]["seconds"])
-            rise = f_new - f
-            f = f_new
-            if abs(rise) <= tol * max(1.0, abs(f)):
-                converged = True
-                break
-    G = C.T
-    scores = np.sqrt(np.einsum("ij,ij->i", W, W))
-    diagnostics = {"iterations": len(history), "converged": converged, "timings": timings,
-                   "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": dense,
-                   "pca_converged": pca_converged,
-                   "operator_products": products, "history": history}
-    return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)
+class _Run:
+    """One run of Algorithm 1: the centred data (its scatter S_t too below ``dense_below`` features), the weights,
+    the random stream that seeds k-means and Lanczos, and the steps' timings."""
+
+    def __init__(self, M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, n_init: int, seed: int,
+                 dense_below: int):
+        self.M, self.c, self.k, self.alpha, self.beta, self.p, self.n_init, self.seed = \
+            M, c, k, alpha, beta, p, n_init, seed
+        self.rng = np.random.default_rng(seed)
+        self.timings: dict[str, float] = {"setup": 0.0, "u_step": 0.0, "w_step": 0.0, "g_step": 0.0}
+        self.Zc = _Centred(M)
+        self.d = M.shape[1]
+        self.dense = self.d < dense_below
+        self.St = self.Zc.scatter() if self.dense else None
+        self.everyone = np.ones(self.d, dtype=bool)
+
+    def seeds(self, m: int) -> list[int]:
+        return [int(s) for s in self.rng.integers(0, 2**31 - 1, size=m)]
+
+    def start(self) -> tuple:
+        """Steps 3 and 4: W by PCA (the top d' eigenvectors of S_t), U by k-means on W^T x_i (the best of
+        1 + n_init runs by the k-means term); (W, Y = Zc W, labels, centroids, the objective, operator products,
+        whether the PCA start converged)."""
+        M, Zc, c, k, d = self.M, self.Zc, self.c, self.k, self.d
+        pca_converged = True
+        if self.dense:
+            _, W, nprod = _w_step(Zc, self.St, np.zeros((d, c)), np.ones(c), np.zeros(d), self.everyone, k, 0.0, 0.0)
+        else:
+            if M.shape[0] > _PCA_SAMPLE_ABOVE:  # on a sample of rows, then refined on all
+                _, W, nprod, pca_converged = _sample_pca_start(M, Zc, k, self.seed, self.rng)
+            else:
+                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng)
+            if not pca_converged and M.shape[0] <= _PCA_SAMPLE_ABOVE:
+                log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
+                            "the subspace reached", _PCA_MAXITER)
+        W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here (_on_features)
+        Y = Zc.matvec(W)
+        labels, _, _ = _choose(Y, c, [], self.seeds(max(1, self.n_init)), self.seed)
+        C, counts = _centroids(Y, labels, c)
+        f = ufcm_objective(Y, W, labels, C.T, self.alpha, self.beta, self.p)
+        return W, Y, labels, C, f, nprod, pca_converged
+
+    def iteration(self, W: np.ndarray, Y: np.ndarray, labels: np.ndarray, C: np.ndarray, it: int) -> tuple:
+        """Steps 6-9 of iteration ``it``: D, U, W (written into ``W``'s memory), G; (W, Y, labels, centroids, the
+        objective, the iteration's record, operator products)."""
+        t_it = time.perf_counter()
+        Zc, c, k, p, timings = self.Zc, self.c, self.k, self.p, self.timings
+        # step 6: D (eq. (7)); rows at zero stay there
+        r = np.sqrt(np.einsum("ij,ij->i", W, W))
+        active = r > _EPS
+        if active.sum() <= k:
+            active = self.everyone
+        Dd = np.zeros(self.d)
+        Dd[active] = p / (2.0 * np.maximum(r[active], _EPS) ** (2.0 - p))
+        # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
+        t1 = time.perf_counter()
+        s1, ss = self.seeds(1)[0], self.seeds(self.n_init)
+        labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
+        timings["u_step"] += time.perf_counter() - t1
+        # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
+        t1 = time.perf_counter()
+        counts = np.bincount(labels, minlength=c).astype(np.float64)
+        Q = Zc.label_rmatvec(labels, c, counts)  # Zc^T U, U the labels' indicator
+        Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
+        # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
+        vals, W, nprod = _w_step(Zc, self.St, Q, counts, Dd, active, k, self.alpha, self.beta,
+                                 X0=None if self.dense else W, q_scaled=True, out=W)
+        timings["w_step"] += time.perf_counter() - t1
+        # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
+        t1 = time.perf_counter()
+        G = (W.T @ Q) / np.sqrt(counts)[None, :]
+        Y = Zc.matvec(W)
+        C = G.T
+        timings["g_step"] += time.perf_counter() - t1
+        f_new = ufcm_objective(Y, W, labels, G, self.alpha, self.beta, p)
+        entry = {"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
+                 "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
+                 "seconds": time.perf_counter() - t_it}
+        return W, Y, labels, C, f_new, entry, nprod
