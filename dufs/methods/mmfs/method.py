@@ -166,6 +166,38 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     # blocks live and the driver holds alpha only (MMFSResult.r, rho and g are then None)
     on_blocks = M.shape[1] > int(config.get("engine.driver-features"))
     partitions = M.partition(auto_partitions(M) if n_partitions == "auto" else int(n_partitions))
+    auto, geo, r, rho, state, rho_summary = _margins(M, y, theta, gamma, relevance_kind, on_blocks=on_blocks,
+                                                     resume=resume, partitions=partitions, random_state=random_state)
+    problem = _problem(M, rho_summary, C, theta, gamma, relevance_kind)
+    directory = default_checkpoint(M, problem) if checkpoint == "auto" else checkpoint
+    ck = None if directory is None else Checkpoint(directory, problem)
+    if resume and ck is None:
+        raise ParameterError("mmfs(resume=True) needs a checkpoint directory: give checkpoint=<directory> (the "
+                             "default is beside a local store only)")
+    gammas = [float(gamma)] if not auto else [2.0 ** -k for k in range(31)]
+    want = n_features if n_features is not None else 1
+    fresh = state is not None  # a state at alpha = 0 made above: the first solve is a cold start
+    alpha0, first, trace, resumed_from, w = _resumed(ck, M, gammas) if resume else (None, 0, [], None, None)
+    recovery: dict = {}
+    kw = {"C": float(C), "tol": float(tol), "max_epochs": int(max_epochs), "random_state": int(random_state),
+          "partitions": partitions, "checkpoint": ck, "checkpoint_every": int(checkpoint_every),
+          "recovery": recovery, "gather_g": not on_blocks, "top": want if on_blocks else 0}
+    out, gk = _gamma_path(M, rho, geo, gammas, first, want, state=state, w=w, alpha0=alpha0, trace=trace,
+                          fresh=fresh, **kw)
+    release(out["state"])
+    diagnostics = _diagnostics(out, gk, auto, trace, recovery, ck, resumed_from, t0, n_features,
+                               len(partitions), M.n_blocks)
+    # w = ws + t 1: ws itself where t is 0 (every step folds it in; a copy of 8 bytes a sample saved)
+    ws, wt = out["ws"], out["wt"]
+    return MMFSResult(alpha=out["alpha"], w=ws if wt[0] == 0.0 else ws + wt[0], b=float(out["b"]), gamma=gk, r=r,
+                      rho=None if on_blocks else rho, g=out["g"], diagnostics=diagnostics, top=out["top"])
+
+
+def _margins(M: Matrix, y: Any, theta: float, gamma: Any, relevance_kind: Any, *, on_blocks: bool, resume: bool,
+             partitions: list, random_state: int) -> tuple:
+    """The problem's geometry and margins: (auto, geometry, r, rho, the blocks' state, rho's summary). With
+    ``on_blocks`` they stay where the blocks live (geometry and r None, rho their spec) and, unless resuming (the
+    state then comes from the checkpoint's alpha), the blocks' state at alpha = 0 is made in the same pass."""
     state = None
     if on_blocks:  # the geometry and the margins where the blocks live: no vector over the features here
         auto, spec = margin_spec(M, y, theta, gamma, relevance_kind)
@@ -177,43 +209,37 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     else:
         auto, geo, r, rho = margins(M, y, theta, gamma, relevance_kind)
         rho_summary = np.array([float(rho.sum()), float(np.sqrt(rho @ rho)), float(rho.max(initial=0.0))])
-    problem = _problem(M, rho_summary, C, theta, gamma, relevance_kind)
-    directory = default_checkpoint(M, problem) if checkpoint == "auto" else checkpoint
-    ck = None if directory is None else Checkpoint(directory, problem)
-    if resume and ck is None:
-        raise ParameterError("mmfs(resume=True) needs a checkpoint directory: give checkpoint=<directory> (the "
-                             "default is beside a local store only)")
-    trace: list = []
-    gammas = [float(gamma)] if not auto else [2.0 ** -k for k in range(31)]
-    want = n_features if n_features is not None else 1
-    fresh = state is not None  # a state at alpha = 0 made above: the first solve is a cold start
-    w = None
-    alpha0 = None
-    first = 0
-    resumed_from = None
-    if resume:
-        got = ck.load()
-        if got is None:
-            log.info("mmfs(resume=True): no checkpoint at %s; starting from alpha = 0", ck.path)
-        else:
-            alpha0, meta = got
-            first = int(meta.get("gamma_index", 0))
-            trace = list(meta.get("trace", []))
-            resumed_from = int(meta["round"])
-            w = primal(M, alpha0, gammas[first])
-            log.info("mmfs: resuming from %s at round %d (gamma %.3g)", ck.path, resumed_from, gammas[first])
-    recovery: dict = {}
-    support = 0
+    return auto, geo, r, rho, state, rho_summary
+
+
+def _resumed(ck: Checkpoint, M: Matrix, gammas: list[float]) -> tuple:
+    """Where ``mmfs(resume=True)`` starts: (alpha, the gamma's index, the trace, the round, w) from the checkpoint,
+    or alpha = 0 when it has none."""
+    got = ck.load()
+    if got is None:
+        log.info("mmfs(resume=True): no checkpoint at %s; starting from alpha = 0", ck.path)
+        return None, 0, [], None, None
+    alpha0, meta = got
+    first = int(meta.get("gamma_index", 0))
+    trace = list(meta.get("trace", []))
+    resumed_from = int(meta["round"])
+    w = primal(M, alpha0, gammas[first])
+    log.info("mmfs: resuming from %s at round %d (gamma %.3g)", ck.path, resumed_from, gammas[first])
+    return alpha0, first, trace, resumed_from, w
+
+
+def _gamma_path(M: Matrix, rho: Any, geo: Any, gammas: list[float], first: int, want: int, *, state: Any, w: Any,
+                alpha0: np.ndarray | None, trace: list, fresh: bool, **kw: Any) -> tuple[dict, float]:
+    """:func:`~dufs.methods.mmfs.solver.solve` at each gamma from ``gammas[first]`` on, warm-started from the last
+    (``kw``: its fixed keywords), until the support holds ``want`` features; (the last solve's output, its
+    gamma)."""
     for k in range(first, len(gammas)):
         gk = gammas[k]
         if w is not None and alpha0 is not None:  # warm start: w depends on alpha only; b = gamma sum(alpha)
             w = (w[0], w[1], gk * float(alpha0.sum()))
         with one_blas_thread():
-            out = solve(M, rho, geo, C=float(C), gamma=gk, tol=float(tol), max_epochs=int(max_epochs),
-                        random_state=int(random_state), partitions=partitions, state=state, w=w, trace=trace,
-                        alpha0=alpha0, checkpoint=ck, checkpoint_every=int(checkpoint_every),
-                        checkpoint_meta={"gamma_index": k}, recovery=recovery, gather_g=not on_blocks, cold=fresh,
-                        top=want if on_blocks else 0)
+            out = solve(M, rho, geo, gamma=gk, state=state, w=w, trace=trace, alpha0=alpha0,
+                        checkpoint_meta={"gamma_index": k}, cold=fresh, **kw)
         fresh = False
         state = out["state"]
         alpha0 = out["alpha"]
@@ -223,15 +249,19 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
                  len(trace))
         if support >= want:
             break
-    alpha, g = out["alpha"], out["g"]
-    top = out["top"]  # on_blocks: the ranking's head where the blocks live, (alpha, g - rho) stay there
-    release(state)
-    ws, wt, b = out["ws"], out["wt"], out["b"]
+    return out, gk
+
+
+def _diagnostics(out: dict, gk: float, auto: bool, trace: list, recovery: dict, ck: Checkpoint | None,
+                 resumed_from: int | None, t0: float, n_features: int | None, n_partitions: int,
+                 n_blocks: int) -> dict:
+    """:class:`MMFSResult`'s diagnostics from the last solve's output ``out`` (at gamma ``gk``)."""
+    support = out["support"]
     diagnostics = {
         "objective": out["objective"], "duality_gap": out["gap"],
         "relative_gap": out["gap"] / max(abs(out["objective"]), 1e-300), "converged": out["converged"],
-        "rounds": len(trace), "gamma": gk, "gamma_path": auto, "support": support, "n_partitions": len(partitions),
-        "n_blocks": M.n_blocks, "cocoa_rounds": sum(t.get("rule") == "cocoa+" for t in trace),
+        "rounds": len(trace), "gamma": gk, "gamma_path": auto, "support": support, "n_partitions": n_partitions,
+        "n_blocks": n_blocks, "cocoa_rounds": sum(t.get("rule") == "cocoa+" for t in trace),
         "trace": trace, "solve_time": time.perf_counter() - t0,
         "recoveries": int(recovery.get("recoveries", 0)), "rounds_replayed": int(recovery.get("rounds_replayed", 0)),
         "checkpoint": None if ck is None else ck.path, "checkpoint_writes": 0 if ck is None else ck.writes,
@@ -243,6 +273,4 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
         diagnostics["filled_by_gradient"] = int(n_features - support)
         log.info("the support holds %d features; the other %d are the closest to entering it (dual gradient)",
                  support, n_features - support)
-    # w = ws + t 1: ws itself where t is 0 (every step folds it in; a copy of 8 bytes a sample saved)
-    return MMFSResult(alpha=alpha, w=ws if wt[0] == 0.0 else ws + wt[0], b=float(b), gamma=gk, r=r,
-                      rho=None if on_blocks else rho, g=g, diagnostics=diagnostics, top=top)
+    return diagnostics
