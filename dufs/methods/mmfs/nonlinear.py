@@ -176,17 +176,8 @@ def solve_kernel(M: Matrix, rho: np.ndarray, *, kernel: str, C: float, gamma: fl
     ``kernel``, ``rbf_gamma``, ``passes`` (engine passes made).
     """
     t0 = time.perf_counter()
-    check_size(M, max_features)
-    from dufs.methods.mmfs.problem import MMFS_PARAMS
-
-    check_params(MMFS_PARAMS, {"C": C, "tol": tol, "max_epochs": max_epochs}, "mmfs")
-    if not (isinstance(gamma, int | float) and gamma > 0):  # a value of the path: no "auto" here
-        raise ParameterError(f"The 'gamma' parameter must be a float > 0; got {gamma!r}.")
-    C, gamma, tol = float(C), float(gamma), float(tol)
+    C, gamma, tol, rho = _checked(M, rho, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs, max_features=max_features)
     d = M.shape[1]
-    rho = np.asarray(rho, dtype=np.float64).ravel()
-    if rho.shape != (d,):
-        raise ParameterError(f"rho has shape {rho.shape}; expected ({d},)")
     passes0 = M.passes
     cols = columns if columns is not None else KernelColumns(M, kernel, rbf_gamma=rbf_gamma,
                                                              cache_bytes=cache_bytes)
@@ -216,37 +207,66 @@ def solve_kernel(M: Matrix, rho: np.ndarray, *, kernel: str, C: float, gamma: fl
             Ka = cols.times(alpha, B)  # refresh: the certificate from an exact K alpha
             fresh = True
             continue
-        pg = _projected(G, alpha, C)
-        score = pg * pg / (cols.diag + gamma)
-        score = score * (1.0 + tie)
-        sel = _top(score, B)
-        if sel.size == 0:
+        batch = _round(cols, alpha, G, Ka, rho, C=C, gamma=gamma, tie=tie, B=B)
+        if batch is None:
             converged = True
             break
-        Kc = cols.get(sel)
-        Kbb = np.ascontiguousarray(Kc[sel, :])
-        rest = np.abs(pg).copy()
-        rest[sel] = 0.0
-        eps = max(0.1 * float(rest.max()), 1e-15 * max(1.0, float(np.abs(rho).max(initial=0.0))))
-        aB = alpha[sel].copy()
-        gB = G[sel].copy()
-        dB, sweeps, upd = box_sweeps(Kbb, gB, aB, C, gamma, 1000, eps)
-        alpha[sel] = aB
-        Ka += Kc @ dB
+        active, sweeps, upd = batch
         S = float(alpha.sum())
         fresh = False
         rounds += 1
-        updates_total += int(upd)
+        updates_total += upd
         trace.append({"round": len(trace), "objective": obj, "duality_gap": gap, "relative_gap": rel,
-                      "updates": int(upd), "active": int(sel.size), "sweeps": int(sweeps), "gamma": gamma})
+                      "updates": upd, "active": active, "sweeps": sweeps, "gamma": gamma})
         log.debug("kernel round %d: D = %.10g, gap = %.3g (relative %.3g), batch %d, %d sweeps", rounds, obj, gap,
-                  rel, sel.size, sweeps)
+                  rel, active, sweeps)
     trace.append({"round": len(trace), "objective": obj, "duality_gap": gap, "relative_gap": rel, "updates": 0,
                   "active": 0, "sweeps": 0, "gamma": gamma})
     return {"alpha": alpha, "G": G, "Ka": Ka, "objective": obj, "gap": gap, "relative_gap": rel,
             "converged": converged, "rounds": rounds, "epochs": updates_total / max(d, 1), "trace": trace,
             "columns": cols, "kernel": cols.kind, "rbf_gamma": cols.rbf_gamma, "passes": M.passes - passes0,
             "columns_fetched": cols.fetched, "solve_time": time.perf_counter() - t0}
+
+
+def _checked(M: Matrix, rho: Any, *, C: Any, gamma: Any, tol: Any, max_epochs: Any,
+             max_features: int | None) -> tuple[float, float, float, np.ndarray]:
+    """:func:`solve_kernel`'s parameters checked: (C, gamma, tol, rho as a float vector over the features)."""
+    check_size(M, max_features)
+    from dufs.methods.mmfs.problem import MMFS_PARAMS
+
+    check_params(MMFS_PARAMS, {"C": C, "tol": tol, "max_epochs": max_epochs}, "mmfs")
+    if not (isinstance(gamma, int | float) and gamma > 0):  # a value of the path: no "auto" here
+        raise ParameterError(f"The 'gamma' parameter must be a float > 0; got {gamma!r}.")
+    C, gamma, tol = float(C), float(gamma), float(tol)
+    d = M.shape[1]
+    rho = np.asarray(rho, dtype=np.float64).ravel()
+    if rho.shape != (d,):
+        raise ParameterError(f"rho has shape {rho.shape}; expected ({d},)")
+    return C, gamma, tol, rho
+
+
+def _round(cols: KernelColumns, alpha: np.ndarray, G: np.ndarray, Ka: np.ndarray, rho: np.ndarray, *, C: float,
+           gamma: float, tie: np.ndarray, B: int) -> tuple[int, int, int] | None:
+    """One round: the batch of at most ``B`` coordinates of largest promised decrease, its kernel columns, and
+    box sweeps over it; ``alpha`` and ``Ka`` = K alpha updated in place. (batch size, sweeps, updates), or None when
+    no coordinate can move."""
+    pg = _projected(G, alpha, C)
+    score = pg * pg / (cols.diag + gamma)
+    score = score * (1.0 + tie)
+    sel = _top(score, B)
+    if sel.size == 0:
+        return None
+    Kc = cols.get(sel)
+    Kbb = np.ascontiguousarray(Kc[sel, :])
+    rest = np.abs(pg).copy()
+    rest[sel] = 0.0
+    eps = max(0.1 * float(rest.max()), 1e-15 * max(1.0, float(np.abs(rho).max(initial=0.0))))
+    aB = alpha[sel].copy()
+    gB = G[sel].copy()
+    dB, sweeps, upd = box_sweeps(Kbb, gB, aB, C, gamma, 1000, eps)
+    alpha[sel] = aB
+    Ka += Kc @ dB
+    return int(sel.size), int(sweeps), int(upd)
 
 
 def mmfs_kernel(M: Matrix, y: Any, *, kernel: str = "poly2", n_features: int | None = None, C: float = 1.0,
