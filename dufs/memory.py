@@ -28,9 +28,9 @@ from dufs import config
 
 __all__ = ["STARTUP_DRIVER", "STARTUP_WORKER", "MemoryModel", "memory_model"]
 
-#: resident memory of a driver process with dufs and a distributed client loaded, before any work (measured)
+#: resident memory of a driver process with dufs and a distributed client loaded, before any work (docs/memory.md)
 STARTUP_DRIVER = 300 * 2 ** 20
-#: resident memory of a worker process with dufs' kernels compiled and loaded, before any work (measured)
+#: resident memory of a worker process with dufs' kernels compiled and loaded, before any work (docs/memory.md)
 STARTUP_WORKER = 350 * 2 ** 20
 
 #: the driver's graph, task keys, messages and the selection's JSON
@@ -76,7 +76,7 @@ def memory_model(n_samples: int, n_features: int, nnz: int, method: str, *, n_wo
     score_bytes = 4 if d > int(config.get("engine.driver-features")) else 8
     if family == "filter":
         # the labels as read and checked, np.unique's sort and inverse, the class codes or the centred copy (six
-        # n-vectors at the peak, measured at kddb size); two blocks' float64 results in flight
+        # n-vectors at the peak at kddb size); two blocks' float64 results in flight
         driver = OVERHEAD_DRIVER + score_bytes * d + 6 * 8 * n + 2 * 8 * block_width
         # the shipped labels and their deserialised copy; a block's per-feature statistics (about 10 vectors)
         workers = data + P * (2 * 8 * n + 10 * 8 * block_width)

@@ -90,15 +90,16 @@ def _controller() -> Any:
 def thread_limits(limits: int, user_api: str) -> Any:
     """A context that holds ``user_api``'s ("blas", "openmp") thread pools to ``limits`` threads, from one
     ``ThreadpoolController`` made once a process: ``threadpoolctl.threadpool_limits`` makes a new one each call,
-    scanning the libraries the process has loaded (4-5 ms a call, a fifth of a UFCM k-means run on 16K rows)."""
+    scanning the libraries the process has loaded, a large part of a small k-means run (docs/measurements.md,
+    "UFCM's k-means")."""
     return _controller().limit(limits=limits, user_api=user_api)
 
 
 def one_blas_thread() -> Any:
     """The context an iterative solver's driver runs in while the workers make its passes: BLAS held to one thread.
-    OpenBLAS's threads spin-wait after a threaded call, on the cores the workers need next: on a 2-core machine a
-    pass right after four threaded ``np.vdot`` over a million features took 18-19 ms against 12-15 ms. The
-    driver's vector work between passes is memory-bound, so one thread loses nothing there."""
+    OpenBLAS's threads spin-wait after a threaded call, on the cores the workers need next, which slows the next
+    pass (docs/measurements.md, "BLAS threads on the driver"). The driver's vector work between passes is
+    memory-bound, so one thread loses nothing there."""
     return thread_limits(1, "blas")
 
 

@@ -179,8 +179,8 @@ def _kernel_alone(dask_worker: Any, v: Any, repeats: int) -> float:
     v = local_array(v)  # one copy in shared memory for every worker, or the worker's own
     V = v if v.ndim == 2 else np.ascontiguousarray(np.asarray(v, dtype=np.float32)[:, None])
     outs = [np.empty((b.width, 1)) for b in blocks]
-    for b, o in zip(blocks, outs, strict=True):  # untimed: a fresh array's pages fault in on first touch (tens of
-        csc_rmatvec(b.indptr, b.indices, b.data, V, o)  # ms for a 40 MB output), which a pass's reused buffers skip
+    for b, o in zip(blocks, outs, strict=True):  # untimed: fresh pages fault in on first touch, which a pass's
+        csc_rmatvec(b.indptr, b.indices, b.data, V, o)  # reused buffers skip (docs/measurements.md, "Pooled buffers")
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -233,8 +233,8 @@ def plain_pass_and_ceiling(client: Any, M: Any, v: Any, repeats: int) -> dict[st
 
 def more_plain_passes(ref: dict[str, Any], M: Any, v: Any) -> dict[str, Any]:
     """``ref`` (:func:`plain_pass_and_ceiling`) with as many plain passes again, taken now (after the method's run),
-    and ``pass_s`` the median of all: half before the run and half after, as this machine's speed drifts (a
-    2-worker pass of 12 ms before one UFCM run and 17 ms before the next)."""
+    and ``pass_s`` the median of all: half before the run and half after, as this machine's speed drifts
+    (docs/measurements.md, "Benches")."""
     walls = list(ref["pass_walls_s"]) + plain_pass_seconds(M, v, len(ref["pass_walls_s"]))
     return {**ref, "pass_s": median(walls), "pass_walls_s": walls}
 

@@ -171,8 +171,8 @@ def bench(
             from dufs.bench.m3fs import m3fs_bench as run
         else:
             from dufs.bench.ufcm import ufcm_bench as run
-        # m3fs: 5 runs (a run of three outer iterations takes 1-2 s, and single runs' figures move by a quarter
-        # from run to run on a 2-vCPU machine)
+        # m3fs: 5 runs (a run is short and single runs' figures move from run to run: docs/measurements.md,
+        # "Benches")
         run(**size, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
             repeats=repeats or (5 if what == "m3fs" else 3))
     else:

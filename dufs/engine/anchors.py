@@ -386,7 +386,8 @@ def _rows_colsum(X: Any, start: int, Z: Any, m: int) -> np.ndarray:
 
 def _zh_t(Z: Any, V: np.ndarray) -> np.ndarray:
     """Z^T V for a CSR ``Z`` (n x m) and V (n,) or (n, p), float64, by the engine's kernel on Z's buffers read as
-    the CSC form of Z^T (SciPy's ``Z.T @ V`` builds a transposed copy's multi-vector product 3x slower)."""
+    the CSC form of Z^T (SciPy's ``Z.T @ V`` builds a transposed copy and is slower: docs/measurements.md, "Wide
+    products")."""
     from dufs.kernels.blockops import csc_matvec
 
     V2 = np.ascontiguousarray(V.reshape(V.shape[0], -1), dtype=np.float64)

@@ -4,10 +4,9 @@ allocated where the blocks live).
 Every pass writes each block's (or partition's) result into a fresh array of the same shape as the previous pass's.
 A fresh array of more than a few hundred KiB is mapped anew by the allocator, and its pages fault in again on first
 touch: Dask's workers start with ``MALLOC_TRIM_THRESHOLD_`` set (``distributed.nanny.pre-spawn-environ``), which turns
-glibc's dynamic mmap threshold off, so every such array is an ``mmap``/``munmap`` pair. Measured on the 2-vCPU
-machines this project runs on, faulting in 40 MB of fresh pages took from 6 ms to 1.1 s (pages returned to the
-hypervisor fault in at about 0.1 ms each), against 4 ms to overwrite them; a pass's block tasks ran 1.5-1.9x the
-numba kernel alone over the same blocks.
+glibc's dynamic mmap threshold off, so every such array is an ``mmap``/``munmap`` pair. Faulting fresh pages in
+costs more than overwriting them, and by an amount that varies from run to run (docs/measurements.md, "Pooled
+buffers").
 
 :func:`buffer` hands out an array over memory that an earlier pass of this process allocated, once nothing
 refers to the array it was last handed out as: the result of a pass lives in the worker's memory

@@ -1,13 +1,12 @@
 """A pass's work run on the workers that hold its data without Dask tasks (``Client.run``).
 
 A Dask task costs a pass the scheduler's round: the graph sent, its tasks' transitions, a task started on each
-worker, its completion reported back. On this project's 2-core test machine a round of two tasks that do nothing
-takes 12-16 ms, against 1.5-2 ms for ``Client.run`` of a function on the same two workers (measured alternating,
-200 rounds: medians), and a pass over persisted blocks on 2 workers computes for about 45 ms. Where a pass's inputs
-are already on its workers (persisted blocks, a vector shared through /dev/shm or scattered to them) and its
-results go to a results file in /dev/shm (:mod:`dufs.engine.shm`), no task's result has to be tracked either, so
-the pass can be a function called once on each of those workers, over the data that worker holds:
-:func:`run_on_holders`.
+worker, its completion reported back. That round costs several times a ``Client.run`` of a function on the same
+workers, a large part of a pass's compute time over persisted blocks (docs/measurements.md, "Direct calls").
+Where a pass's inputs are already on its workers (persisted blocks, a vector shared through /dev/shm or scattered
+to them) and its results go to a results file in /dev/shm (:mod:`dufs.engine.shm`), no task's result has to be
+tracked either, so the pass can be a function called once on each of those workers, over the data that worker
+holds: :func:`run_on_holders`.
 
 The function runs in the worker's own task thread pool (the worker's event loop stays free: heartbeats, transfers),
 after whatever task it is running. Anything that stops it (a key that the worker no longer holds, a lost worker, a

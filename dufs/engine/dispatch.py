@@ -9,7 +9,7 @@ large arguments travel.
   ``share``/``tree_sum``/``compute`` act on values.
 - **Large arguments**: :func:`share` makes an array one key of the pass (scattered to the current client, or a
   graph key), so it is shipped once, not once a task; :func:`shipped` scatters for the duration of a ``with``
-  block and releases afterwards. A literal array in a graph is kept by the scheduler after the pass (measured with
+  block and releases afterwards. A literal array in a graph is kept by the scheduler after the pass (seen with
   distributed 2026.8), hence keys.
 - **Which client**: :func:`dufs.scheduling.current_client`, which honours ``dask.config``'s ``scheduler``.
 - **Clean-up**: every future a pass makes is :func:`track`-ed; inside :func:`scope` (``dufs.fit`` runs a method in
@@ -226,8 +226,8 @@ def tree_sum_values(vals: list) -> Any:
 def tree_sum_into(vals: list[np.ndarray], out: np.ndarray) -> np.ndarray:
     """:func:`tree_sum_values` of float arrays of one shape into ``out``: the same pairs added in the same order, so
     the same numbers, with every level but the last written into ``vals``' own arrays (the caller's scratch: they
-    are overwritten) and the last into ``out``, where each level's sums were fresh arrays (a fresh 16 MB array's
-    pages fault in, several ms here)."""
+    are overwritten) and the last into ``out``, where each level's sums were fresh arrays, whose pages fault in
+    (docs/measurements.md, "Pooled buffers")."""
     vals = list(vals)
     if not vals:
         raise ValueError("tree_sum_into needs at least one array")

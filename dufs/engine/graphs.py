@@ -55,13 +55,9 @@ def graph_rows(M: Any) -> Any:
 
     Standardizing a sparse column divides it by its standard deviation, so a feature present in r of n rows takes
     values of order sqrt(n / r) there. The anchor graph's random projection sums every feature of a row with equal
-    weight, so the rarest features decide every embedded distance and the graph loses the samples' structure:
-    on a 200,000 x 300,000 store with 4 planted clusters (30 nonzeros a row) its spectral embedding has an
-    adjusted Rand index of 0.00 with the clusters under "zscore" and "scale" (every eigenvalue 0.308), 0.36 on
-    the raw rows. M3FS and JCFS build their exact kNN graph on these rows too (on a 20,000-row store with 2
-    planted clusters the z-scored rows' graph led each to none of the cluster features, the raw rows' to 20 of 20;
-    JCFS on rcv1_small: LinearSVC accuracy 0.569 -> 0.708, on pcmac 0.555 -> 0.545); LapAOFS's and LapDOFS's keep
-    the method's standardization (on that store they chose none either way). Dense data keep the method's
+    weight, so the rarest features decide every embedded distance and the graph loses the samples' structure.
+    M3FS and JCFS build their exact kNN graph on these rows too; LapAOFS's and LapDOFS's keep the method's
+    standardization (the figures: docs/measurements.md, "Graphs of sparse rows"). Dense data keep the method's
     standardization, as in the papers' experiments. Passes made through the view count on ``M`` (the blocks are
     shared)."""
     if not _is_matrix(M) or M.standardize is None:

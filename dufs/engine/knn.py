@@ -103,9 +103,9 @@ def _gram_of_rows(X: Any, a: int, b: int) -> np.ndarray:
         return np.zeros((X.shape[0], b - a))
     if (b - a) * X.shape[1] * 8 <= _GRAM_DENSE_ROWS_BYTES:
         # the row block dense (bounded by block_rows x the width): a sparse x dense product makes the n x (b - a)
-        # block directly, where sparse x sparse built a nearly dense sparse result first (48,842 x 123 one-hot
-        # rows: 0.44 against 2.6 s a block of 686 rows, the same numbers); by rows (CSR), each output row made
-        # once, where by columns (CSC) every nonzero added into a scattered row (0.13 against 0.54 s)
+        # block directly, where sparse x sparse built a nearly dense sparse result first (the same numbers); by rows
+        # (CSR), each output row made once, where by columns (CSC) every nonzero added into a scattered row
+        # (docs/measurements.md, "Exact kNN graphs")
         return np.ascontiguousarray(X @ X[a:b].toarray().T)
     return np.ascontiguousarray((X @ X[a:b].T).toarray())
 
@@ -121,8 +121,8 @@ def _k_smallest(D: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         tied = np.flatnonzero((D <= kth[:, None]).sum(axis=1) > k)
         if tied.size:
             # what a stable full sort's first k are, without sorting: every entry below the k-th value, then the
-            # lowest-indexed entries equal to it (one-hot data tie at nearly every row: a stable sort of each
-            # 48,842-wide row took 3-4 s a block of 686 rows)
+            # lowest-indexed entries equal to it (one-hot data tie at nearly every row, and a stable sort of every
+            # row is slow: docs/measurements.md, "Exact kNN graphs")
             Dt = D[tied]
             kt = kth[tied, None]
             lt, eq = Dt < kt, Dt == kt
@@ -195,7 +195,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         from dufs.engine.dispatch import current_client
 
         # distances do not change with a centre: rows scaled only (the centring of each Gram block took three
-        # sweeps of it, 4 of 20 s over 48,842 z-scored rows, for the same numbers up to rounding)
+        # sweeps of it, for the same numbers up to rounding: docs/measurements.md, "Exact kNN graphs")
         inv = X.transform.inv_scale
         pi = None if inv is None else PerBlock(inv)
         sq = X.map_blocks(_sqnorm_block, n, pi, reduce="sum")

@@ -37,7 +37,7 @@ def _anchor_laplacian_vec(indptr: np.ndarray, indices: np.ndarray, data: np.ndar
                           v: np.ndarray, threads: int) -> np.ndarray:
     """L v for the anchor graph's normalised Laplacian (:func:`~dufs.kernels.anchor.normed_laplacian_vec`), its rows
     in ``threads`` ranges at once: each range's Zh^T (s v) into an n_anchors row of its own, added in range order,
-    then each range's rows of the result (200,000 rows, 2 threads: 1.4 against 2.6 ms)."""
+    then each range's rows of the result (docs/measurements.md, "Anchor Laplacian")."""
     n, m = indptr.shape[0] - 1, li.shape[0]
     out = np.empty(n)
     if threads <= 1:
@@ -58,7 +58,7 @@ def _laplacian_op(n: int, matvec_W: Any, d: np.ndarray, normed: bool, Zh: Any = 
                   ) -> LinearOperator:
     """L = D - W, or I - D^-1/2 W D^-1/2 (a zero degree gives a zero row of D^-1/2), from a product with W; with
     an anchor graph's ``Zh`` here (CSR) and ``li`` = Lambda^-1, the normalised one's products with one vector in
-    two sweeps of Zh (:func:`~dufs.kernels.anchor.normed_laplacian_vec`: 2.1 against 2.5 ms at 200,000 samples),
+    two sweeps of Zh (:func:`~dufs.kernels.anchor.normed_laplacian_vec`; docs/measurements.md, "Anchor Laplacian"),
     their rows in ranges on the driver's threads from :data:`_THREADED_ROWS` samples (M3FS makes one or two a
     v-solver iteration while the workers wait)."""
     if normed:

@@ -65,10 +65,9 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
 def plan_placement(est: list[int], workers: list[str]) -> dict[int, str]:
     """Block index -> worker address, a fixed placement balanced by nonzeros (``est``: each block's nonzeros, or
     its width when unknown): greedy, largest first onto the least loaded worker, then (:func:`_refine`) single
-    blocks moved, or two swapped, between the most loaded worker and another while that lowers the larger load.
-    The greedy split alone left the 2M x 5M bench store's 16 blocks at 30.8M / 29.2M nonzeros on 2 workers, and
-    the worker with more a step's kernel time in every greedy step (136 against 125 ms over their blocks in one
-    process); balanced, 131 / 130 ms."""
+    blocks moved, or two swapped, between the most loaded worker and another while that lowers the larger load:
+    the greedy split alone left the worker with more nonzeros slower in every greedy step (docs/measurements.md,
+    "Placement")."""
     load = {addr: 0 for addr in workers}
     place = {}
     for i in sorted(range(len(est)), key=lambda i: (-est[i], i)):

@@ -1,10 +1,8 @@
 """Dense vectors shared through the host's shared memory with the worker processes on the driver's machine.
 
 A pass reads its vector V at random rows, so V's place in the cache decides the pass's speed. Scattered, every
-worker process holds its own copy: on this project's 2-core test machine two float64 copies of a 2M-row V (16 MB
-each) did not fit the shared L3 cache together, and a pass on 2 workers ran 1.06x faster than on 1 (the kernel
-alone, each process over half the blocks). With one copy in shared memory that every worker maps, the same two
-kernels ran 2.04x faster than one (docs/architecture.md, "Measured facts").
+worker process holds its own copy, and the copies compete for the shared L3 cache; one copy in shared memory that
+every worker maps does not (docs/measurements.md, "Shared vectors").
 
 :func:`publish` copies an array into a file under ``/dev/shm`` (no pickling, no transfer; the files are pooled, so a
 pass writes into pages that exist and that the workers have mapped before) and yields a :class:`SharedArray`, a
@@ -84,9 +82,9 @@ class SharedArrayLost(RuntimeError):
 _MAPS: OrderedDict[str, np.ndarray] = OrderedDict()
 _MAPS_LOCK = threading.Lock()
 # mappings kept per process at most, of each kind (those whose file was removed are dropped at every lookup): a
-# caller holding a few results cycles the driver's pool through more files than the pool keeps free (the pass
-# bench holds four, and its passes wrote into six files in turn); with 4 kept, a 2-worker pass's workers each
-# mapped its 38 MiB results file afresh every pass (2.0-2.4 ms before the first block)
+# caller holding a few results cycles the driver's pool through more files than the pool keeps free, and a worker
+# that lost its mapping maps the file afresh before its first block (docs/measurements.md, "Results through
+# /dev/shm")
 _KEEP = 8
 
 
@@ -218,9 +216,9 @@ def _new_path() -> str:
 def publish(x: np.ndarray) -> Iterator[SharedArray]:
     """``x`` written to a file in /dev/shm for the duration of the ``with`` block, as a :class:`SharedArray`.
 
-    The file comes from a small pool and goes back to it after (a new file costs the allocation of its pages, 4.3
-    ms for a 7.6 MiB vector and 18 ms for 32 MiB on the test machine, against 0.4 and 2 ms to copy into a pooled
-    one; the workers keep their mappings of it too). Its header numbers each publication, and a task given an
+    The file comes from a small pool and goes back to it after (a new file costs the allocation of its pages, several
+    times the copy into a pooled one; the workers keep their mappings of it too: docs/measurements.md, "Shared
+    vectors"). Its header numbers each publication, and a task given an
     earlier one than the file holds refuses it (:class:`SharedArrayLost`): a pass's vector is never read after its
     pass, not even by a task that the scheduler reruns from its lineage. A block that raises removes its file (a
     task of it may still run); :func:`release_files` removes the pool's, and a process killed leaves them to the
@@ -243,9 +241,9 @@ def _sees(path: str) -> bool:
 
 _ELIGIBLE: dict[tuple, int] = {}
 _WORKERS: dict[str, tuple[float, tuple]] = {}  # client id -> (when asked, its workers' addresses)
-_WORKERS_TTL = 1.0  # seconds: a pass's eligibility checks ask the scheduler at most this often (M3FS makes 30-80
-# passes a second on the test machine). A worker that joins within that time holds none of the blocks, so the
-# pass's tasks, which run where their blocks are, do not go to it
+_WORKERS_TTL = 1.0  # seconds: a pass's eligibility checks ask the scheduler at most this often (M3FS makes dozens
+# of passes a second: docs/measurements.md, "Shared vectors"). A worker that joins within that time holds none of
+# the blocks, so the pass's tasks, which run where their blocks are, do not go to it
 
 
 def workers_share_memory(client: Any) -> int:
@@ -258,7 +256,7 @@ def workers_share_memory(client: Any) -> int:
     if seen is not None and now - seen[0] < _WORKERS_TTL:
         workers = seen[1]
     else:
-        try:  # a round trip to the scheduler (about 1 ms): asked again after _WORKERS_TTL seconds
+        try:  # a round trip to the scheduler: asked again after _WORKERS_TTL seconds
             workers = tuple(sorted(client.scheduler_info(n_workers=-1).get("workers", {})))
         except Exception:
             return 0
@@ -303,13 +301,10 @@ def shared_eligible(client: Any, x: Any) -> bool:
     ``dufs.engine.shared-memory-bytes`` and at most ``dufs.engine.shared-memory-max-bytes``, shared memory not
     switched off, and every worker on this machine.
 
-    One worker too, for a vector of at most ``_ONE_WORKER_MAX`` bytes: scattered, it costs a transfer a pass (5.6
-    ms of a 21 ms pass over 200K rows; the 2M x 5M bench's 1-worker pass over a float32 8 MB vector 111 -> 98 ms
-    shared). A larger one goes scattered, into the worker's huge pages: read at random through the shared file's
-    4 KiB pages, a float64 16 MB vector's pass took 152 ms against 131 scattered. Two workers over a shared vector
-    larger than the cache ran their kernels no faster than over their own copies, but a copy each costs a transfer
-    each: a 2-worker pass over a 2M x 2 float64 V (30 MiB) took 192 ms shared against 238 ms scattered, 2M x 10
-    (152 MiB) 1041 against 1187 ms, so there is no upper limit by default."""
+    One worker too, for a vector of at most ``_ONE_WORKER_MAX`` bytes: scattered, it costs a transfer a pass. A
+    larger one goes scattered, into the worker's huge pages, which read faster at random than the shared file's
+    4 KiB pages. Two or more workers share a vector larger than the cache too: a copy each costs a transfer each,
+    more than the cache loses (docs/measurements.md, "Shared vectors"), so there is no upper limit by default."""
     if client is None or not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf" or _switched_off():
         return False
     if not config.parse_bytes(config.get("engine.shared-memory-bytes")) <= x.nbytes <= _largest():
@@ -339,8 +334,8 @@ _ALIGN = 64
 def put_result(obj: Any, min_bytes: int) -> Any:
     """In a worker: ``obj`` itself, or, when its pickle takes at least ``min_bytes``, a :class:`SharedResult` naming
     a new file in /dev/shm that holds it (a direct call's result otherwise goes to the driver through the
-    scheduler: about 3 ms a MiB on the test machine, against well under 1 ms through the file). The driver
-    removes the file when it reads it (:func:`take_result`)."""
+    scheduler, several times slower than through the file: docs/measurements.md, "Results through /dev/shm"). The
+    driver removes the file when it reads it (:func:`take_result`)."""
     import pickle
 
     bufs: list = []
@@ -509,9 +504,9 @@ def receive(shape: tuple, dtype: Any) -> Iterator[tuple[SharedArray, np.ndarray]
     """A file in /dev/shm for a pass's results, written by the tasks in place (:func:`writable_array`) instead of
     sent back: yields (its reference for the tasks, this process's view of it, read once they have all finished).
     The view is valid inside the ``with`` block only: the file goes back to a small pool after, and a later pass
-    whose results fit in it writes into it (a new file costs the allocation of its pages, 47 ms for 40 MB on the
-    test machine, more than sending the results; the pool keeps the largest files, so passes of several sizes
-    stop allocating). Raises OSError where /dev/shm cannot hold it."""
+    whose results fit in it writes into it (a new file costs the allocation of its pages, more than sending the
+    results: docs/measurements.md, "Results through /dev/shm"; the pool keeps the largest files, so passes of
+    several sizes stop allocating). Raises OSError where /dev/shm cannot hold it."""
     _sweep_stale()
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -529,7 +524,7 @@ _RECEIVED: dict[str, Lease] = {}  # a results' file in a receive block -> the le
 
 def lend(x: SharedArray) -> bool:
     """Inside :func:`receive`'s block: whether its file may stay with the array the block yielded, which the caller
-    then returns as it is (no copy: 38 MiB of a 5M-feature float64 result took 5-6 ms to copy out of it); the file
+    then returns as it is (no copy: docs/measurements.md, "Results through /dev/shm"); the file
     goes back to the pool once nothing refers to that array. False where /dev/shm lacks room for two more such files
     (the caller copies the results out, and the file goes back to the pool at once)."""
     return _RESULTS.lend(x.path, x.nbytes, _RECEIVED[x.path])
