@@ -1,13 +1,13 @@
 """1-D Zarr v3 arrays written straight into a local directory, without Zarr's array machinery.
 
 Creating an array through Zarr reads and rewrites every parent group's ``zarr.json`` and checks for existing nodes,
-each a trip through its I/O threads: a row block's four arrays took 15 ms to create and 23 ms to write on the test
-machine, of which the codecs and the files themselves are about 7 (blosc-lz4 2.4 ms, the files 4). Here the array's
-``zarr.json`` is the one Zarr itself writes for the same dtype and codecs (made once, in memory, by Zarr, and given
-this array's shape and chunk shape), and each chunk is encoded by the codecs that document names (bytes, blosc,
-zstd, crc32c: the same libraries, numcodecs and crc32c, with the same settings as Zarr's codecs) and written as one
-file. A codec chain with anything else in it returns ``False`` and the caller writes through Zarr. The files are
-Zarr's: tests read them back through Zarr and compare every chunk byte for byte with what Zarr writes.
+each a trip through its I/O threads, which cost more than encoding and writing the chunks (docs/measurements.md,
+"Writing arrays"). Here the array's ``zarr.json`` is the one Zarr itself writes for the same dtype and codecs
+(made once, in memory, by Zarr, and given this array's shape and chunk shape), and each chunk is encoded by the
+codecs that document names (bytes, blosc, zstd, crc32c: the same libraries, numcodecs and crc32c, with the same
+settings as Zarr's codecs) and written as one file. A codec chain with anything else in it returns ``False`` and
+the caller writes through Zarr. The files are Zarr's: tests read them back through Zarr and compare every chunk
+byte for byte with what Zarr writes.
 """
 
 from __future__ import annotations

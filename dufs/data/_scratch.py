@@ -3,8 +3,8 @@
 Each parse task reads a block of text, converts and buckets its entries, and lets all of it go; the next task asks
 for the same sizes again. A fresh array of more than a few hundred KiB is mapped anew by the allocator (Dask's
 workers start with ``MALLOC_TRIM_THRESHOLD_`` set, which makes every such array an ``mmap``/``munmap`` pair) and
-its pages fault in again on first touch: on the 2-vCPU test machine a parse task's fresh arrays (about 27 MB for
-8 MiB of text) cost 10-28 ms of a 55-68 ms task. :func:`scratch` hands out an array over memory this thread kept
+its pages fault in again on first touch, a large part of a parse task's time (docs/measurements.md, "Ingest
+scratch arrays"). :func:`scratch` hands out an array over memory this thread kept
 from an earlier task, grown when a block needs more, once nothing refers to the array it last handed out (its lease,
 :mod:`dufs._lease`, as :mod:`dufs.engine.buffers` decides for a pass's results); memory is one buffer per name and
 thread, the size of the largest block seen, until :func:`release` (the end of a build) lets it all go.

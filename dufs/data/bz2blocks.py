@@ -14,8 +14,9 @@ range's end, block by block, to the first newline after it (:func:`range_text`).
 the decompressed stream exactly, line by line.
 
 A range decompresses with ``indexed_bzip2`` where it is installed (``pip install 'dufs[fast-bz2]'``; one thread a
-task: 1.13-1.16x libbz2's rate on the test machine, every block's CRC and the stream's checked as libbz2 does),
-else with the standard library (``dufs.convert.bz2-decoder``: ``auto``, or ``stdlib`` for libbz2 always).
+task, somewhat faster than libbz2: docs/measurements.md, "bzip2"; every block's CRC and the stream's checked as
+libbz2 does), else with the standard library (``dufs.convert.bz2-decoder``: ``auto``, or ``stdlib`` for libbz2
+always).
 
 The 48-bit magic can occur by chance inside compressed data (about once in 2**48 bit positions, and a block
 header must follow it); a range whose rebuilt stream does not decompress is reported to the driver, which

@@ -8,8 +8,8 @@ will read, so its miss overlaps the nonzeros between: a hint only (the numbers a
 whatever the address.
 
 Each kernel writes the guard ``if k + DISTANCE < nnz: prefetch_row(V, indices[k + DISTANCE])`` out in its loop: a
-helper function taking the arrays, called a nonzero, made the products 3-6x slower (numba counts the references
-to the arrays it passes, at every call, even inlined).
+helper function taking the arrays, called a nonzero, made the products several times slower (numba counts the
+references to the arrays it passes, at every call, even inlined: docs/measurements.md, "Prefetching").
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-# how many nonzeros ahead a kernel asks for the row it will read: 32 to 128 measured alike on a 2M-row n x 2
-# float32 V (a miss's latency over the time a nonzero takes); 8 half as good
+# how many nonzeros ahead a kernel asks for the row it will read: about a miss's latency over the time a nonzero
+# takes (docs/measurements.md, "Prefetching")
 DISTANCE = 32
 
 

@@ -163,9 +163,9 @@ _MATVEC_SCALED = [None] + [_generate(_MATVEC_TEMPLATE.replace("(indptr, indices,
 
 
 # A wide product's randomly accessed rows (V's in Z^T V, the result's in Z U: n_rows x p) thrash the cache once
-# they pass about 16 MB: for one block of 3M nonzeros over 200K rows, 20 columns in one sweep took 108 ms (Z^T V) and
-# 119 ms (Z U), in contiguous groups of 5 columns 81 and 76 ms. Over 2M rows even one group of 4 is far past the
-# cache and every group misses again: one sweep is best there (190 against 283-450 ms in groups)
+# they pass about 16 MB: groups of columns that fit it are faster than one sweep. Where even a group of
+# _MIN_GROUP is far past the cache, every group misses again: one sweep is best there (docs/measurements.md,
+# "Wide products")
 _GROUP_BYTES = 8 << 20
 _MIN_GROUP = 4
 
@@ -204,8 +204,8 @@ def csc_label_sums(indptr, indices, data, labels, out):
     ``out.shape[1]``): each column's sum of the values in the rows of each label, float64 ``(n_cols_block, c)``
     (overwritten). The same sums, added in the same order, as :func:`csc_rmatvec` with U itself (its other
     columns' terms are v * 0 = 0), from the labels (4 bytes a row, read at random from the cache) instead of U
-    (8 c bytes a row: 16 MB at 200K rows and c = 10, a 10-column sweep 5x a one-vector pass's time). Labels must lie
-    in ``[0, c)`` and row indices in ``[0, n_rows)`` (neither is checked here)."""
+    (8 c bytes a row: 16 MB at 200K rows and c = 10, past the cache: docs/measurements.md, "Wide products").
+    Labels must lie in ``[0, c)`` and row indices in ``[0, n_rows)`` (neither is checked here)."""
     c = out.shape[1]
     for j in range(indptr.shape[0] - 1):
         for q in range(c):
@@ -231,8 +231,8 @@ def csc_matvec(indptr, indices, data, U, out, scale=None):
 
 
 def col_sums(V: np.ndarray) -> np.ndarray:
-    """Column sums of a tall (n, p) array as float64, one strided pairwise sum per column: NumPy's
-    ``V.sum(axis=0)`` on a C-ordered (2M, 2) array takes 36 ms, this 3 ms."""
+    """Column sums of a tall (n, p) array as float64, one strided pairwise sum per column: faster than NumPy's
+    ``V.sum(axis=0)`` on a C-ordered array (docs/measurements.md, "Wide products")."""
     V = np.asarray(V)
     if V.ndim == 1:
         return np.asarray(V.sum(dtype=np.float64))

@@ -245,8 +245,8 @@ def column_gram(indptr, indices, data, r0, r1, limit, G):
 
     By tiles of _TILE rows: a tile's nonzeros bucketed by row (a count a row, in cache), then every pair of a row's
     nonzeros once. O(nnz + pairs) and the tiles' rows; the columns' pairwise merges would cost k times the
-    nonzeros, and buckets over all rows at once (a count a sample) cost random accesses to memory, 40-50 ms for 2.3M
-    nonzeros on 2M rows."""
+    nonzeros, and buckets over all rows at once (a count a sample) cost random accesses to memory
+    (docs/measurements.md, "MMFS's kernels")."""
     k = indptr.shape[0] - 1
     cur = _row_cursors(indptr, indices, r0)
     pos = np.zeros(_TILE + 1, dtype=np.int32)
@@ -348,7 +348,7 @@ def dense_dcd(Q, G, alpha, C, rng, max_epochs, tol):
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def add_columns(indptr, indices, data, scale, r0, r1, out):
     """``out[r - r0] += sum_j scale_j x_j[r]`` for the rows r in [r0, r1) (each column's rows ascending), by tiles
-    of _TILE rows: out's tile stays in cache (2.3M nonzeros scattered over 2M rows at once: 9-12 ms)."""
+    of _TILE rows: out's tile stays in cache (docs/measurements.md, "MMFS's kernels")."""
     k = indptr.shape[0] - 1
     cur = _row_cursors(indptr, indices, r0)
     for t0 in range(r0, r1, _TILE):
@@ -385,8 +385,8 @@ def smallest_outside(alpha, g, rho, k):
     """(indices, keys) of the k coordinates out of the support (not alpha > 0) with the smallest g - rho, by key
     ascending then index ascending: one sweep keeping the best k in a bounded heap (:mod:`dufs.kernels.topk`,
     O(n log k) whatever the keys' order), then those k sorted. MMFS's ranking fills its head with these when a
-    block's support holds fewer than k: an index array of the block's other coordinates, two gathers, a partition
-    and a sort took 55-90 ms of a 2.5M-feature partition's last task (this: 4 ms at k = 1-200 on random keys)."""
+    block's support holds fewer than k (an index array of the block's other coordinates, two gathers, a partition
+    and a sort took a large part of a partition's last task: docs/measurements.md, "MMFS's kernels")."""
     val = np.empty(k)
     idx = np.empty(k, np.int64)
     cnt = 0
@@ -451,8 +451,8 @@ def mmfs_geometry(s, ss, m2, mn, mx, n_rows, m, mode, coef, shift, qii):
     "scale", 2: "zscore"): coef = 1 / (sd sqrt(m)) (sd the population standard deviation, 1 where it is 0 or not
     finite), shift = the mean (zscore; 0 otherwise), qii = coef^2 times the centred sum of squares (zscore; 0 for a
     constant feature) or the sum of squares. The same operations in the same order as the NumPy expressions of
-    ``dufs.methods.mmfs.problem._geometry_numpy``, so the same numbers, without their dozen temporary arrays (0.17 s a
-    round of init on 5M features)."""
+    ``dufs.methods.mmfs.problem._geometry_numpy``, so the same numbers, without their dozen temporary arrays
+    (docs/measurements.md, "MMFS's kernels")."""
     rm = np.sqrt(np.float64(m))
     for j in range(s.shape[0]):
         coef[j], shift[j], qii[j] = _geometry_at(s[j], ss[j], m2[j], mn[j], mx[j], n_rows, rm, mode)
@@ -469,9 +469,9 @@ def mmfs_block_init(indptr, indices, data, n_rows, m, mode, y, factor, out):
 
     A block's state is made in a worker, where every fresh array's pages are faulted in (Dask's workers return
     freed memory to the system at once): the two kernels and the geometry made 13 arrays a feature; this, the 5
-    rows the state keeps, and reads the nonzeros once (the 2M x 5M bench store, 1 worker: 0.69 -> 0.4 s). The
-    statistics' loop is csc_column_stats's written out again, not shared through a per-column helper: that
-    helper made csc_column_stats 2.2x slower."""
+    rows the state keeps, and reads the nonzeros once. The statistics' loop is csc_column_stats's written out
+    again, not shared through a per-column helper, which made csc_column_stats slower (docs/measurements.md,
+    "MMFS's kernels")."""
     rm = np.sqrt(np.float64(m))
     dot = y.shape[0] > 0
     nnz = np.uint64(indices.shape[0])

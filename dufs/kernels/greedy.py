@@ -200,11 +200,11 @@ def xwx_anchor(indptr, indices, data, z_indptr, z_indices, z_data, lam_inv):
 
 # ---------------------------------------------------------------------------------------------------- the driver's
 # products with the selected columns Z_S (a list of sparse columns, each its rows and values). A LapAOFS selection
-# takes the heavy columns first (a 2M-row bench's first 50 hold 19.5M nonzeros), and the column-at-a-time product
+# takes the heavy columns first (docs/measurements.md, "Greedy steps"), and the column-at-a-time product
 # swept the whole n x p result once a column: by row tiles, every column's rows in a tile go into that tile's rows
 # while they are in cache. ``cuts[t]`` holds column t's offsets at the tile edges 0, TILE_ROWS, 2 TILE_ROWS, ..., n
 # (:func:`tile_cuts`); the tiles [b0, b1) are one thread's share. A column whose values are all one number (binary
-# data: kddb's and the bench's hub columns) comes with that value alone (``dats[t]`` of length 1): the sweeps read
+# data: kddb's hub columns) comes with that value alone (``dats[t]`` of length 1): the sweeps read
 # its rows only, half the bytes, and multiply by the same number, so the same sums.
 TILE_ROWS = 1 << 17
 
@@ -400,7 +400,7 @@ def anchor_step_bits(zh_indptr, zh_indices, zh_data, P, z, Y, w8, T, offset, wd,
     G = T.shape[0]
     p = T.shape[2]
     has_y = Y.shape[0] > 0
-    if p == 2:  # LapAOFS: two columns with scalar sums (the general loop below ran 1.5x longer)
+    if p == 2:  # LapAOFS: two columns with scalar sums (the loop below is slower: docs/measurements.md, "Greedy steps")
         o0 = offset[0]
         o1 = offset[1]
         for i in range(r0, r1):

@@ -372,7 +372,7 @@ def _duplicate_offset(buf, lstart, n, row_sorted):
 def _record_slow(slow, nslow, start, end, slot, line, row, lstart):
     """Put a token for Python's float in row ``nslow`` of the table ``slow``, when it has room (the caller
     counts every token and parses again with a table large enough: growing the table here, an array assigned
-    inside the hot loop, made the whole kernel 1.8x slower)."""
+    inside the hot loop, made the whole kernel much slower: docs/measurements.md, "Parsing")."""
     if nslow < slow.shape[0]:
         slow[nslow, 0] = start
         slow[nslow, 1] = end
@@ -533,7 +533,7 @@ def _parse_kernel(buf, skip_errors, max_recorded, index_limit, allow_qid, slow_c
         if code == 0:
             # the label: the common one (a sign and plain digits, at most 15, ending the token) here, as the index
             # and value below. The three digit loops are written out on purpose: one shared helper returning
-            # (value, end), plain or numba-inlined, parsed the ingest bench's text at 303-313 MB/s against 558
+            # (value, end), plain or numba-inlined, parsed far slower (docs/measurements.md, "Parsing")
             q = pos
             neg = buf[q] == _MINUS
             if neg or buf[q] == _PLUS:

@@ -12,9 +12,8 @@ MAX_GRANULE = 1 << 16
 def entry_dtype(value_dtype) -> np.dtype:
     """A spill entry: its column's offset in its granule (uint16: the granule is its bucket's), its row within the
     row block (int32) and its value, packed in one record (little-endian, 10 bytes for float32 values): the
-    bucketing writes one stream a granule instead of three (a block of 957K entries in 354 granules: 3.5-4.5 ms
-    against 8-12), a slice of a spill is one read, and the spill, the largest thing a conversion writes, is 10
-    bytes an entry instead of 12."""
+    bucketing writes one stream a granule instead of three (docs/measurements.md, "Transposing"), a slice of a
+    spill is one read, and the spill, the largest thing a conversion writes, is 10 bytes an entry instead of 12."""
     return np.dtype([("off", "<u2"), ("row", "<i4"), ("val", np.dtype(value_dtype).newbyteorder("<"))])
 
 
@@ -112,8 +111,8 @@ def _merge_spills(entries, width, col0, bounds, first_granule, granule, seg_rows
         indptr[c + 1] += indptr[c]
     pos = indptr[:-1].copy()
     # granule by granule, each segment's entries of that granule in turn: the writes of one granule stay within its
-    # stretch of the output (cached) instead of scattering over the whole block (47 -> 31 ms for 3.7M entries over
-    # 181K columns in 8 segments); a column's entries still come segment after segment, so rows ascend
+    # stretch of the output (cached) instead of scattering over the whole block (docs/measurements.md,
+    # "Transposing"); a column's entries still come segment after segment, so rows ascend
     for q in range(n_gran):
         base = (first_granule + q) * granule - col0
         for s in range(nseg):

@@ -1,6 +1,6 @@
 """The k smallest of a sweep's keys, ties to the lower index, in a bounded heap (numba): O(n log k) whatever the
-keys' order (a sorted k-list shifts up to k entries for each key that enters: 3x slower on 2.5M keys in decreasing
-order at k = 200). Used where a sweep needs only the head of a ranking: MMFS's ranking head
+keys' order (a sorted k-list shifts up to k entries for each key that enters: docs/measurements.md, "MMFS's
+kernels"). Used where a sweep needs only the head of a ranking: MMFS's ranking head
 (:func:`dufs.kernels.dcd.smallest_outside`) and M3FS's sigma step (:func:`dufs.kernels.vstep.top_positive`)."""
 
 from __future__ import annotations

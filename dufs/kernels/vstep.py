@@ -107,7 +107,7 @@ def hinge_manifold(f, y, mu, c, lf, lam, grad):
 def sqrt_weights(sigma, colsum, s_half, a):
     """s_half = sigma^1/2 (0 where sigma is not positive, NaN where it is NaN) and, unless ``colsum`` is empty,
     the balance's vector a = s_half colsum, in one sweep (NumPy's maximum, sqrt and product: three sweeps and three
-    fresh vectors over the features, 4 ms a v-step at a million features)."""
+    fresh vectors over the features; docs/measurements.md, "M3FS's v-step")."""
     has_a = colsum.shape[0] > 0
     for k in range(sigma.shape[0]):
         s = sigma[k]
@@ -223,8 +223,8 @@ def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step
         k1 = np.uint64(indptr[j + 1])
         acc = 0.0
         for k in range(k0, k1):
-            # R's row of a nonzero ahead (asking for out's row too, for the second loop, made a sweep of the bench
-            # store's 6M nonzeros 42 ms against 33)
+            # R's row of a nonzero ahead (asking for out's row too, for the second loop, made the sweep slower:
+            # docs/measurements.md, "Prefetching")
             if k + np.uint64(DISTANCE) < nnz:
                 prefetch_row(R, indices[k + np.uint64(DISTANCE)])
             acc += np.float64(data[k]) * R[np.uint64(indices[k])]
@@ -260,10 +260,10 @@ def fista_sweep(indptr, indices, data, R, x, xp, beta, si, a, ga, cm, rsum, step
 @numba.njit(nogil=True, cache=True)
 def top_positive(g, k):
     """(the indices of the k largest positive entries of g, by value descending then index ascending, the sum of g
-    over every other entry): one sweep keeping the best k in a bounded heap of -g (:mod:`dufs.kernels.topk`,
-    O(n log k) whatever the order of g), one more for the sum. The sigma step's water-filling
-    (dufs.methods.m3fs.problem.sigma_step) needs only these: at a million features an argpartition, the sort of its head
-    and the mask of the rest took 10 ms a step."""
+    over every other entry; 0 where fewer than k entries are positive): one sweep keeping the best k in a bounded
+    heap of -g (:mod:`dufs.kernels.topk`, O(n log k) whatever the order of g), one more for the sum. The sigma
+    step's water-filling (dufs.methods.m3fs.problem.sigma_step) needs only these, where an argpartition, the sort
+    of its head and the mask of the rest cost more (docs/measurements.md, "M3FS's v-step")."""
     val = np.empty(k)
     idx = np.empty(k, np.int64)
     cnt = 0
@@ -284,7 +284,7 @@ def top_positive(g, k):
 def weighted_norm2(V, sigma):
     """(sum_k ||V_k||^2 / sigma_k over the k with sigma_k > 0, whether some V_k != 0 has sigma_k <= 0 (or NaN)):
     M3FS's regulariser (times 2) in one sweep of V (d, p) and sigma, where NumPy's row norms, mask, masked division
-    into a fresh array and sum took 13 ms at a million features."""
+    into a fresh array and sum cost more (docs/measurements.md, "M3FS's v-step")."""
     total = 0.0
     bad = False
     for k in range(V.shape[0]):
