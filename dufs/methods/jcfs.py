@@ -198,7 +198,7 @@ def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, 
                                 "select_gamma": select_gamma}, "jcfs")
     k = check_k(M, n_features)
     t0 = time.perf_counter()
-    # the kNN graph of sparse data too on its unstandardized rows: graph_rows says why, with the figures
+    # the kNN graph of sparse data too on its unstandardized rows (graph_rows says why)
     Wg = sample_graph(graph_rows(M), W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t,
                       n_anchors=n_anchors, anchor_neighbors=anchor_neighbors, embed_dim=embed_dim,
                       random_state=random_state)

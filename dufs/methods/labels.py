@@ -39,8 +39,8 @@ def target_type(y: np.ndarray) -> str:
 
 def unique_codes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(classes, codes)``: the sorted distinct labels and each sample's index among them, as ``np.unique(y,
-    return_inverse=True)`` gives them (the distinct values first, then a binary search of each label among them:
-    0.6-1.0 s less than the inverse's sort for 19M labels of two classes)."""
+    return_inverse=True)`` gives them (the distinct values first, then a binary search of each label among them,
+    faster than the inverse's sort: docs/measurements.md, "Labels")."""
     classes = np.unique(y)
     if y.dtype == np.float64 and y.ndim == 1 and not (classes.size and np.isnan(classes[-1])):
         return classes, class_codes(y, classes)
@@ -52,8 +52,8 @@ def class_labels(y: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     a continuous target (a value that is not a whole number) or a single class is a :class:`ParameterError`."""
     y = np.asarray(y, dtype=np.float64).ravel()
     classes, codes = unique_codes(y)
-    # target_type's rule on the distinct values alone (type_of_target and np.unique's inverse took 1.2-1.8 s of
-    # kddb's 19M labels, this 0.2 s)
+    # target_type's rule on the distinct values alone (type_of_target and np.unique's inverse are slower:
+    # docs/measurements.md, "Labels")
     if np.any(classes != np.trunc(classes)):
         n = classes.shape[0]
         raise ParameterError(f"method {method!r} needs class labels; y looks continuous ({n} distinct values, not all "

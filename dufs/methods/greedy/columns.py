@@ -46,13 +46,12 @@ def _row_shares(count: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------------- the driver
 class SelectedColumns:
     """The selected columns on the driver (raw, sparse, one array pair a column, kept as they arrived: adding one
-    copies nothing, where growing one buffer reallocated and copied all of them, 60-590 ms at a time for 1M-row hub
-    columns) with their transform, and H = G_SS (k x k). Products with them run through the engine's numba
-    kernels, by row tiles. A column of one value with at least n / 32 rows (kddb's and the bench's heavy binary
-    columns, which a LapAOFS selection takes first) is also kept as one bit of a row-major mask
-    (:func:`~dufs.kernels.greedy.bits_eligible`): the products over every row (Z_S c) and over a sparse vector's rows
-    (Z_S^T y, :meth:`tapply_rows`) read it instead of the columns' row numbers: a 2M-row bench's first 45 selected
-    columns hold 18.9M nonzeros, 76 MB of row numbers, against 16 MB of mask."""
+    copies nothing, where growing one buffer reallocated and copied all of them) with their transform, and
+    H = G_SS (k x k). Products with them run through the engine's numba kernels, by row tiles. A column of one value
+    with at least n / 32 rows (kddb's heavy binary columns, which a LapAOFS selection takes first) is also kept as
+    one bit of a row-major mask (:func:`~dufs.kernels.greedy.bits_eligible`): the products over every row (Z_S c)
+    and over a sparse vector's rows (Z_S^T y, :meth:`tapply_rows`) read it instead of the columns' row numbers, a
+    fraction of their bytes (docs/measurements.md, "Greedy steps")."""
 
     def __init__(self, n: int, lam2: float, dtype: Any = np.float64):
         self.n = n

@@ -78,8 +78,8 @@ def _block_transform(coef: np.ndarray, shift: np.ndarray) -> dict:
 
 # LapAOFS's and LapDOFS's step vectors (V = [B r, B Z_S d], or [B r]) go to the workers in float32 (the products
 # accumulate in float64) once they are larger than this in float64: a step's kernel gathers V's row at every
-# nonzero, from random rows, and n x 2 float64 outgrows a server's last-level cache at n ~ 1M (2M x 2: 3.5-4x a
-# one-vector pass's kernel, in float32 1.2x; docs/methods.md); at kddb size it halves what a step ships. Not JCFS:
+# nonzero, from random rows, and n x 2 float64 outgrows a server's last-level cache at n ~ 1M (docs/methods.md,
+# "LapAOFS and LapDOFS"); at kddb size it halves what a step ships. Not JCFS:
 # a candidate in the selected span has both its numbers at rounding level and their ratio is its score
 _STEP_F32_BYTES = 1 << 23
 
@@ -139,8 +139,8 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
 
 def _save_block(directory: str, start: int, st: dict, mode: int) -> None:
     """The block's candidates after step ``st["step"]``: (s, sel, and v but for LapDOFS, whose v stays 0) a step,
-    the thresholds ``tiny`` (fixed at the start) once a run, in their own file (at kddb size a step wrote 750 MB,
-    a third of it the same thresholds again)."""
+    the thresholds ``tiny`` (fixed at the start) once a run, in their own file (saved with every step, they were a
+    third of what a step wrote: docs/measurements.md, "Greedy steps")."""
     if not st["tiny_saved"]:
         atomic_write(os.path.join(directory, f"block-{start}-tiny.npy"), lambda f: np.save(f, st["tiny"]),
                      fsync=False)

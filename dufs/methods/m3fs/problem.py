@@ -91,8 +91,8 @@ def sigma_step(V: Any, m: float) -> np.ndarray:
             sigma[g == 0] = (m - nnz) / rest
         return sigma
     # at most floor(m) features are capped: only the floor(m) + 1 largest g are needed, in order (by g descending,
-    # then index), and the sum of the others (a full argsort over a million features took 45 ms; an argpartition,
-    # the sort of its head and the mask of the rest 10 ms: top_positive sweeps g twice)
+    # then index), and the sum of the others: top_positive sweeps g twice, where a full argsort or an argpartition
+    # cost more (docs/measurements.md, "M3FS's v-step")
     k = min(nnz, int(np.floor(m)) + 1)
     top, rest = top_positive(g, k)
     gs = g[top]

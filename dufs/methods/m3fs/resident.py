@@ -52,8 +52,8 @@ def _init(blks, st, U0, s, inv, mu, colsum):
     s = sigma^1/2 and the constants it is weighed with (the transform's ``inv`` and ``mu``, the column sums), each
     block's part copied out; si = s inv, cm = si mu and a = s colsum made here, as the driver makes them (x's memory
     is reused once x is let go). The state's arrays are pooled (:func:`~dufs.engine.buffers.buffer`): a worker's
-    fresh arrays fault their pages in (a 1M-feature state's start: 14-57 ms on the M3FS bench's bigger block,
-    7 ms pooled), and a solve's state goes back to the pool when it is dropped, for the next solve's."""
+    fresh arrays fault their pages in (docs/measurements.md, "M3FS's v-step"), and a solve's state goes back to the
+    pool when it is dropped, for the next solve's."""
 
     def parts(v):
         if v is None:
@@ -123,7 +123,7 @@ def _decided(st, decision):
 
 def _free(st, x, xp, i):
     """An array of block ``i`` that the state ``st`` held and (x, xp) no longer do (its memory reused: a fresh array's
-    pages fault in again each call, about 10 ms a call of 1M features here), or None."""
+    pages fault in again each call; docs/measurements.md, "M3FS's v-step"), or None."""
     for c in (None if st["u"] is None else st["u"][i], st["xp"][i], st["x"][i]):
         if c is not None and c is not x[i] and c is not xp[i]:
             return c
@@ -217,9 +217,8 @@ class ResidentU:
     def renew(self, s_half: np.ndarray) -> None:
         """The next v-step's start from this state: u0 = V0 / s_half made on the workers from their u (V0 = s_old
         u), and the weights for the new s_half; s_half alone shipped (the start made afresh shipped four vectors
-        over the features and copied them into new arrays: 27 of an outer iteration's 450 ms on the M3FS bench),
-        with the next call (:meth:`step` or :meth:`result`): a call of its own cost 6 ms more an outer
-        iteration on that bench (the time to reach the workers and back)."""
+        over the features and copied them into new arrays), with the next call (:meth:`step` or :meth:`result`): a
+        call of its own costs the time to reach the workers and back (docs/measurements.md, "M3FS's v-step")."""
         self.pending = np.ascontiguousarray(s_half, dtype=np.float64)
         self.V = None
 

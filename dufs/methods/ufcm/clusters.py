@@ -15,9 +15,8 @@ from dufs.scheduling import results_in_threads, thread_limits
 _KMEANS_SAMPLE_ABOVE = 1 << 17  # samples above which a random k-means start is first fitted on a sample
 
 
-# rows of that sample: on the 200K x 1M bench (c = d' = 10) a start took 35 ms with 2^15 rows, 20 ms with 2^14, its
-# candidates as good (k-means terms of 20 starts: best 293.5K / 294.3K, median 301.4K / 300.4K), the objective after
-# 5 iterations 158,711.75 / 158,702.04, a U step 0.31 -> 0.23 s
+# rows of that sample: 2^14 made a start faster than 2^15, its candidates as good (docs/measurements.md, "UFCM's
+# k-means")
 _KMEANS_SAMPLE = 1 << 14
 
 
@@ -42,8 +41,8 @@ def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int, *, refine: bool = True)
     centres (:func:`_choose` refines the candidate that wins)."""
     from sklearn.cluster import KMeans
 
-    # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (40x slower on a
-    # loaded 2-core machine). OpenMP's thread count is per calling thread, so this holds in a pool's thread too
+    # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (docs/measurements.md,
+    # "UFCM's k-means"). OpenMP's thread count is per calling thread, so this holds in a pool's thread too
     with thread_limits(1, "openmp"):
         if isinstance(init, str) and Y.shape[0] > _KMEANS_SAMPLE_ABOVE:
             pick = np.random.default_rng(seed).choice(Y.shape[0], size=_KMEANS_SAMPLE, replace=False)
@@ -65,7 +64,7 @@ def _choose(Y: np.ndarray, c: int, fixed: list[Any], starts: list[int], seed: in
     assignment of all rows to its centres; the one chosen, if a random start wins, then runs Lloyd on all rows
     from its own centroids (kept when it lowers the term, which it does not raise in theory). The term only falls
     from the judged one, so the step never increases it, and one Lloyd run on all rows is made instead of one a
-    start (on 200K x 10, c = 10, n_init = 10: a U step of 0.32 s, 0.75 s with every start refined)."""
+    start (docs/measurements.md, "UFCM's k-means")."""
     sampled = Y.shape[0] > _KMEANS_SAMPLE_ABOVE
     calls = [f if callable(f) else (lambda f=f: f) for f in fixed] + [
         functools.partial(_kmeans, Y, c, "k-means++", s, refine=not sampled) for s in starts]

@@ -58,7 +58,7 @@ class _Centred:
     def _centre(self, out: np.ndarray, s: np.ndarray) -> None:
         """out -= m s^T (s: the column sums of the vectors Z^T was applied to), in place: row by row in one sweep,
         no temporary (:func:`~dufs.kernels.affine.standardize_rows`; the same numbers as NumPy's
-        ``out -= m[:, None] * s``, which took 15 ms a call at 1M x 10 in slabs against 4 ms)."""
+        ``out -= m[:, None] * s`` in slabs, which was slower: docs/measurements.md, "UFCM's scatter")."""
         if out.ndim == 1:
             out -= s * self.m
         else:
@@ -99,8 +99,8 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
     value. Returns (values, vectors, products, converged)."""
     d = Zc.d
     b = min(d, k + max(4, k)) if V0 is None else V0.shape[1]
-    # in place where the array is ours (a fresh d x b array for each Cholesky QR pass faulted its pages in: 0.23 s
-    # a call on 1M x 20, against 0.10 s)
+    # in place where the array is ours (a fresh d x b array for each Cholesky QR pass faulted its pages in:
+    # docs/measurements.md, "UFCM's scatter")
     V = _orth(rng.standard_normal((d, b)), inplace=True) if V0 is None else _orth(V0)
     products, converged = 0, False
     theta = np.zeros(b)
@@ -169,8 +169,8 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
             out *= alpha
             out += (1.0 - alpha) * Zc.rmatvec(Zc.matvec(full))[idx]
             del full
-        # alpha = 1 (the default) needs no d x p array of all features: at kddb size that one (960 MB, made for
-        # every product and not used) was part of the driver's 17.7 GB when the secular solve fell back to LOBPCG
+        # alpha = 1 (the default) needs no d x p array of all features: at kddb size that one, made for every
+        # product and not used, was part of the driver's peak (docs/measurements.md, "UFCM's scatter")
         out -= beta * Da[:, None] * X2
         return out[:, 0] if one else out
 
@@ -181,7 +181,7 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
         from scipy.sparse.linalg import lobpcg
 
         # a block of k + a few columns: each LOBPCG iteration is one block product (two passes), against one
-        # pass pair per vector for Lanczos (measured on a 20k x 50k store: 197 passes an iteration with eigsh)
+        # pass pair per vector for Lanczos (docs/measurements.md, "UFCM's scatter")
         rng = np.random.default_rng(0)
         extra = min(max(2, k // 2), max(0, idx.size - k))
         X = np.hstack([X0, rng.standard_normal((idx.size, extra))]) if extra else np.array(X0)
@@ -198,8 +198,8 @@ def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarr
 def _on_features(d: int, idx: np.ndarray, V: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """W (d x k): ``V``'s rows on the features ``idx``, zero elsewhere (``V`` itself, contiguous, when ``idx`` is
     every feature: no second d x k array at kddb size), written into ``out`` (an array the caller is done with, of
-    that shape) when given: a fresh d x k array's pages faulted in took 40-180 ms of a 0.7 s iteration at 1M x 10,
-    rewriting one 12 ms."""
+    that shape) when given: a fresh d x k array's pages fault in, which costs several times rewriting one
+    (docs/measurements.md, "UFCM's scatter")."""
     if idx.size == d:
         return np.ascontiguousarray(V)
     if out is not None and out.shape == (d, V.shape[1]) and out.dtype == np.float64 and out.flags.c_contiguous \
