@@ -284,7 +284,7 @@ def partition_matvec_into(srcs, Ws, into, slots, U=None, tfs=None):
     return len(slots)
 
 
-def group_matvec(srcs, Ws, n_rows):
+def partition_matvec(srcs, Ws, n_rows):
     """Sum over a group of blocks of X_b W_b, accumulated into one (n_rows, p) buffer (see Matrix.matvec)."""
     out = np.zeros((n_rows, Ws[0].shape[1]), dtype=np.float64)
     for src, W in zip(srcs, Ws, strict=True):

@@ -6,8 +6,8 @@ large arguments travel.
 - **Inline**: inside :func:`inline_pass` ``(True)``, the "tasks" are the block results themselves, computed as the
   pass is built, in this process, with no Dask graph (a small matrix and no distributed client: a pass then takes
   about what Dask would spend building and running its graph). ``delayed`` returns the function itself,
-  ``share``/``tree_sum``/``compute`` act on values.
-- **Large arguments**: :func:`share` makes an array one key of the pass (scattered to the current client, or a
+  ``ship``/``tree_sum``/``compute`` act on values.
+- **Large arguments**: :func:`ship` makes an array one key of the pass (scattered to the current client, or a
   graph key), so it is shipped once, not once a task; :func:`shipped` scatters for the duration of a ``with``
   block and releases afterwards. A literal array in a graph is kept by the scheduler after the pass (seen with
   distributed 2026.8), hence keys.
@@ -32,7 +32,7 @@ import numpy as np
 from dufs.scheduling import current_client
 
 __all__ = ["compute", "current_client", "delayed", "forget", "in_shared_memory", "inline_pass", "is_inline",
-           "scatter_to", "scope", "share", "shareable", "shipped", "track", "tree_sum", "tree_sum_into",
+           "scatter_to", "scope", "ship", "shippable", "shipped", "track", "tree_sum", "tree_sum_into",
            "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
@@ -94,14 +94,14 @@ def delayed(fn: Callable, pure: bool = False) -> Callable:
     return dask.delayed(fn, pure=pure)
 
 
-def share(x: Any) -> Any:
-    """A large argument (an array of 64 KiB or more, a SciPy sparse matrix, or an object whose ``dufs_share`` is
+def ship(x: Any) -> Any:
+    """A large argument (an array of 64 KiB or more, a SciPy sparse matrix, or an object whose ``dufs_ship`` is
     true: one that holds such arrays) as one key, so a pass ships it once:
     under a distributed client a scattered future (released with the pass's last reference to it), else a graph
     key; small arguments and inline passes take ``x`` as it is."""
     if _INLINE.get():
         return x
-    if shareable(x):
+    if shippable(x):
         client = current_client()
         if client is not None:
             return track(client.scatter(x, hash=False))
@@ -255,10 +255,10 @@ def compute(tasks: list) -> list:
     return list(dask.compute(*tasks)) if tasks else []
 
 
-def shareable(x: Any) -> bool:
-    """Whether :func:`share` sends ``x`` as one key: an array of 64 KiB or more, a SciPy sparse matrix, or an object
-    whose ``dufs_share`` is true."""
-    return isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x) or getattr(x, "dufs_share", False)
+def shippable(x: Any) -> bool:
+    """Whether :func:`ship` sends ``x`` as one key: an array of 64 KiB or more, a SciPy sparse matrix, or an object
+    whose ``dufs_ship`` is true."""
+    return isinstance(x, np.ndarray) and x.nbytes >= 1 << 16 or _is_scipy(x) or getattr(x, "dufs_ship", False)
 
 
 def _is_scipy(x: Any) -> bool:

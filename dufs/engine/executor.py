@@ -196,14 +196,14 @@ class Executor(ProductPasses, StatePasses):
         client = current_client()
         return None if client is None else self.placed(client)[1]
 
-    def homes(self, client: Any, units: list[list[int]] | None) -> list[str | None]:
-        """The worker of each block (``units`` None) or partition: the one holding most of its blocks' nonzeros
+    def homes(self, client: Any, partitions: list[list[int]] | None) -> list[str | None]:
+        """The worker of each block (``partitions`` None) or partition: the one holding most of its blocks' nonzeros
         (persisted blocks; None for each otherwise)."""
         where = self.placed(client)[2]
-        if units is None:
+        if partitions is None:
             return where
         out: list[str | None] = []
-        for q in units:
+        for q in partitions:
             nnz: dict[str, int] = {}
             for i in q:
                 if where[i] is not None:
@@ -215,7 +215,7 @@ class Executor(ProductPasses, StatePasses):
         """Whether direct calls may run over these blocks at all (direct passes on, blocks persisted)."""
         return direct_eligible(client) and self.residency.get("mode") == "persisted"
 
-    def direct_jobs(self, units: list[list[int]]) -> dict[str, list[int]] | None:
+    def direct_jobs(self, partitions: list[list[int]]) -> dict[str, list[int]] | None:
         """``{worker address: [partition number, ...]}`` for a pass run as direct calls on the workers that hold
         each partition's blocks, or None where it cannot be (no client, direct passes off, a partition's blocks on
         more than one worker or on none)."""
@@ -224,7 +224,7 @@ class Executor(ProductPasses, StatePasses):
             return None
         where = self.placed(client)[2]
         jobs: dict[str, list[int]] = {}
-        for u, blocks in enumerate(units):
+        for u, blocks in enumerate(partitions):
             owners = {where[i] for i in blocks}
             if len(owners) != 1 or None in owners:
                 return None
@@ -235,15 +235,15 @@ class Executor(ProductPasses, StatePasses):
     def check_partitions(self, partitions: Any) -> list[list[int]]:
         """``Matrix.map_blocks``'s ``partitions`` checked: lists of block indices, each block in exactly one."""
         try:
-            units = [[int(i) for i in g] for g in partitions]
+            parts = [[int(i) for i in g] for g in partitions]
         except TypeError:
             raise ParameterError("The 'partitions' parameter of map_blocks must be a list of lists of block "
                                  "indices.") from None
-        flat = [i for g in units for i in g]
-        if any(not g for g in units) or sorted(flat) != list(range(self.n_blocks)):
+        flat = [i for g in parts for i in g]
+        if any(not g for g in parts) or sorted(flat) != list(range(self.n_blocks)):
             raise ParameterError(f"The 'partitions' parameter of map_blocks must split the {self.n_blocks} blocks "
                                  f"into non-empty partitions, each block in exactly one; got {partitions!r}.")
-        return units
+        return parts
 
     def block_item(self, a: Any, i: int) -> Any:
         """Block ``i``'s item of a :class:`PerBlock` argument (its list item, or its slice over the block's

@@ -36,7 +36,7 @@ from dufs.engine.blocks import (
     local_topk,
     map_one,
 )
-from dufs.engine.dispatch import current_client, delayed, inline_pass, share, tree_sum
+from dufs.engine.dispatch import current_client, delayed, inline_pass, ship, tree_sum
 from dufs.engine.executor import Executor
 from dufs.engine.inputs import (
     as_2d,
@@ -236,7 +236,7 @@ class Matrix:
         from dufs.engine.stats import block_stats
 
         f = delayed(block_stats)
-        c = share(codes) if codes is not None else None
+        c = ship(codes) if codes is not None else None
         parts = self.executor.run([f(s, n, c, k) for s in self.executor.src], "column statistics")
         if parts:
             st = ColumnStats.concat(parts)
@@ -414,7 +414,7 @@ class Matrix:
             C *= inv[ids][None, :]
         return C
 
-    def kernel_column(self, i: Any, kind: str = "linear", *, gamma: float | None = None) -> np.ndarray:
+    def similarity_column(self, i: Any, kind: str = "linear", *, gamma: float | None = None) -> np.ndarray:
         """k(z_i, z_j) for every feature j: ``kind`` is ``"linear"`` (z_i^T z_j), ``"poly2"`` (the degree-2
         homogeneous polynomial (z_i^T z_j)^2; the squared correlation times n^2 under ``"zscore"``) or ``"rbf"``
         (exp(-gamma ||z_i - z_j||^2), ``gamma`` default 1 / n_samples).
@@ -423,7 +423,7 @@ class Matrix:
         the columns, one product), plus the statistics pass when not yet cached.
         """
         if kind not in ("linear", "poly2", "rbf"):
-            raise ParameterError(f"The 'kind' parameter of kernel_column must be 'linear', 'poly2' or 'rbf'; "
+            raise ParameterError(f"The 'kind' parameter of similarity_column must be 'linear', 'poly2' or 'rbf'; "
                                  f"got {kind!r}.")
         n, d = self.shape
         one = np.ndim(i) == 0
@@ -431,7 +431,7 @@ class Matrix:
         if gamma is None:
             gamma = 1.0 / max(n, 1)
         elif not (isinstance(gamma, int | float | np.floating) and gamma > 0):
-            raise ParameterError(f"The 'gamma' parameter of kernel_column must be a float > 0; got {gamma!r}.")
+            raise ParameterError(f"The 'gamma' parameter of similarity_column must be a float > 0; got {gamma!r}.")
         G = self.rmatvec(self.dense_columns(ids))
         if kind == "poly2":
             G = G * G
@@ -463,15 +463,15 @@ class Matrix:
         """
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
-        units = None if partitions is None else self.executor.check_partitions(partitions)
+        parts = None if partitions is None else self.executor.check_partitions(partitions)
         items = None
         if state is not None:
             items = state.items if isinstance(state, BlockState) else list(state)
-            n = self.n_blocks if units is None else len(units)
+            n = self.n_blocks if parts is None else len(parts)
             if len(items) != n:
                 raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
-                                     f"{'blocks' if units is None else 'partitions'}")
-        return self.executor.map(fn, args, kwargs, items, reduce, units, _name(fn))
+                                     f"{'blocks' if parts is None else 'partitions'}")
+        return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn))
 
     @_inline_when_small
     def map_sums(self, fn: Any, keys: list, *args: Any, then: Any = None, then_args: tuple = ()) -> list:
@@ -490,8 +490,8 @@ class Matrix:
         ex = self.executor
         if not ex.src:  # no blocks: every sum is None (map_blocks' sum of nothing), finished here
             return [None if then is None else then(None, key, *then_args) for key in keys]
-        shared = [ex.scatter_per_block(share(a)) for a in args]
-        fin = [share(a) for a in then_args]
+        shared = [ex.scatter_per_block(ship(a)) for a in args]
+        fin = [ship(a) for a in then_args]
         f = delayed(map_one)
         g = delayed(then) if then is not None else None
         out = []
@@ -516,7 +516,7 @@ class Matrix:
         ties go to the lower index."""
         if not isinstance(k, int | np.integer) or k < 1:
             raise ParameterError(f"The 'k' parameter of topk must be an int >= 1; got {k!r}.")
-        shared = tuple(share(a) for a in args)
+        shared = tuple(ship(a) for a in args)
         f = delayed(block_topk)
         parts = self.executor.run([f(s, fn, int(k), largest, shared, kwargs, b.start)
                                    for s, b in zip(self.executor.src, self.blocks, strict=True)], "top-k")
@@ -540,8 +540,8 @@ class Matrix:
         if dtype is None:
             dtype = np.float32 if d > int(config.get("engine.driver-features")) else np.float64
         scores = np.empty(d, dtype=dtype)
-        shared = tuple(share(a) for a in args)
-        kw = {key: share(v) for key, v in kwargs.items()}
+        shared = tuple(ship(a) for a in args)
+        kw = {key: ship(v) for key, v in kwargs.items()}
         kk = None if k is None else int(k)
         cands: dict[int, tuple] = {}  # block -> its (ids, scores), merged in block order: ties to the lower index
 
@@ -576,12 +576,30 @@ def _name(fn: Any) -> str:
 
 def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_width: int | None = None,
               persist: bool | str = "auto", client: Any = None) -> Matrix:
-    """A :class:`Matrix` from any input: NumPy, SciPy sparse, pydata sparse, a Dask array (dense or sparse chunks;
-    its column chunks become the feature blocks, rechunked to ``block_width`` when given, never materialised
-    whole), a :class:`~dufs.data.SparseStore`, a store path or URL, or a Matrix (returned with ``standardize``).
+    """A :class:`Matrix` from any input.
 
-    ``persist="auto"`` persists the blocks on the distributed client (given or active) when they fit
-    (:meth:`Matrix.persist`); ``False`` never does.
+    Parameters
+    ----------
+    X : array-like, Dask array, SparseStore, str, path-like or Matrix
+        NumPy, SciPy sparse, pydata sparse, a Dask array (dense or sparse chunks; its column chunks become the
+        feature blocks, rechunked to ``block_width`` when given, never materialised whole), a
+        :class:`~dufs.data.SparseStore`, a store path or URL, or a Matrix (a view of it with ``standardize``).
+    standardize : {"zscore", "scale", None}
+        The transform applied inside every product.
+    y : array-like, optional
+        Labels (n_samples); for a store, its labels by default.
+    block_width : int, optional
+        Features per block for in-memory and Dask input.
+    persist : {"auto", True, False}
+        ``"auto"`` (or True) persists the blocks on the distributed client (given or active) when they fit
+        (:meth:`Matrix.persist`); ``False`` never does.
+    client : distributed.Client, optional
+        The client to persist on (default: the active one).
+
+    Returns
+    -------
+    Matrix
+        Release it when done (``with as_matrix(X) as M:``), which drops what its passes left on the workers.
     """
     if isinstance(X, Matrix):
         return X.with_standardize(standardize)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dufs import config
-from dufs.engine.blocks import block_matvec, block_rmatvec, group_matvec, partition_matvec_into, partition_rmatvec
+from dufs.engine.blocks import block_matvec, block_rmatvec, partition_matvec, partition_matvec_into, partition_rmatvec
 from dufs.engine.buffers import buffer
 from dufs.engine.direct import DirectFailed
 from dufs.engine.dispatch import current_client, delayed, shipped, tree_sum, tree_sum_into
@@ -29,28 +29,29 @@ class ProductPasses:
         ``V2``, or the labels with ``classes`` > 0; ``vsum``, ``tf`` the blocks' transforms, ``dt`` the rounding),
         gathered here as ``dtype``; with ``gather`` False a :class:`BlockState` of the blocks' results, left where
         they were made."""
-        units = self.pass_partitions() if gather else None
-        with shipped(V2, broadcast=units is not None and len(units) > 1, shared=True) as Vs:
-            if units is None:
+        partitions = self.pass_partitions() if gather else None
+        with shipped(V2, broadcast=partitions is not None and len(partitions) > 1, shared=True) as Vs:
+            if partitions is None:
                 f = delayed(block_rmatvec)
                 tasks = [f(s, Vs, vsum, tf[i], dt, classes) for i, s in enumerate(self.src)]
                 if not gather:
                     return self.run_resident(tasks)
-                units = [[i] for i in range(self.n_blocks)]
+                partitions = [[i] for i in range(self.n_blocks)]
             else:
-                got = self._rmatvec_shared(units, Vs, vsum, tf, dt, shape, np.dtype(dtype), classes)
+                got = self._rmatvec_shared(partitions, Vs, vsum, tf, dt, shape, np.dtype(dtype), classes)
                 if got is not None:
                     return got
                 f = delayed(partition_rmatvec)
                 tasks = [f([self.src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, None, None, classes)
-                         for u in units]
-            return self._rows_gathered(tasks, units, shape, dtype)
+                         for u in partitions]
+            return self._rows_gathered(tasks, partitions, shape, dtype)
 
-    def _rows_gathered(self, tasks: list, units: list[list[int]], shape: tuple, dtype: Any) -> np.ndarray:
-        """The pass of ``tasks`` (one a unit of blocks), each result written into its blocks' rows as it arrives."""
+    def _rows_gathered(self, tasks: list, partitions: list[list[int]], shape: tuple, dtype: Any) -> np.ndarray:
+        """The pass of ``tasks`` (one a partition, or a block), each result written into its blocks' rows as it
+        arrives."""
         bounds = self.bounds
         # one partition holding every block in order (one worker) is the result as it is: taken, not copied
-        whole = len(units) == 1 and units[0] == list(range(self.n_blocks))
+        whole = len(partitions) == 1 and partitions[0] == list(range(self.n_blocks))
         res: list[np.ndarray] = []
 
         def place(u: int, got: np.ndarray) -> None:
@@ -61,7 +62,7 @@ class ProductPasses:
             if not res:
                 res.append(np.empty(shape, dtype))
             o = 0
-            for i in units[u]:
+            for i in partitions[u]:
                 a, b = bounds[i], bounds[i + 1]
                 res[0][a:b] = got[o:o + b - a]
                 o += b - a
@@ -69,7 +70,7 @@ class ProductPasses:
         self.run_streaming(tasks, "Z^T V", place)
         return res[0] if res else np.empty(shape, dtype)
 
-    def _rmatvec_shared(self, units: list[list[int]], Vs: Any, vsum: Any, tf: list, dt: Any, shape: tuple,
+    def _rmatvec_shared(self, partitions: list[list[int]], Vs: Any, vsum: Any, tf: list, dt: Any, shape: tuple,
                         dtype: np.dtype, classes: int = 0) -> np.ndarray | None:
         """The partitions' results written by direct calls, else tasks, into one file in /dev/shm, whose array is
         the result, where every worker is on this machine: none of it sent back through the network. None where
@@ -78,10 +79,10 @@ class ProductPasses:
 
         def args(into: Any) -> list[tuple]:
             return [([self.src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, into, [int(bounds[i]) for i in u],
-                     classes) for u in units]
+                     classes) for u in partitions]
 
         for direct in (True, False):
-            jobs = self.direct_jobs(units) if direct else None
+            jobs = self.direct_jobs(partitions) if direct else None
             if direct and jobs is None:
                 continue
             try:
@@ -103,9 +104,9 @@ class ProductPasses:
         """X diag(inv) U2 (n, p) (the centring's part is the caller's), summed over the blocks in a fixed tree.
         ``tf``: the blocks' transforms, for direct calls that scale their own rows of U2 by ``inv``."""
         p = U2.shape[1]
-        groups = self.matvec_groups(n * p * 8)
+        partitions = self.matvec_partitions(n * p * 8)
         client = current_client()
-        out = self._matvec_shared(U2, None, n, p, tf) if groups is None else None
+        out = self._matvec_shared(U2, None, n, p, tf) if partitions is None else None
         if out is not None:
             return out
         # each block's rows of U diag(inv) sent to the worker that holds the block (scattered wherever, half of
@@ -115,15 +116,15 @@ class ProductPasses:
         Us = U2 * inv[:, None] if inv is not None else U2  # one scaled copy; the blocks' rows are views
         Wb = [Us[b.start:b.stop] for b in self.blocks]
         with shipped(Wb, where=where) as Ws:
-            if groups is None:
+            if partitions is None:
                 out = self._matvec_shared(None, Ws, n, p)
                 if out is not None:
                     return out
                 f = delayed(block_matvec)
                 parts = [f(s, Ws[i], n) for i, s in enumerate(self.src)]
             else:
-                f = delayed(group_matvec)
-                parts = [f([self.src[i] for i in g], [Ws[i] for i in g], n) for g in groups]
+                f = delayed(partition_matvec)
+                parts = [f([self.src[i] for i in g], [Ws[i] for i in g], n) for g in partitions]
             return self.run([tree_sum(parts)], "Z U")[0]
 
     def _matvec_shared(self, Us: np.ndarray | None, Ws: list | None, n: int, p: int, tf: list | None = None
@@ -136,11 +137,11 @@ class ProductPasses:
         With ``Us`` (U whole, and ``tf`` the blocks' transforms when their rows are to be scaled by inv there): one
         direct call a worker over its blocks' rows of ``Us``, shared through /dev/shm; None where that cannot run.
         With ``Ws`` (each block's rows of U diag(inv), shipped): one task a worker."""
-        units = self.pass_partitions()
+        partitions = self.pass_partitions()
         nb = self.n_blocks
-        if units is None or nb * n * p * 8 > config.parse_bytes(config.get("engine.wide-product-bytes")):
+        if partitions is None or nb * n * p * 8 > config.parse_bytes(config.get("engine.wide-product-bytes")):
             return None
-        jobs = self.direct_jobs(units) if Us is not None else None
+        jobs = self.direct_jobs(partitions) if Us is not None else None
         if Us is not None and jobs is None:
             return None
         bounds = self.bounds
@@ -155,11 +156,11 @@ class ProductPasses:
                     except OSError:  # /dev/shm cannot hold U: the blocks' rows shipped to tasks instead
                         return None
                     args = [([self.src[i] for i in u], [(int(bounds[i]), int(bounds[i + 1])) for i in u],
-                             into.target, u, ref, None if tf is None else [tf[i] for i in u]) for u in units]
+                             into.target, u, ref, None if tf is None else [tf[i] for i in u]) for u in partitions]
                     self.direct_pass("Z U", partition_matvec_into, jobs, args)
                 else:
                     f = delayed(partition_matvec_into)
-                    tasks = [f([self.src[i] for i in u], [Ws[i] for i in u], into.target, u) for u in units]
+                    tasks = [f([self.src[i] for i in u], [Ws[i] for i in u], into.target, u) for u in partitions]
                     self.run_streaming(tasks, "Z U", lambda u, r: None)
                 # summed in the file's slots, the last level into an array of this process's pool
                 return tree_sum_into([into.array[i] for i in range(nb)], buffer((n, p), np.float64))
@@ -167,10 +168,10 @@ class ProductPasses:
             self.placed_at = {}
             return None
 
-    def matvec_groups(self, out_bytes: int) -> list[list[int]] | None:
+    def matvec_partitions(self, out_bytes: int) -> list[list[int]] | None:
         """For a product Z U whose n_samples x p result is large (``out_bytes`` at least
-        ``dufs.engine.wide-product-bytes``) under a distributed client: the blocks in one group per worker (its
-        persisted blocks together), each group one task that accumulates its blocks into a single n x p buffer, so a
+        ``dufs.engine.wide-product-bytes``) under a distributed client: the blocks in one partition per worker (its
+        persisted blocks together), each partition one task that accumulates its blocks into a single n x p buffer, so a
         worker holds one such buffer at a time instead of a partial per block waiting for the tree. The sum then
         depends on the number of workers (rounding only); below the bound, one partial per block in a fixed tree."""
         client = current_client()

@@ -11,7 +11,7 @@ import dask
 
 from dufs.engine.blocks import PerBlock, map_group, map_one, map_state
 from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
-from dufs.engine.dispatch import compute, current_client, delayed, share, shareable, track, tree_sum, tree_sum_values
+from dufs.engine.dispatch import compute, current_client, delayed, ship, shippable, track, tree_sum, tree_sum_values
 from dufs.engine.state import BlockState
 
 __all__ = ["StatePasses"]
@@ -24,19 +24,19 @@ _SPILL_BYTES = 256 << 10
 class StatePasses:
     """The executor's ``map_blocks`` passes (a mixin of :class:`~dufs.engine.executor.Executor`)."""
 
-    def map(self, fn: Any, args: tuple, kwargs: dict, state: Any, reduce: str | None, units: list | None,
+    def map(self, fn: Any, args: tuple, kwargs: dict, state: Any, reduce: str | None, partitions: list | None,
             name: str) -> Any:
-        """``Matrix.map_blocks`` (checked there): ``fn`` over every block, or every partition of ``units``;
+        """``Matrix.map_blocks`` (checked there): ``fn`` over every block, or every partition of ``partitions``;
         ``state`` a list of the blocks' or partitions' items (or None)."""
 
         def pick(a: Any, u: int) -> Any:
-            if units is None:
+            if partitions is None:
                 return self.block_item(a, u)
-            return [self.block_item(a, i) for i in units[u]] if isinstance(a, PerBlock) else a
+            return [self.block_item(a, i) for i in partitions[u]] if isinstance(a, PerBlock) else a
 
-        srcs = list(self.src) if units is None else [[self.src[i] for i in q] for q in units]
+        srcs = list(self.src) if partitions is None else [[self.src[i] for i in q] for q in partitions]
         if state is not None:
-            got = self._map_direct(fn, srcs, state, args, kwargs, units, reduce, pick, name)
+            got = self._map_direct(fn, srcs, state, args, kwargs, partitions, reduce, pick, name)
             if not isinstance(got, str):
                 return got
             resident = [i for i in state if isinstance(i, Resident)]
@@ -44,21 +44,21 @@ class StatePasses:
                 release_resident(resident)
                 flush_drops(current_client())
                 raise HeldLost(f"the block state kept on the workers by direct calls was lost: {got}")
-        shared = [self.scatter_per_block(share(a)) for a in args]
-        kw = {k: self.scatter_per_block(share(v)) for k, v in kwargs.items()}
+        shared = [self.scatter_per_block(ship(a)) for a in args]
+        kw = {k: self.scatter_per_block(ship(v)) for k, v in kwargs.items()}
 
         def task_args(u: int) -> tuple:
             return tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}
 
         if state is None:
-            f = delayed(map_one if units is None else map_group)
+            f = delayed(map_one if partitions is None else map_group)
             tasks = [f(fn, s, *task_args(u)) for u, s in enumerate(srcs)]
             if reduce == "sum":
                 return self.run([tree_sum(tasks)], name)[0] if tasks else None
             return self.run(tasks, name)
-        return self._map_tasks(fn, srcs, state, task_args, units, reduce)
+        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce)
 
-    def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, units: list | None,
+    def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
                    reduce: str | None) -> tuple:
         """``map`` with state as tasks, each pinned (loosely) to the worker of its blocks, the new state left there."""
         from operator import getitem
@@ -67,11 +67,11 @@ class StatePasses:
         f = delayed(map_state)
         g = delayed(getitem, pure=True)
         client = current_client()
-        home = self.homes(client, units) if client is not None else [None] * n
+        home = self.homes(client, partitions) if client is not None else [None] * n
         new, res = [], []
         for u, s in enumerate(srcs):
-            # a unit's task and the two picks of its output on the worker of its blocks: left free, a pick could
-            # run on the other worker and pull the whole (state, result) pair across
+            # a partition's (or block's) task and the two picks of its output on the worker of its blocks: left
+            # free, a pick could run on the other worker and pull the whole (state, result) pair across
             with dask.annotate(**({"workers": [home[u]], "allow_other_workers": True} if home[u] else {})):
                 p = f(fn, s, items[u], *task_args(u))
                 new.append(g(p, 0))
@@ -84,34 +84,34 @@ class StatePasses:
         out = client.gather(futs[n:])
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
-    def _direct_homes(self, client: Any, items: list, units: list | None) -> tuple | str:
-        """(jobs, the worker of each unit, the worker of each block, whether calls fetch moved blocks) for
+    def _direct_homes(self, client: Any, items: list, partitions: list | None) -> tuple | str:
+        """(jobs, the worker of each partition, the worker of each block, whether calls fetch moved blocks) for
         :meth:`_map_direct`, or why it cannot run."""
-        unit_blocks = units if units is not None else [[i] for i in range(self.n_blocks)]
+        blocks_of = partitions if partitions is not None else [[i] for i in range(self.n_blocks)]
         resident = any(isinstance(i, Resident) for i in items)
         if resident and all(isinstance(it, Resident) for it in items) and self.direct_ok(client):
-            # each unit where its state is kept: a block that moved meanwhile is fetched back by the call
+            # each partition where its state is kept: a block that moved meanwhile is fetched back by the call
             # (dufs.engine.direct); the state goes only with its worker
             jobs: dict[str, list[int]] = {}
             home = {}
             for u, it in enumerate(items):
                 jobs.setdefault(it.address, []).append(u)
                 home[u] = it.address
-            unit_of = {i: u for u, bs in enumerate(unit_blocks) for i in bs}
-            return jobs, home, [home[unit_of[i]] for i in range(self.n_blocks)], True
-        jobs = self.direct_jobs(unit_blocks)
+            partition_of = {i: u for u, bs in enumerate(blocks_of) for i in bs}
+            return jobs, home, [home[partition_of[i]] for i in range(self.n_blocks)], True
+        jobs = self.direct_jobs(blocks_of)
         if jobs is None:
-            return "its blocks are not on one worker a unit, or direct passes are switched off"
+            return "its blocks are not on one worker a partition, or direct passes are switched off"
         home = {u: a for a, us in jobs.items() for u in us}
         if resident and not all(not isinstance(it, Resident) or it.address == home[u] for u, it in enumerate(items)):
             return "part of its state is kept on the workers and part is not"
         return jobs, home, self.placed(client)[2], False
 
-    def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, units: list | None,
+    def _map_direct(self, fn: Any, srcs: list, items: list, args: tuple, kwargs: dict, partitions: list | None,
                     reduce: str | None, pick: Any, name: str) -> tuple | str:
-        """``map`` with state as direct calls: each unit's ``fn(blocks, state, ...)`` called on the worker that
+        """``map`` with state as direct calls: each partition's ``fn(blocks, state, ...)`` called on the worker that
         holds its blocks, the new state kept in that worker's memory (a :class:`~dufs.engine.direct.Resident` item
-        a unit), the results brought back and (``reduce``) summed here by the workers' fixed tree. Why it cannot
+        a partition), the results brought back and (``reduce``) summed here by the workers' fixed tree. Why it cannot
         run, where it cannot (the caller runs tasks, or, over state kept by direct calls, says it was lost); a call
         that fails over state kept that way raises the worker's error."""
         from dufs.engine.shm import results_local, take_result
@@ -122,7 +122,7 @@ class StatePasses:
         # /dev/shm, where tasks send theirs straight back. State kept by direct calls says they ran here before
         if not resident and not results_local(client):
             return "the workers are not all on this machine"
-        homes = self._direct_homes(client, items, units)
+        homes = self._direct_homes(client, items, partitions)
         if isinstance(homes, str):
             return homes
         jobs, home, where, follow = homes
@@ -158,7 +158,7 @@ class StatePasses:
         def place(a: Any) -> Any:
             if isinstance(a, PerBlock):
                 return self.scatter_per_block(a, where)
-            return track(client.scatter(a, hash=False, broadcast=True)) if shareable(a) else a
+            return track(client.scatter(a, hash=False, broadcast=True)) if shippable(a) else a
 
         dargs = [place(a) for a in args]
         dkw = {k: place(v) for k, v in kwargs.items()}

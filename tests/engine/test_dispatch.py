@@ -44,7 +44,7 @@ def test_the_active_client_runs_a_pass_unless_dask_config_says_otherwise(cluster
             with dask.config.set(scheduler=local):
                 assert current_client() is None and distributed_client() is cluster_client
                 big = np.zeros(1 << 14)
-                key = dispatch.share(big)
+                key = dispatch.ship(big)
                 assert isinstance(key, Delayed) and not isinstance(key, Future)  # a graph key, not scattered
                 with dispatch.shipped(big) as got:
                     assert got is big  # nothing scattered
@@ -58,7 +58,7 @@ def test_inline_passes_take_values():
         assert dispatch.tree_sum([1, 2, 3, 4, 5]) == 15
         assert dispatch.compute([1, 2]) == [1, 2]
         big = np.zeros(1 << 14)
-        assert dispatch.share(big) is big
+        assert dispatch.ship(big) is big
     assert not dispatch.is_inline()
     parts = [dask.delayed(v) for v in (1.0, 2.0, 3.0)]
     assert dispatch.compute([dispatch.tree_sum(parts)]) == [6.0]

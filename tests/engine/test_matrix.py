@@ -153,7 +153,7 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
         for Mw in (Matrix(X.tocsc(), standardize="zscore", block_width=16),
                    Matrix(X.tocsc(), standardize="zscore", block_width=16).persist()):
             with dask.config.set({"dufs.engine.wide-product-bytes": 1}):
-                assert len(Mw.executor.matvec_groups(300 * 3 * 8)) == 2
+                assert len(Mw.executor.matvec_partitions(300 * 3 * 8)) == 2
                 np.testing.assert_allclose(Mw.matvec(U), Z @ U, **TOL)
                 np.testing.assert_allclose(Mw.matvec(U[:, 0]), Z @ U[:, 0], **TOL)
 

@@ -181,7 +181,7 @@ def test_stats_and_products_match_dense(request, tmp_path, sched):
 
 
 @pytest.mark.parametrize("sched", SCHEDULERS)
-def test_kernel_column_and_columns_match_dense(request, tmp_path, sched):
+def test_similarity_column_and_columns_match_dense(request, tmp_path, sched):
     @_settings(sched)
     @given(X=_matrices(), width=st.integers(1, 15), mode=st.sampled_from(MODES),
            source=st.sampled_from(SOURCES[sched]), gamma=st.floats(1e-3, 2.0), seed=st.integers(0, 2**32 - 1),
@@ -199,7 +199,7 @@ def test_kernel_column_and_columns_match_dense(request, tmp_path, sched):
             try:
                 C = M.columns(ids)
                 Cd = M.dense_columns(ids)
-                got = {(kind, g, which): M.kernel_column(i if which == "int" else kid, kind, gamma=g)
+                got = {(kind, g, which): M.similarity_column(i if which == "int" else kid, kind, gamma=g)
                        for kind in ("linear", "poly2", "rbf") for g in (None, gamma) for which in ("int", "list")
                        if kind == "rbf" or g is None}
             finally:
@@ -301,7 +301,7 @@ def _results(M, y, V, U):
                                                    "class_sum", "class_sumsq")}
     out["rmatvec"], out["matvec"] = M.rmatvec(V), M.matvec(U)
     out["rmatvec1"], out["matvec1"] = M.rmatvec(V[:, 0]), M.matvec(U[:, 0])
-    out["kernel"] = M.kernel_column([0, M.shape[1] - 1], "rbf")
+    out["kernel"] = M.similarity_column([0, M.shape[1] - 1], "rbf")
     return out
 
 

@@ -213,9 +213,9 @@ def test_mmfs_margins_read_the_labels_from_shared_memory(cluster_client):
     with cluster_client.as_current(), dask.config.set(ALL):
         M = as_matrix(X, standardize="scale", block_width=8, persist=True)
         _, spec = margin_spec(M, y, 0.5, 0.2, "correlation")
-        assert spec.dufs_share  # the labels as an array: scattered once
+        assert spec.dufs_ship  # the labels as an array: scattered once
         with spec_shared(spec) as sp:
-            assert isinstance(sp.yn, shm.SharedArray) and not sp.dufs_share
+            assert isinstance(sp.yn, shm.SharedArray) and not sp.dufs_ship
         got = margin_summary(M, spec)
         M.release()
     rho = margins(dufs.engine.Matrix(X, standardize="scale"), y, 0.5, 0.2, "correlation")[3]

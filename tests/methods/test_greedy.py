@@ -341,7 +341,7 @@ def test_jcfs_on_a_process_cluster(cluster_client):
 
 # ---------------------------------------------------------------------------------------------------- a lost worker
 _ENGINE_CALLS = ("map_blocks", "rmatvec", "matvec", "columns", "dense_columns", "topk", "column_stats",
-                 "kernel_column", "executor.run_resident")
+                 "similarity_column", "executor.run_resident")
 
 
 def _count_engine_calls(monkeypatch, on_call):

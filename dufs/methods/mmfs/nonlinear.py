@@ -10,7 +10,7 @@ Kernels (c = 1/sqrt(m) for "zscore"/"scale", c = 1 for None, so f = c z):
 - ``"linear"``: f_i^T f_j = c^2 z_i^T z_j;
 - ``"poly2"``: (f_i^T f_j)^2 = c^4 (z_i^T z_j)^2, the squared correlation under "zscore" (the paper's choice);
 - ``"rbf"``: exp(-rbf_gamma ||f_i - f_j||^2) = exp(-(rbf_gamma c^2) ||z_i - z_j||^2), so the engine's
-  :meth:`Matrix.kernel_column` is asked for gamma = rbf_gamma c^2. ``rbf_gamma`` defaults to 1 / mean ||f_i||^2
+  :meth:`Matrix.similarity_column` is asked for gamma = rbf_gamma c^2. ``rbf_gamma`` defaults to 1 / mean ||f_i||^2
   over the non-constant features (1 under "zscore": ||f_i - f_j||^2 = 2 - 2 corr_ij).
 
 The solver is a working-set dual coordinate descent that keeps the exact gradient G = (K + gamma 1 1^T) alpha - rho
@@ -97,8 +97,8 @@ class KernelColumns:
     def _engine(self, ids: list[int]) -> np.ndarray:
         M = self.M
         if self.kind == "rbf":
-            return M.kernel_column(ids, "rbf", gamma=self.rbf_gamma * self.c2)
-        G = M.kernel_column(ids, self.kind)
+            return M.similarity_column(ids, "rbf", gamma=self.rbf_gamma * self.c2)
+        G = M.similarity_column(ids, self.kind)
         return G * (self.c2 if self.kind == "linear" else self.c2 * self.c2)
 
     def get(self, ids: Any) -> np.ndarray:

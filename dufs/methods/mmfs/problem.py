@@ -230,7 +230,7 @@ class MarginSpec:
     r: np.ndarray | None = None
 
     @property
-    def dufs_share(self) -> bool:
+    def dufs_ship(self) -> bool:
         """Whether a pass ships it once (scattered) rather than inside each block's task: while it holds n-vectors
         (not once they are in /dev/shm, :func:`dufs.methods.mmfs.solver.spec_shared`)."""
         return any(isinstance(a, np.ndarray) and a.nbytes >= 1 << 16 for a in (self.yn, self.codes, self.r))
