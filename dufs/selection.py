@@ -513,5 +513,18 @@ def _read_bytes(path: str) -> bytearray:
 
 
 def load_selection(path: str | os.PathLike) -> Selection:
-    """A selection file written by :meth:`Selection.to_json` (``dufs select -o``), with its sidecars."""
+    """A selection file written by :meth:`Selection.to_json` (``dufs select -o``), with its sidecars.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The JSON file; its ``.npy`` sidecars (every feature's score, long diagnostics) are read beside it and their
+        crc32c checked.
+
+    Returns
+    -------
+    Selection
+        With ``indices``, the selected features' scores and ``transform``; ``scores`` is None (and a
+        :class:`~dufs.errors.DufsWarning` says so) when the sidecar of scores is missing.
+    """
     return Selection.from_json(os.fspath(path))

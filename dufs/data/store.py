@@ -257,7 +257,28 @@ class RawBlock:
 
 
 class SparseStore:
-    """A complete dufs store, opened read-only. Use :func:`open_store` (``dufs.open``)."""
+    """A complete dufs store, opened read-only. Use :func:`open_store` (``dufs.open``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The store's directory or fsspec URL.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        (n_samples, n_features).
+    nnz : int
+        Nonzeros.
+    dtype : numpy.dtype
+        The values' type.
+    y : ndarray or None
+        The labels, when the store has them.
+    feature_ids : ndarray or None
+        The original feature ids, when the input had them.
+    meta : StoreMeta
+        The store's metadata (block bounds and nonzeros, checksums, provenance).
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.location = Location.of(path)
@@ -472,7 +493,25 @@ def _check_orientation(o: str) -> str:
 
 
 def open_store(path: str | os.PathLike) -> SparseStore:
-    """Open a finished dufs store (a local directory or an fsspec URL such as ``memory://x.zarr``)."""
+    """Open a finished dufs store, read-only (``dufs.open``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        A local directory or an fsspec URL such as ``memory://x.zarr`` or ``s3://bucket/x.zarr``, written by
+        ``dufs convert``, :func:`dufs.write_store` or ``dufs make-synthetic``.
+
+    Returns
+    -------
+    SparseStore
+        Its shape, nonzeros, labels and blocks; give it (or its path) to :func:`dufs.fit`.
+
+    Raises
+    ------
+    StoreError
+        No finished store at ``path`` (a build interrupted, a directory of something else), saying what is there
+        and what to do.
+    """
     return SparseStore(path)
 
 
