@@ -115,8 +115,8 @@ def _is_dask(X: Any) -> bool:
 def _small_dask(X: Any) -> bool:
     """Whether a Dask array has at most ``dufs.engine.inline-nnz`` elements (dense or not: its nonzeros are at most
     that many), so that :func:`fit` computes it and runs in this process, as for in-memory input of that size,
-    instead of starting a cluster and running every pass through it (about 40 ms a pass on a LocalCluster against
-    well under 1 ms in this process: 22,971 passes of M3FS on digits 1 vs 7 took about 15 minutes)."""
+    instead of starting a cluster and running every pass through it (a pass on a LocalCluster costs many times one
+    in this process: docs/measurements.md, "Small inputs in this process")."""
     from dufs import config
 
     shape = getattr(X, "shape", ())
@@ -128,9 +128,8 @@ def small_store(X: Any) -> bool:
     """Whether ``X`` is a dufs store (a path, URL or :class:`~dufs.data.SparseStore`) of at most
     ``dufs.engine.inline-nnz`` nonzeros: :func:`fit` (and ``dufs select``) then run it in this process with no
     cluster to start, as for in-memory input of that size (every pass over it takes less than a task's overhead:
-    3,165 passes of M3FS on a 1,000 x 47,117 store took 58 s through an embedded LocalCluster of 2 processes
-    against 1.8 s here). Reads the store's metadata only; a path that is no store is not small (``fit`` then
-    says why)."""
+    docs/measurements.md, "Small inputs in this process"). Reads the store's metadata only; a path that is no
+    store is not small (``fit`` then says why)."""
     from dufs import config
     from dufs.data import SparseStore, open_store
 

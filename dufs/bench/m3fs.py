@@ -31,9 +31,8 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
     (labels, the v-step's FISTA iterations, the sigma step) and of one v-solver iteration, after a warm-up run of
     two short iterations, against plain ``Matrix.rmatvec(v)`` passes in the same cluster; peak RSS per worker during
     the runs. ``repeats`` runs of ``max_iter`` outer iterations, each between plain passes (3 before, 3 after)
-    that are its reference: this machine's speed halves for a minute at times (a pass of 15 ms took 30 in one
-    run and 15 in the next), and a run and its passes then share the conditions; the figure is the median of the
-    runs' ratios."""
+    that are its reference: this machine's speed halves for a minute at times (docs/measurements.md, "Benches"),
+    and a run and its passes then share the conditions; the figure is the median of the runs' ratios."""
     from dufs.engine import as_matrix
     from dufs.engine.graphs import anchor_graph
     from dufs.methods.m3fs import m3fs_alternating
@@ -58,7 +57,7 @@ def m3fs_bench(*, rows: int = 200_000, features: int = 1_000_000, nnz_per_row: i
             kw = dict(n_features=n_features, C=10.0, lambda_=0.01, W=Wg, alternations=1, init="random",
                       random_state=seed)
             # a warm-up (as the plain pass has): the kernels loaded from numba's cache in every process, a cost
-            # each process pays once (0.5 s of the first outer iteration here), not an iteration's; two outer
+            # each process pays once (docs/measurements.md, "Benches"), not an iteration's; two outer
             # iterations, as the second v-step starts from the state the first left (kernels of its own)
             m3fs_alternating(M, max_iter=2, inner_max_iter=2, polish=0, **kw)
             with WorkerPeak(client) as wp:

@@ -247,9 +247,9 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
          orders: tuple[int, ...] = (0, -1, 64, 256, 1024, 4096), max_epochs: int = 200, repeats: int = 11) -> dict:
     """MMFS-DCD on the kddb-like store: (a) our DCD epoch in this process against LIBLINEAR ``-s 3`` per iteration
     on the same problem; visit orders on one block; (b) ``mmfs`` wall time to ``tol`` with 1 and 2 workers, the
-    median of ``repeats`` solves on the same cluster after one untimed solve (one solve's time moves 10-30% from run
-    to run on the 2-core test machine, and a solve takes about a second: 11 by default); (c) peak memory per worker
-    against its blocks plus O(n_samples) vectors, over all the solves."""
+    median of ``repeats`` solves on the same cluster after one untimed solve (one solve's time moves from run to
+    run, and a solve is short: docs/measurements.md, "Benches"); (c) peak memory per worker against its blocks plus
+    O(n_samples) vectors, over all the solves."""
     say = console.print if console is not None else print
     st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
     n, d = st.shape
@@ -277,7 +277,7 @@ def mmfs(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int =
 
     # (b), (c): mmfs on a process cluster, blocks persisted. Every cluster size up at once, idle but for its turn,
     # and each solve and gradient pass taken on every one in turn: one cluster's solves minutes after the other's
-    # compared this machine's drift as much as the solver (2-worker solves of 1.6-2.6 s in one run)
+    # compared this machine's drift as much as the solver (docs/measurements.md, "Benches")
     reps = max(1, int(repeats))
     solve = {"C": C, "gamma": gamma, "tol": tol, "max_epochs": max_epochs}
     with contextlib.ExitStack() as stack, warnings.catch_warnings():
@@ -350,11 +350,11 @@ def _start_cluster(stack: contextlib.ExitStack, w: int, st: Any, y: np.ndarray, 
         # the process with its blocks resident and the engine imported, before the solver
         idle = max(client.run(rss).values()) - bb
         files0 = client.run(rss_files)
-        # one solve not timed: a fresh cluster's first one ran 1.1-1.4x the next (2.3-3.7 s against 1.8-2.7
-        # s on 1 worker): the solver's kernels loaded from numba's cache, its arrays' pages faulted in
+        # one solve not timed: a fresh cluster's first one ran slower than the next, the solver's kernels loaded
+        # from numba's cache, its arrays' pages faulted in (docs/measurements.md, "Benches")
         run_mmfs(M, y, **solve)
-        # the files that solve mapped (the solver's compiled code from numba's cache, libraries: 48 MB of
-        # the 2M x 5M bench's worker), not data: the memory check counted them as vectors of n_samples
+        # the files that solve mapped (the solver's compiled code from numba's cache, libraries:
+        # docs/measurements.md, "Benches"), not data: the memory check counted them as vectors of n_samples
         code = max(v - files0.get(a, v) for a, v in client.run(rss_files).items())
         return {"client": client, "M": M, "bb": bb, "stats_s": stats_s, "idle": idle, "code": code,
                 "walls": [], "runs": [], "grad": [], "pool0": max(client.run(_pooled).values())}

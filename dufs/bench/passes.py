@@ -84,7 +84,7 @@ def pass_(*, rows: int = 2_000_000, features: int = 5_000_000, nnz_per_row: int 
         warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
         # every cluster up at once, idle but for its turn: each round measures every cluster size in turn, so the
         # 2-worker speed-up and its ceiling compare figures taken under the same conditions (one cluster after the
-        # other put minutes of this machine's drift between them: ceilings of 1.54x and 2.16x in two runs)
+        # other put minutes of this machine's drift between them: docs/measurements.md, "Benches")
         on: dict[int, tuple[Any, Any]] = {}
         for w in workers:
             on[w] = _warm_cluster(stack, w, st.path, v, say, console)

@@ -28,8 +28,8 @@ from dufs.errors import DufsError, ParameterError
 
 def _small_inputs(ins: list[str]) -> bool:
     """Whether every input is a local file and their text, a compressed one's counted at 5 times its size, is at
-    most ``dufs.convert.local-bytes``: converted on threads then (the embedded cluster's start, about 2 s here,
-    costs more than converting them)."""
+    most ``dufs.convert.local-bytes``: converted on threads then (the embedded cluster's start costs more than
+    converting them: docs/measurements.md, "Small inputs in this process")."""
     from dufs import config
     from dufs.data.units import _compressed
 

@@ -279,7 +279,7 @@ class StoreBuilder(TransposeSteps):
     def _new_block(self, orientation: str, i: int) -> zarr.Group | str:
         """Block ``i``'s group, marked unfinished: on a local disk its directory (written as files, see
         :mod:`dufs.data._direct`: creating a group and setting its attributes through Zarr are 4-5 trips through its
-        I/O threads, about 5 ms a block), else the Zarr group."""
+        I/O threads; docs/measurements.md, "Writing arrays"), else the Zarr group."""
         if self.partial.local:
             where = os.path.join(self.partial.url, layout.block_path(orientation, i))
             _direct.write_group(where, layout.unfinished_block_attrs())

@@ -18,8 +18,8 @@ def _top_dense(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return vals[::-1][:k], vecs[:, ::-1][:, :k]
 
 
-# rows of Q per slab while M(lambda) is summed: temporaries of 8 c x 16K bytes stay in cache (a sweep over 1M x 10
-# took 37 ms in slabs of 1M rows, 25 ms in slabs of 16K)
+# rows of Q per slab while M(lambda) is summed: temporaries of 8 c x 16K bytes stay in cache, a sweep faster than
+# in larger slabs (docs/measurements.md, "Low-rank eigenproblems")
 _SECULAR_CHUNK = 1 << 14
 _MODEL_ROWS = 32  # rows beyond the k + 1 smallest diagonal values whose terms the root model keeps exact
 
@@ -64,8 +64,8 @@ def _secular_m_and_slope(Qa: np.ndarray, Da: np.ndarray, lam: float) -> tuple[np
 # M(t) from moments: rows of Q binned geometrically by their distance D_i - D_(k) to the k-th smallest diagonal
 # value (bins of this ratio), each bin's terms a Taylor series in D_i - D_b of this many terms around its centre:
 # for every t the roots are searched at (t >= -D_(k)) the series' ratio is at most sqrt(1.02) - 1 < 0.01, so the
-# terms left out are below 0.01^9 (1e-18) of the row's own: rounding rules. Finer bins, fewer terms: on the bench's
-# W steps (488K rows, c = 10) ratio 1.1 with 13 terms took 0.27 s to build by GEMMs a bin, this 0.07 s (one sweep)
+# terms left out are below 0.01^9 (1e-18) of the row's own: rounding rules. Finer bins, fewer terms: built in one
+# sweep, faster than coarser bins of more terms built by GEMMs a bin (docs/measurements.md, "Low-rank eigenproblems")
 _BIN_RATIO = 1.02
 _BIN_TERMS = 9
 
@@ -76,7 +76,7 @@ class _SecularMoments:
     sum_i q_i q_i^T (D_i - D_b)^j, j < _BIN_TERMS, made in one sweep over Q (:func:`bin_moments`): then
     1 / (t + D_i) = sum_j (-(D_i - D_b))^j / (t + D_b)^(j+1), a series whose ratio |D_i - D_b| / (t + D_b) is at most
     sqrt(_BIN_RATIO) - 1 for every such t. An evaluation costs (bins x terms) c x c additions: the secular solve's
-    30-odd sweeps over a 1M x 10 Q (15-25 ms each) became one of about 50 ms."""
+    30-odd sweeps over Q became one (docs/measurements.md, "Low-rank eigenproblems")."""
 
     def __init__(self, Q: np.ndarray, D: np.ndarray, B: np.ndarray, d_k: float, floor: float):
         ex = np.flatnonzero(D - d_k <= floor)  # a few rows (no temporary over all of them beyond this test)
@@ -538,6 +538,6 @@ def _column_norms(m: int, k: int, rows: Any) -> np.ndarray:
 
 def _residual_norms(S: np.ndarray, V: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
     """||S[:, j] - theta_j V[:, j]|| for the first k columns of the d x b arrays S and V (:func:`_column_norms`;
-    column by column, each norm read a column of a C-order array, a cache line for 8 bytes: on 1M x 20, 0.16 s an
-    iteration of the PCA start against its two passes' 0.45 s)."""
+    column by column, each norm read a column of a C-order array, a cache line for 8 bytes, a large share of an
+    iteration of the PCA start: docs/measurements.md, "Low-rank eigenproblems")."""
     return _column_norms(S.shape[0], k, lambda sl: S[sl, :k] - theta[None, :k] * V[sl, :k])

@@ -153,8 +153,8 @@ def _init_labels(M: Matrix, L: Any, init: Any, k: int, random_state: int, dense_
     return np.searchsorted(vals, y).astype(np.int64)
 
 
-#: Lanczos vectors of the spectral initialisation (ARPACK's default, 2k + 1, took minutes or did not converge on a
-#: kNN graph's clustered spectrum: 48,842 one-hot rows)
+#: Lanczos vectors of the spectral initialisation (ARPACK's default, 2k + 1, was slow or did not converge on a
+#: kNN graph's clustered spectrum: docs/measurements.md, "M3FS's alternation")
 _INIT_NCV = 20
 
 
@@ -162,9 +162,9 @@ def _lanczos_embedding(L: Any, graph: Any, k: int, random_state: int) -> np.ndar
     """The k eigenvectors of smallest eigenvalue (ascending) of the normalised Laplacian, by Lanczos on 2 I - L
     (never n x n). Of a sparse ``graph`` W (kNN), of its regularised form W + (tau / n) 1 1^T with tau its mean
     degree (Qin and Rohe, NIPS 2013): a kNN graph of data with repeated rows falls apart into components (220 for
-    48,842 one-hot rows, k = 5), which make 0 an eigenvalue of L as many times, and Lanczos on that took over ten
-    minutes to return an arbitrary mix of component indicators; tau joins them (the matrix-free rank-one term),
-    and the second eigenvalue separates (0.39 there; 4 s). The objective keeps the graph's own L."""
+    48,842 one-hot rows, k = 5), which make 0 an eigenvalue of L as many times, and Lanczos on that took long to
+    return an arbitrary mix of component indicators; tau joins them (the matrix-free rank-one term), and the second
+    eigenvalue separates (docs/measurements.md, "M3FS's alternation"). The objective keeps the graph's own L."""
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
     n = L.shape[0]
@@ -270,7 +270,7 @@ def _graph(M: Matrix, L: Any, W: Any, **kw: Any) -> tuple[Any, Any]:
         if L.shape != (n, n):
             raise ParameterError(f"The 'L' parameter of m3fs_alternating must be {n} x {n}; got {L.shape}.")
         return None, L
-    # the kNN graph of sparse data too on its unstandardized rows: graph_rows says why, with the figures
+    # the kNN graph of sparse data too on its unstandardized rows (graph_rows says why)
     Wg = sample_graph(graph_rows(M), W, **kw)
     return Wg, laplacian_operator(Wg, normed=True)
 
@@ -341,7 +341,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
         A budget of passes over the data (each v-solver iteration makes two or three): once it is spent the
         v-step under way returns its best point, the sigma-step runs, and the solver stops with
         ``diagnostics["converged"]`` False and ``diagnostics["stopped"]`` = "max_passes" (the selection is the
-        current sigma's). None: no budget. At kddb size a pass takes about 9 s.
+        current sigma's). None: no budget. A pass's time at kddb size: docs/measurements.md, "M3FS's alternation".
     polish : int or "auto"
         After the alternation, up to this many label flips are tried, each on the untried sample of smallest
         margin (|f_i|; multi-class: the gap between its two best scores, flipped to the runner-up), the alternation

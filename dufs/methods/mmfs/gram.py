@@ -17,9 +17,9 @@ from dufs.kernels.dcd import (
 from dufs.methods.mmfs.records import RoundTotals
 from dufs.scheduling import driver_threads, in_threads
 
-# block-random visit order (runs of this many consecutive features, the runs and each run shuffled): measured by
-# `dufs bench mmfs` on the 2M x 5M store, 1 worker: 1.61 s a round against 2.38 s in uniformly random order (the
-# per-feature arrays and column buffers of a run stay in cache), to the same gap in about as many rounds
+# block-random visit order (runs of this many consecutive features, the runs and each run shuffled): a round faster
+# than in uniformly random order (the per-feature arrays and column buffers of a run stay in cache), to the same gap
+# in about as many rounds (docs/measurements.md, "MMFS's solver")
 _VISIT_ORDER = 1024
 
 
@@ -149,9 +149,8 @@ def _gram_pays(counts: np.ndarray, m: float) -> bool:
     """Whether columns of ``counts`` nonzeros over ``m`` rows are expected (rows drawn independently) to share at
     most _GRAM_PAIRS pairs of nonzeros in a row per nonzero: checked before their nonzeros are copied together.
 
-    The Gram matrix costs about 6 ns a nonzero and 11 a pair on this machine; an epoch over the nonzeros 4-11 ns a
-    nonzero, and the working-set solve it makes exact saves rounds (a gradient pass each): 8 -> 3 rounds on a 2M x
-    3M store planted like kddb (200 features of 2.5% of the rows each, about 2 pairs a nonzero)."""
+    The Gram matrix costs about what an epoch over the nonzeros does, plus a term a pair, and the working-set solve
+    it makes exact saves rounds (a gradient pass each; docs/measurements.md, "MMFS's solver")."""
     c = counts.astype(np.float64)
     n = float(c.sum())
     return (n * n - float(c @ c)) / (2.0 * max(float(m), 1.0)) <= _GRAM_PAIRS * n
@@ -193,10 +192,9 @@ def _gram_epochs(indptr, indices, data, per: dict, a: np.ndarray, m: int, C: flo
     than twice the pairs of nonzeros in a row that :func:`_gram_pays` allowed.
 
     An epoch over the nonzeros reads each column twice (its dot with w, then w's update); the Gram matrix costs
-    about one such epoch, after which an epoch costs k^2 flops. Measured on the 2M x 5M bench store (2 workers):
-    its working sets (60 heavy columns, 2.3M nonzeros; then 5, 1.2M) took 7 and 10 epochs over the nonzeros, 59
-    and 62 ms on the driver while the workers waited, and left the subproblem unsolved: 4 rounds to the 1e-3 gap;
-    solved through Q, 3 rounds."""
+    about one such epoch, after which an epoch costs k^2 flops. Epochs over the nonzeros kept the workers waiting
+    on the driver and left the subproblem unsolved, a round more to the gap than through Q
+    (docs/measurements.md, "MMFS's solver")."""
     k = a.shape[0]
     F = None if held is None else held.get(per["feature"])
     if F is None:

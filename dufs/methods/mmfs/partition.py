@@ -22,7 +22,7 @@ from dufs.methods.mmfs.records import _NO_STEP, PartitionResult, RoundTotals
 
 # serial epochs (the bias moving) repeat over the working set while their nonzeros, all epochs together, stay within
 # this share of the round's gradient pass over the same data, up to _INNER_MAX epochs: the working-set subproblem
-# solved closer for a fraction of a pass (the 2M x 5M bench store, support 5: 13 -> 7 rounds on 2 workers)
+# solved closer for a fraction of a pass, in fewer rounds (docs/measurements.md, "MMFS's solver")
 _INNER_SHARE = 0.25
 _INNER_MAX = 10
 
@@ -187,10 +187,10 @@ def _epoch_begin(blk, st, C, index=None) -> dict:
     local (wsl, wtl, bias): the working set, alpha's working copy, the visit list and the generator.
 
     Working set: the coordinates whose projected gradient at the round's start is not zero (:func:`active_set`
-    with thresholds 0: free, or at a bound with the gradient pointing into the box). Measured on the 2M x 5M
-    kddb-like store (serial, C = gamma = 1): 15 rounds to a 1e-3 gap in 7.0 s, against 18 rounds in 14.4 s with
-    LIBLINEAR's shrinking thresholds (last epoch's extreme projected gradients), whose epochs kept visiting 3-4M
-    of the 5M coordinates; the exact gradient of every round catches a coordinate that starts to violate."""
+    with thresholds 0: free, or at a bound with the gradient pointing into the box): fewer rounds in less time than
+    with LIBLINEAR's shrinking thresholds (last epoch's extreme projected gradients), whose epochs kept visiting
+    most of the coordinates (docs/measurements.md, "MMFS's solver"); the exact gradient of every round catches a
+    coordinate that starts to violate."""
     if index is None:
         index = _working_set(blk, st, C)
     return {"index": index, "a": st["alpha"].copy() if index.size else None, "visit": index.copy(),
@@ -439,8 +439,8 @@ def _block_top(alpha: np.ndarray, g: np.ndarray, rho: np.ndarray, k: int) -> tup
                                                                                     np.ndarray]:
     """A block's ``k`` best features by the ranking's rule (the support by alpha, then g - rho, ties to the lower
     index): (local indices, group 0 support / 1 not, key -alpha / g - rho), in rank order. A selection, not a sort of
-    the block: a sort of every block's features (np.lexsort of three keys) took 0.2-0.35 s of a 3-4 s solve on the
-    2M x 5M bench store."""
+    the block: a sort of every block's features (np.lexsort of three keys) was a share of a solve
+    (docs/measurements.md, "MMFS's solver")."""
     sup = np.flatnonzero(alpha > 0)
     top = _best_k(sup, -alpha[sup], k)
     rest, rkey = np.zeros(0, dtype=np.int64), np.zeros(0)

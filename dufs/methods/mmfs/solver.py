@@ -31,19 +31,16 @@ log = get_logger(__name__)
 
 # working sets of at most this many nonzeros in all (a round's partitions) go to the driver for one serial DCD
 # epoch over their union, the bias moving, instead of an epoch per partition with the bias held (128 MB of float32
-# columns at most, kept between rounds by the driver's column cache of the same size). Measured against 4M: the 2M x
-# 5M bench store on 2 workers 7 -> 4 rounds (its 61-feature working set of rounds 1-3 went to the driver, not through
-# three held-bias rounds), 2.5 -> 2.1 s; a planted 2M x 3M store (200 cluster features) 57 -> 21 rounds, 18 -> 12 s.
-# A kddb-size working set (200 heavy features, 96M nonzeros) stays on its partitions either way
+# columns at most, kept between rounds by the driver's column cache of the same size): against 4M, fewer rounds in
+# less time (docs/measurements.md, "MMFS's solver"). A kddb-size working set (200 heavy features, 96M nonzeros)
+# stays on its partitions either way
 _SERIAL_NNZ = 16_000_000
 
 
 # a cold start's first round (alpha = 0, w = 0, b = 0: every feature's gradient is -rho) works on the _SCREEN features
 # of the largest margins (split over the partitions), not on every feature, as working-set solvers start (skglm: 10
-# features, by their violation); the rounds after take every violator of the exact gradient. The 2M x 5M bench store
-# (support 5): its first round's epoch over the 5M features took 0.6 s on 1 worker (0.36 s on 2), the screened
-# round 0.14 s (0.09 s), and the solve needs 2 rounds (3 before, with the working sets solved through their Gram
-# matrix, below)
+# features, by their violation); the rounds after take every violator of the exact gradient. The screened round
+# takes a fraction of an epoch over every feature, and the solve fewer rounds (docs/measurements.md, "MMFS's solver")
 _SCREEN = 10
 
 
@@ -305,9 +302,8 @@ class _Solve:
         # whether this round solves CoCoA+'s local subproblems (the previous round did not decrease the gap). From a
         # cold start (alpha = 0, b = 0) the first round does too where the partitions run its epochs (its working
         # sets, the features of the largest margins, too large for the driver): held at 0, far from its optimum, the
-        # bias made every partition's epoch over all the features take up about half of them (2.35M of 5M on the
-        # 2M x 5M bench store, three rounds of 0.45 s before the gap came down), where the bias moving locally took
-        # up 52 (the serial epoch: 35)
+        # bias made every partition's epoch over all the features take up about half of them, for rounds before the
+        # gap came down, where the bias moving locally took up a few dozen (docs/measurements.md, "MMFS's solver")
         self.cocoa = self.K > 1 and (self.rule == "cocoa+" or cold)
         self.prev_gap = np.inf
         self.converged = False
@@ -372,8 +368,8 @@ class _Solve:
         done = rel <= self.tol or self.gap <= 0.0 or tl.at_tol > 0.0
         # the change of ws the partitions made (not read after a round that ends the solve)
         dws = None if done else res.dense_into(buffer(self.m))
-        # a round that ends the solve runs no driver epoch: its step would never be applied (on 2 workers,
-        # 60-90 ms of serial DCD on the 2M x 5M bench store)
+        # a round that ends the solve runs no driver epoch: its step would never be applied
+        # (docs/measurements.md, "MMFS's solver")
         serial = tl.epochs_run == 0
         if res.cols:
             mode = "serial working set" if serial else mode
@@ -478,9 +474,9 @@ class _Solve:
         self.checkpoint.save(snap.alpha, meta, self.gathered["support"])
 
     def next_rule(self) -> None:
-        """The fallback: after a round whose gap did not decrease, one round of CoCoA+ (provably safe; Ma et al.).
-        Measured on the 2M x 5M store, 2 partitions: 19 rounds to a 1e-3 gap, against 23 with the fallback only
-        after a round whose line search found no descent (the gap zig-zags under the held-bias rule)."""
+        """The fallback: after a round whose gap did not decrease, one round of CoCoA+ (provably safe; Ma et al.):
+        fewer rounds to the gap than with the fallback only after a round whose line search found no descent (the
+        gap zig-zags under the held-bias rule; docs/measurements.md, "MMFS's solver")."""
         self.cocoa = self.K > 1 and (self.rule == "cocoa+" or not self.cocoa and self.gap >= self.prev_gap)
         self.prev_gap = self.gap
 
@@ -491,8 +487,7 @@ class _Solve:
         rho_j) (summed by the blocks from the exact gradient) and curvature ||dw||^2 + gamma ds^2 (dw = dws + dt 1
         summed element by element, not expanded: no cancellation between its two parts). The sums over the
         samples by step_dots and apply_step, one sweep each, into pooled vectors (dufs.engine.buffers): a fresh
-        n_samples vector's pages cost more than the arithmetic, 12-20 ms an operation at 2M samples on the test
-        machine's driver against 2-3 ms."""
+        n_samples vector's pages cost more than the arithmetic (docs/measurements.md, "MMFS's solver")."""
         tl, gamma, m = out.tl, self.gamma, self.m
         dt, ds, slope = tl.dt, tl.ds, tl.slope
         dd, pp, dp = _step_dots(out.dws, dt, self.pw)
