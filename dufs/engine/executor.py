@@ -21,6 +21,7 @@ resolves shared ones before it calls a method's function, which sees plain NumPy
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -31,7 +32,7 @@ from dufs._logging import get_logger
 from dufs.engine.blocks import BlockInfo, PerBlock, nnz_of
 from dufs.engine.buffers import clear as clear_buffers
 from dufs.engine.direct import direct_eligible, flush_drops, release_resident, run_on_holders
-from dufs.engine.dispatch import compute, current_client, delayed, forget, is_inline, scatter_to, track
+from dufs.engine.dispatch import compute, current_client, delayed, forget, inline_pass, is_inline, scatter_to, track
 from dufs.engine.placement import partition, persist_blocks
 from dufs.engine.products import ProductPasses
 from dufs.engine.progress import report, run_pass, run_pass_streaming
@@ -39,7 +40,7 @@ from dufs.engine.state import BlockState
 from dufs.engine.stateful import StatePasses
 from dufs.errors import ParameterError
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "inline_when_small"]
 
 log = get_logger(__name__)
 
@@ -284,3 +285,15 @@ class Executor(ProductPasses, StatePasses):
             self.transforms[key] = scatter_to(client, args, where) if where and None not in where else \
                 track(client.scatter(args, hash=False))
         return self.transforms[key]
+
+
+def inline_when_small(method):
+    """Run a matrix method's passes inline (in this process, block after block, no graph) where its executor says
+    they should (:meth:`Executor.inline`)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with inline_pass(self.executor.inline()):
+            return method(self, *args, **kwargs)
+
+    return wrapper

@@ -21,7 +21,6 @@ of workers.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -36,8 +35,8 @@ from dufs.engine.blocks import (
     local_topk,
     map_one,
 )
-from dufs.engine.dispatch import current_client, delayed, inline_pass, ship, tree_sum
-from dufs.engine.executor import Executor
+from dufs.engine.dispatch import current_client, delayed, ship, tree_sum
+from dufs.engine.executor import Executor, inline_when_small
 from dufs.engine.inputs import (
     as_2d,
     as_ids,
@@ -59,17 +58,6 @@ STANDARDIZE = ("zscore", "scale", None)
 
 # what a with_standardize view shares with its origin (besides the executor): the input's description
 _DESCRIPTION = ("shape", "dtype", "store_path", "feature_ids", "identity", "y", "classes")
-
-
-def _inline_when_small(method):
-    """Run ``method``'s passes inline (in this process, block after block, no graph) when the executor says so."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        with inline_pass(self.executor.inline()):
-            return method(self, *args, **kwargs)
-
-    return wrapper
 
 
 # ---------------------------------------------------------------------------------------------------- the matrix
@@ -220,7 +208,7 @@ class Matrix:
                             shape=(n, d))
 
     # ------------------------------------------------------------------ statistics
-    @_inline_when_small
+    @inline_when_small
     def column_stats(self, y: Any = None) -> ColumnStats:
         """Per-feature statistics of X (untransformed) in one pass; per-class sums too when ``y`` is given."""
         n, d = self.shape
@@ -312,7 +300,7 @@ class Matrix:
         return base * inv * inv if inv is not None else base
 
     # ------------------------------------------------------------------ products
-    @_inline_when_small
+    @inline_when_small
     def rmatvec(self, V: Any, *, gather: bool = True, dtype: Any = np.float64) -> Any:
         """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p).
 
@@ -331,7 +319,7 @@ class Matrix:
         out = self._rmatvec(V2, 0, vsum, gather, dtype)
         return out if not gather else out[:, 0] if one else out
 
-    @_inline_when_small
+    @inline_when_small
     def label_rmatvec(self, labels: Any, n_labels: int, *, dtype: Any = np.float64) -> np.ndarray:
         """Z^T U for U the n_samples x ``n_labels`` indicator of ``labels`` (U[i, labels[i]] = 1): each label's
         column sums of the transformed data, float64 (n_features, n_labels) (or ``dtype``).
@@ -354,7 +342,7 @@ class Matrix:
         shape = (self.shape[1], classes or V2.shape[1])
         return self.executor.rmatvec(V2, classes, vsum, self._block_transform(), dt, shape, dtype, gather)
 
-    @_inline_when_small
+    @inline_when_small
     def matvec(self, U: Any) -> np.ndarray:
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
 
@@ -384,7 +372,7 @@ class Matrix:
             got = self._centre_scaled = (key, mu * inv if inv is not None else np.asarray(mu, dtype=np.float64))
         return got[1]
 
-    @_inline_when_small
+    @inline_when_small
     def columns(self, ids: Any) -> Any:
         """Columns ``ids`` of X (untransformed) as a SciPy ``csc_array`` (n_samples x len(ids)), in the order given.
 
@@ -443,7 +431,7 @@ class Matrix:
         return G[:, 0] if one else G
 
     # ------------------------------------------------------------------ functions over the blocks
-    @_inline_when_small
+    @inline_when_small
     def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
                    partitions: list | None = None, **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
@@ -473,7 +461,7 @@ class Matrix:
                                      f"{'blocks' if parts is None else 'partitions'}")
         return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn))
 
-    @_inline_when_small
+    @inline_when_small
     def map_sums(self, fn: Any, keys: list, *args: Any, then: Any = None, then_args: tuple = ()) -> list:
         """One pass of ``len(keys)`` sums: for each key, the sum over blocks of ``fn(block, key, *args)`` (the fixed
         tree of :meth:`map_blocks`), then ``then(sum, key, *then_args)`` where that sum was made (on a worker),
@@ -509,7 +497,7 @@ class Matrix:
         (:func:`dufs.engine.placement.partition`; ``where``: :meth:`placement`, asked when not given)."""
         return self.executor.partition(n, where)
 
-    @_inline_when_small
+    @inline_when_small
     def topk(self, fn: Any, k: int, *args: Any, largest: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best features by ``fn(block, *args, **kwargs)`` (a score per feature of the block): each block
         proposes its own best, the driver merges. Returns ``(indices, scores)`` best first; NaN counts as worst,
@@ -527,7 +515,7 @@ class Matrix:
         sel, _ = local_topk(sc, int(k), largest, 0)
         return ids[sel], sc[sel]
 
-    @_inline_when_small
+    @inline_when_small
     def block_scores(self, fn: Any, *args: Any, k: int | None = None, largest: bool = True,
                      dtype: Any = None, **kwargs: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """Every feature's score by ``fn(block, *args, **kwargs)`` (a score per feature of the block, computed where
