@@ -1,5 +1,5 @@
 """How a pass over a matrix's feature blocks runs: the engine's one executor (docs/architecture.md, "The
-executor").
+engine").
 
 A :class:`~dufs.engine.matrix.Matrix` says what a pass computes: the function, its blocks and arguments, how the
 results combine. Its :class:`Executor` decides, in this one place, how the pass runs:
