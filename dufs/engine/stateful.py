@@ -12,6 +12,7 @@ import dask
 from dufs.engine.blocks import PerBlock, map_group, map_one, map_state
 from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
 from dufs.engine.dispatch import compute, current_client, delayed, ship, shippable, track, tree_sum, tree_sum_values
+from dufs.engine.progress import report
 from dufs.engine.state import BlockState
 
 __all__ = ["StatePasses"]
@@ -56,11 +57,12 @@ class StatePasses:
             if reduce == "sum":
                 return self.run([tree_sum(tasks)], name)[0] if tasks else None
             return self.run(tasks, name)
-        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce)
+        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce, name)
 
     def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
-                   reduce: str | None) -> tuple:
-        """``map`` with state as tasks, each pinned (loosely) to the worker of its blocks, the new state left there."""
+                   reduce: str | None, name: str) -> tuple:
+        """``map`` with state as tasks, each pinned (loosely) to the worker of its blocks, the new state left there;
+        reported as one pass (its start and end: the results are gathered together)."""
         from operator import getitem
 
         n = len(srcs)
@@ -77,11 +79,14 @@ class StatePasses:
                 new.append(g(p, 0))
                 res.append(g(p, 1))
         self.passes += 1
+        report(name, 0, n)
         if client is None:
             got = compute(new + res)
+            report(name, n, n)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
         futs = track(client.compute(new + ([tree_sum(res)] if reduce == "sum" else res)))
         out = client.gather(futs[n:])
+        report(name, n, n)
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
     def _direct_homes(self, client: Any, items: list, partitions: list | None) -> tuple | str:
