@@ -190,3 +190,20 @@ def test_rss_files_counts_the_pages_of_a_mapped_file(tmp_path):
     a = np.ones(size // 8)  # its pages written: resident
     f3, r3 = rss_files(), rss()
     assert abs(f3 - f2) < (4 << 20) and r3 - r2 >= 0.8 * size and a[-1] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_scale_prints_each_methods_iteration(tmp_path):
+    from dufs.testing.emulated import unavailable
+
+    if unavailable() is not None:
+        pytest.skip(unavailable())
+    args = ["bench", "scale", "--rows", "3000", "--features", "5000", "--nnz-per-row", "4", "--machines", "2",
+            "--methods", "fisher,mmfs,lapdofs", "--dir", str(tmp_path)]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    for label in ("2 machines x 2 processes", "fisher  :", "mmfs    :", "lapdofs :", "into a machine",
+                  "through the driver", "task transitions"):
+        assert label in res.output, (label, res.output)
+    bad = CliRunner().invoke(app, ["bench", "scale", "--methods", "fisher,nothing"])
+    assert bad.exit_code == 2 and "nothing not measured by the scale bench" in bad.output

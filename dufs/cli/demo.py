@@ -122,7 +122,7 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
 
 @command()
 def bench(
-    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs or ufcm."),
+    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs, ufcm or scale."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
                                        "3 for ingest, 7 for pass, 11 mmfs solves, 5 greedy, 5 m3fs, 3 ufcm)."),
@@ -139,6 +139,12 @@ def bench(
     ks: str = typer.Option("50,200", "--ks", help="greedy: the numbers of features selected, comma-separated (the "
                            "first is timed on every cluster size, the peak memory is compared between the first "
                            "and the last)."),
+    machines: str = typer.Option("2,4", "--machines", help="scale: emulated machines, comma-separated (needs root, "
+                                 "ip and tc)."),
+    rate: str | None = typer.Option(None, "--rate", help="scale: each emulated link's bandwidth (tc's form, e.g. "
+                                    "1gbit); default unshaped."),
+    methods: str | None = typer.Option(None, "--methods", help="scale: the methods, comma-separated (default every "
+                                       "iterative method and Fisher)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench
@@ -175,5 +181,28 @@ def bench(
         # "Benches")
         run(**size, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
             repeats=repeats or (5 if what == "m3fs" else 3))
+    elif what == "scale":
+        _bench_scale(rows, features, nnz_per_row, machines, rate, methods, work_dir, store)
     else:
-        fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm"))
+        fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm, scale"))
+
+
+def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate: str | None, methods: str | None,
+                 work_dir: Path | None, store: Path | None) -> None:
+    """``dufs bench scale``: its options checked, the store's size defaulting to the scale bench's own."""
+    from dufs.bench.scale import RUNS, scale_bench
+
+    try:
+        ws = tuple(int(w) for w in machines.split(","))
+        if min(ws) < 1:
+            raise ValueError
+    except ValueError:
+        fail(ParameterError(f"--machines must be comma-separated integers >= 1, like 2,4; got {machines!r}"))
+    ms = tuple(RUNS) if methods is None else tuple(m.strip() for m in methods.split(","))
+    unknown = sorted(set(ms) - set(RUNS))
+    if unknown:
+        fail(ParameterError(f"--methods: {', '.join(unknown)} not measured by the scale bench; choose from "
+                            f"{', '.join(RUNS)}"))
+    size = {"rows": rows if rows != 2_000_000 else 400_000, "features": features if features != 5_000_000 else 800_000,
+            "nnz_per_row": nnz_per_row if nnz_per_row != 30 else 4}
+    scale_bench(**size, machines=ws, rate=rate, methods=ms, work_dir=work_dir, store=store, console=out)

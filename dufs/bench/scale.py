@@ -1,0 +1,132 @@
+"""``dufs bench scale``: what an iteration of each method moves between machines, measured on an emulated cluster.
+
+Each method runs on :class:`~dufs.testing.emulated.EmulatedCluster` machines (network namespaces, so dufs takes
+the remote paths: no shared ``/dev/shm``, everything over TCP), and at the end of every pass the links' byte
+counters, the scheduler's task transitions and the driver's CPU time are read. An iteration is the span between
+two pass ends after the method's set-up (blocks persisted, statistics, graph); the figures printed are medians over
+the iterations, beside the sizes they are to be compared with: 8 (n + d) / machines bytes into a machine, a few MB
+through the driver, a small multiple of the machines in tasks (issue 57's targets; docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dufs.bench.common import bench_store, describe, median
+
+#: the iterative methods, with parameters that keep a run to a few iterations
+RUNS: dict[str, dict[str, Any]] = {
+    "fisher": {},
+    "mmfs": {"max_epochs": 6, "tol": 1e-9},
+    "lapaofs": {"graph": "anchor", "n_anchors": 64, "embed_dim": 16},
+    "lapdofs": {"graph": "anchor", "n_anchors": 64, "embed_dim": 16},
+    "jcfs": {"graph": "anchor", "n_anchors": 64, "embed_dim": 16, "max_iter": 2, "n_clusters": 2},
+    "m3fs": {"graph": "anchor", "n_anchors": 64, "embed_dim": 16, "max_iter": 2, "n_clusters": 2},
+    "ufcm": {"max_iter": 3, "n_clusters": 2, "n_components": 2},
+}
+
+
+def _driver_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _transitions(dask_scheduler: Any = None) -> int:
+    return int(dask_scheduler.transition_counter)
+
+
+@dataclass
+class PassMeter:
+    """Counters read at the end of every pass (a ``dufs.engine.progress.on_pass`` callback): each machine's bytes
+    in, the driver's and the scheduler's bytes, the scheduler's transitions, the driver's CPU seconds, the time."""
+
+    cluster: Any
+    client: Any
+    marks: list[dict] = field(default_factory=list)
+
+    def read(self) -> dict:
+        return {"links": self.cluster.link_bytes(), "driver": self.cluster.driver_bytes(),
+                "scheduler": self.cluster.scheduler_bytes(), "cpu": _driver_cpu(), "t": time.perf_counter(),
+                "transitions": self.client.run_on_scheduler(_transitions)}
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        if done == total:
+            self.marks.append(self.read())
+
+    def iterations(self, skip: int) -> list[dict]:
+        """Per iteration (between consecutive pass ends, the first ``skip`` passes left out as set-up): the most
+        bytes into one machine, the driver's bytes in and out, the scheduler's, the tasks' transitions, the
+        driver's CPU seconds and the wall time."""
+        out = []
+        marks = self.marks[skip:]
+        for a, b in zip(marks, marks[1:], strict=False):
+            out.append({"machine_in": max(y.into - x.into for x, y in zip(a["links"], b["links"], strict=True)),
+                        "driver": (b["driver"].into - a["driver"].into) + (b["driver"].out_of - a["driver"].out_of),
+                        "scheduler": (b["scheduler"].into - a["scheduler"].into)
+                        + (b["scheduler"].out_of - a["scheduler"].out_of),
+                        "transitions": b["transitions"] - a["transitions"], "cpu": b["cpu"] - a["cpu"],
+                        "wall": b["t"] - a["t"]})
+        return out
+
+
+def _run_method(cluster: Any, client: Any, path: str, method: str, n_features: int) -> dict:
+    """``method`` fitted on the emulated cluster, its passes metered; the medians over its iterations."""
+    import dufs
+    from dufs.engine.progress import on_pass
+
+    meter = PassMeter(cluster, client)
+    meter.marks.append(meter.read())  # the start: a one-pass method's iteration is the fit itself
+    t0 = time.perf_counter()
+    with on_pass(meter):
+        sel = dufs.fit(path, method=method, n_features=n_features, client=client, **RUNS[method])
+    wall = time.perf_counter() - t0
+    # set-up passes: the statistics, and for the graph methods the graph's; half the passes at most
+    passes = len(meter.marks) - 1
+    its = meter.iterations(skip=min(passes // 2, 3))
+    out: dict[str, Any] = {"passes": passes, "wall_s": wall, "iterations": len(its),
+                           "indices": sel.indices[:n_features].tolist()}
+    for key in ("machine_in", "driver", "scheduler", "transitions", "cpu", "wall"):
+        out[key] = median([float(i[key]) for i in its]) if its else float("nan")
+    return out
+
+
+def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: int = 4,
+                machines: tuple[int, ...] = (2, 4), procs: int = 2, methods: tuple[str, ...] = tuple(RUNS),
+                rate: str | None = None, work_dir: Path | None = None, store: Path | None = None,
+                console: Any = None, seed: int = 0, n_features: int = 8) -> dict:
+    """Each of ``methods`` on emulated clusters of ``machines`` machines (``procs`` one-thread worker processes
+    each, links shaped to ``rate``), on a kddb-shaped synthetic store with few nonzeros a row (communication
+    dominates): per iteration, the most bytes into one machine, the bytes through the driver and the scheduler,
+    the scheduler's task transitions and the driver's CPU, beside 8 (n + d) / machines."""
+    from distributed import Client
+
+    from dufs.testing.emulated import EmulatedCluster, unavailable
+
+    say = console.print if console is not None else print
+    why = unavailable()
+    if why is not None:
+        say(f"scale: not measured ({why})")
+        return {"skipped": why}
+    st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    n, d = st.shape
+    res = describe(st, f"emulated machines {list(machines)} of {procs} worker processes"
+                       f"{'' if rate is None else f', links shaped to {rate}'}", say)
+    res["runs"] = {}
+    for W in machines:
+        with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, Client(cluster.address) as client:
+            say(f"{W} machines x {procs} processes: the target a machine 8 (n + d) / W = "
+                f"{8 * (n + d) / W / 2**20:,.1f} MiB an iteration")
+            for m in methods:
+                got = _run_method(cluster, client, st.path, m, n_features)
+                res["runs"][(W, m)] = got
+                say(f"  {m:8s}: {got['iterations']} iterations of {got['passes']} passes; an iteration: "
+                    f"into a machine {got['machine_in'] / 2**20:,.2f} MiB "
+                    f"({got['machine_in'] / (8 * (n + d) / W):.2f}x the target), through the driver "
+                    f"{got['driver'] / 2**20:,.2f} MiB, the scheduler {got['scheduler'] / 2**20:,.2f} MiB, "
+                    f"{got['transitions']:,.0f} task transitions ({got['transitions'] / W:,.1f} a machine), "
+                    f"driver CPU {got['cpu']:.3f} s, wall {got['wall']:.3f} s")
+    return res
