@@ -13,7 +13,8 @@ through it, and no direct call brings its result back that way), and everything 
 
 It needs root, ``ip`` and ``tc``; :func:`unavailable` says why it cannot run here (tests skip with that reason).
 Everything it makes (namespaces, links, the bridge, processes, temporary directories) carries one random name
-and is removed when the ``with`` block ends, on failure too.
+and is removed when the ``with`` block ends, on failure too, and on SIGTERM; what a killed driver left is removed
+by the next cluster started on the machine (:func:`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EmulatedCluster", "LinkBytes", "unavailable"]
+__all__ = ["EmulatedCluster", "LinkBytes", "remove_leftovers", "unavailable"]
+
+_PREFIX = "dufs-emulated-"  # the temporary directory of a cluster: <tmp>/dufs-emulated-<token>-..., with owner.pid
 
 
 def unavailable() -> str | None:
@@ -50,6 +53,40 @@ def unavailable() -> str | None:
         return f"cannot make a network namespace here ({exc.stderr.strip() or exc})"
     _run("ip", "netns", "del", name, check=False)
     return None
+
+
+def remove_leftovers() -> list[str]:
+    """Remove what clusters of dead drivers left (a driver killed by SIGKILL runs no clean-up): their worker and
+    scheduler processes, namespaces, links, bridge and temporary directory. Returns the tokens removed."""
+    from dufs.data._fs import pid_alive
+
+    gone = []
+    for d in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        token = d.name[len(_PREFIX):].split("-")[0]
+        try:
+            owner = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            owner = None
+        if owner is not None and pid_alive(owner):
+            continue
+        _remove_token(token)
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(token)
+    return gone
+
+
+def _remove_token(token: str) -> None:
+    """Kill the processes in the namespaces of cluster ``token`` and remove its namespaces and links."""
+    names = _run("ip", "netns", "list", check=False).stdout.split()
+    for ns in [n for n in names if n.startswith(f"dufs{token}")]:
+        for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _run("ip", "netns", "del", ns, check=False)
+    for line in _run("ip", "-o", "link", check=False).stdout.splitlines():
+        name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+        if name.startswith(f"dufs{token}") or name == f"dufsbr{token}":
+            _run("ip", "link", "del", name, check=False)
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -131,8 +168,11 @@ class EmulatedCluster:
         why = unavailable()
         if why is not None:
             raise RuntimeError(why)
+        remove_leftovers()
+        self._on_term()
         try:
-            self._tmp = Path(tempfile.mkdtemp(prefix=f"dufs-emulated-{self.token}-"))
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{self.token}-"))
+            (self._tmp / "owner.pid").write_text(str(os.getpid()))
             self._make_network()
             self._start_scheduler()
             for i in range(self.machines):
@@ -146,6 +186,18 @@ class EmulatedCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _on_term(self) -> None:
+        """SIGTERM (a job killed, ``timeout``) raises SystemExit while the cluster is up, so that its clean-up runs
+        (the default action ends the process at once); the previous handler is put back by :meth:`close`."""
+        import threading
+
+        self._term = None
+        if threading.current_thread() is threading.main_thread():
+            def _exit(signum: int, frame: Any) -> None:
+                raise SystemExit(128 + signum)
+
+            self._term = signal.signal(signal.SIGTERM, _exit)
 
     def _make_network(self) -> None:
         _run("ip", "link", "add", self._bridge, "type", "bridge")
@@ -260,6 +312,9 @@ class EmulatedCluster:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+        if getattr(self, "_term", None) is not None:
+            signal.signal(signal.SIGTERM, self._term)
+            self._term = None
 
     # ------------------------------------------------------------------ what crossed the links
     def link_bytes(self) -> list[LinkBytes]:

@@ -63,3 +63,39 @@ def test_a_cluster_that_cannot_start_leaves_nothing():
         with cluster:
             pass
     assert _leftovers(cluster.token) == []
+
+
+_HOLD = """
+import sys, time
+from dufs.testing.emulated import EmulatedCluster
+with EmulatedCluster(machines=1, procs=1) as c:
+    print(c.token, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_killed_driver_leaves_nothing_for_long(how):
+    """SIGTERM: the cluster cleans up before the driver exits; SIGKILL: the next cluster (or remove_leftovers)
+    removes what the dead driver left."""
+    import signal
+    import sys
+
+    from dufs.testing import patience
+    from dufs.testing.emulated import remove_leftovers
+
+    p = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True)
+    try:
+        token = p.stdout.readline().strip()
+        assert token and _leftovers(token)
+        p.send_signal(getattr(signal, how))
+        p.wait(timeout=patience(60))
+    finally:
+        if p.poll() is None:
+            p.kill()
+    if how == "SIGTERM":
+        assert p.returncode != 0 and _leftovers(token) == []
+    else:
+        assert _leftovers(token)  # nothing ran: the namespaces are still there
+        assert token in remove_leftovers()
+        assert _leftovers(token) == []
