@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dufs.bench.common import bench_store, describe, median
+from dufs.bench.common import describe, local_cluster, median
 
 #: the iterative methods, with parameters that keep a run to a few iterations
 RUNS: dict[str, dict[str, Any]] = {
@@ -94,6 +94,36 @@ def _run_method(cluster: Any, client: Any, path: str, method: str, n_features: i
     return out
 
 
+def _scale_store(rows: int, features: int, nnz_per_row: int, seed: int, blocks: int, work_dir: Path | None,
+                 store: Path | None, say: Any) -> Any:
+    """The synthetic store cut into about ``blocks`` feature blocks (four a worker process of the largest cluster,
+    so that every machine holds blocks), built once under ``work_dir`` and reused."""
+    import tempfile
+
+    from dufs.data import open_store
+    from dufs.data.synthetic import SyntheticSpec
+    from dufs.data.writers import make_synthetic
+    from dufs.errors import DufsError
+
+    width = -(-features // blocks)
+    if store is None:
+        root = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir()) / "dufs-bench"
+        store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}-w{width}.zarr"
+    try:
+        st = open_store(str(store))
+        if st.shape == (rows, features) and st.n_blocks("csc") == -(-features // width):
+            say(f"store: reusing {store}")
+            return st
+    except DufsError:
+        pass
+    Path(store).parent.mkdir(parents=True, exist_ok=True)
+    say(f"store: building {rows:,} x {features:,}, {nnz_per_row} nonzeros a row, {width:,} features a block, into "
+        f"{store}")
+    spec = SyntheticSpec(n_rows=rows, n_features=features, nnz_per_row=nnz_per_row, seed=seed)
+    with local_cluster(2) as client:
+        return make_synthetic(str(store), spec, overwrite=True, client=client, feature_block=width)
+
+
 def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: int = 4,
                 machines: tuple[int, ...] = (2, 4), procs: int = 2, methods: tuple[str, ...] = tuple(RUNS),
                 rate: str | None = None, work_dir: Path | None = None, store: Path | None = None,
@@ -111,7 +141,7 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
     if why is not None:
         say(f"scale: not measured ({why})")
         return {"skipped": why}
-    st = bench_store(rows, features, nnz_per_row, seed, work_dir, store, say)
+    st = _scale_store(rows, features, nnz_per_row, seed, 4 * max(machines) * procs, work_dir, store, say)
     n, d = st.shape
     res = describe(st, f"emulated machines {list(machines)} of {procs} worker processes"
                        f"{'' if rate is None else f', links shaped to {rate}'}", say)
