@@ -132,8 +132,7 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
     each, links shaped to ``rate``), on a kddb-shaped synthetic store with few nonzeros a row (communication
     dominates): per iteration, the most bytes into one machine, the bytes through the driver and the scheduler,
     the scheduler's task transitions and the driver's CPU, beside 8 (n + d) / machines."""
-    from distributed import Client
-
+    from dufs.engine import get_client
     from dufs.testing.emulated import EmulatedCluster, unavailable
 
     say = console.print if console is not None else print
@@ -147,7 +146,9 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
                        f"{'' if rate is None else f', links shaped to {rate}'}", say)
     res["runs"] = {}
     for W in machines:
-        with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, Client(cluster.address) as client:
+        # the client `dufs select --scheduler` makes
+        with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, \
+                get_client(scheduler_address=cluster.address) as client:
             say(f"{W} machines x {procs} processes: the target a machine 8 (n + d) / W = "
                 f"{8 * (n + d) / W / 2**20:,.1f} MiB an iteration")
             for m in methods:

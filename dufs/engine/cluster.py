@@ -52,8 +52,11 @@ def get_client(client: Any = None, *, scheduler_address: str | None = None, n_wo
     from distributed import Client
 
     if scheduler_address:
+        # data to and from the workers straight, not relayed by the scheduler's event loop (which then carried
+        # twice the driver's bytes every iteration: docs/scaling.md); off where the workers cannot be reached
+        direct = str(config.get("cluster.direct-to-workers")).lower() not in ("false", "off", "no", "0")
         log.info("connecting to the scheduler at %s", scheduler_address)
-        with Client(scheduler_address) as c:
+        with Client(scheduler_address, direct_to_workers=direct) as c:
             yield c
         return
     n = int(n_workers or os.cpu_count() or 1)

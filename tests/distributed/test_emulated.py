@@ -99,3 +99,25 @@ def test_a_killed_driver_leaves_nothing_for_long(how):
         assert _leftovers(token)  # nothing ran: the namespaces are still there
         assert token in remove_leftovers()
         assert _leftovers(token) == []
+
+
+def test_the_client_for_a_scheduler_address_fetches_from_the_workers_itself(tmp_path):
+    """`dufs select --scheduler` (get_client with an address): vectors and results go between the driver and the
+    workers, not through the scheduler, which relayed twice the driver's bytes (docs/scaling.md). Many samples, so
+    that MMFS's w (8 n bytes a round) outweighs the scheduler's own messages."""
+    from dufs.engine import get_client
+
+    rng = np.random.default_rng(4)
+    X = sp.random(200_000, 400, density=0.01, format="csr", random_state=rng, dtype=np.float64)
+    y = np.where(X[:, :10].sum(axis=1) > 0, 1.0, -1.0)
+    store = str(tmp_path / "wide.zarr")
+    dufs.write_store(X, store, y, feature_block=100)
+    with EmulatedCluster(machines=2, procs=1) as cluster, get_client(scheduler_address=cluster.address) as client:
+        dufs.fit(store, method="variance", n_features=5, client=client)  # blocks persisted, warm
+        s0, d0 = cluster.scheduler_bytes(), cluster.driver_bytes()
+        dufs.fit(store, method="mmfs", n_features=5, client=client, max_epochs=5)
+        s1, d1 = cluster.scheduler_bytes(), cluster.driver_bytes()
+    sched = (s1.into - s0.into) + (s1.out_of - s0.out_of)
+    driver = (d1.into - d0.into) + (d1.out_of - d0.out_of)
+    assert driver > 100_000  # w and the results went through the driver's link
+    assert sched < 0.25 * driver, (sched, driver)
