@@ -32,8 +32,8 @@ import numpy as np
 from dufs.scheduling import current_client
 
 __all__ = ["compute", "current_client", "delayed", "forget", "in_shared_memory", "inline_pass", "is_inline",
-           "scatter_to", "scope", "ship", "shippable", "shipped", "track", "tree_sum", "tree_sum_into",
-           "tree_sum_values"]
+           "machines", "scatter_to", "scope", "ship", "shippable", "shipped", "spread", "track", "tree_sum",
+           "tree_sum_into", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -94,16 +94,19 @@ def delayed(fn: Callable, pure: bool = False) -> Callable:
     return dask.delayed(fn, pure=pure)
 
 
-def ship(x: Any) -> Any:
+def ship(x: Any, every: bool = False) -> Any:
     """A large argument (an array of 64 KiB or more, a SciPy sparse matrix, or an object whose ``dufs_ship`` is
     true: one that holds such arrays) as one key, so a pass ships it once:
     under a distributed client a scattered future (released with the pass's last reference to it), else a graph
-    key; small arguments and inline passes take ``x`` as it is."""
+    key; small arguments and inline passes take ``x`` as it is. ``every``: every task of the pass reads it, so on
+    workers of several machines it goes to each machine once (:func:`spread`)."""
     if _INLINE.get():
         return x
     if shippable(x):
         client = current_client()
         if client is not None:
+            if every and len(machines(client)) > 1:
+                return spread(client, x)
             return track(client.scatter(x, hash=False))
         import dask
 
@@ -114,9 +117,10 @@ def ship(x: Any) -> Any:
 @contextlib.contextmanager
 def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, shared: bool = False) -> Iterator[Any]:
     """``x`` (an array, or a list sent item by item) scattered to the current client for the block and released
-    after; without a client, or a ``distributed.Future`` already, ``x`` itself. ``broadcast``: sent to every
-    worker at once (for a pass whose every worker reads it: scattered to one, the others' tasks fetched it from
-    there, a second transfer after the first). ``where`` (with a list): the worker address each item goes to
+    after; without a client, or a ``distributed.Future`` already, ``x`` itself. ``broadcast``: for a pass whose
+    every worker reads it, sent to every worker at once where they share one machine (scattered to one, the
+    others' tasks fetched it from there, a second transfer after the first), one copy a machine where they are on
+    several (:func:`spread`). ``where`` (with a list): the worker address each item goes to
     (None: anywhere), for items read by one task each whose worker is known.
 
     ``shared``: an array the tasks read through :func:`dufs.engine.shm.local_array` goes, where every worker is on
@@ -135,6 +139,8 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
                 return
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
         futs: Any = scatter_to(client, x, where)
+    elif broadcast and len(machines(client)) > 1:
+        futs = spread(client, x)
     else:
         futs = track(client.scatter(x, hash=False, broadcast=broadcast))
     try:
@@ -161,6 +167,30 @@ def in_shared_memory(x: Any) -> Iterator[Any]:
         except OSError:
             ref = x
         yield ref
+
+
+def machines(client: Any) -> dict[str, list[str]]:
+    """The client's workers by machine (``{host: [worker address, ...]}``, both sorted)."""
+    from distributed.comm import get_address_host
+
+    out: dict[str, list[str]] = {}
+    for a in sorted(client.scheduler_info(n_workers=-1)["workers"]):
+        out.setdefault(get_address_host(a), []).append(a)
+    return out
+
+
+def spread(client: Any, x: Any) -> Any:
+    """``x`` (an array, or a list of them) for a pass that every worker reads, with one copy a machine: sent from
+    here to one worker, then copied along a tree between machines (``Client.replicate``: each copy made seeds up to
+    two more), one worker a machine; a task on the machine's other worker processes fetches it from the local copy
+    (Dask prefers a peer on its own host), so the bytes into a machine do not grow with its worker processes and
+    the driver sends each array once, whatever the number of machines."""
+    hosts = machines(client)
+    first = [ws[0] for ws in hosts.values()]
+    futs = track(client.scatter(x, hash=False, workers=first[:1]))
+    if len(first) > 1:
+        client.replicate(futs if isinstance(futs, list) else [futs], workers=first)
+    return futs
 
 
 def scatter_to(client: Any, items: list, where: list[str]) -> list:

@@ -45,8 +45,9 @@ class StatePasses:
                 release_resident(resident)
                 flush_drops(current_client())
                 raise HeldLost(f"the block state kept on the workers by direct calls was lost: {got}")
-        shared = [self.scatter_per_block(ship(a)) for a in args]
-        kw = {k: self.scatter_per_block(ship(v)) for k, v in kwargs.items()}
+        # an argument that is not per block is read by every task: one copy a machine
+        shared = [self.scatter_per_block(ship(a, every=True)) for a in args]
+        kw = {k: self.scatter_per_block(ship(v, every=True)) for k, v in kwargs.items()}
 
         def task_args(u: int) -> tuple:
             return tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}

@@ -121,3 +121,61 @@ def test_the_client_for_a_scheduler_address_fetches_from_the_workers_itself(tmp_
     driver = (d1.into - d0.into) + (d1.out_of - d0.out_of)
     assert driver > 100_000  # w and the results went through the driver's link
     assert sched < 0.25 * driver, (sched, driver)
+
+
+def test_a_vector_every_worker_reads_reaches_each_machine_once():
+    """``shipped(..., broadcast=True)`` on workers of several machines: one copy a machine, copied between the
+    machines (the driver sends it once), read by both of a machine's worker processes (issue 57: the bytes into a
+    machine must not grow with its processes, nor the driver's with the machines)."""
+    import zlib
+
+    from dufs.engine import get_client
+    from dufs.engine.dispatch import shipped
+
+    v = np.random.default_rng(0).standard_normal(1_000_000)  # 8 MB
+    with EmulatedCluster(machines=3, procs=2) as cluster, get_client(scheduler_address=cluster.address) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        assert len(workers) == 6
+        before, d0 = cluster.link_bytes(), cluster.driver_bytes()
+        with shipped(v, broadcast=True) as ref:
+            crcs = client.gather([client.submit(zlib.crc32, ref, workers=[w], pure=False) for w in workers])
+        moved, d1 = EmulatedCluster.since(before, cluster.link_bytes()), cluster.driver_bytes()
+    assert crcs == [zlib.crc32(v)] * 6  # every worker read all of it
+    assert all(0.9 * v.nbytes < b.into < 1.3 * v.nbytes for b in moved), moved
+    assert d1.out_of - d0.out_of < 1.3 * v.nbytes
+
+
+_ITERATIVE = {
+    "mmfs": {"tol": 1e-6},
+    "lapaofs": {"graph": "anchor", "n_anchors": 32, "embed_dim": 8},
+    "lapdofs": {"graph": "anchor", "n_anchors": 32, "embed_dim": 8},
+    "jcfs": {"graph": "anchor", "n_anchors": 32, "embed_dim": 8, "max_iter": 2, "n_clusters": 2},
+    "m3fs": {"solver": "alternating", "graph": "anchor", "n_anchors": 32, "embed_dim": 8, "max_iter": 2,
+             "n_clusters": 2},
+    "ufcm": {"max_iter": 3, "n_clusters": 2, "n_components": 2},
+}
+
+
+def test_every_iterative_method_selects_on_machines_what_it_selects_on_one(store):
+    """The remote paths (one copy of a vector a machine, partial scores summed on the workers) select what a
+    LocalCluster of as many worker processes on the path remote workers take selects: the same features, the
+    scores equal but for the order of floating-point sums; MMFS's objective within its duality gap."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    def fits(client):
+        return {m: dufs.fit(store, method=m, n_features=12, client=client, **kw) for m, kw in _ITERATIVE.items()}
+
+    with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
+            LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            Client(lc) as client:
+        want = fits(client)
+    with EmulatedCluster(machines=2, procs=2) as cluster, Client(cluster.address) as client:
+        got = fits(client)
+    for m in _ITERATIVE:
+        if m == "mmfs":
+            a, b = got[m].diagnostics, want[m].diagnostics
+            assert abs(a["objective"] - b["objective"]) <= a["duality_gap"] + b["duality_gap"] + 1e-9, (a, b)
+            continue
+        np.testing.assert_array_equal(got[m].indices, want[m].indices, err_msg=m)
+        np.testing.assert_allclose(got[m].scores, want[m].scores, rtol=1e-9, atol=1e-12, err_msg=m)

@@ -135,8 +135,9 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, rene
     from the last v-step's final decision, s = ``renew``), then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
     g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores, written into row ``row[0]`` of the
-    driver's results file ``into`` (:func:`dufs.engine.receiving`) where it gives one, else sent back. The
-    state given is used up (its arrays that the new one no longer holds are written)."""
+    driver's results file ``into`` (:func:`dufs.engine.receiving`) where it gives one (the result: the 9 dots),
+    else the result (the dots, then the scores), summed over the partitions by the workers. The state given is
+    used up (its arrays that the new one no longer holds are written)."""
     if renew is not None:
         st, _ = _renew(blks, st, renew, decision)
         decision = None
@@ -145,9 +146,11 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, rene
     if into is not None:  # the driver's file: nothing to send back but the dots
         out = into[row[0]]
         out.fill(0.0)
-    else:  # pooled: the scores go back each call, a fresh vector's pages fault in each time
-        out = buffer(n, zero=True)
-    dots = np.zeros(9)
+        both = dots = np.zeros(9)
+    else:  # the dots and the scores in one array, summed with the other partitions' on the workers (pooled: a
+        # fresh vector's pages fault in each time)
+        both = buffer(9 + n, zero=True)
+        dots, out = both[:9], both[9:]
     ys, gs, us = [], [], []
     for i, b in enumerate(blks):
         w = b.indptr.shape[0] - 1
@@ -160,7 +163,7 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, rene
         ys.append(y)
         gs.append(g)
         us.append(u)
-    return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, (dots, None if into is not None else out[:, None])
+    return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, both
 
 
 def _final(blks, st, decision, into=None, starts=None, renew=None):
@@ -240,14 +243,16 @@ class ResidentU:
             into = receiving(stack, (k, self.n), np.float64)
             extra = {} if into is None else {"into": into.target, "row": PerBlock(self._rows)}
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
-                                                state=self.state, partitions=self.parts, **extra,
+                                                state=self.state, partitions=self.parts, reduce="sum", **extra,
                                                 **self._renewing(stack))
-            # the partitions' scores summed in the same order either way (the same numbers), into an array of
-            # the driver's own (the file goes back to the pool: one partition's row is copied out)
-            rows = [g[1][:, 0] for g in got] if into is None else list(into.array)
-            Fu = rows[0].copy() if into is not None and k == 1 else tree_sum_values(rows)
+            # the partitions' scores summed by the same fixed tree either way (the same numbers): by the workers,
+            # or here from the file into an array of the driver's own (the file goes back to the pool)
+            if into is None:
+                dots, Fu = got[:9], np.array(got[9:])
+            else:
+                rows = list(into.array)
+                dots, Fu = got, rows[0].copy() if k == 1 else tree_sum_values(rows)
         self.decision = None
-        dots = np.sum([g[0] for g in got], axis=0)
         if self.centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
             Fu -= dots[6]
         self.swept = self.tried = float(step)
