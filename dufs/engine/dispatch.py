@@ -33,7 +33,7 @@ from dufs.scheduling import current_client
 
 __all__ = ["compute", "current_client", "delayed", "forget", "in_shared_memory", "inline_pass", "is_inline",
            "machines", "scatter_to", "scope", "ship", "shippable", "shipped", "spread", "track", "tree_sum",
-           "tree_sum_into", "tree_sum_values"]
+           "tree_sum_into", "tree_sum_machines", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -169,14 +169,23 @@ def in_shared_memory(x: Any) -> Iterator[Any]:
         yield ref
 
 
+_MACHINES: dict[str, tuple[float, dict[str, list[str]]]] = {}
+_MACHINES_TTL = 1.0  # seconds a reading is reused: a pass asks once, not once a call
+
+
 def machines(client: Any) -> dict[str, list[str]]:
     """The client's workers by machine (``{host: [worker address, ...]}``, both sorted)."""
     from distributed.comm import get_address_host
 
-    out: dict[str, list[str]] = {}
-    for a in sorted(client.scheduler_info(n_workers=-1)["workers"]):
-        out.setdefault(get_address_host(a), []).append(a)
-    return out
+    now = time.monotonic()
+    got = _MACHINES.get(client.id)
+    if got is None or now - got[0] > _MACHINES_TTL:
+        out: dict[str, list[str]] = {}
+        for a in sorted(client.scheduler_info(n_workers=-1)["workers"]):
+            out.setdefault(get_address_host(a), []).append(a)
+        _MACHINES.clear()  # one client's at a time: nothing kept for closed ones
+        got = _MACHINES[client.id] = (now, out)
+    return got[1]
 
 
 def spread(client: Any, x: Any) -> Any:
@@ -240,6 +249,38 @@ def tree_sum(parts: list) -> Any:
             nxt.append(parts[-1])
         parts = nxt
     return parts[0]
+
+
+def tree_sum_machines(parts: list, homes: list[str | None], client: Any) -> Any:
+    """:func:`tree_sum` of delayed values made on workers of several machines (``homes``: the worker of each),
+    summed first within each machine (its parts in order, the adds kept on its workers: the partials do not leave
+    it) and then one partial a machine in a fixed tree over the machines (in the order of their first parts), each
+    add on the machine of its left operand: what crosses a link is one partial a machine and level, not one a part.
+    Where the parts are on one machine (or a home is unknown), :func:`tree_sum` itself: the same numbers."""
+    from distributed.comm import get_address_host
+
+    hosts = machines(client) if client is not None and None not in homes else {}
+    if len(hosts) < 2:
+        return tree_sum(parts)
+    import dask
+
+    add = dask.delayed(_add, pure=True)
+    order: dict[str, list] = {}
+    for p, home in zip(parts, homes, strict=True):
+        order.setdefault(get_address_host(home), []).append(p)
+    level = []
+    for host, ps in order.items():
+        with dask.annotate(workers=hosts[host], allow_other_workers=True):
+            level.append((host, tree_sum(ps)))
+    while len(level) > 1:
+        nxt = []
+        for (host, a), (_, b) in zip(level[0::2], level[1::2], strict=False):
+            with dask.annotate(workers=hosts[host], allow_other_workers=True):
+                nxt.append((host, add(a, b)))
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0][1]
 
 
 def tree_sum_values(vals: list) -> Any:

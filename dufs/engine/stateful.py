@@ -11,7 +11,17 @@ import dask
 
 from dufs.engine.blocks import PerBlock, map_group, map_one, map_state
 from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
-from dufs.engine.dispatch import compute, current_client, delayed, ship, shippable, track, tree_sum, tree_sum_values
+from dufs.engine.dispatch import (
+    compute,
+    current_client,
+    delayed,
+    ship,
+    shippable,
+    track,
+    tree_sum,
+    tree_sum_machines,
+    tree_sum_values,
+)
 from dufs.engine.progress import report
 from dufs.engine.state import BlockState
 
@@ -85,7 +95,7 @@ class StatePasses:
             got = compute(new + res)
             report(name, n, n)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
-        futs = track(client.compute(new + ([tree_sum(res)] if reduce == "sum" else res)))
+        futs = track(client.compute(new + ([tree_sum_machines(res, home, client)] if reduce == "sum" else res)))
         out = client.gather(futs[n:])
         report(name, n, n)
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
