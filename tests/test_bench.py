@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -203,7 +205,73 @@ def test_bench_scale_prints_each_methods_iteration(tmp_path):
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     for label in ("2 machines x 2 processes", "fisher  :", "mmfs    :", "lapdofs :", "into a machine",
-                  "through the driver", "task transitions"):
+                  "through the driver", "task transitions", "1 machines x 1 processes", "model parameters",
+                  "compute on one process", "machine_in  =", "lapdofs: an iteration, projected seconds",
+                  "mmfs: a round (rounds not modelled)", "kddb     W=64", "10x kddb W=10", "weak: 10x kddb on 10",
+                  "strong: kddb 64 vs 1 machine", "rounds (log fit"):
         assert label in res.output, (label, res.output)
+    assert "PASS" in res.output or "MISS" in res.output
+    saved = json.loads((tmp_path / "scale-3000x5000x4.json").read_text())
+    assert {r["method"] for r in saved["runs"]} == {"fisher", "mmfs", "lapdofs"} and len(saved["compute"]) == 3
     bad = CliRunner().invoke(app, ["bench", "scale", "--methods", "fisher,nothing"])
     assert bad.exit_code == 2 and "nothing not measured by the scale bench" in bad.output
+
+
+def _made_up_params():
+    from dufs.bench.model import Formula, MethodModel, Params
+
+    m = MethodModel(c_nz=1e-8, c_fixed=0.1, machine_in=Formula(("nP",), (8.0,)),
+                    driver_bytes=Formula(("n", "WP"), (8.0, 1000.0)), driver_cpu=Formula(("n",), (1e-7,)),
+                    tasks=Formula(("1", "WP"), (10.0, 2.0)))
+    return Params(P=4, link=1e9, efficiency=0.5, t_task=1e-3, methods={"x": m})
+
+
+def test_scale_model_projects_by_hand():
+    from dufs.bench.model import project
+
+    # n = 1e6, d = 2e6, nnz = 1e7, P = 4, W = 2, by hand:
+    # compute 1e-8 * 1e7 / (2 * 4 * 0.5) + 0.1 = 0.125; network (8 * 1e6 * 4 + 8 * 1e6 + 1000 * 8) / 1e9 = 0.040008
+    # driver 1e-7 * 1e6 = 0.1; scheduler (10 + 2 * 8) * 1e-3 = 0.026; total 0.291008
+    p = project(_made_up_params(), "x", 1e6, 2e6, 1e7, 2)
+    assert (p.compute, p.network, p.driver, p.scheduler) == pytest.approx((0.125, 0.040008, 0.1, 0.026))
+    assert p.total == pytest.approx(0.291008)
+    # one machine: no link crossed; compute 0.1 / 2 + 0.1, scheduler (10 + 2 * 4) * 1e-3
+    assert project(_made_up_params(), "x", 1e6, 2e6, 1e7, 1).total == pytest.approx(0.15 + 0.1 + 0.018)
+
+
+def test_scale_model_targets_by_hand():
+    from dufs.bench.model import Formula, MethodModel, Params, targets
+
+    none = Formula((), ())
+    # compute alone: 10x kddb on 10 machines takes what kddb takes on one (weak 1.0), 64 machines 64x faster
+    flat = Params(methods={"x": MethodModel(1e-9, 0.0, none, none, none, none)})
+    t = targets(flat, "x")
+    assert t["weak"] == pytest.approx(1.0) and t["speedup"] == pytest.approx(64.0)
+    assert t["weak_pass"] and t["strong_pass"] and t["memory"] is None
+    # and 8 bytes a row to each of 16 processes: kddb on one machine 1e-9 * 566,345,888 / 8 = 0.070793236 s; on
+    # 64 0.070793236 / 64 + 8 * 19,264,097 * 16 / 1.25e9 = 0.0011061443 + 1.9726435328 s; the bound 0.0011061443 +
+    # 16 * (19,264,097 + 29,890,095) / 64 / 1.25e9 = 0.0109369827 s
+    links = Params(methods={"x": MethodModel(1e-9, 0.0, Formula(("nP",), (8.0,)), none, none, none)})
+    t = targets(links, "x")
+    assert t["speedup"] == pytest.approx(0.070793236 / 1.9737496771)
+    assert t["bound_speedup"] == pytest.approx(0.070793236 / 0.0109369827)
+    assert not t["strong_pass"]
+    # 10x kddb on 10: 0.070793236 + 8 * 192,640,970 * 16 / 1.25e9 = 0.070793236 + 19.726435328 s
+    assert t["weak"] == pytest.approx((0.070793236 + 19.726435328) / 0.070793236) and not t["weak_pass"]
+
+
+def test_scale_model_fit_memory_and_rounds():
+    from dufs.bench.model import driver_memory, fit, mmfs_rounds
+
+    # y = 3 n + 5 W P at n = 100, P = 2: 320 at W = 2, 340 at W = 4; "1" cannot be told from "n" at one n
+    pts = [((100, 50, 400, 2, 2), 320.0), ((100, 50, 400, 4, 2), 340.0)]
+    f = fit(("n", "1", "WP"), pts)
+    assert f.terms == ("n", "WP") and f.coefs == pytest.approx((3.0, 5.0))
+    # falling with W: the W P coefficient would be negative, so n alone, (320 + 340) / 2 / 100
+    f = fit(("n", "WP"), [(pts[0][0], 340.0), (pts[1][0], 320.0)])
+    assert f.terms == ("n",) and f.coefs == pytest.approx((3.3,))
+    # 208 n + 80 d + 8 n K at n = 1000, d = 2000, K = 4
+    assert driver_memory("m3fs", 1000, 2000, 4) == pytest.approx(208_000 + 160_000 + 32_000)
+    assert driver_memory("lapdofs", 1000, 2000, 4) is None
+    # r = a + b log2 K through (0, 12), (1, 54), (3, 73): b = 789 / 42, a = 2682 / 126
+    assert mmfs_rounds(1) == pytest.approx(2682 / 126) and mmfs_rounds(8) == pytest.approx(2682 / 126 + 3 * 789 / 42)

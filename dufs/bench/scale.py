@@ -5,18 +5,21 @@ the remote paths: no shared ``/dev/shm``, everything over TCP), and at the end o
 counters, the scheduler's task transitions and the driver's CPU time are read. An iteration is the span between
 two pass ends after the method's set-up (blocks persisted, statistics, graph); the figures printed are medians over
 the iterations, beside the sizes they are to be compared with: 8 (n + d) / machines bytes into a machine, a few MB
-through the driver, a small multiple of the machines in tasks (issue 57's targets; docs/scaling.md).
+through the driver, a small multiple of the machines in tasks (issue 57's targets; docs/scaling.md). Each method
+runs once more on one machine of one process, for the compute the model (:mod:`dufs.bench.model`) projects from;
+the measurements are saved as JSON and the model's projection to 1-64 machines is printed after them.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dufs.bench.common import describe, local_cluster, median
+from dufs.bench.common import _Sampler, describe, local_cluster, median
 
 #: the iterative methods, with parameters that keep a run to a few iterations
 RUNS: dict[str, dict[str, Any]] = {
@@ -39,6 +42,20 @@ def _transitions(dask_scheduler: Any = None) -> int:
     return int(dask_scheduler.transition_counter)
 
 
+def _scheduler_cpu(dask_scheduler: Any = None) -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class DriverPeak(_Sampler):
+    """This process alone (the emulated machines are its children): its peak resident bytes."""
+
+    def processes(self) -> list:
+        import psutil
+
+        return [psutil.Process()]
+
+
 @dataclass
 class PassMeter:
     """Counters read at the end of every pass (a ``dufs.engine.progress.on_pass`` callback): each machine's bytes
@@ -51,7 +68,8 @@ class PassMeter:
     def read(self) -> dict:
         return {"links": self.cluster.link_bytes(), "driver": self.cluster.driver_bytes(),
                 "scheduler": self.cluster.scheduler_bytes(), "cpu": _driver_cpu(), "t": time.perf_counter(),
-                "transitions": self.client.run_on_scheduler(_transitions)}
+                "transitions": self.client.run_on_scheduler(_transitions),
+                "sched_cpu": self.client.run_on_scheduler(_scheduler_cpu)}
 
     def __call__(self, name: str, done: int, total: int) -> None:
         if done == total:
@@ -69,27 +87,34 @@ class PassMeter:
                         "scheduler": (b["scheduler"].into - a["scheduler"].into)
                         + (b["scheduler"].out_of - a["scheduler"].out_of),
                         "transitions": b["transitions"] - a["transitions"], "cpu": b["cpu"] - a["cpu"],
-                        "wall": b["t"] - a["t"]})
+                        "sched_cpu": b["sched_cpu"] - a["sched_cpu"], "wall": b["t"] - a["t"]})
         return out
 
 
 def _run_method(cluster: Any, client: Any, path: str, method: str, n_features: int) -> dict:
-    """``method`` fitted on the emulated cluster, its passes metered; the medians over its iterations."""
+    """``method`` fitted on the emulated cluster, its passes metered; the medians over its iterations, and the
+    driver's peak resident growth over the fit."""
+    import gc
+
+    import psutil
+
     import dufs
     from dufs.engine.progress import on_pass
 
+    gc.collect()
     meter = PassMeter(cluster, client)
     meter.marks.append(meter.read())  # the start: a one-pass method's iteration is the fit itself
+    rss0 = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
-    with on_pass(meter):
+    with on_pass(meter), DriverPeak() as peak:
         sel = dufs.fit(path, method=method, n_features=n_features, client=client, **RUNS[method])
     wall = time.perf_counter() - t0
     # set-up passes: the statistics, and for the graph methods the graph's; half the passes at most
     passes = len(meter.marks) - 1
     its = meter.iterations(skip=min(passes // 2, 3))
     out: dict[str, Any] = {"passes": passes, "wall_s": wall, "iterations": len(its),
-                           "indices": sel.indices[:n_features].tolist()}
-    for key in ("machine_in", "driver", "scheduler", "transitions", "cpu", "wall"):
+                           "indices": sel.indices[:n_features].tolist(), "rss_growth": max(0, peak.peak_max - rss0)}
+    for key in ("machine_in", "driver", "scheduler", "transitions", "cpu", "sched_cpu", "wall"):
         out[key] = median([float(i[key]) for i in its]) if its else float("nan")
     return out
 
@@ -124,16 +149,48 @@ def _scale_store(rows: int, features: int, nnz_per_row: int, seed: int, blocks: 
         return make_synthetic(str(store), spec, overwrite=True, client=client, feature_block=width)
 
 
+def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], st: Any, n_features: int,
+                say: Any) -> list[dict]:
+    """Each of ``methods`` on an emulated cluster of ``W`` machines of ``procs`` processes: its run's record."""
+    from dufs.engine import get_client
+    from dufs.testing.emulated import EmulatedCluster
+
+    n, d = st.shape
+    out = []
+    # the client `dufs select --scheduler` makes
+    with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, \
+            get_client(scheduler_address=cluster.address) as client:
+        say(f"{W} machines x {procs} processes: the target a machine 8 (n + d) / W = "
+            f"{8 * (n + d) / W / 2**20:,.1f} MiB an iteration")
+        for m in methods:
+            got = {"machines": W, "procs": procs, "method": m, **_run_method(cluster, client, st.path, m, n_features)}
+            out.append(got)
+            say(f"  {m:8s}: {got['iterations']} iterations of {got['passes']} passes; an iteration: "
+                f"into a machine {got['machine_in'] / 2**20:,.2f} MiB "
+                f"({got['machine_in'] / (8 * (n + d) / W):.2f}x the target), through the driver "
+                f"{got['driver'] / 2**20:,.2f} MiB, the scheduler {got['scheduler'] / 2**20:,.2f} MiB, "
+                f"{got['transitions']:,.0f} task transitions ({got['transitions'] / W:,.1f} a machine), "
+                f"driver CPU {got['cpu']:.3f} s, scheduler CPU {got['sched_cpu']:.3f} s, wall {got['wall']:.3f} s, "
+                f"driver peak growth {got['rss_growth'] / 2**20:,.1f} MiB")
+    return out
+
+
 def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: int = 4,
                 machines: tuple[int, ...] = (2, 4), procs: int = 2, methods: tuple[str, ...] = tuple(RUNS),
                 rate: str | None = None, work_dir: Path | None = None, store: Path | None = None,
-                console: Any = None, seed: int = 0, n_features: int = 8) -> dict:
+                console: Any = None, seed: int = 0, n_features: int = 8, out: Path | None = None,
+                efficiency: float = 0.5, model_procs: int = 16, link: float = 1.25e9,
+                pool: tuple[Path, ...] = ()) -> dict:
     """Each of ``methods`` on emulated clusters of ``machines`` machines (``procs`` one-thread worker processes
     each, links shaped to ``rate``), on a kddb-shaped synthetic store with few nonzeros a row (communication
     dominates): per iteration, the most bytes into one machine, the bytes through the driver and the scheduler,
-    the scheduler's task transitions and the driver's CPU, beside 8 (n + d) / machines."""
-    from dufs.engine import get_client
-    from dufs.testing.emulated import EmulatedCluster, unavailable
+    the scheduler's task transitions and the driver's CPU, beside 8 (n + d) / machines. Then each method on one
+    machine of one process (the compute), the measurements saved to ``out`` (JSON; default under the store's
+    directory), and the model fitted to them and projected (``model_procs`` processes a machine of ``efficiency``,
+    links of ``link`` bytes a second), pooled with the measurements saved in ``pool`` (other store sizes: they
+    separate the fixed costs from those in n)."""
+    from dufs.bench import model
+    from dufs.testing.emulated import unavailable
 
     say = console.print if console is not None else print
     why = unavailable()
@@ -141,23 +198,18 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
         say(f"scale: not measured ({why})")
         return {"skipped": why}
     st = _scale_store(rows, features, nnz_per_row, seed, 4 * max(machines) * procs, work_dir, store, say)
-    n, d = st.shape
     res = describe(st, f"emulated machines {list(machines)} of {procs} worker processes"
                        f"{'' if rate is None else f', links shaped to {rate}'}", say)
-    res["runs"] = {}
+    res["runs"] = []
     for W in machines:
-        # the client `dufs select --scheduler` makes
-        with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, \
-                get_client(scheduler_address=cluster.address) as client:
-            say(f"{W} machines x {procs} processes: the target a machine 8 (n + d) / W = "
-                f"{8 * (n + d) / W / 2**20:,.1f} MiB an iteration")
-            for m in methods:
-                got = _run_method(cluster, client, st.path, m, n_features)
-                res["runs"][(W, m)] = got
-                say(f"  {m:8s}: {got['iterations']} iterations of {got['passes']} passes; an iteration: "
-                    f"into a machine {got['machine_in'] / 2**20:,.2f} MiB "
-                    f"({got['machine_in'] / (8 * (n + d) / W):.2f}x the target), through the driver "
-                    f"{got['driver'] / 2**20:,.2f} MiB, the scheduler {got['scheduler'] / 2**20:,.2f} MiB, "
-                    f"{got['transitions']:,.0f} task transitions ({got['transitions'] / W:,.1f} a machine), "
-                    f"driver CPU {got['cpu']:.3f} s, wall {got['wall']:.3f} s")
+        res["runs"] += _on_cluster(W, procs, rate, methods, st, n_features, say)
+    say("the compute, on one machine of one process:")
+    res["compute"] = _on_cluster(1, 1, rate, methods, st, n_features, say)
+    out = Path(out) if out is not None else Path(st.path).parent / f"scale-{rows}x{features}x{nnz_per_row}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    say(f"measurements: {out}")
+    datas = [res, *(json.loads(Path(f).read_text()) for f in pool)]
+    params = model.fit_params(datas, P=model_procs, link=link, efficiency=efficiency)
+    res["targets"] = model.report(datas, params, say)
     return res

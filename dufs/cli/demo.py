@@ -145,6 +145,12 @@ def bench(
                                     "1gbit); default unshaped."),
     methods: str | None = typer.Option(None, "--methods", help="scale: the methods, comma-separated (default every "
                                        "iterative method and Fisher)."),
+    out_file: Path | None = typer.Option(None, "--out", help="scale: the JSON file the measurements are saved to "
+                                         "(default scale-<rows>x<features>x<nnz>.json beside the store)."),
+    efficiency: float = typer.Option(0.5, "--efficiency", help="scale: the model's efficiency of a worker process "
+                                     "among 16 on a machine (memory bandwidth shared), in (0, 1]."),
+    pool: str | None = typer.Option(None, "--pool", help="scale: measurements saved by earlier runs at other store "
+                                    "sizes (--out files, comma-separated), fitted together with this run's."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench
@@ -182,13 +188,15 @@ def bench(
         run(**size, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
             repeats=repeats or (5 if what == "m3fs" else 3))
     elif what == "scale":
-        _bench_scale(rows, features, nnz_per_row, machines, rate, methods, work_dir, store)
+        _bench_scale(rows, features, nnz_per_row, machines, rate, methods, work_dir, store, out_file, efficiency,
+                     pool)
     else:
         fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm, scale"))
 
 
 def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate: str | None, methods: str | None,
-                 work_dir: Path | None, store: Path | None) -> None:
+                 work_dir: Path | None, store: Path | None, out_file: Path | None = None,
+                 efficiency: float = 0.5, pool: str | None = None) -> None:
     """``dufs bench scale``: its options checked, the store's size defaulting to the scale bench's own."""
     from dufs.bench.scale import RUNS, scale_bench
 
@@ -198,6 +206,8 @@ def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate
             raise ValueError
     except ValueError:
         fail(ParameterError(f"--machines must be comma-separated integers >= 1, like 2,4; got {machines!r}"))
+    if not 0 < efficiency <= 1:
+        fail(ParameterError(f"--efficiency must be in (0, 1]; got {efficiency}"))
     ms = tuple(RUNS) if methods is None else tuple(m.strip() for m in methods.split(","))
     unknown = sorted(set(ms) - set(RUNS))
     if unknown:
@@ -205,4 +215,6 @@ def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate
                             f"{', '.join(RUNS)}"))
     size = {"rows": rows if rows != 2_000_000 else 400_000, "features": features if features != 5_000_000 else 800_000,
             "nnz_per_row": nnz_per_row if nnz_per_row != 30 else 4}
-    scale_bench(**size, machines=ws, rate=rate, methods=ms, work_dir=work_dir, store=store, console=out)
+    scale_bench(**size, machines=ws, rate=rate, methods=ms, work_dir=work_dir, store=store, console=out,
+                out=out_file, efficiency=efficiency,
+                pool=tuple(Path(f) for f in pool.split(",")) if pool else ())
