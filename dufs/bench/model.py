@@ -64,9 +64,10 @@ COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a n
 #: the driver's resident bytes: (bytes a row, a feature, a row per partition, what they are), read from the code
 #: with 2 clusters, 2 components (UFCM), a 16-dimensional anchor embedding (M3FS), as the scale bench runs them
 DRIVER_MEMORY: dict[str, tuple[float, float, float, str]] = {
-    "m3fs": (8 * (10 + 16), 8 * 10, 8.0, "ten n-vectors (scores F, L F, FISTA's iterates, best, gradient, labels) "
-             "and the n x 16 anchor embedding; ten d-vectors (sigma, V, FISTA's U iterates); one n-vector a partition "
-             "gathered"),
+    # the partitions' partial scores are summed as they arrive, not held together (the measured growth does not
+    # rise with the partitions), so no term in n K
+    "m3fs": (8 * (10 + 16), 8 * 10, 0.0, "ten n-vectors (scores F, L F, FISTA's iterates, best, gradient, labels) "
+             "and the n x 16 anchor embedding; ten d-vectors (sigma, V, FISTA's U iterates)"),
     "ufcm": (8 * (2 * 2 + 3 + 2), 8 * (2 * 2 + 2 * 2 + 2 + 9 * 2) + 2, 0.0,
              "Y = Zc W and its successor (n x k), three label candidates, k-means distances (n x c); W and LOBPCG's "
              "start (d x k), Q and G (d x c), D and the row norms, LOBPCG's nine d x k blocks, two masks"),
@@ -236,7 +237,10 @@ def _compute_points(datas: list[dict], method: str) -> list[tuple[tuple, float]]
 def fit_params(datas: list[dict], *, P: int = 16, link: float = 1.25e9, efficiency: float = 0.5) -> Params:
     """The parameters from scale benches' measurements (each data set: the store's n, d, nnz, the ``runs`` on W
     machines and the one-process ``compute`` runs, medians of an iteration each), pooled over the data sets."""
-    runs = [r for x in datas for r in x["runs"] if math.isfinite(float(r["sched_cpu"]))]
+    # the scheduler's CPU a transition: over the iterative methods' iterations (Fisher's one pass holds its graph's
+    # submission too), on W machines and on one process
+    runs = [r for x in datas for r in x["runs"] + x.get("compute", [])
+            if r["method"] != "fisher" and math.isfinite(float(r["sched_cpu"]))]
     trans, sched = sum(float(r["transitions"]) for r in runs), sum(float(r["sched_cpu"]) for r in runs)
     params = Params(P=P, link=link, efficiency=efficiency, t_task=sched / trans if trans > 0 else 0.0)
     for m in sorted({r["method"] for x in datas for r in x["runs"]}, key=list(SHAPES).index):
@@ -256,7 +260,8 @@ def _say_fit(datas: list[dict], params: Params, say: Callable[[str], None]) -> N
     """Each method's formulas beside the measurements they were fitted to: measured, formula, their ratio."""
     say(f"model parameters (P = {params.P} processes a machine, links {params.link * 8 / 1e9:g} Gbit/s, efficiency "
         f"{params.efficiency:g}): the scheduler {params.t_task * 1e6:,.1f} us of CPU a task transition (its CPU over "
-        f"its transitions, all measured iterations); measured vs formula (ratio) at each store n x d and W")
+        f"its transitions, the iterative methods' measured iterations); measured vs formula (ratio) at each store "
+        f"n x d and W")
 
     def cells(pts: list, f: Any, unit: str, scale: float) -> str:
         return "; ".join(f"{x[0]:,.0f}x{x[1]:,.0f} W={x[3]}: {v / scale:,.3f} vs {f(*x) / scale:,.3f}{unit} "
