@@ -129,6 +129,10 @@ def fit(terms: tuple[str, ...], points: list[tuple[tuple, float]]) -> Formula:
             continue
     while use:
         c = _lsq(use, points)
+        top = max(abs(v) for _, v in points) or 1.0
+        # a coefficient whose term adds under 1e-6 of the values at every point: rounding, 0
+        c = [0.0 if max(abs(x * TERMS[t](*q)) for q, _ in points) < 1e-6 * top else x for t, x in zip(use, c,
+                                                                                                  strict=True)]
         if min(c) >= 0:
             return Formula(tuple(use), tuple(c))
         use.pop(min(range(len(c)), key=c.__getitem__))
