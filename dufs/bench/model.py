@@ -51,11 +51,14 @@ KDDB10 = Size("10x kddb", 192_640_970, 298_900_950, 5_663_458_880)
 #: each method's formula shapes, terms in the order they are fitted (fewer measured W than terms: the first ones)
 SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     "fisher": {"machine_in": ("nnz/W", "n", "WP"), "driver_bytes": ("d", "WP", "1"), "driver_cpu": ("d", "1", "WP")},
+    # a vector every worker reads goes to each machine once (one copy a machine), whatever P
     "mmfs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
-    "lapaofs": {"machine_in": ("nP", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
-    "lapdofs": {"machine_in": ("nP", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
-    "jcfs": {"machine_in": ("nP", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
-    "m3fs": {"machine_in": ("nP", "WP", "1"), "driver_bytes": ("n", "nWP", "1"), "driver_cpu": ("n", "nWP", "1")},
+    "lapaofs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
+    "lapdofs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
+    "jcfs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
+    # R to each machine once, the partial scores summed within a machine and then by a tree over the machines
+    # (log2 W of them into the root's machine), the sum to the driver
+    "m3fs": {"machine_in": ("n", "nlog2W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
     "ufcm": {"machine_in": ("n", "nnz/W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
 }
 TASKS = ("1", "WP")
