@@ -32,8 +32,8 @@ import numpy as np
 from dufs.scheduling import current_client
 
 __all__ = ["compute", "current_client", "delayed", "forget", "in_shared_memory", "inline_pass", "is_inline",
-           "machines", "scatter_to", "scope", "ship", "shippable", "shipped", "spread", "track", "tree_sum",
-           "tree_sum_into", "tree_sum_machines", "tree_sum_values"]
+           "machines", "scatter_to", "scope", "ship", "shippable", "shipped", "spread", "to_spread", "track",
+           "tree_sum", "tree_sum_into", "tree_sum_machines", "tree_sum_values"]
 
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("dufs_inline_pass", default=False)
 
@@ -99,14 +99,14 @@ def ship(x: Any, every: bool = False) -> Any:
     true: one that holds such arrays) as one key, so a pass ships it once:
     under a distributed client a scattered future (released with the pass's last reference to it), else a graph
     key; small arguments and inline passes take ``x`` as it is. ``every``: every task of the pass reads it, so on
-    workers of several machines it goes to each machine once (:func:`spread`)."""
+    workers of several machines it goes to each machine that reads it once (:func:`to_spread`)."""
     if _INLINE.get():
         return x
     if shippable(x):
         client = current_client()
         if client is not None:
             if every and len(machines(client)) > 1:
-                return spread(client, x)
+                return to_spread(client, x)
             return track(client.scatter(x, hash=False))
         import dask
 
@@ -120,8 +120,9 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
     after; without a client, or a ``distributed.Future`` already, ``x`` itself. ``broadcast``: for a pass whose
     every worker reads it, sent to every worker at once where they share one machine (scattered to one, the
     others' tasks fetched it from there, a second transfer after the first), one copy a machine where they are on
-    several (:func:`spread`). ``where`` (with a list): the worker address each item goes to
-    (None: anywhere), for items read by one task each whose worker is known.
+    several (:func:`to_spread`: the pass that reads it sends it on to the machines of its blocks). ``where`` (with
+    a list): the worker address each item goes to (None: anywhere), for items read by one task each whose worker is
+    known.
 
     ``shared``: an array the tasks read through :func:`dufs.engine.shm.local_array` goes, where every worker is on
     this machine, through one file in /dev/shm that they all map (:func:`dufs.engine.shm.publish`): one copy for
@@ -140,7 +141,7 @@ def shipped(x: Any, *, broadcast: bool = False, where: list | None = None, share
     if where is not None and isinstance(x, list) and len(where) == len(x) and None not in where:
         futs: Any = scatter_to(client, x, where)
     elif broadcast and len(machines(client)) > 1:
-        futs = spread(client, x)
+        futs = to_spread(client, x)
     else:
         futs = track(client.scatter(x, hash=False, broadcast=broadcast))
     try:
@@ -188,18 +189,45 @@ def machines(client: Any) -> dict[str, list[str]]:
     return got[1]
 
 
-def spread(client: Any, x: Any) -> Any:
-    """``x`` (an array, or a list of them) for a pass that every worker reads, with one copy a machine: sent from
-    here to one worker, then copied along a tree between machines (``Client.replicate``: each copy made seeds up to
-    two more), one worker a machine; a task on the machine's other worker processes fetches it from the local copy
-    (Dask prefers a peer on its own host), so the bytes into a machine do not grow with its worker processes and
-    the driver sends each array once, whatever the number of machines."""
-    hosts = machines(client)
-    first = [ws[0] for ws in hosts.values()]
-    futs = track(client.scatter(x, hash=False, workers=first[:1]))
-    if len(first) > 1:
-        client.replicate(futs if isinstance(futs, list) else [futs], workers=first)
+_TO_SPREAD: weakref.WeakSet = weakref.WeakSet()
+
+
+def to_spread(client: Any, x: Any) -> Any:
+    """``x`` (an array, or a list of them) scattered to one worker (the first of the first machine), marked as read
+    by every task of the pass it is given to: that pass sends it on to its readers' machines (:func:`spread`)
+    before its tasks start."""
+    first = next(iter(machines(client).values()))[:1]
+    futs = track(client.scatter(x, hash=False, workers=first))
+    for f in futs if isinstance(futs, list) else [futs]:
+        _TO_SPREAD.add(f)
     return futs
+
+
+def spread(client: Any, futures: list, readers: list[str | None]) -> None:
+    """The futures marked by :func:`to_spread` among ``futures`` copied to one worker on each machine of
+    ``readers`` (the workers whose tasks read them; a None among them: every machine), along a tree between the
+    machines (``Client.replicate``: each copy made seeds up to two more). A task on a machine's other worker
+    processes fetches them from the local copy (Dask prefers a peer on its own host), so the bytes into a machine
+    do not grow with its processes, the driver sends each once whatever the number of machines, and a machine
+    that holds no block of the pass receives nothing."""
+    from distributed import Future
+    from distributed.comm import get_address_host
+
+    marked = [f for f in futures if isinstance(f, Future) and f in _TO_SPREAD]
+    if not marked:
+        return
+
+    hosts = machines(client)
+    if None in readers:
+        first = [ws[0] for ws in hosts.values()]
+    else:
+        on: dict[str, str] = {}
+        for a in sorted(readers):
+            on.setdefault(get_address_host(a), a)
+        first = list(on.values())
+    client.replicate(marked, workers=first)
+    for f in marked:
+        _TO_SPREAD.discard(f)
 
 
 def scatter_to(client: Any, items: list, where: list[str]) -> list:

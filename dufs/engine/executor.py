@@ -197,6 +197,10 @@ class Executor(ProductPasses, StatePasses):
         client = current_client()
         return None if client is None else self.placed(client)[1]
 
+    def readers(self, client: Any) -> list[str | None]:
+        """The workers a pass over every block runs on: those holding the persisted blocks ([None]: not known)."""
+        return self.placed(client)[2] if self.residency.get("mode") == "persisted" else [None]
+
     def homes(self, client: Any, partitions: list[list[int]] | None) -> list[str | None]:
         """The worker of each block (``partitions`` None) or partition: the one holding most of its blocks' nonzeros
         (persisted blocks; None for each otherwise)."""

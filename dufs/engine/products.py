@@ -13,7 +13,7 @@ from dufs import config
 from dufs.engine.blocks import block_matvec, block_rmatvec, partition_matvec, partition_matvec_into, partition_rmatvec
 from dufs.engine.buffers import buffer
 from dufs.engine.direct import DirectFailed
-from dufs.engine.dispatch import current_client, delayed, shipped, tree_sum, tree_sum_into
+from dufs.engine.dispatch import current_client, delayed, shipped, spread, tree_sum, tree_sum_into
 from dufs.engine.shm import publish, receiving
 
 __all__ = ["ProductPasses"]
@@ -30,7 +30,10 @@ class ProductPasses:
         gathered here as ``dtype``; with ``gather`` False a :class:`BlockState` of the blocks' results, left where
         they were made."""
         partitions = self.pass_partitions() if gather else None
+        client = current_client()
         with shipped(V2, broadcast=partitions is not None and len(partitions) > 1, shared=True) as Vs:
+            if client is not None:  # on to the machines of the blocks, where they are on several
+                spread(client, [Vs], self.readers(client))
             if partitions is None:
                 f = delayed(block_rmatvec)
                 tasks = [f(s, Vs, vsum, tf[i], dt, classes) for i, s in enumerate(self.src)]

@@ -17,6 +17,7 @@ from dufs.engine.dispatch import (
     delayed,
     ship,
     shippable,
+    spread,
     track,
     tree_sum,
     tree_sum_machines,
@@ -63,6 +64,9 @@ class StatePasses:
             return tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}
 
         if state is None:
+            client = current_client()
+            if client is not None:  # the arguments every task reads on to the machines of the blocks
+                spread(client, _futures((shared, kw)), self.readers(client))
             f = delayed(map_one if partitions is None else map_group)
             tasks = [f(fn, s, *task_args(u)) for u, s in enumerate(srcs)]
             if reduce == "sum":
@@ -81,6 +85,8 @@ class StatePasses:
         g = delayed(getitem, pure=True)
         client = current_client()
         home = self.homes(client, partitions) if client is not None else [None] * n
+        if client is not None:  # the arguments every task reads on to the machines of the partitions
+            spread(client, _futures([task_args(u) for u in range(n)]), home)
         new, res = [], []
         for u, s in enumerate(srcs):
             # a partition's (or block's) task and the two picks of its output on the worker of its blocks: left

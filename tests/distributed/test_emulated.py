@@ -123,25 +123,33 @@ def test_the_client_for_a_scheduler_address_fetches_from_the_workers_itself(tmp_
     assert sched < 0.25 * driver, (sched, driver)
 
 
-def test_a_vector_every_worker_reads_reaches_each_machine_once():
-    """``shipped(..., broadcast=True)`` on workers of several machines: one copy a machine, copied between the
-    machines (the driver sends it once), read by both of a machine's worker processes (issue 57: the bytes into a
-    machine must not grow with its processes, nor the driver's with the machines)."""
+def test_a_vector_every_worker_reads_reaches_each_machine_that_reads_it_once():
+    """``shipped(..., broadcast=True)`` on workers of several machines, sent on by the pass to its readers'
+    machines (:func:`~dufs.engine.dispatch.spread`): one copy a machine, copied between the machines (the driver
+    sends it once), read by both of a machine's worker processes; a machine none of whose workers read it gets
+    nothing (issue 57: the bytes into a machine must not grow with its processes, nor the driver's with the
+    machines)."""
     import zlib
 
+    from distributed.comm import get_address_host
+
     from dufs.engine import get_client
-    from dufs.engine.dispatch import shipped
+    from dufs.engine.dispatch import shipped, spread
 
     v = np.random.default_rng(0).standard_normal(1_000_000)  # 8 MB
-    with EmulatedCluster(machines=3, procs=2) as cluster, get_client(scheduler_address=cluster.address) as client:
+    with EmulatedCluster(machines=4, procs=2) as cluster, get_client(scheduler_address=cluster.address) as client:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        assert len(workers) == 6
+        idle = cluster.machine_addresses[3]  # the fourth machine reads nothing
+        readers = [w for w in workers if get_address_host(w) != idle]
+        assert len(readers) == 6
         before, d0 = cluster.link_bytes(), cluster.driver_bytes()
         with shipped(v, broadcast=True) as ref:
-            crcs = client.gather([client.submit(zlib.crc32, ref, workers=[w], pure=False) for w in workers])
+            spread(client, [ref], readers)
+            crcs = client.gather([client.submit(zlib.crc32, ref, workers=[w], pure=False) for w in readers])
         moved, d1 = EmulatedCluster.since(before, cluster.link_bytes()), cluster.driver_bytes()
-    assert crcs == [zlib.crc32(v)] * 6  # every worker read all of it
-    assert all(0.9 * v.nbytes < b.into < 1.3 * v.nbytes for b in moved), moved
+    assert crcs == [zlib.crc32(v)] * 6  # every reader read all of it
+    assert all(0.9 * v.nbytes < b.into < 1.3 * v.nbytes for b in moved[:3]), moved
+    assert moved[3].into < 0.05 * v.nbytes, moved
     assert d1.out_of - d0.out_of < 1.3 * v.nbytes
 
 
