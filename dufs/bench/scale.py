@@ -4,7 +4,7 @@ Each method runs on :class:`~dufs.testing.emulated.EmulatedCluster` machines (ne
 the remote paths: no shared ``/dev/shm``, everything over TCP), and at the end of every pass the links' byte
 counters, the scheduler's task transitions and the driver's CPU time are read. An iteration is the span between
 two pass ends after the method's set-up (blocks persisted, statistics, graph); the figures printed are medians over
-the iterations, beside the sizes they are to be compared with: 8 (n + d) / machines bytes into a machine, a few MB
+the iterations, beside the sizes they are to be compared with: 2 x 8 (n + d) / machines bytes into a machine, a few MB
 through the driver, a small multiple of the machines in tasks (issue 57's targets; docs/scaling.md). Each method
 runs once more on one machine of one process, for the compute the model (:mod:`dufs.bench.model`) projects from;
 the measurements are saved as JSON and the model's projection to 1-64 machines is printed after them.
@@ -160,14 +160,14 @@ def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], 
     # the client `dufs select --scheduler` makes
     with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, \
             get_client(scheduler_address=cluster.address) as client:
-        say(f"{W} machines x {procs} processes: the target a machine 8 (n + d) / W = "
-            f"{8 * (n + d) / W / 2**20:,.1f} MiB an iteration")
+        say(f"{W} machines x {procs} processes: the target a machine 2 x 8 (n + d) / W = "
+            f"{16 * (n + d) / W / 2**20:,.1f} MiB an iteration")
         for m in methods:
             got = {"machines": W, "procs": procs, "method": m, **_run_method(cluster, client, st.path, m, n_features)}
             out.append(got)
             say(f"  {m:8s}: {got['iterations']} iterations of {got['passes']} passes; an iteration: "
                 f"into a machine {got['machine_in'] / 2**20:,.2f} MiB "
-                f"({got['machine_in'] / (8 * (n + d) / W):.2f}x the target), through the driver "
+                f"({got['machine_in'] / (16 * (n + d) / W):.2f}x the target), through the driver "
                 f"{got['driver'] / 2**20:,.2f} MiB, the scheduler {got['scheduler'] / 2**20:,.2f} MiB, "
                 f"{got['transitions']:,.0f} task transitions ({got['transitions'] / W:,.1f} a machine), "
                 f"driver CPU {got['cpu']:.3f} s, scheduler CPU {got['sched_cpu']:.3f} s, wall {got['wall']:.3f} s, "
@@ -184,7 +184,7 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
     """Each of ``methods`` on emulated clusters of ``machines`` machines (``procs`` one-thread worker processes
     each, links shaped to ``rate``), on a kddb-shaped synthetic store with few nonzeros a row (communication
     dominates): per iteration, the most bytes into one machine, the bytes through the driver and the scheduler,
-    the scheduler's task transitions and the driver's CPU, beside 8 (n + d) / machines. Then each method on one
+    the scheduler's task transitions and the driver's CPU, beside 2 x 8 (n + d) / machines. Then each method on one
     machine of one process (the compute), the measurements saved to ``out`` (JSON; default under the store's
     directory), and the model fitted to them and projected (``model_procs`` processes a machine of ``efficiency``,
     links of ``link`` bytes a second), pooled with the measurements saved in ``pool`` (other store sizes: they
