@@ -29,7 +29,8 @@ from dufs import config
 from dufs._logging import get_logger
 
 __all__ = ["DirectFailed", "Held", "HeldLost", "Resident", "direct_eligible", "fetch_resident", "flush_drops", "held",
-           "last_timeline", "map_resident", "release_resident", "run_on_holders"]
+           "last_timeline", "map_resident", "map_resident_task", "release_resident", "run_on_holders",
+           "take_drops"]
 
 log = get_logger(__name__)
 
@@ -108,6 +109,15 @@ def map_resident(fn: Any, src: Any, state: Any, args: tuple, kwargs: dict, token
     new, res = map_state(fn, src, state, args, kwargs)
     _RESIDENT[token] = new
     return put_result(res, spill) if spill else res
+
+
+def map_resident_task(fn: Any, src: Any, state: Any, args: tuple, kwargs: dict, token: str, drops: list[str]) -> Any:
+    """As a Dask task on the worker that keeps a partition's state: the released state items ``drops`` dropped,
+    then :func:`map_resident` from ``state`` (a :class:`Resident` item kept here, or the state itself); returns
+    the result. A state item not kept here (the worker restarted, or the task ran elsewhere because its worker
+    left) raises :class:`HeldLost`, so that the solver rebuilds its state."""
+    _drop(drops)
+    return map_resident(fn, src, _local(state, {}), args, kwargs, token)
 
 
 def _fetch(tokens: list[str]) -> list:
@@ -198,6 +208,12 @@ def _queue_drops(drops: dict[str, list[str]]) -> None:
     with _DROPS_LOCK:
         for a, ts in drops.items():
             _DROPS.setdefault(a, []).extend(ts)
+
+
+def take_drops(addresses: Any) -> dict[str, list[str]]:
+    """The released state items not yet dropped on the workers at ``addresses`` (``{address: [token, ...]}``),
+    taken: the caller delivers them."""
+    return _take_drops(addresses)
 
 
 def _take_drops(addresses: Any) -> dict[str, list[str]]:

@@ -10,7 +10,16 @@ from typing import Any
 import dask
 
 from dufs.engine.blocks import PerBlock, map_group, map_one, map_state
-from dufs.engine.direct import DirectFailed, HeldLost, Resident, flush_drops, map_resident, release_resident
+from dufs.engine.direct import (
+    DirectFailed,
+    HeldLost,
+    Resident,
+    flush_drops,
+    map_resident,
+    map_resident_task,
+    release_resident,
+    take_drops,
+)
 from dufs.engine.dispatch import (
     compute,
     current_client,
@@ -47,6 +56,12 @@ class StatePasses:
             return [self.block_item(a, i) for i in partitions[u]] if isinstance(a, PerBlock) else a
 
         srcs = list(self.src) if partitions is None else [[self.src[i] for i in q] for q in partitions]
+        if state is not None and self._resident_tasks(state, partitions):
+            shared = [self.scatter_per_block(ship(a, every=True)) for a in args]
+            kw = {k: self.scatter_per_block(ship(v, every=True)) for k, v in kwargs.items()}
+            return self._map_resident_tasks(
+                fn, srcs, state, lambda u: (tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}),
+                partitions, reduce, name)
         if state is not None:
             got = self._map_direct(fn, srcs, state, args, kwargs, partitions, reduce, pick, name)
             if not isinstance(got, str):
@@ -105,6 +120,60 @@ class StatePasses:
         out = client.gather(futs[n:])
         report(name, n, n)
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
+
+    def _resident_tasks(self, items: list, partitions: list | None) -> bool:
+        """Whether ``map`` with state runs as :meth:`_map_resident_tasks`: a distributed client whose results do not
+        come back through /dev/shm (workers elsewhere, or shared memory off), ``dufs.engine.resident-state`` on,
+        the blocks persisted with known workers, and the state items all kept on the workers or all plain values
+        (none a future of the tasks' path)."""
+        from distributed import Future
+
+        from dufs import config
+        from dufs.engine.shm import results_local
+
+        client = current_client()
+        if client is None or results_local(client) or self.residency.get("mode") != "persisted":
+            return False
+        if str(config.get("engine.resident-state")).lower() in ("off", "false", "no", "never"):
+            return False
+        if any(isinstance(i, Future) for i in items):
+            return False
+        kept = [isinstance(i, Resident) for i in items]
+        return (all(kept) or not any(kept)) and None not in self.homes(client, partitions)
+
+    def _map_resident_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
+                            reduce: str | None, name: str) -> tuple:
+        """``map`` with state as one task a partition (or block), each on the worker of its blocks (or of its
+        state, where kept on the workers), which keeps the new state in its memory
+        (:func:`~dufs.engine.direct.map_resident_task`) and returns only the result: one task a partition where
+        the state as futures took three (the call, and its state and result picked apart). The results summed by
+        the workers (``reduce``: within each machine, then over the machines) or gathered."""
+        client = current_client()
+        n = len(srcs)
+        home = [it.address if isinstance(it, Resident) else h
+                for it, h in zip(items, self.homes(client, partitions), strict=True)]
+        spread(client, _futures([task_args(u) for u in range(n)]), home)
+        drops = take_drops(set(home))
+        tokens = [uuid.uuid4().hex for _ in srcs]
+        f = delayed(map_resident_task)
+        res = []
+        for u, s in enumerate(srcs):
+            a, kw = task_args(u)
+            # a worker's released items go with its first task; a task runs elsewhere only if its worker is gone
+            with dask.annotate(workers=[home[u]], allow_other_workers=True):
+                res.append(f(fn, s, items[u], a, kw, tokens[u], drops.pop(home[u], [])))
+        self.passes += 1
+        report(name, 0, n)
+        futs = track(client.compute([tree_sum_machines(res, home, client)] if reduce == "sum" else res))
+        try:
+            out = client.gather(futs)
+        except Exception:
+            release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)])
+            raise
+        report(name, n, n)
+        kept = [Resident(tokens[u], home[u]) for u in range(n)]
+        self.kept.extend(kept)
+        return (out[0] if reduce == "sum" else out), BlockState(kept, client)
 
     def _direct_homes(self, client: Any, items: list, partitions: list | None) -> tuple | str:
         """(jobs, the worker of each partition, the worker of each block, whether calls fetch moved blocks) for

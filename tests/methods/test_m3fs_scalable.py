@@ -324,14 +324,18 @@ def test_a_v_step_from_the_state_the_last_one_kept_is_one_from_its_v(cluster_cli
 
 
 @pytest.mark.slow
-def test_a_lost_resident_state_is_said_lost(cluster_client):
+@pytest.mark.parametrize("shared", ["auto", "off"])
+def test_a_lost_resident_state_is_said_lost(cluster_client, shared):
     """The v-step runs again with its vectors on the driver when the workers lose what they kept: the error the
-    next call meets is one that says so (dufs.engine.cluster.is_lost)."""
+    next call meets is one that says so (dufs.engine.cluster.is_lost), whether the state was kept by direct calls
+    (workers on this machine) or by one task a partition (``shared`` off: the path of workers elsewhere)."""
+    import dask
+
     from dufs.engine.cluster import is_lost
     from dufs.methods.m3fs.resident import ResidentU, resident_partitions
 
     X = _data(40, 12, seed=2, sparse=True)
-    with cluster_client.as_current():
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": shared}):
         M = Matrix(X, standardize="scale", block_width=4).persist()
         parts = resident_partitions(M)
         assert parts is not None and len(parts) == 2
