@@ -154,6 +154,7 @@ class StatePasses:
                 for it, h in zip(items, self.homes(client, partitions), strict=True)]
         spread(client, _futures([task_args(u) for u in range(n)]), home)
         drops = take_drops(set(home))
+        taken = [Resident(t, a) for a, ts in drops.items() for t in ts]
         tokens = [uuid.uuid4().hex for _ in srcs]
         f = delayed(map_resident_task)
         res = []
@@ -167,8 +168,8 @@ class StatePasses:
         futs = track(client.compute([tree_sum_machines(res, home, client)] if reduce == "sum" else res))
         try:
             out = client.gather(futs)
-        except Exception:
-            release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)])
+        except Exception:  # the new items (some may be kept) and the released ones (perhaps not dropped) again
+            release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)] + taken)
             raise
         report(name, n, n)
         kept = [Resident(tokens[u], home[u]) for u in range(n)]
