@@ -239,7 +239,10 @@ def flush_drops(client: Any) -> None:
     drops = _take_drops(list(_DROPS))
     if drops and client is not None:
         try:
-            client.run(_drop_each, drops, workers=list(drops))
+            live = set(client.nthreads())  # asked now: a call to a worker that left waits 30 s to time out
+            drops = {a: ts for a, ts in drops.items() if a in live}
+            if drops:
+                client.run(_drop_each, drops, workers=list(drops))
         except Exception as exc:  # a worker gone took its state with it
             log.debug("dropping released state on the workers: %s", exc)
 

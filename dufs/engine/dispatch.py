@@ -203,6 +203,13 @@ def to_spread(client: Any, x: Any) -> Any:
     return futs
 
 
+def mark_spread(f: Any) -> Any:
+    """The future ``f`` (a vector on a worker) marked as read by every task of the pass it is given to, as
+    :func:`to_spread` marks what it scatters; ``f`` itself."""
+    _TO_SPREAD.add(f)
+    return f
+
+
 def spread(client: Any, futures: list, readers: list[str | None]) -> None:
     """The futures marked by :func:`to_spread` among ``futures`` copied to one worker on each machine of
     ``readers`` (the workers whose tasks read them; a None among them: every machine), along a tree between the
@@ -225,7 +232,10 @@ def spread(client: Any, futures: list, readers: list[str | None]) -> None:
         for a in sorted(readers):
             on.setdefault(get_address_host(a), a)
         first = list(on.values())
-    client.replicate(marked, workers=first)
+    try:
+        client.replicate(marked, workers=first)
+    except KeyError:  # a reader left since it was named: its tasks run elsewhere and fetch what they read
+        pass
     for f in marked:
         _TO_SPREAD.discard(f)
 
@@ -235,7 +245,11 @@ def scatter_to(client: Any, items: list, where: list[str]) -> list:
     futs: list = [None] * len(items)
     for addr in sorted(set(where)):
         idx = [i for i, a in enumerate(where) if a == addr]
-        for i, f in zip(idx, client.scatter([items[i] for i in idx], hash=False, workers=[addr]), strict=True):
+        try:
+            got = client.scatter([items[i] for i in idx], hash=False, workers=[addr])
+        except KeyError:  # that worker left since it was named (a placement read before a loss): anywhere
+            got = client.scatter([items[i] for i in idx], hash=False)
+        for i, f in zip(idx, got, strict=True):
             futs[i] = f
     return track(futs)
 

@@ -433,7 +433,7 @@ class Matrix:
     # ------------------------------------------------------------------ functions over the blocks
     @inline_when_small
     def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
-                   partitions: list | None = None, **kwargs: Any) -> Any:
+                   partitions: list | None = None, hold: bool = False, **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
 
         ``block`` is a :class:`FeatureBlock`. Arguments wrapped in :class:`PerBlock` are given block by block;
@@ -448,6 +448,11 @@ class Matrix:
         With ``state`` (a :class:`BlockState` or a list, one item per block or partition) the call is
         ``fn(block, state_i, *args, **kwargs)`` and must return ``(new_state_i, result_i)``; the new state stays
         beside its block (on the worker) and ``(results, BlockState)`` is returned.
+
+        ``hold`` (with ``reduce="sum"``): where the pass runs as tasks on a distributed client, the sum is left on
+        the worker that made it and its ``distributed.Future`` returned in its place (the pass has completed; a
+        failed one raises here), for work that goes on from it there (:mod:`dufs.engine.held`); elsewhere the
+        value, as without it.
         """
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
@@ -459,7 +464,7 @@ class Matrix:
             if len(items) != n:
                 raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
                                      f"{'blocks' if parts is None else 'partitions'}")
-        return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn))
+        return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn), hold=hold and reduce == "sum")
 
     @inline_when_small
     def map_sums(self, fn: Any, keys: list, *args: Any, then: Any = None, then_args: tuple = ()) -> list:

@@ -46,9 +46,10 @@ class StatePasses:
     """The executor's ``map_blocks`` passes (a mixin of :class:`~dufs.engine.executor.Executor`)."""
 
     def map(self, fn: Any, args: tuple, kwargs: dict, state: Any, reduce: str | None, partitions: list | None,
-            name: str) -> Any:
+            name: str, hold: bool = False) -> Any:
         """``Matrix.map_blocks`` (checked there): ``fn`` over every block, or every partition of ``partitions``;
-        ``state`` a list of the blocks' or partitions' items (or None)."""
+        ``state`` a list of the blocks' or partitions' items (or None); ``hold``: the sum's future where it is
+        made by tasks."""
 
         def pick(a: Any, u: int) -> Any:
             if partitions is None:
@@ -61,7 +62,7 @@ class StatePasses:
             kw = {k: self.scatter_per_block(ship(v, every=True)) for k, v in kwargs.items()}
             return self._map_resident_tasks(
                 fn, srcs, state, lambda u: (tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}),
-                partitions, reduce, name)
+                partitions, reduce, name, hold)
         if state is not None:
             got = self._map_direct(fn, srcs, state, args, kwargs, partitions, reduce, pick, name)
             if not isinstance(got, str):
@@ -87,10 +88,10 @@ class StatePasses:
             if reduce == "sum":
                 return self.run([tree_sum(tasks)], name)[0] if tasks else None
             return self.run(tasks, name)
-        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce, name)
+        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce, name, hold)
 
     def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
-                   reduce: str | None, name: str) -> tuple:
+                   reduce: str | None, name: str, hold: bool = False) -> tuple:
         """``map`` with state as tasks, each pinned (loosely) to the worker of its blocks, the new state left there;
         reported as one pass (its start and end: the results are gathered together)."""
         from operator import getitem
@@ -117,7 +118,7 @@ class StatePasses:
             report(name, n, n)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
         futs = track(client.compute(new + ([tree_sum_machines(res, home, client)] if reduce == "sum" else res)))
-        out = client.gather(futs[n:])
+        out = _held(client, futs[n:]) if hold else client.gather(futs[n:])
         report(name, n, n)
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
@@ -142,7 +143,7 @@ class StatePasses:
         return (all(kept) or not any(kept)) and None not in self.homes(client, partitions)
 
     def _map_resident_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
-                            reduce: str | None, name: str) -> tuple:
+                            reduce: str | None, name: str, hold: bool = False) -> tuple:
         """``map`` with state as one task a partition (or block), each on the worker of its blocks (or of its
         state, where kept on the workers), which keeps the new state in its memory
         (:func:`~dufs.engine.direct.map_resident_task`) and returns only the result: one task a partition where
@@ -167,7 +168,7 @@ class StatePasses:
         report(name, 0, n)
         futs = track(client.compute([tree_sum_machines(res, home, client)] if reduce == "sum" else res))
         try:
-            out = client.gather(futs)
+            out = _held(client, futs) if hold else client.gather(futs)
         except Exception:  # the new items (some may be kept) and the released ones (perhaps not dropped) again
             release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)] + taken)
             raise
@@ -265,6 +266,18 @@ class StatePasses:
                 dargs = [_by_value(a, values) for a in dargs]
                 dkw = {k: _by_value(v, values) for k, v in dkw.items()}
         return dargs, dkw
+
+
+def _held(client: Any, futs: list) -> list:
+    """``futs`` once they have completed, left where they are (``map_blocks(hold=True)``); the error of the
+    first that failed raised, as a gather raises it."""
+    from distributed import wait
+
+    wait(futs)
+    for f in futs:
+        if f.status != "finished":
+            f.result()  # raises its error (or says it was cancelled)
+    return list(futs)
 
 
 def _futures(x: Any) -> list:

@@ -164,6 +164,44 @@ def test_real_set_matches_the_qp():
     assert res.diagnostics["objective"] == pytest.approx(fref, rel=1e-6)
 
 
+@pytest.mark.parametrize("n_partitions", [1, 2, 4])
+@pytest.mark.parametrize("serial_nnz", [None, 0])
+def test_vectors_kept_on_a_worker_solve_as_the_driver_does(cluster_client, n_partitions, serial_nnz, monkeypatch):
+    """With w, its change and the momentum direction kept on the worker that sums a round (dufs.engine.kept, the
+    path of workers on several machines), the driver's and the working sets' epochs run there: the solve is the
+    one the driver makes with them here, round for round and bit for bit, and it did keep them there."""
+    import dufs.methods.mmfs.solver as mod
+
+    if serial_nnz is not None:
+        monkeypatch.setattr(mod, "_SERIAL_NNZ", serial_nnz * n_partitions)
+        monkeypatch.setattr(mod, "_SCREEN", 0)
+    calls: list = []
+    real = mod.kept_call
+
+    def spy(client, fn, *args, **kw):
+        calls.append(fn.__name__)
+        return real(client, fn, *args, **kw)
+
+    monkeypatch.setattr(mod, "kept_call", spy)
+    X, y = _problem(3, n=200, d=64)
+    got = {}
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
+        M = as_matrix(X, standardize="scale", block_width=8, persist=True)
+        for kv in ("off", "on"):
+            with dask.config.set({"dufs.engine.kept-vectors": kv}):
+                got[kv] = mmfs(M, y, gamma=0.2, tol=1e-6, max_epochs=3000, n_partitions=n_partitions,
+                               checkpoint=None)
+        M.release()
+    a, b = got["off"], got["on"]
+    assert b.diagnostics["converged"] and b.diagnostics["rounds"] == a.diagnostics["rounds"]
+    assert b.diagnostics["objective"] == a.diagnostics["objective"]
+    np.testing.assert_array_equal(b.w, a.w)
+    np.testing.assert_array_equal(b.alpha, a.alpha)
+    assert "_after_round" in calls and "_after_step" in calls
+    if n_partitions > 1 and serial_nnz is None:  # the working sets' epochs ran on the worker
+        assert "_epochs_kept" in calls
+
+
 @pytest.mark.parametrize("n_partitions", [2, 4, 8])
 @pytest.mark.parametrize("serial_nnz", [None, 0, 400])
 def test_distributed_rounds_reach_the_same_objective(cluster_client, n_partitions, serial_nnz, monkeypatch):

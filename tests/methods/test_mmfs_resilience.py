@@ -81,35 +81,53 @@ def _matches(d, fref, tol):
     assert d["objective"] == pytest.approx(fref, rel=2 * tol)
 
 
+def _kept_here() -> int:
+    from dufs.engine import kept
+
+    return len(kept._KEPT)
+
+
 @pytest.mark.slow
-def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem):
+@pytest.mark.parametrize("kept", [False, True], ids=["driver", "kept"])
+def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem, kept):
+    """A worker killed after round 1; with ``kept``, the worker that keeps w and its changes (dufs.engine.kept,
+    the path of workers on several machines), so that w is made again from the last alpha."""
     distributed = pytest.importorskip("distributed")
 
     class Killer(logging.Handler):
         fired = False
 
-        def __init__(self, pid):
+        def __init__(self, pick):
             super().__init__()
-            self.pid = pid
+            self.pick = pick
 
         def emit(self, record):
             # after round 1 (of 3: the workers solve this problem's working sets through their Gram matrix, the
             # fixture above reaches no further than this process)
             if not self.fired and record.getMessage().startswith("round 1:"):
                 Killer.fired = True
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pick(), signal.SIGKILL)
 
     tol = 1e-6
     lg = logging.getLogger("dufs.methods.mmfs.solver")  # the solver logs its rounds
+    cfg = {"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "on"} if kept else {}
     with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=50) as cluster,
-          distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+          distributed.Client(cluster, set_as_default=False) as client, client.as_current(), dask.config.set(cfg)):
         client.wait_for_workers(2)
         M = as_matrix(problem["path"], standardize="scale", persist=True)
         assert M.n_blocks >= 4 and M.residency["mode"] == "persisted"
         ref = mmfs(M, problem["y"], gamma=GAMMA, tol=tol, max_epochs=3000, checkpoint=None)
-        victim = sorted(client.run(os.getpid).values())[0]
-        handler = Killer(victim)
+
+        def pick():
+            pids = client.run(os.getpid)
+            if kept:  # the worker keeping the vectors
+                holders = [a for a, k in client.run(_kept_here).items() if k]
+                assert holders, "no worker keeps w"
+                return pids[holders[0]]
+            return sorted(pids.values())[0]
+
+        handler = Killer(pick)
         old = lg.level
         lg.setLevel(logging.DEBUG)
         lg.addHandler(handler)

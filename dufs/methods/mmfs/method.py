@@ -32,6 +32,7 @@ import numpy as np
 from dufs import config
 from dufs._logging import get_logger
 from dufs.engine import Matrix
+from dufs.engine.kept import fetch, flush
 from dufs.errors import ParameterError
 from dufs.methods.mmfs.checkpoint import Checkpoint
 from dufs.methods.mmfs.problem import MMFS_PARAMS, margin_spec, margins
@@ -187,8 +188,12 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     release(out["state"])
     diagnostics = _diagnostics(out, gk, auto, trace, recovery, ck, resumed_from, t0, n_features,
                                len(partitions), M.n_blocks)
-    # w = ws + t 1: ws itself where t is 0 (every step folds it in; a copy of 8 bytes a sample saved)
-    ws, wt = out["ws"], out["wt"]
+    # w = ws + t 1: ws itself where t is 0 (every step folds it in; a copy of 8 bytes a sample saved); kept on a
+    # worker while the path went on (dufs.engine.kept), brought here once
+    client = current_client()
+    ws, wt = fetch(client, out["ws"]), out["wt"]
+    if client is not None:
+        flush(client)
     return MMFSResult(alpha=out["alpha"], w=ws if wt[0] == 0.0 else ws + wt[0], b=float(out["b"]), gamma=gk, r=r,
                       rho=None if on_blocks else rho, g=out["g"], diagnostics=diagnostics, top=out["top"])
 
@@ -239,7 +244,7 @@ def _gamma_path(M: Matrix, rho: Any, geo: Any, gammas: list[float], first: int, 
             w = (w[0], w[1], gk * float(alpha0.sum()))
         with one_blas_thread():
             out = solve(M, rho, geo, gamma=gk, state=state, w=w, trace=trace, alpha0=alpha0,
-                        checkpoint_meta={"gamma_index": k}, cold=fresh, **kw)
+                        checkpoint_meta={"gamma_index": k}, cold=fresh, ws_kept=True, **kw)
         fresh = False
         state = out["state"]
         alpha0 = out["alpha"]

@@ -15,6 +15,8 @@ import numpy as np
 
 from dufs._logging import get_logger
 from dufs.engine import Matrix, PerBlock, buffer, in_shared_memory, shipped
+from dufs.engine.dispatch import mark_spread
+from dufs.engine.kept import Kept, as_future, fetch, flush, kept_call, kept_vectors
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import (
     apply_step,
@@ -171,7 +173,8 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
           random_state: int = 0, partitions: list | None = None, state: Any = None, w: tuple | None = None,
           trace: list | None = None, alpha0: np.ndarray | None = None, checkpoint: Any = None,
           checkpoint_every: int = 5, checkpoint_meta: dict | None = None, recovery: dict | None = None,
-          rule: str = "auto", gather_g: bool = True, cold: bool = False, top: int = 0) -> dict:
+          rule: str = "auto", gather_g: bool = True, cold: bool = False, top: int = 0,
+          ws_kept: bool = False) -> dict:
     """Rounds of block DCD + line search until gap / |D| <= tol or ``max_epochs`` rounds. Returns a dict with the
     final ``state`` (per partition), ``ws``, ``wt``, ``b``, ``gap``, ``objective``, ``rounds``, ``converged``, and
     ``alpha`` and ``g`` gathered to the driver (``g`` unless ``gather_g`` is False), and ``top``: with ``top`` > 0,
@@ -194,12 +197,21 @@ def solve(M: Matrix, rho: Any, geo: dict | None = None, *, C: float, gamma: floa
     ``checkpoint_meta``; when a round fails because workers (and the block state on them) were lost, the state is
     rebuilt from that copy and the rounds go on from there. ``recovery`` (a dict) counts ``recoveries`` and the
     ``rounds_replayed``.
+
+    Where ``dufs.engine.kept-vectors`` says so (workers on several machines), ws, its change and the momentum
+    direction stay on the worker that sums the partitions' round (:mod:`dufs.engine.kept`) and the driver handles
+    a few numbers a round; ``ws_kept``: the ``ws`` returned may then be such a :class:`~dufs.engine.kept.Kept`
+    vector (for the next solve's ``w``), else it is brought here.
     """
     run = _Solve(M, rho, geo, C=C, gamma=gamma, tol=tol, max_epochs=max_epochs, random_state=random_state,
                  partitions=partitions, trace=trace, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                  checkpoint_meta=checkpoint_meta, recovery=recovery, rule=rule, gather_g=gather_g, top=top)
     run.start(w, state, alpha0, cold)
-    return run.rounds()
+    out = run.rounds()
+    if not ws_kept and isinstance(out["ws"], Kept):
+        out["ws"] = fetch(run.client, out["ws"])
+        flush(run.client)
+    return out
 
 
 class _Snapshot(NamedTuple):
@@ -258,9 +270,14 @@ class _Solve:
         self.rule, self.gather_g, self.top = rule, gather_g, top
         self.seed = int(random_state)
         K = self.K = len(self.partitions)
+        # the vectors over the samples kept on a worker (dufs.engine.kept) where the workers are on several
+        # machines: the "driver's" epochs then run there too, where the working sets arrive with the round's sum,
+        # without the caches below (a partition sends its whole working set each round)
+        self.kept = kept_vectors(self.client)
         self.budget = _SERIAL_NNZ // K if K > 1 and rule == "auto" else 0
-        self.cache = _ColumnCache(_SERIAL_NNZ) if self.budget else None  # working-set columns kept between rounds
-        self.held = _GramCache() if self.budget else None  # and the Gram matrix of the last one solved through it
+        keep = self.budget and not self.kept
+        self.cache = _ColumnCache(_SERIAL_NNZ) if keep else None  # working-set columns kept between rounds
+        self.held = _GramCache() if keep else None  # and the Gram matrix of the last one solved through it
         self.partition_of = [0] * M.n_blocks  # each block's partition
         for q, part_blocks in enumerate(self.partitions):
             for i in part_blocks:
@@ -341,7 +358,13 @@ class _Solve:
                 break
             self.alpha = self.g = None
             self.next_rule()
-            self.line_step(out)
+            try:  # with the vectors kept on a worker (dufs.engine.kept), a step that worker's loss stops
+                self.line_step(out)
+            except Exception as e:
+                if not self.snap_on or self.snap.alpha is None or not recoverable(e, self.recovery["recoveries"]):
+                    raise
+                self.recover(e)
+                continue
             del out  # the round's summed result: its vectors free (pooled) before the next round's
         return {"state": self.state, "ws": self.ws, "wt": self.wt, "b": self.b, "gap": self.gap,
                 "objective": self.obj, "converged": self.converged, "trace": self.trace, "alpha": self.alpha,
@@ -362,12 +385,13 @@ class _Solve:
         # the gap at this round's start (the driver's epochs below add no gap terms)
         self.gap, ra = tl.gap, tl.rho_alpha
         if self.wnorm2 is None:  # ws is w itself: the driver folds the constant part in every round
-            self.wnorm2 = float(self.ws @ self.ws)
+            self.wnorm2 = kept_call(self.client, _norm2, self.ws)[0] if isinstance(self.ws, Kept) else \
+                float(self.ws @ self.ws)
         self.obj = 0.5 * self.wnorm2 + self.b * self.b / (2.0 * self.gamma) - ra
         rel = self.gap / max(abs(self.obj), 1e-300)
         done = rel <= self.tol or self.gap <= 0.0 or tl.at_tol > 0.0
         # the change of ws the partitions made (not read after a round that ends the solve)
-        dws = None if done else res.dense_into(buffer(self.m))
+        dws = None if done else res.dws if self.kept else res.dense_into(buffer(self.m))
         # a round that ends the solve runs no driver epoch: its step would never be applied
         # (docs/measurements.md, "MMFS's solver")
         serial = tl.epochs_run == 0
@@ -392,15 +416,21 @@ class _Solve:
         second transfer), or, on this machine's workers, as one shared copy (dufs.engine.shm)."""
         t_map = time.perf_counter()
         K, first = self.K, self.at_zero and self.r == 0
-        with shipped(self.ws, broadcast=K > 1, shared=True) as w_arg:
+        # kept on a worker: a future of it there, sent on to the machines of the partitions by the pass
+        ws = mark_spread(as_future(self.client, self.ws)) if isinstance(self.ws, Kept) else self.ws
+        with shipped(ws, broadcast=K > 1, shared=True) as w_arg:
             res, new_state = self.M.map_blocks(
                 _round, w_arg, self.wt, self.b, self.step, float(self.m), self.C, self.gamma, K == 1 or self.cocoa,
                 not last, self.sigma, None if self.dal is None else PerBlock(self.dal), self.budget,
                 PerBlock(self.partition_of), None if self.cache is None else PerBlock(self.cache.known(self.bounds)),
                 first, -(-_SCREEN // K) if first else 0, float(self.tol) if K == 1 else None,
-                state=self.state, reduce="sum", partitions=self.partitions)
+                state=self.state, reduce="sum", partitions=self.partitions, hold=self.kept)
+        del ws
         release(self.state)
         self.state = new_state
+        if self.kept:  # the sum stays where it was made: its change of ws kept there, the line search's dots back
+            res = _KeptRound(self.client, res, self.pw)
+            self.dots = res.dots
         return res, time.perf_counter() - t_map
 
     def driver_epochs(self, cols: list, tl: RoundTotals, serial: bool, dws: np.ndarray) -> RoundTotals:
@@ -408,20 +438,29 @@ class _Solve:
         ``self.dal``; returns ``tl`` with their totals added. With no partition running its own epoch
         (``serial``), one serial epoch over all of them, the bias moving (exact DCD on the working set); otherwise
         an epoch per partition, as the partition would have run it."""
-        by: dict = {}
-        for c in cols:
-            by.setdefault(-1 if serial else c["part"], []).append(c if self.cache is None else self.cache.complete(c))
+        args = (self.wt, self.b, self.m, self.C, self.gamma, serial, self.cocoa, self.sigma,
+                self.seed * 1000003 + 7 * self.r, self.M.nnz)
+        if self.kept:  # where the working sets and dws are: the totals, the moves and the new dots back
+            (tl, moved, dots), _ = kept_call(self.client, _epochs_kept, cols, dws, self._ws_arg(), self.pw, tl,
+                                             *args)
+            self.dots = dots
+        else:
+            tl, moved = _epochs_over(tl, cols, self.ws, *args, self.held, self.cache, dws)
         dal = [None] * self.M.n_blocks
-        for q, cs in sorted(by.items()):
-            reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), self.M.nnz) if serial else 1
-            _, sc, dl = _driver_epoch(cs, self.ws, self.wt, self.b, self.m, self.C, self.gamma, serial or self.cocoa,
-                                      1.0 if serial else self.sigma, self.seed * 1000003 + 7 * self.r + q + 2, reps,
-                                      self.held, dws)
-            tl = tl + sc
-            for start, ix, d in dl:
-                dal[int(np.searchsorted(self.bounds, start, side="right")) - 1] = (ix, d)
+        for start, ix, d in moved:
+            dal[int(np.searchsorted(self.bounds, start, side="right")) - 1] = (ix, d)
         self.dal = dal if any(v is not None for v in dal) else None  # None: the block keeps its own
         return tl
+
+    def _ws_arg(self) -> Kept | None:
+        """ws for a call on the worker that keeps the vectors: its :class:`~dufs.engine.kept.Kept` vector, None
+        for zero, or (a start or a w made again here from alpha) kept there now."""
+        if isinstance(self.ws, Kept):
+            return self.ws
+        if not np.any(self.ws):
+            return None
+        self.ws = kept_call(self.client, _keep, self.client.scatter(self.ws, hash=False), keep=1)[1][0]
+        return self.ws
 
     def gather(self, final: bool) -> None:
         """alpha (and on the ``final`` round g and the ranking's head) to the driver, as the new snapshot."""
@@ -443,6 +482,8 @@ class _Solve:
             release(self.state)
         self.state = None
         _, self.ws, self.wt, self.b, self.r, n = self.snap
+        if isinstance(self.ws, Kept):  # its worker may be the one lost: w made again from alpha (one pass)
+            self.ws, self.wt, _ = primal(self.M, self.snap.alpha, self.gamma)
         del self.trace[n:]
         self.step, self.pw, self.ps = np.zeros(2), None, 0.0
         self.wnorm2 = None
@@ -490,7 +531,7 @@ class _Solve:
         n_samples vector's pages cost more than the arithmetic (docs/measurements.md, "MMFS's solver")."""
         tl, gamma, m = out.tl, self.gamma, self.m
         dt, ds, slope = tl.dt, tl.ds, tl.slope
-        dd, pp, dp = _step_dots(out.dws, dt, self.pw)
+        dd, pp, dp = self.dots if self.kept else _step_dots(out.dws, dt, self.pw)
         den = dd + gamma * ds * ds
         st_ = float(np.clip(-slope / den, 0.0, 1.0)) if den > 0 and slope < 0 else 0.0
         tt = 0.0
@@ -504,7 +545,11 @@ class _Solve:
         self.step = np.array([st_, tt])
         self.trace[-1]["step"], self.trace[-1]["momentum"] = st_, tt
         self.ps = st_ * ds + tt * self.ps if tt != 0.0 else st_ * ds
-        if st_ != 0.0 or tt != 0.0:
+        if self.kept and (st_ != 0.0 or tt != 0.0):  # on the worker that keeps dws: the new p and ws kept there
+            (total, self.wnorm2), (self.pw, self.ws) = kept_call(self.client, _after_step, out.dws, dt, st_, tt,
+                                                                 self.pw, self._ws_arg(), keep=2)
+            self.wt = np.array([0.0, total])
+        elif st_ != 0.0 or tt != 0.0:
             self.pw = buffer(m) if self.pw is None else self.pw
             new_ws = buffer(m)  # not the one a snapshot holds: a pooled vector is handed out only once unused
             total, self.wnorm2 = _apply_step(out.dws, dt, st_, tt, self.pw, self.ws, new_ws)
@@ -513,6 +558,82 @@ class _Solve:
         else:
             self.pw = None
         self.b = self.b + gamma * self.ps
+
+
+def _epochs_over(tl: RoundTotals, cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, C: float,
+                 gamma: float, serial: bool, cocoa: bool, sigma: float, seed: int, nnz: int, held: Any, cache: Any,
+                 dws: np.ndarray) -> tuple[RoundTotals, list]:
+    """The epochs over the working sets ``cols`` (:func:`~dufs.methods.mmfs.gram._driver_epoch`): one serial
+    epoch over all of them (``serial``, the bias moving), else one a partition as the partition would have run it;
+    their change of ws added into ``dws``. (``tl`` with their totals added, [(block start, coordinates, their
+    change), ...])."""
+    by: dict = {}
+    for c in cols:
+        by.setdefault(-1 if serial else c["part"], []).append(c if cache is None else cache.complete(c))
+    moved: list = []
+    for q, cs in sorted(by.items()):
+        reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), nnz) if serial else 1
+        _, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa, 1.0 if serial else sigma,
+                                  seed + q + 2, reps, held, dws)
+        tl = tl + sc
+        moved.extend(dl)
+    return tl, moved
+
+
+class _KeptRound:
+    """A round's summed result left on its worker (``map_blocks(hold=True)``): its change of ws and its working
+    sets kept there (``dws``, and ``cols``, a :class:`~dufs.engine.kept.Kept` item where there are any, else an
+    empty list) and what the driver needs brought back: the totals (``tail``) and the line search's products
+    (``dots``: dw^T dw, p^T p, dw^T p with the momentum direction ``pw``), in one task."""
+
+    __slots__ = ("cols", "dots", "dws", "tail")
+
+    def __init__(self, client: Any, res: Any, pw: Kept | None):
+        from distributed import Future
+
+        if not isinstance(res, Future):  # made here after all (a pass run inline or by direct calls)
+            res = client.scatter(res, hash=False)
+        (self.tail, has_cols, self.dots), (self.dws, cols) = kept_call(client, _after_round, res, pw, keep=2)
+        self.cols = cols if has_cols else []
+
+
+# ---------------------------------------------------------------------------------------------------- on a worker
+def _after_round(res: PartitionResult, pw: np.ndarray | None) -> tuple:
+    """The round's change of ws and its working sets (kept), and (its totals, whether it has working sets, the
+    line-search products)."""
+    dws = res.dense()
+    dots = step_dots(dws, res.tail.dt, _NO_ROWS if pw is None else pw)
+    return (res.tail, bool(res.cols), tuple(map(float, dots))), [dws, res.cols]
+
+
+def _epochs_kept(cols: list, dws: np.ndarray, ws: np.ndarray | None, pw: np.ndarray | None, tl: RoundTotals,
+                 wt: np.ndarray, b: float, m: int, C: float, gamma: float, serial: bool, cocoa: bool, sigma: float,
+                 seed: int, nnz: int) -> tuple:
+    """:func:`_epochs_over` on the worker that keeps the round's working sets and dws (``ws`` None: zero), dws
+    changed in place; (the totals, the moves, the line search's products) back."""
+    ws = np.zeros(int(m)) if ws is None else ws
+    tl, moved = _epochs_over(tl, cols, ws, wt, b, m, C, gamma, serial, cocoa, sigma, seed, nnz, None, None, dws)
+    dots = step_dots(dws, tl.dt, _NO_ROWS if pw is None else pw)
+    return (tl, moved, tuple(map(float, dots))), []
+
+
+def _after_step(dws: np.ndarray, dt: float, s: float, t: float, pw: np.ndarray | None, ws: np.ndarray | None
+                ) -> tuple:
+    """The step applied on the worker that keeps the vectors: the new momentum direction and ws (kept; ``ws``
+    None is zero), (1^T ws, ws^T ws) back (:func:`~dufs.kernels.dcd.apply_step`)."""
+    m = dws.shape[0]
+    p = pw.copy() if pw is not None and t != 0.0 else np.empty(m)  # apply_step writes p: not a kept vector
+    out = np.empty(m)
+    total, norm2 = apply_step(dws, dt, s, t, p, np.zeros(m) if ws is None else ws, out)
+    return (float(total), float(norm2)), [p, out]
+
+
+def _norm2(ws: np.ndarray) -> tuple:
+    return float(ws @ ws), []
+
+
+def _keep(v: np.ndarray) -> tuple:
+    return None, [v]
 
 
 def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: float, thi: float,
