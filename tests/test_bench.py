@@ -239,6 +239,26 @@ def test_scale_model_projects_by_hand():
     assert project(_made_up_params(), "x", 1e6, 2e6, 1e7, 1).total == pytest.approx(0.15 + 0.1 + 0.018)
 
 
+def test_scale_model_adds_the_kept_vectors_work_to_the_driver():
+    """The work on vectors kept on one worker (dufs.engine.kept) is serial, as the driver's is: fitted to the runs'
+    "kept" seconds as a cost a sample and added to the driver's term at every W (a run saved before it has none)."""
+    from dataclasses import replace
+
+    from dufs.bench.model import Formula, fit_params, project
+
+    params = _made_up_params()
+    m = replace(params.methods["x"], kept=Formula(("n",), (2e-8,)))
+    p = project(replace(params, methods={"x": m}), "x", 1e6, 2e6, 1e7, 2)
+    assert p.driver == pytest.approx(0.1 + 0.02)  # 1e-7 n + 2e-8 n
+    run = {"method": "mmfs", "machines": 2, "procs": 2, "machine_in": 1.0, "driver": 1.0, "cpu": 0.01,
+           "transitions": 10.0, "sched_cpu": 0.01, "wall": 0.1}
+    one = {**run, "machines": 1, "procs": 1}
+    data = {"n_rows": 1000, "n_features": 2000, "nnz": 4000, "runs": [{**run, "kept": 0.004}], "compute": [one]}
+    old = {"n_rows": 1000, "n_features": 2000, "nnz": 4000, "runs": [run], "compute": [one]}
+    assert fit_params([data]).methods["mmfs"].kept.coefs == pytest.approx((4e-6,))
+    assert fit_params([old]).methods["mmfs"].kept(1e6, 0, 0, 2, 2) == 0.0
+
+
 def test_scale_model_targets_by_hand():
     from dufs.bench.model import Formula, MethodModel, Params, targets
 

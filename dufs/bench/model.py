@@ -6,7 +6,9 @@ T_m(W) = compute + network + driver + scheduler, per method m and iteration (doc
   a fixed cost an iteration (both fitted to one-process runs), P worker processes a machine, e their efficiency
   when P share a machine's memory bandwidth;
 - network = (bytes into a machine + bytes through the driver) / L, L the link's bytes a second (0 on one machine);
-- driver = the driver's CPU seconds; scheduler = task transitions x the scheduler's CPU seconds a transition.
+- driver = the driver's CPU seconds, and the seconds of the work on vectors kept on one worker (MMFS's sweeps over
+  w: :mod:`dufs.engine.kept`), serial as the driver's is; scheduler = task transitions x the scheduler's CPU
+  seconds a transition.
 
 Bytes, driver CPU and tasks are :class:`Formula` s: sums of named terms in n, d, nnz, W, P with coefficients
 fitted to the measured W (and store sizes, where measurements of several are pooled). Pure Python, so that the
@@ -62,6 +64,7 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     "ufcm": {"machine_in": ("n", "nnz/W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
 }
 TASKS = ("1", "WP")
+KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
 COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a nonzero and a fixed one
 
 #: the driver's resident bytes: (bytes a row, a feature, a row per partition, what they are), read from the code
@@ -153,6 +156,7 @@ class MethodModel:
     driver_bytes: Formula
     driver_cpu: Formula
     tasks: Formula
+    kept: Formula = field(default_factory=lambda: Formula((), ()))
 
 
 @dataclass
@@ -187,7 +191,7 @@ def project(params: Params, method: str, n: float, d: float, nnz: float, W: int)
     x = (n, d, nnz, W, P)
     network = 0.0 if W == 1 else (m.machine_in(*x) + m.driver_bytes(*x)) / params.link
     return Projection(compute=m.c_nz * nnz / (W * P * params.efficiency) + m.c_fixed, network=network,
-                      driver=m.driver_cpu(*x), scheduler=m.tasks(*x) * params.t_task)
+                      driver=m.driver_cpu(*x) + m.kept(*x), scheduler=m.tasks(*x) * params.t_task)
 
 
 def driver_memory(method: str, n: float, d: float, partitions: float) -> float | None:
@@ -230,8 +234,8 @@ def targets(params: Params, method: str) -> dict[str, Any]:
 def _points(datas: list[dict], method: str, key: str, runs: str = "runs") -> list[tuple[tuple, float]]:
     """(n, d, nnz, W, P) and the measured ``key`` of ``method``'s runs in every data set."""
     return [((float(x["n_rows"]), float(x["n_features"]), float(x["nnz"]), r["machines"], r["procs"]),
-             float(r[key])) for x in datas for r in x.get(runs, [])
-            if r["method"] == method and math.isfinite(float(r[key]))]
+             float(r.get(key, 0.0))) for x in datas for r in x.get(runs, [])
+            if r["method"] == method and math.isfinite(float(r.get(key, 0.0)))]
 
 
 def _compute_points(datas: list[dict], method: str) -> list[tuple[tuple, float]]:
@@ -259,7 +263,8 @@ def fit_params(datas: list[dict], *, P: int = 16, link: float = 1.25e9, efficien
             machine_in=fit(shape["machine_in"], _points(datas, m, "machine_in")),
             driver_bytes=fit(shape["driver_bytes"], _points(datas, m, "driver")),
             driver_cpu=fit(shape["driver_cpu"], _points(datas, m, "cpu")),
-            tasks=fit(TASKS, _points(datas, m, "transitions")))
+            tasks=fit(TASKS, _points(datas, m, "transitions")),
+            kept=fit(KEPT, _points(datas, m, "kept")))
     return params
 
 
@@ -279,8 +284,11 @@ def _say_fit(datas: list[dict], params: Params, say: Callable[[str], None]) -> N
         say(f"  {m}: compute on one process = {mm.c_nz * 1e9:,.2f} ns nnz + {mm.c_fixed:.4f} s (its wall less the "
             f"driver's and the scheduler's CPU): {cells(_compute_points(datas, m), comp, ' s', 1.0)}")
         for key, f, unit, scale in (("machine_in", mm.machine_in, " MiB", 2**20), ("driver", mm.driver_bytes, " MiB",
-                                    2**20), ("cpu", mm.driver_cpu, " s", 1.0), ("transitions", mm.tasks, "", 1.0)):
+                                    2**20), ("cpu", mm.driver_cpu, " s", 1.0), ("transitions", mm.tasks, "", 1.0),
+                                    ("kept", mm.kept, " s", 1.0)):
             pts = _points(datas, m, key)
+            if key == "kept" and not any(v for _, v in pts):  # no vector kept on a worker
+                continue
             exact = " (as many terms as points: exact)" if len(f.terms) == len(pts) > 1 else ""
             say(f"    {key:11s} = {f}{exact}: {cells(pts, f, unit, scale)}")
 

@@ -66,7 +66,9 @@ class PassMeter:
     marks: list[dict] = field(default_factory=list)
 
     def read(self) -> dict:
-        return {"links": self.cluster.link_bytes(), "driver": self.cluster.driver_bytes(),
+        from dufs.engine import kept
+
+        return {"links": self.cluster.link_bytes(), "driver": self.cluster.driver_bytes(), "kept": kept.seconds(),
                 "scheduler": self.cluster.scheduler_bytes(), "cpu": _driver_cpu(), "t": time.perf_counter(),
                 "transitions": self.client.run_on_scheduler(_transitions),
                 "sched_cpu": self.client.run_on_scheduler(_scheduler_cpu)}
@@ -78,7 +80,8 @@ class PassMeter:
     def iterations(self, skip: int) -> list[dict]:
         """Per iteration (between consecutive pass ends, the first ``skip`` passes left out as set-up): the most
         bytes into one machine, the driver's bytes in and out, the scheduler's, the tasks' transitions, the
-        driver's CPU seconds and the wall time."""
+        driver's CPU seconds, the seconds of the work on vectors kept on a worker (:mod:`dufs.engine.kept`) and the
+        wall time."""
         out = []
         marks = self.marks[skip:]
         for a, b in zip(marks, marks[1:], strict=False):
@@ -87,7 +90,8 @@ class PassMeter:
                         "scheduler": (b["scheduler"].into - a["scheduler"].into)
                         + (b["scheduler"].out_of - a["scheduler"].out_of),
                         "transitions": b["transitions"] - a["transitions"], "cpu": b["cpu"] - a["cpu"],
-                        "sched_cpu": b["sched_cpu"] - a["sched_cpu"], "wall": b["t"] - a["t"]})
+                        "sched_cpu": b["sched_cpu"] - a["sched_cpu"], "kept": b["kept"] - a["kept"],
+                        "wall": b["t"] - a["t"]})
         return out
 
 
@@ -114,7 +118,7 @@ def _run_method(cluster: Any, client: Any, path: str, method: str, n_features: i
     its = meter.iterations(skip=min(passes // 2, 3))
     out: dict[str, Any] = {"passes": passes, "wall_s": wall, "iterations": len(its),
                            "indices": sel.indices[:n_features].tolist(), "rss_growth": max(0, peak.peak_max - rss0)}
-    for key in ("machine_in", "driver", "scheduler", "transitions", "cpu", "sched_cpu", "wall"):
+    for key in ("machine_in", "driver", "scheduler", "transitions", "cpu", "sched_cpu", "kept", "wall"):
         out[key] = median([float(i[key]) for i in its]) if its else float("nan")
     return out
 
@@ -165,12 +169,15 @@ def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], 
         for m in methods:
             got = {"machines": W, "procs": procs, "method": m, **_run_method(cluster, client, st.path, m, n_features)}
             out.append(got)
+            kept = f"on kept vectors {got['kept']:.3f} s, " if got["kept"] else ""
             say(f"  {m:8s}: {got['iterations']} iterations of {got['passes']} passes; an iteration: "
                 f"into a machine {got['machine_in'] / 2**20:,.2f} MiB "
                 f"({got['machine_in'] / (16 * (n + d) / W):.2f}x the target), through the driver "
                 f"{got['driver'] / 2**20:,.2f} MiB, the scheduler {got['scheduler'] / 2**20:,.2f} MiB, "
                 f"{got['transitions']:,.0f} task transitions ({got['transitions'] / W:,.1f} a machine), "
-                f"driver CPU {got['cpu']:.3f} s, scheduler CPU {got['sched_cpu']:.3f} s, wall {got['wall']:.3f} s, "
+                f"driver CPU {got['cpu']:.3f} s, scheduler CPU {got['sched_cpu']:.3f} s, "
+                f"{kept}"
+                f"wall {got['wall']:.3f} s, "
                 f"driver peak growth {got['rss_growth'] / 2**20:,.1f} MiB")
     return out
 

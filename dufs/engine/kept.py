@@ -14,6 +14,7 @@ Dask could recompute: a worker that left takes its vectors with it, and the next
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = ["Kept", "as_future", "fetch", "flush", "kept_call", "kept_vectors"]
 _KEPT: dict[str, np.ndarray] = {}  # on a worker: its kept vectors by token
 _LOCK = threading.Lock()
 _DROPS: dict[str, list[str]] = {}  # on the driver: tokens let go, by worker, dropped with the next call there
+_SECONDS = [0.0]  # on the driver: the seconds the calls took on their workers, all calls (:func:`seconds`)
 
 
 class Kept:
@@ -72,11 +74,12 @@ def _local(x: Any) -> Any:
     return x
 
 
-def _run(fn: Any, args: tuple, tokens: list[str], drops: list[str]) -> tuple[Any, str]:
+def _run(fn: Any, args: tuple, tokens: list[str], drops: list[str]) -> tuple[Any, str, float]:
     """As a task: the ``drops`` let go, ``fn(*args)`` (kept vectors in place of their tokens), its arrays kept under
-    ``tokens``; (its small result, this worker's address)."""
+    ``tokens``; (its small result, this worker's address, the seconds it took)."""
     from distributed import get_worker
 
+    t0 = time.perf_counter()
     for t in drops:
         _KEPT.pop(t, None)
     small, arrays = fn(*(_local(a) for a in args))
@@ -84,7 +87,7 @@ def _run(fn: Any, args: tuple, tokens: list[str], drops: list[str]) -> tuple[Any
         raise ValueError(f"{getattr(fn, '__name__', fn)} returned {len(arrays)} arrays to keep, not {len(tokens)}")
     for t, a in zip(tokens, arrays, strict=True):
         _KEPT[t] = a
-    return small, get_worker().address
+    return small, get_worker().address, time.perf_counter() - t0
 
 
 def _get(token: str, drops: list[str]) -> np.ndarray:
@@ -116,9 +119,15 @@ def kept_call(client: Any, fn: Any, *args: Any, keep: int = 0) -> tuple[Any, lis
                  for a in args)
     opts = {"workers": [where], "allow_other_workers": True} if where else {}
     fut = client.submit(_run, fn, call, tokens, _take_drops(where) if where else [], pure=False, **opts)
-    small, address = fut.result()
+    small, address, took = fut.result()
     del fut
+    _SECONDS[0] += took
     return small, [Kept(t, address) for t in tokens]
+
+
+def seconds() -> float:
+    """The seconds :func:`kept_call` s have taken on their workers so far (a bench reads it between passes)."""
+    return _SECONDS[0]
 
 
 def as_future(client: Any, v: Kept) -> Any:
