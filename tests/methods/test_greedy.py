@@ -328,6 +328,45 @@ def test_jcfs_builds_the_graph_and_stops_at_max_iter():
     assert one.diagnostics["iterations"] == 1
 
 
+@pytest.mark.parametrize("method", ["lapaofs", "lapdofs", "jcfs", "lapaofs-anchor"])
+def test_a_side_kept_on_a_worker_selects_what_the_driver_does(cluster_client, monkeypatch, method):
+    """With the selected set and a step's vectors kept on a worker (dufs.engine.kept, the path of workers on
+    several machines), the picks, criterion and objective are the driver's, to the bit; the steps ran there."""
+    import dask
+
+    from dufs.methods.greedy import run as run_module
+
+    calls: list = []
+    real = run_module.kept_call
+
+    def spy(client, fn, *args, **kw):
+        calls.append(fn.__name__)
+        return real(client, fn, *args, **kw)
+
+    monkeypatch.setattr(run_module, "kept_call", spy)
+    X = _data("sparse")
+    W = sp.csr_array(_graph("sparse"))
+    name, kw = method.split("-")[0], {}
+    if method == "lapaofs-anchor":
+        kw = {"graph": "anchor", "n_anchors": 16, "embed_dim": 8}
+    got = {}
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
+        M = as_matrix(X, block_width=8, persist=True)
+        for kv in ("off", "on"):
+            with dask.config.set({"dufs.engine.kept-vectors": kv}):
+                if name == "jcfs":
+                    got[kv] = _fit_jcfs(M, W, 12, 3, 1e-3, client=cluster_client, max_iter=2)
+                else:
+                    got[kv] = _fit_lap(M, name, W=None if kw else W, client=cluster_client, **kw)
+        M.release()
+    a, b = got["off"], got["on"]
+    np.testing.assert_array_equal(b.indices, a.indices)
+    for key in ("criterion", "objective"):
+        if key in a.diagnostics:
+            np.testing.assert_array_equal(b.diagnostics[key], a.diagnostics[key])
+    assert "make_side" in calls and "side_call" in calls
+
+
 def test_jcfs_on_a_process_cluster(cluster_client):
     X = _data("dense")
     W = sp.csr_array(knn_affinity(X, 5))
@@ -361,11 +400,22 @@ def _count_engine_calls(monkeypatch, on_call):
     return count
 
 
+def _kept_here() -> int:
+    from dufs.engine import kept
+
+    return len(kept._KEPT)
+
+
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_changes_nothing(monkeypatch):
+@pytest.mark.parametrize("kept", [False, True], ids=["driver", "kept"])
+def test_a_worker_killed_mid_run_changes_nothing(monkeypatch, kept):
     """A LapAOFS run counts its engine calls, a second run SIGKILLs a worker halfway (``run`` takes "jcfs" too;
-    left out to keep the file fast)."""
+    left out to keep the file fast); with ``kept``, the worker that keeps the selected set and the step's vectors
+    (dufs.engine.kept, the path of workers on several machines), which are then made again from the selection."""
+    import dask
+
     distributed = pytest.importorskip("distributed")
+    cfg = {"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "on"} if kept else {}
     X = _data("dense")
     W = sp.csr_array(knn_affinity(X, 5))
 
@@ -378,7 +428,7 @@ def test_a_worker_killed_mid_run_changes_nothing(monkeypatch):
 
     with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=50) as cluster,
-          distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+          distributed.Client(cluster, set_as_default=False) as client, client.as_current(), dask.config.set(cfg)):
         for method in ("lapaofs",):
             client.wait_for_workers(2)
             with monkeypatch.context() as mp:
@@ -386,13 +436,15 @@ def test_a_worker_killed_mid_run_changes_nothing(monkeypatch):
                 ref = run(method, client)
             total = calls[0]
             assert total >= 4, "too few engine calls to kill a worker in the middle"
-            victim = sorted(client.run(os.getpid).values())[0]
             fired = []
 
-            def kill(i, total=total, victim=victim, fired=fired):
+            def kill(i, total=total, fired=fired):
                 if i == total // 2 and not fired:
                     fired.append(i)
-                    os.kill(victim, signal.SIGKILL)
+                    pids = client.run(os.getpid)
+                    holders = [a for a, k in client.run(_kept_here).items() if k] if kept else []
+                    assert holders or not kept, "no worker keeps the selected set"
+                    os.kill(pids[holders[0]] if kept else sorted(pids.values())[0], signal.SIGKILL)
 
             with monkeypatch.context() as mp:
                 _count_engine_calls(mp, kill)
@@ -417,7 +469,7 @@ def test_a_loss_during_the_rebuild_is_rebuilt_again(monkeypatch):
     failed = {"pass": 0, "rebuild": 0}
 
     def pass_(self, p, *a, **k):
-        if self.sel.k == 12 and not failed["pass"]:
+        if len(self.ids) == 12 and not failed["pass"]:
             failed["pass"] += 1
             raise FutureCancelledError("x", reason="lost dependencies")
         return real_pass(self, p, *a, **k)
