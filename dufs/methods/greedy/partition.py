@@ -27,6 +27,13 @@ _TINY = 1e-10  # a candidate whose Schur complement fell below this fraction of 
 
 
 # ---------------------------------------------------------------------------------------------------- blocks
+# a proposal carries its column when it has at most ATTACH nonzeros, the winner's heavier one fetched alone
+# (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass), except a
+# partition's best, which carries its column up to ATTACH_STEP nonzeros shared
+ATTACH = 1 << 15
+ATTACH_STEP = 1 << 25
+
+
 def _diag_terms(b, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode):
     """Start values (s, v) of a block's candidates: s = ||z||^2 + lambda1 z^T L z + lambda2 (L 1 = 0, so the shift
     drops out of z^T L z), v = 0 (A, D) or ||Z_b^T Y||^2 (JCFS)."""
@@ -55,7 +62,7 @@ def _diag_terms(b, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode):
     return s, v
 
 
-def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, selected):
+def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, selected, attach=None):
     s, v = _diag_terms(blk, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode)
     sel = np.zeros(blk.width, dtype=np.bool_)
     if selected is not None and len(selected):
@@ -64,7 +71,7 @@ def _init(blk, state, n, coef, shift, lam2, lam1, W, d, lam_inv, Y, Ysum, mode, 
     # the transform stays beside the block: a step sends only p, V and three numbers
     st = {"s": s, "v": v, "sel": sel, "tiny": _TINY * np.maximum(s, 1e-300), "step": 0,
           **_block_transform(coef, shift)}
-    return st, _proposal(blk, st, mode)
+    return st, _proposal(blk, st, mode, attach=attach)
 
 
 def _block_transform(coef: np.ndarray, shift: np.ndarray) -> dict:
@@ -89,19 +96,22 @@ def _step_dtype(mode: int, shape: tuple) -> Any:
     return np.float32 if mode != JCFS and 8 * int(np.prod(shape)) > _STEP_F32_BYTES else np.float64
 
 
-ATTACH = 1 << 15  # a proposal carries its column when it has at most this many nonzeros; the winner's heavier one is
-
-
-# fetched alone (kddb-like data have columns of millions of nonzeros: every block shipping its best one cost a pass)
-ATTACH_STEP = 1 << 25  # ... except a partition's best, which carries its column up to this many nonzeros shared
-
-
-def _proposal(blk, st, mode, found=None):
+def _proposal(blk, st, mode, found=None, attach=None):
+    """The block's best (feature, score, its column where it has at most ``attach`` nonzeros (None: ATTACH), else
+    None)."""
+    attach = ATTACH if attach is None else attach
     j, sc = best(mode, st["s"], st["v"], st["sel"], st["tiny"]) if found is None else found
     if j < 0:
         return (-1, -np.inf, None)
     a, c = blk.indptr[j], blk.indptr[j + 1]
-    return (blk.start + int(j), float(sc), _column(blk, j) if c - a <= ATTACH else None)
+    return (blk.start + int(j), float(sc), _column(blk, j) if c - a <= attach else None)
+
+
+def column_of(src, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column ``j`` (block-local) of the block ``src`` (a task's, where the block is)."""
+    from dufs.engine.blocks import resolve
+
+    return _column(resolve(src), j)
 
 
 def _column(blk, j: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +125,7 @@ def _swapped(mode: int) -> tuple[str, ...]:
     return ("s", "sel") if mode == D_OPTIMAL else ("s", "v", "sel")
 
 
-def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
+def _step(blk, state, p, V, vsum, s_p, c2, mode, save, attach=None):
     """Mark p selected (if it is this block's), update every candidate along V, propose the block's best.
 
     The step writes into the state's spare arrays (the kernel reads the current s and v and writes the updated ones
@@ -134,7 +144,7 @@ def _step(blk, state, p, V, vsum, s_p, c2, mode, save):
                           state["v"], st["sel"], mode, st["tiny"], st["s"], st["v"])
     if save is not None:
         _save_block(save, blk.start, st, mode)
-    return st, _proposal(blk, st, mode, found)
+    return st, _proposal(blk, st, mode, found, attach)
 
 
 def _save_block(directory: str, start: int, st: dict, mode: int) -> None:
@@ -169,22 +179,22 @@ def _load_blocks(blk, state, directory, step, coef, shift):
     return st, None
 
 
-def _in_partition(blks, states, fn, per_block, attach, *args):
+def _in_partition(blks, states, fn, per_block, best_attach, *args, **kw):
     """``fn(block, state, *args)`` over the blocks of one partition, one task: ``states`` and the arguments at the
     positions ``per_block`` (PerBlock) are lists with one item per block. Returns (states, proposals), as lists;
-    the partition's best proposal carries its column when it has at most ``attach`` nonzeros."""
+    the partition's best proposal carries its column when it has at most ``best_attach`` nonzeros (``kw``: ``fn``'s)."""
     states = [None] * len(blks) if states is None else states
     new, props = [], []
     for i, (blk, st) in enumerate(zip(blks, states, strict=True)):
-        out = fn(blk, st, *(a[i] if j in per_block else a for j, a in enumerate(args)))
+        out = fn(blk, st, *(a[i] if j in per_block else a for j, a in enumerate(args)), **kw)
         new.append(out[0])
         props.append(out[1])
     got = [(q[1], -q[0], i) for i, q in enumerate(props) if isinstance(q, tuple) and q[0] >= 0 and np.isfinite(q[1])]
-    if got and attach:
+    if got and best_attach:
         i = max(got)[2]  # the best score, then the lower index (as the driver chooses)
         blk, (p, sc, col) = blks[i], props[i]
         j = p - blk.start
-        if col is None and blk.indptr[j + 1] - blk.indptr[j] <= attach:
+        if col is None and blk.indptr[j + 1] - blk.indptr[j] <= best_attach:
             props[i] = (p, sc, _column(blk, j))
     return new, props
 
@@ -206,5 +216,5 @@ def _partitions(M: Matrix) -> list[list[int]] | None:
     return M.partition(threads)
 
 
-def _propose(blk, state, mode):
-    return state, _proposal(blk, state, mode)
+def _propose(blk, state, mode, attach=None):
+    return state, _proposal(blk, state, mode, attach=attach)

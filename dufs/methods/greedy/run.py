@@ -21,7 +21,16 @@ from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.greedy import JCFS
 from dufs.methods.greedy import partition
-from dufs.methods.greedy.partition import _in_partition, _init, _load_blocks, _partitions, _propose, _step, _step_dtype
+from dufs.methods.greedy.partition import (
+    _in_partition,
+    _init,
+    _load_blocks,
+    _partitions,
+    _propose,
+    _step,
+    _step_dtype,
+    column_of,
+)
 from dufs.methods.greedy.side import Side, make_side, side_call
 from dufs.methods.solver import atomic_write, recoverable, release
 from dufs.scheduling import one_blas_thread
@@ -112,11 +121,14 @@ class GreedyRun:
     def _map(self, fn: Any, *args: Any, per_block: tuple = (), state: Any) -> tuple[list, Any]:
         """``M.map_blocks(fn, *args, state=state)``, by partition when :attr:`parts` is set (the arguments at the
         positions ``per_block`` are PerBlock); the proposals come back one per block, in block order."""
+        # with the side kept on a worker no proposal carries its column: the winner's goes from its block's worker
+        # to the side's (:meth:`choose`), not through the driver
+        kw = {"attach": 0} if isinstance(self.side, Kept) and fn in (_step, _init, _propose) else {}
         if self.parts is None:
-            return self.M.map_blocks(fn, *args, state=state)
-        attach = max(partition.ATTACH, partition.ATTACH_STEP // len(self.parts))
+            return self.M.map_blocks(fn, *args, state=state, **kw)
+        attach = 0 if kw else max(partition.ATTACH, partition.ATTACH_STEP // len(self.parts))
         props, new = self.M.map_blocks(_in_partition, fn, per_block, attach, *args, state=state,
-                                       partitions=self.parts)
+                                       partitions=self.parts, **kw)
         by_block: list = [None] * self.M.n_blocks
         for part, got in zip(self.parts, props, strict=True):
             for i, p in zip(part, got, strict=True):
@@ -166,6 +178,11 @@ class GreedyRun:
         p = min(got, key=lambda q: (-q[1], q[0]))  # the best score, then the lower index
         if p[2] is not None:
             return p[0], p[2]
+        if isinstance(self.side, Kept) and self.M.residency.get("mode") == "persisted":
+            # a future of it on its block's worker: the side's call fetches it from there
+            i = int(np.searchsorted(self.M.bounds, p[0], side="right")) - 1
+            return p[0], self.client.submit(column_of, self.M.executor.src[i], int(p[0] - self.M.bounds[i]),
+                                            pure=False)
         X = self.M.columns([p[0]])
         return p[0], (X.indices, X.data)
 
