@@ -304,6 +304,13 @@ def block_columns(src, local):
     return indptr, b.indices[take], b.data[take]
 
 
+def block_column(src, j):
+    """Column ``j`` (block-local) of a block as (rows, values), copied."""
+    b = resolve(src)
+    a, c = b.indptr[j], b.indptr[j + 1]
+    return b.indices[a:c].copy(), b.data[a:c].copy()
+
+
 def block_topk(src, fn, k, largest, args, kwargs, start):
     s = np.asarray(fn(resolve(src), *resolved(args), **resolved(kwargs)), dtype=np.float64).ravel()
     return local_topk(s, k, largest, start)

@@ -28,6 +28,7 @@ import numpy as np
 from dufs import config
 from dufs.engine.blocks import (
     BlockInfo,
+    block_column,
     block_columns,
     block_scores_and_top,
     block_topk,
@@ -390,6 +391,18 @@ class Matrix:
         got = self.executor.run([f(self.executor.src[i], locs[i]) for i in want], "columns")
         dtype = self.dtype if np.dtype(self.dtype).kind == "f" else np.float64
         return assemble_columns(self.shape[0], ids, owner, bounds, locs, dict(zip(want, got, strict=True)), dtype)
+
+    def column_future(self, j: Any) -> Any:
+        """Column ``j`` of X (untransformed) as (rows, values), made where its block lives: under a distributed
+        client with persisted blocks a ``distributed.Future`` on the block's worker (for work on another worker,
+        which fetches it from there rather than through this process), else the value (one pass)."""
+        (j,) = as_ids([j], self.shape[1])
+        client = current_client()
+        if client is None or self.residency.get("mode") != "persisted":
+            X = self.columns([j])
+            return X.indices, X.data
+        i = int(np.searchsorted(self.bounds, j, side="right")) - 1
+        return client.submit(block_column, self.executor.src[i], int(j - self.bounds[i]), pure=False)
 
     def dense_columns(self, ids: Any) -> np.ndarray:
         """Columns ``ids`` of Z (transformed) as a dense float64 (n_samples x len(ids)) array."""

@@ -107,12 +107,6 @@ def _proposal(blk, st, mode, found=None, attach=None):
     return (blk.start + int(j), float(sc), _column(blk, j) if c - a <= attach else None)
 
 
-def column_of(src, j: int) -> tuple[np.ndarray, np.ndarray]:
-    """Column ``j`` (block-local) of the block ``src`` (a task's, where the block is)."""
-    from dufs.engine.blocks import resolve
-
-    return _column(resolve(src), j)
-
 
 def _column(blk, j: int) -> tuple[np.ndarray, np.ndarray]:
     """Column j (block-local) of a block: its rows and values (in the data's dtype), copied."""

@@ -14,9 +14,20 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
-from dufs.engine import AnchorGraph, Matrix, PerBlock, current_client, last_timeline, shipped
-from dufs.engine.dispatch import mark_spread
-from dufs.engine.kept import Kept, as_future, flush, kept_call, kept_vectors
+from dufs.engine import (
+    AnchorGraph,
+    Kept,
+    Matrix,
+    PerBlock,
+    as_future,
+    current_client,
+    flush,
+    kept_call,
+    kept_vectors,
+    last_timeline,
+    mark_spread,
+    shipped,
+)
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 from dufs.kernels.greedy import JCFS
@@ -29,7 +40,6 @@ from dufs.methods.greedy.partition import (
     _propose,
     _step,
     _step_dtype,
-    column_of,
 )
 from dufs.methods.greedy.side import Side, make_side, side_call
 from dufs.methods.solver import atomic_write, recoverable, release
@@ -178,11 +188,8 @@ class GreedyRun:
         p = min(got, key=lambda q: (-q[1], q[0]))  # the best score, then the lower index
         if p[2] is not None:
             return p[0], p[2]
-        if isinstance(self.side, Kept) and self.M.residency.get("mode") == "persisted":
-            # a future of it on its block's worker: the side's call fetches it from there
-            i = int(np.searchsorted(self.M.bounds, p[0], side="right")) - 1
-            return p[0], self.client.submit(column_of, self.M.executor.src[i], int(p[0] - self.M.bounds[i]),
-                                            pure=False)
+        if isinstance(self.side, Kept):  # made on its block's worker: the side's call fetches it from there
+            return p[0], self.M.column_future(p[0])
         X = self.M.columns([p[0]])
         return p[0], (X.indices, X.data)
 

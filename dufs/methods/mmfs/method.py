@@ -31,8 +31,7 @@ import numpy as np
 
 from dufs import config
 from dufs._logging import get_logger
-from dufs.engine import Matrix
-from dufs.engine.kept import fetch, flush
+from dufs.engine import Matrix, fetch, flush
 from dufs.errors import ParameterError
 from dufs.methods.mmfs.checkpoint import Checkpoint
 from dufs.methods.mmfs.problem import MMFS_PARAMS, margin_spec, margins

@@ -14,9 +14,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix, PerBlock, buffer, in_shared_memory, shipped
-from dufs.engine.dispatch import mark_spread
-from dufs.engine.kept import Kept, as_future, fetch, flush, kept_call, kept_vectors
+from dufs.engine import (
+    Kept,
+    Matrix,
+    PerBlock,
+    as_future,
+    buffer,
+    fetch,
+    flush,
+    in_shared_memory,
+    kept_call,
+    kept_vectors,
+    mark_spread,
+    shipped,
+)
 from dufs.errors import ParameterError
 from dufs.kernels.dcd import (
     apply_step,
