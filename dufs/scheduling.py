@@ -80,6 +80,41 @@ def in_threads(fn: Any, count: int, threads: int, bounds: Any = None) -> None:
             f.result()
 
 
+def task_threads() -> int:
+    """The threads of the Dask worker this runs on (1 elsewhere): what a task running a partition's blocks side by
+    side may use (:func:`each_in_threads`), the worker running that one task."""
+    try:
+        from distributed import get_worker
+        from distributed.worker import Worker
+
+        try:
+            worker = get_worker()
+        except ValueError:  # a direct call (Client.run) on the worker, not a task: this process's worker
+            workers = list(Worker._instances)
+            if len(workers) != 1:
+                return 1
+            worker = workers[0]
+        return max(1, int(worker.state.nthreads))
+    except Exception:  # not on a worker
+        return 1
+
+
+_TASK_POOLS: dict[int, Any] = {}
+
+
+def each_in_threads(fn: Any, count: int, threads: int) -> list:
+    """``[fn(0), ..., fn(count - 1)]`` computed on up to ``threads`` threads at once (``fn`` releasing the GIL in its
+    kernels), in order; here, one after another, for one thread, one item or a call from one of those threads."""
+    if threads <= 1 or count <= 1 or threading.current_thread().name.startswith("dufs-task"):
+        return [fn(i) for i in range(count)]
+    pool = _TASK_POOLS.get(threads)
+    if pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = _TASK_POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="dufs-task")
+    return list(pool.map(fn, range(count)))
+
+
 @functools.cache
 def _controller() -> Any:
     from threadpoolctl import ThreadpoolController

@@ -215,6 +215,8 @@ def test_bench_scale_prints_each_methods_iteration(tmp_path):
     assert {r["method"] for r in saved["runs"]} == {"mmfs", "lapdofs"} and len(saved["compute"]) == 2
     bad = CliRunner().invoke(app, ["bench", "scale", "--methods", "fisher,nothing"])
     assert bad.exit_code == 2 and "nothing not measured by the scale bench" in bad.output
+    bad = CliRunner().invoke(app, ["bench", "scale", "--layout", "2"])
+    assert bad.exit_code == 2 and "--layout must be processes x threads" in bad.output
 
 
 def _made_up_params():
@@ -237,6 +239,12 @@ def test_scale_model_projects_by_hand():
     assert p.total == pytest.approx(0.291008)
     # one machine: no link crossed; compute 0.1 / 2 + 0.1, scheduler (10 + 2 * 4) * 1e-3
     assert project(_made_up_params(), "x", 1e6, 2e6, 1e7, 1).total == pytest.approx(0.15 + 0.1 + 0.018)
+    # one process of 4 threads a machine (P = 1, T = 4): the compute as before (W P T threads), the terms in W P
+    # a process's: network (8 * 1e6 * 1 + 8 * 1e6 + 1000 * 2) / 1e9 = 0.016002, scheduler (10 + 2 * 2) * 1e-3
+    from dataclasses import replace
+
+    p = project(replace(_made_up_params(), P=1, T=4), "x", 1e6, 2e6, 1e7, 2)
+    assert (p.compute, p.network, p.driver, p.scheduler) == pytest.approx((0.125, 0.016002, 0.1, 0.014))
 
 
 def test_scale_model_adds_the_kept_vectors_work_to_the_driver():

@@ -2,9 +2,9 @@
 
 T_m(W) = compute + network + driver + scheduler, per method m and iteration (docs/scaling.md, "The model"):
 
-- compute = c_m nnz / (W P e) + f_m: c_m the seconds a nonzero costs one worker process in an iteration and f_m
-  a fixed cost an iteration (both fitted to one-process runs), P worker processes a machine, e their efficiency
-  when P share a machine's memory bandwidth;
+- compute = c_m nnz / (W P T e) + f_m: c_m the seconds a nonzero costs one worker thread in an iteration and f_m
+  a fixed cost an iteration (both fitted to one-process runs), P worker processes of T threads a machine, e their
+  efficiency when P T share a machine's memory bandwidth;
 - network = (bytes into a machine + bytes through the driver) / L, L the link's bytes a second (0 on one machine);
 - driver = the driver's CPU seconds, and the seconds of the work on vectors kept on one worker (MMFS's sweeps over
   w: :mod:`dufs.engine.kept`), serial as the driver's is; scheduler = task transitions x the scheduler's CPU
@@ -161,10 +161,11 @@ class MethodModel:
 
 @dataclass
 class Params:
-    """The model's parameters: P processes a machine, the link's bytes a second, the processes' efficiency, the
-    scheduler's CPU seconds a task transition, and each method's fitted :class:`MethodModel`."""
+    """The model's parameters: P processes a machine of T threads each, the link's bytes a second, the threads'
+    efficiency, the scheduler's CPU seconds a task transition, and each method's fitted :class:`MethodModel`."""
 
     P: int = 16
+    T: int = 1
     link: float = 1.25e9
     efficiency: float = 0.5
     t_task: float = 0.0
@@ -190,7 +191,7 @@ def project(params: Params, method: str, n: float, d: float, nnz: float, W: int)
     m, P = params.methods[method], params.P
     x = (n, d, nnz, W, P)
     network = 0.0 if W == 1 else (m.machine_in(*x) + m.driver_bytes(*x)) / params.link
-    return Projection(compute=m.c_nz * nnz / (W * P * params.efficiency) + m.c_fixed, network=network,
+    return Projection(compute=m.c_nz * nnz / (W * P * params.T * params.efficiency) + m.c_fixed, network=network,
                       driver=m.driver_cpu(*x) + m.kept(*x), scheduler=m.tasks(*x) * params.t_task)
 
 
@@ -245,7 +246,8 @@ def _compute_points(datas: list[dict], method: str) -> list[tuple[tuple, float]]
         _points(datas, method, "sched_cpu", "compute"), strict=True)]
 
 
-def fit_params(datas: list[dict], *, P: int = 16, link: float = 1.25e9, efficiency: float = 0.5) -> Params:
+def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25e9, efficiency: float = 0.5
+               ) -> Params:
     """The parameters from scale benches' measurements (each data set: the store's n, d, nnz, the ``runs`` on W
     machines and the one-process ``compute`` runs, medians of an iteration each), pooled over the data sets."""
     # the scheduler's CPU a transition: over the iterative methods' iterations (Fisher's one pass holds its graph's
@@ -253,7 +255,7 @@ def fit_params(datas: list[dict], *, P: int = 16, link: float = 1.25e9, efficien
     runs = [r for x in datas for r in x["runs"] + x.get("compute", [])
             if r["method"] != "fisher" and math.isfinite(float(r["sched_cpu"]))]
     trans, sched = sum(float(r["transitions"]) for r in runs), sum(float(r["sched_cpu"]) for r in runs)
-    params = Params(P=P, link=link, efficiency=efficiency, t_task=sched / trans if trans > 0 else 0.0)
+    params = Params(P=P, T=T, link=link, efficiency=efficiency, t_task=sched / trans if trans > 0 else 0.0)
     for m in sorted({r["method"] for x in datas for r in x["runs"]}, key=list(SHAPES).index):
         shape = SHAPES[m]
         comp = fit(COMPUTE, _compute_points(datas, m))
@@ -270,7 +272,8 @@ def fit_params(datas: list[dict], *, P: int = 16, link: float = 1.25e9, efficien
 
 def _say_fit(datas: list[dict], params: Params, say: Callable[[str], None]) -> None:
     """Each method's formulas beside the measurements they were fitted to: measured, formula, their ratio."""
-    say(f"model parameters (P = {params.P} processes a machine, links {params.link * 8 / 1e9:g} Gbit/s, efficiency "
+    say(f"model parameters (P = {params.P} processes a machine of T = {params.T} threads, links "
+        f"{params.link * 8 / 1e9:g} Gbit/s, efficiency "
         f"{params.efficiency:g}): the scheduler {params.t_task * 1e6:,.1f} us of CPU a task transition (its CPU over "
         f"its transitions, the iterative methods' measured iterations); measured vs formula (ratio) at each store "
         f"n x d and W")

@@ -140,7 +140,8 @@ def _scale_store(rows: int, features: int, nnz_per_row: int, seed: int, blocks: 
         store = root / f"synthetic-{rows}x{features}x{nnz_per_row}-s{seed}-w{width}.zarr"
     try:
         st = open_store(str(store))
-        if st.shape == (rows, features) and st.n_blocks("csc") == -(-features // width):
+        # the path names the spec and the block width; the writer cuts heavy blocks further (66 blocks for 64)
+        if st.shape == (rows, features) and st.n_blocks("csc") >= -(-features // width):
             say(f"store: reusing {store}")
             return st
     except DufsError:
@@ -154,20 +155,23 @@ def _scale_store(rows: int, features: int, nnz_per_row: int, seed: int, blocks: 
 
 
 def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], st: Any, n_features: int,
-                say: Any) -> list[dict]:
-    """Each of ``methods`` on an emulated cluster of ``W`` machines of ``procs`` processes: its run's record."""
+                say: Any, threads: int = 1) -> list[dict]:
+    """Each of ``methods`` on an emulated cluster of ``W`` machines of ``procs`` processes of ``threads`` threads:
+    its run's record."""
     from dufs.engine import get_client
     from dufs.testing.emulated import EmulatedCluster
 
     n, d = st.shape
     out = []
     # the client `dufs select --scheduler` makes
-    with EmulatedCluster(machines=W, procs=procs, rate=rate) as cluster, \
+    with EmulatedCluster(machines=W, procs=procs, threads=threads, rate=rate) as cluster, \
             get_client(scheduler_address=cluster.address) as client:
-        say(f"{W} machines x {procs} processes: the target a machine 2 x 8 (n + d) / W = "
+        of = f" of {threads} threads" if threads > 1 else ""
+        say(f"{W} machines x {procs} processes{of}: the target a machine 2 x 8 (n + d) / W = "
             f"{16 * (n + d) / W / 2**20:,.1f} MiB an iteration")
         for m in methods:
-            got = {"machines": W, "procs": procs, "method": m, **_run_method(cluster, client, st.path, m, n_features)}
+            got = {"machines": W, "procs": procs, "threads": threads, "method": m,
+                   **_run_method(cluster, client, st.path, m, n_features)}
             out.append(got)
             kept = f"on kept vectors {got['kept']:.3f} s, " if got["kept"] else ""
             say(f"  {m:8s}: {got['iterations']} iterations of {got['passes']} passes; an iteration: "
@@ -187,7 +191,7 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
                 rate: str | None = None, work_dir: Path | None = None, store: Path | None = None,
                 console: Any = None, seed: int = 0, n_features: int = 8, out: Path | None = None,
                 efficiency: float = 0.5, model_procs: int = 16, link: float = 1.25e9,
-                pool: tuple[Path, ...] = ()) -> dict:
+                pool: tuple[Path, ...] = (), threads: int = 1) -> dict:
     """Each of ``methods`` on emulated clusters of ``machines`` machines (``procs`` one-thread worker processes
     each, links shaped to ``rate``), on a kddb-shaped synthetic store with few nonzeros a row (communication
     dominates): per iteration, the most bytes into one machine, the bytes through the driver and the scheduler,
@@ -204,12 +208,13 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
     if why is not None:
         say(f"scale: not measured ({why})")
         return {"skipped": why}
-    st = _scale_store(rows, features, nnz_per_row, seed, 4 * max(machines) * procs, work_dir, store, say)
+    st = _scale_store(rows, features, nnz_per_row, seed, 4 * max(machines) * procs * threads, work_dir, store, say)
     res = describe(st, f"emulated machines {list(machines)} of {procs} worker processes"
+                       f"{f' of {threads} threads' if threads > 1 else ''}"
                        f"{'' if rate is None else f', links shaped to {rate}'}", say)
     res["runs"] = []
     for W in machines:
-        res["runs"] += _on_cluster(W, procs, rate, methods, st, n_features, say)
+        res["runs"] += _on_cluster(W, procs, rate, methods, st, n_features, say, threads)
     say("the compute, on one machine of one process:")
     res["compute"] = _on_cluster(1, 1, rate, methods, st, n_features, say)
     out = Path(out) if out is not None else Path(st.path).parent / f"scale-{rows}x{features}x{nnz_per_row}.json"
@@ -217,6 +222,9 @@ def scale_bench(*, rows: int = 400_000, features: int = 800_000, nnz_per_row: in
     out.write_text(json.dumps(res, indent=1))
     say(f"measurements: {out}")
     datas = [res, *(json.loads(Path(f).read_text()) for f in pool)]
-    params = model.fit_params(datas, P=model_procs, link=link, efficiency=efficiency)
+    # the machines projected as those measured: ``model_procs`` one-thread processes, or (measured with threads) one
+    # process of ``model_procs`` threads
+    P, T = (1, model_procs) if threads > 1 else (model_procs, 1)
+    params = model.fit_params(datas, P=P, T=T, link=link, efficiency=efficiency)
     res["targets"] = model.report(datas, params, say)
     return res

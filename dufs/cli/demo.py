@@ -151,6 +151,9 @@ def bench(
                                      "among 16 on a machine (memory bandwidth shared), in (0, 1]."),
     pool: str | None = typer.Option(None, "--pool", help="scale: measurements saved by earlier runs at other store "
                                     "sizes (--out files, comma-separated), fitted together with this run's."),
+    layout: str = typer.Option("2x1", "--layout", help="scale: each emulated machine's worker processes x threads "
+                               "(2x1: two one-thread processes; 1x2: one process of two threads, projected as one "
+                               "of 16)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench
@@ -189,14 +192,14 @@ def bench(
             repeats=repeats or (5 if what == "m3fs" else 3))
     elif what == "scale":
         _bench_scale(rows, features, nnz_per_row, machines, rate, methods, work_dir, store, out_file, efficiency,
-                     pool)
+                     pool, layout)
     else:
         fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm, scale"))
 
 
 def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate: str | None, methods: str | None,
                  work_dir: Path | None, store: Path | None, out_file: Path | None = None,
-                 efficiency: float = 0.5, pool: str | None = None) -> None:
+                 efficiency: float = 0.5, pool: str | None = None, layout: str = "2x1") -> None:
     """``dufs bench scale``: its options checked, the store's size defaulting to the scale bench's own."""
     from dufs.bench.scale import RUNS, scale_bench
 
@@ -206,6 +209,12 @@ def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate
             raise ValueError
     except ValueError:
         fail(ParameterError(f"--machines must be comma-separated integers >= 1, like 2,4; got {machines!r}"))
+    try:
+        procs, threads = (int(v) for v in layout.lower().split("x"))
+        if min(procs, threads) < 1:
+            raise ValueError
+    except ValueError:
+        fail(ParameterError(f"--layout must be processes x threads a machine, like 2x1 or 1x2; got {layout!r}"))
     if not 0 < efficiency <= 1:
         fail(ParameterError(f"--efficiency must be in (0, 1]; got {efficiency}"))
     ms = tuple(RUNS) if methods is None else tuple(m.strip() for m in methods.split(","))
@@ -216,5 +225,5 @@ def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate
     size = {"rows": rows if rows != 2_000_000 else 400_000, "features": features if features != 5_000_000 else 800_000,
             "nnz_per_row": nnz_per_row if nnz_per_row != 30 else 4}
     scale_bench(**size, machines=ws, rate=rate, methods=ms, work_dir=work_dir, store=store, console=out,
-                out=out_file, efficiency=efficiency,
+                out=out_file, efficiency=efficiency, procs=procs, threads=threads,
                 pool=tuple(Path(f) for f in pool.split(",")) if pool else ())

@@ -102,15 +102,17 @@ class LinkBytes:
 
 
 class EmulatedCluster:
-    """``machines`` emulated machines, each running ``procs`` one-thread Dask worker processes, and a scheduler on
-    the host.
+    """``machines`` emulated machines, each running ``procs`` Dask worker processes of ``threads`` threads, and a
+    scheduler on the host.
 
     Parameters
     ----------
     machines : int
         How many network namespaces ("machines").
     procs : int
-        Worker processes a machine (each one thread).
+        Worker processes a machine.
+    threads : int
+        Threads a worker process (default 1).
     rate : str or None
         Each link's bandwidth a direction, as ``tc`` writes it ("1gbit", "400mbit"); None leaves links unshaped.
     memory_limit : str
@@ -136,11 +138,11 @@ class EmulatedCluster:
     ...         moved = cluster.link_bytes_since(before)
     """
 
-    def __init__(self, machines: int = 2, procs: int = 1, *, rate: str | None = None, memory_limit: str = "2GiB",
-                 shm_bytes: str = "256m", env: dict | None = None) -> None:
-        if machines < 1 or procs < 1:
-            raise ValueError("an emulated cluster needs at least one machine of one process")
-        self.machines, self.procs, self.rate = int(machines), int(procs), rate
+    def __init__(self, machines: int = 2, procs: int = 1, *, threads: int = 1, rate: str | None = None,
+                 memory_limit: str = "2GiB", shm_bytes: str = "256m", env: dict | None = None) -> None:
+        if machines < 1 or procs < 1 or threads < 1:
+            raise ValueError("an emulated cluster needs at least one machine of one process of one thread")
+        self.machines, self.procs, self.threads, self.rate = int(machines), int(procs), int(threads), rate
         self.memory_limit, self.shm_bytes, self.env = memory_limit, shm_bytes, dict(env or {})
         self.token = uuid.uuid4().hex[:6]
         # a /16 of the 10.0.0.0/8 range chosen at random, the host at .0.1, machine i at .(i // 200 + 1).(i % 200 + 2)
@@ -241,7 +243,7 @@ class EmulatedCluster:
         local = self._tmp / f"machine{i}"
         local.mkdir()
         worker = [sys.executable, "-m", "distributed.cli.dask_worker", self.address, "--nworkers", str(self.procs),
-                  "--nthreads", "1", "--host", self.machine_addresses[i], "--no-dashboard",
+                  "--nthreads", str(self.threads), "--host", self.machine_addresses[i], "--no-dashboard",
                   "--memory-limit", self.memory_limit, "--local-directory", str(local), "--name", f"machine{i}"]
         # a mount namespace of its own: a private /dev/shm and temporary directory, as on another machine
         script = (f"mount -t tmpfs -o size={self.shm_bytes} tmpfs /dev/shm && "

@@ -165,6 +165,41 @@ def test_lap_does_not_depend_on_the_blocking(method, name, widths):
     np.testing.assert_array_equal(a.indices, _ref(method, name).order)
 
 
+@pytest.mark.parametrize("method", ["lapaofs", "jcfs"])
+def test_a_worker_of_two_threads_runs_its_partition_side_by_side(method):
+    """A worker process of two threads holds one partition of all its blocks and runs them side by side on its
+    threads (a machine of one process of many threads: a few tasks a step, not a few a thread): the picks and the
+    criterion are those of this process, to the bit."""
+    import distributed
+
+    X = _data("sparse")
+    W = sp.csr_array(_graph("sparse"))
+
+    def fit(M, client=False):
+        if method == "jcfs":
+            return _fit_jcfs(M, W, 12, 3, 1e-3, client=client, max_iter=2)
+        return _fit_lap(M, method, W=W, client=client)
+
+    local = fit(X)
+    with (distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None)
+          as cluster, distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+        M = as_matrix(X, block_width=8, persist=True)
+        assert partition._partitions(M) == [list(range(M.n_blocks))]
+        sel = fit(M, client)
+        ran = client.run(_task_threads_used)
+    np.testing.assert_array_equal(sel.indices, local.indices)
+    for key in ("criterion", "objective"):
+        if key in local.diagnostics:
+            np.testing.assert_array_equal(sel.diagnostics[key], local.diagnostics[key])
+    assert max(ran.values()) == 2  # the blocks ran on both threads
+
+
+def _task_threads_used() -> int:
+    from dufs import scheduling
+
+    return max((p._max_workers for p in scheduling._TASK_POOLS.values()), default=1)
+
+
 @pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])
 def test_lap_on_a_process_cluster(cluster_client, method):
     """The same picks as in this process and as the paper's scheme; the 10 blocks' state is kept in one partition

@@ -22,6 +22,7 @@ from dufs.kernels.greedy import (
     xwx_graph,
 )
 from dufs.methods.solver import atomic_write
+from dufs.scheduling import each_in_threads, task_threads
 
 _TINY = 1e-10  # a candidate whose Schur complement fell below this fraction of its start is in the selected span
 
@@ -174,15 +175,19 @@ def _load_blocks(blk, state, directory, step, coef, shift):
 
 
 def _in_partition(blks, states, fn, per_block, best_attach, *args, **kw):
-    """``fn(block, state, *args)`` over the blocks of one partition, one task: ``states`` and the arguments at the
-    positions ``per_block`` (PerBlock) are lists with one item per block. Returns (states, proposals), as lists;
-    the partition's best proposal carries its column when it has at most ``best_attach`` nonzeros (``kw``: ``fn``'s)."""
+    """``fn(block, state, *args)`` over the blocks of one partition, one task, the blocks side by side on the
+    worker's threads (each block's work its own: the same results on any number): ``states`` and the arguments at
+    the positions ``per_block`` (PerBlock) are lists with one item per block. Returns (states, proposals), as
+    lists; the partition's best proposal carries its column when it has at most ``best_attach`` nonzeros (``kw``:
+    ``fn``'s)."""
     states = [None] * len(blks) if states is None else states
-    new, props = [], []
-    for i, (blk, st) in enumerate(zip(blks, states, strict=True)):
-        out = fn(blk, st, *(a[i] if j in per_block else a for j, a in enumerate(args)), **kw)
-        new.append(out[0])
-        props.append(out[1])
+
+    def one(i):
+        return fn(blks[i], states[i], *(a[i] if j in per_block else a for j, a in enumerate(args)), **kw)
+
+    outs = each_in_threads(one, len(blks), task_threads())
+    new = [o[0] for o in outs]
+    props = [o[1] for o in outs]
     got = [(q[1], -q[0], i) for i, q in enumerate(props) if isinstance(q, tuple) and q[0] >= 0 and np.isfinite(q[1])]
     if got and best_attach:
         i = max(got)[2]  # the best score, then the lower index (as the driver chooses)
@@ -194,20 +199,22 @@ def _in_partition(blks, states, fn, per_block, best_attach, *args, **kw):
 
 
 def _partitions(M: Matrix) -> list[list[int]] | None:
-    """The feature blocks cut into one partition per worker thread, each on the worker holding its blocks
-    (:meth:`Matrix.partition`), when a distributed client runs the steps and there are more blocks than threads;
-    None (one task a block) otherwise. A step then costs a few tasks a thread, not a few a block: at kddb's
-    thousands of blocks the scheduler's per-task cost, paid every step, outweighed the step's own work."""
+    """The feature blocks cut into one partition per worker process, each on the worker holding its blocks
+    (:meth:`Matrix.partition`; a worker of several threads runs its partition's blocks side by side,
+    :func:`_in_partition`), when a distributed client runs the steps and there are more blocks than worker threads;
+    None (one task a block) otherwise. A step then costs a few tasks a worker, not a few a block: at kddb's
+    thousands of blocks the scheduler's per-task cost, paid every step, outweighed the step's own work; a machine
+    of one worker process of many threads costs a few tasks a step."""
     client = current_client()
     if client is None or M.n_blocks <= 1:
         return None
     try:
-        threads = sum(client.nthreads().values())
+        nthreads = client.nthreads()
     except Exception:  # a client that cannot say: one task a block, as before
         return None
-    if threads < 1 or threads >= M.n_blocks:
+    if not nthreads or sum(nthreads.values()) >= M.n_blocks:
         return None
-    return M.partition(threads)
+    return M.partition(len(nthreads))
 
 
 def _propose(blk, state, mode, attach=None):
