@@ -12,6 +12,7 @@ Two questions, two answers:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from typing import Any
@@ -83,20 +84,29 @@ def in_threads(fn: Any, count: int, threads: int, bounds: Any = None) -> None:
 def task_threads() -> int:
     """The threads of the Dask worker this runs on (1 elsewhere): what a task running a partition's blocks side by
     side may use (:func:`each_in_threads`), the worker running that one task."""
+    told = getattr(_CALL, "threads", None)
+    if told is not None:  # a direct call on the worker (:func:`worker_threads`)
+        return told
     try:
         from distributed import get_worker
-        from distributed.worker import Worker
 
-        try:
-            worker = get_worker()
-        except ValueError:  # a direct call (Client.run) on the worker, not a task: this process's worker
-            workers = list(Worker._instances)
-            if len(workers) != 1:
-                return 1
-            worker = workers[0]
-        return max(1, int(worker.state.nthreads))
-    except Exception:  # not on a worker
+        return max(1, int(get_worker().state.nthreads))
+    except Exception:  # not in a worker's task
         return 1
+
+
+_CALL = threading.local()
+
+
+@contextlib.contextmanager
+def worker_threads(threads: int) -> Any:
+    """For the ``with`` block, :func:`task_threads` is ``threads`` on this thread: a direct call's (Client.run on
+    the worker, not a task, so the worker is not known from the thread)."""
+    _CALL.threads = max(1, int(threads))
+    try:
+        yield
+    finally:
+        _CALL.threads = None
 
 
 _TASK_POOLS: dict[int, Any] = {}

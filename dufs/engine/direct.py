@@ -129,9 +129,12 @@ def _drop(tokens: list[str]) -> None:
         _RESIDENT.pop(t, None)
 
 
-def _each(fn: Any, calls: list) -> tuple[list, float, float]:
+def _each(fn: Any, calls: list, threads: int = 1) -> tuple[list, float, float]:
+    from dufs.scheduling import worker_threads
+
     t0 = time.time()
-    out = [fn(*args) for args in calls]
+    with worker_threads(threads):  # a call may run its blocks on the worker's threads, as a task does
+        out = [fn(*args) for args in calls]
     return out, t0, time.time()
 
 
@@ -163,7 +166,8 @@ async def _call(fn: Any, jobs: dict, drops: dict | None = None, fetch: bool = Fa
         await _fetch_missing(calls, dask_worker)
     calls = _local(calls, dask_worker.data)
     executor = dask_worker.executors.get("default")
-    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(_each, fn, calls))
+    return await asyncio.get_running_loop().run_in_executor(
+        executor, functools.partial(_each, fn, calls, int(dask_worker.state.nthreads)))
 
 
 def direct_eligible(client: Any) -> bool:
