@@ -165,7 +165,7 @@ def test_lap_does_not_depend_on_the_blocking(method, name, widths):
     np.testing.assert_array_equal(a.indices, _ref(method, name).order)
 
 
-@pytest.mark.parametrize("method", ["lapaofs", "jcfs"])
+@pytest.mark.parametrize("method", ["lapaofs"])
 def test_a_worker_of_two_threads_runs_its_partition_side_by_side(method):
     """A worker process of two threads holds one partition of all its blocks and runs them side by side on its
     threads (a machine of one process of many threads: a few tasks a step, not a few a thread): the picks and the
