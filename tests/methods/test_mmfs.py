@@ -182,7 +182,10 @@ def test_vectors_kept_on_a_worker_solve_as_the_driver_does(cluster_client, n_par
         calls.append(fn.__name__)
         return real(client, fn, *args, **kw)
 
+    from dufs.methods.mmfs import kept_round
+
     monkeypatch.setattr(mod, "kept_call", spy)
+    monkeypatch.setattr(kept_round, "kept_call", spy)
     X, y = _problem(3, n=200, d=64)
     got = {}
     with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):

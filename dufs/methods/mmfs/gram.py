@@ -4,6 +4,7 @@ moving), through their Gram matrix when it is small, and the cache of their colu
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -232,3 +233,25 @@ def _gram_epochs(indptr, indices, data, per: dict, a: np.ndarray, m: int, C: flo
     sc = RoundTotals(dt=-float(dc @ shift), dS=float(dc @ colsum), ds=float(d.sum()),
                      slope=float((per["g"] - per["rho"]) @ d), updates=float(n_upd))
     return dws, sc
+
+
+def _epochs_over(tl: RoundTotals, cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, C: float,
+                 gamma: float, serial: bool, cocoa: bool, sigma: float, seed: int, nnz: int, held: Any, cache: Any,
+                 dws: np.ndarray) -> tuple[RoundTotals, list]:
+    """The epochs over the working sets ``cols`` (:func:`~dufs.methods.mmfs.gram._driver_epoch`): one serial
+    epoch over all of them (``serial``, the bias moving), else one a partition as the partition would have run it;
+    their change of ws added into ``dws``. (``tl`` with their totals added, [(block start, coordinates, their
+    change), ...])."""
+    from dufs.methods.mmfs.partition import inner_epochs  # the partitions' rule (partition imports this module)
+
+    by: dict = {}
+    for c in cols:
+        by.setdefault(-1 if serial else c["part"], []).append(c if cache is None else cache.complete(c))
+    moved: list = []
+    for q, cs in sorted(by.items()):
+        reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), nnz) if serial else 1
+        _, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa, 1.0 if serial else sigma,
+                                  seed + q + 2, reps, held, dws)
+        tl = tl + sc
+        moved.extend(dl)
+    return tl, moved

@@ -33,8 +33,10 @@ from dufs.kernels.dcd import (
     apply_step,
     step_dots,
 )
-from dufs.methods.mmfs.gram import _ColumnCache, _driver_epoch, _GramCache
-from dufs.methods.mmfs.partition import _init, _init_from_spec, _margin_summary, _round, _take_alpha, inner_epochs
+from dufs.methods.mmfs.gram import _ColumnCache, _epochs_over, _GramCache
+from dufs.methods.mmfs.kept_round import _after_step, _epochs_kept, _keep, _KeptRound, _norm2
+from dufs.methods.mmfs.partition import _init, _init_from_spec, _margin_summary, _round, _take_alpha
+from dufs.methods.mmfs.plane import _plane_step
 from dufs.methods.mmfs.records import PartitionResult, RoundTotals
 from dufs.methods.solver import recoverable, release
 from dufs.scheduling import current_client, driver_threads, in_threads
@@ -569,109 +571,6 @@ class _Solve:
         else:
             self.pw = None
         self.b = self.b + gamma * self.ps
-
-
-def _epochs_over(tl: RoundTotals, cols: list, ws: np.ndarray, wt: np.ndarray, b: float, m: int, C: float,
-                 gamma: float, serial: bool, cocoa: bool, sigma: float, seed: int, nnz: int, held: Any, cache: Any,
-                 dws: np.ndarray) -> tuple[RoundTotals, list]:
-    """The epochs over the working sets ``cols`` (:func:`~dufs.methods.mmfs.gram._driver_epoch`): one serial
-    epoch over all of them (``serial``, the bias moving), else one a partition as the partition would have run it;
-    their change of ws added into ``dws``. (``tl`` with their totals added, [(block start, coordinates, their
-    change), ...])."""
-    by: dict = {}
-    for c in cols:
-        by.setdefault(-1 if serial else c["part"], []).append(c if cache is None else cache.complete(c))
-    moved: list = []
-    for q, cs in sorted(by.items()):
-        reps = inner_epochs(sum(int(c["counts"].sum()) for c in cs), nnz) if serial else 1
-        _, sc, dl = _driver_epoch(cs, ws, wt, b, m, C, gamma, serial or cocoa, 1.0 if serial else sigma,
-                                  seed + q + 2, reps, held, dws)
-        tl = tl + sc
-        moved.extend(dl)
-    return tl, moved
-
-
-class _KeptRound:
-    """A round's summed result left on its worker (``map_blocks(hold=True)``): its change of ws and its working
-    sets kept there (``dws``, and ``cols``, a :class:`~dufs.engine.kept.Kept` item where there are any, else an
-    empty list) and what the driver needs brought back: the totals (``tail``) and the line search's products
-    (``dots``: dw^T dw, p^T p, dw^T p with the momentum direction ``pw``), in one task."""
-
-    __slots__ = ("cols", "dots", "dws", "tail")
-
-    def __init__(self, client: Any, res: Any, pw: Kept | None):
-        from distributed import Future
-
-        if not isinstance(res, Future):  # made here after all (a pass run inline or by direct calls)
-            res = client.scatter(res, hash=False)
-        (self.tail, has_cols, self.dots), (self.dws, cols) = kept_call(client, _after_round, res, pw, keep=2)
-        self.cols = cols if has_cols else []
-
-
-# ---------------------------------------------------------------------------------------------------- on a worker
-def _after_round(res: PartitionResult, pw: np.ndarray | None) -> tuple:
-    """The round's change of ws and its working sets (kept), and (its totals, whether it has working sets, the
-    line-search products)."""
-    dws = res.dense()
-    dots = step_dots(dws, res.tail.dt, _NO_ROWS if pw is None else pw)
-    return (res.tail, bool(res.cols), tuple(map(float, dots))), [dws, res.cols]
-
-
-def _epochs_kept(cols: list, dws: np.ndarray, ws: np.ndarray | None, pw: np.ndarray | None, tl: RoundTotals,
-                 wt: np.ndarray, b: float, m: int, C: float, gamma: float, serial: bool, cocoa: bool, sigma: float,
-                 seed: int, nnz: int) -> tuple:
-    """:func:`_epochs_over` on the worker that keeps the round's working sets and dws (``ws`` None: zero), dws
-    changed in place; (the totals, the moves, the line search's products) back."""
-    ws = np.zeros(int(m)) if ws is None else ws
-    tl, moved = _epochs_over(tl, cols, ws, wt, b, m, C, gamma, serial, cocoa, sigma, seed, nnz, None, None, dws)
-    dots = step_dots(dws, tl.dt, _NO_ROWS if pw is None else pw)
-    return (tl, moved, tuple(map(float, dots))), []
-
-
-def _after_step(dws: np.ndarray, dt: float, s: float, t: float, pw: np.ndarray | None, ws: np.ndarray | None
-                ) -> tuple:
-    """The step applied on the worker that keeps the vectors: the new momentum direction and ws (kept; ``ws``
-    None is zero), (1^T ws, ws^T ws) back (:func:`~dufs.kernels.dcd.apply_step`)."""
-    m = dws.shape[0]
-    p = pw.copy() if pw is not None and t != 0.0 else np.empty(m)  # apply_step writes p: not a kept vector
-    out = np.empty(m)
-    total, norm2 = apply_step(dws, dt, s, t, p, np.zeros(m) if ws is None else ws, out)
-    return (float(total), float(norm2)), [p, out]
-
-
-def _norm2(ws: np.ndarray) -> tuple:
-    return float(ws @ ws), []
-
-
-def _keep(v: np.ndarray) -> tuple:
-    return None, [v]
-
-
-def _plane_step(a: float, c: float, h11: float, h22: float, h12: float, tlo: float, thi: float,
-                s1: float) -> tuple[float, float]:
-    """(s, t) minimising a s + c t + (h11 s^2 + 2 h12 s t + h22 t^2) / 2 over s in [0, 1], t in [tlo, thi]
-    (tlo <= 0 <= thi); ``s1`` is the minimiser on t = 0, never bettered by less."""
-
-    def q(s: float, t: float) -> float:
-        return a * s + c * t + 0.5 * (h11 * s * s + 2.0 * h12 * s * t + h22 * t * t)
-
-    cands = [(s1, 0.0)]
-    det = h11 * h22 - h12 * h12
-    if h11 > 0 and h22 > 0 and det > 1e-12 * h11 * h22:
-        s_ = (-a * h22 + c * h12) / det
-        t_ = (-c * h11 + a * h12) / det
-        if 0.0 <= s_ <= 1.0 and tlo <= t_ <= thi:
-            cands.append((s_, t_))
-    if h22 > 0:
-        for s_ in (0.0, 1.0):
-            cands.append((s_, float(np.clip(-(c + h12 * s_) / h22, tlo, thi))))
-    if h11 > 0:
-        for t_ in (tlo, thi):
-            if np.isfinite(t_):
-                cands.append((float(np.clip(-(a + h12 * t_) / h11, 0.0, 1.0)), t_))
-    cands = [(s_, t_) for s_, t_ in cands if np.isfinite(s_) and np.isfinite(t_)]
-    best = min(cands, key=lambda st: q(*st))
-    return best if q(*best) < q(s1, 0.0) else (s1, 0.0)
 
 
 def _merge_tops(parts: list, k: int) -> np.ndarray:
