@@ -112,3 +112,24 @@ def _warm_numba_caches() -> None:
 
     generate_rows(SyntheticSpec(n_rows=10, n_features=50, nnz_per_row=3, n_informative=2), 0, 10)
     del dufs
+
+
+@pytest.fixture
+def kept_calls(monkeypatch):
+    """``watch(*modules)``: the names of the functions the given modules run through ``dufs.engine.kept_call`` from
+    now on (a list, filled as they run): that work went to a worker's kept vectors."""
+    from dufs.engine import kept
+
+    calls: list = []
+    real = kept.kept_call
+
+    def spy(client, fn, *args, **kw):
+        calls.append(fn.__name__)
+        return real(client, fn, *args, **kw)
+
+    def watch(*modules):
+        for m in modules:
+            monkeypatch.setattr(m, "kept_call", spy)
+        return calls
+
+    return watch

@@ -364,21 +364,14 @@ def test_jcfs_builds_the_graph_and_stops_at_max_iter():
 
 
 @pytest.mark.parametrize("method", ["lapaofs", "lapdofs", "jcfs", "lapaofs-anchor"])
-def test_a_side_kept_on_a_worker_selects_what_the_driver_does(cluster_client, monkeypatch, method):
+def test_a_side_kept_on_a_worker_selects_what_the_driver_does(cluster_client, kept_calls, method):
     """With the selected set and a step's vectors kept on a worker (dufs.engine.kept, the path of workers on
     several machines), the picks, criterion and objective are the driver's, to the bit; the steps ran there."""
     import dask
 
     from dufs.methods.greedy import run as run_module
 
-    calls: list = []
-    real = run_module.kept_call
-
-    def spy(client, fn, *args, **kw):
-        calls.append(fn.__name__)
-        return real(client, fn, *args, **kw)
-
-    monkeypatch.setattr(run_module, "kept_call", spy)
+    calls = kept_calls(run_module)
     X = _data("sparse")
     W = sp.csr_array(_graph("sparse"))
     name, kw = method.split("-")[0], {}

@@ -166,7 +166,8 @@ def test_real_set_matches_the_qp():
 
 @pytest.mark.parametrize("n_partitions", [1, 4])
 @pytest.mark.parametrize("serial_nnz", [None, 0])
-def test_vectors_kept_on_a_worker_solve_as_the_driver_does(cluster_client, n_partitions, serial_nnz, monkeypatch):
+def test_vectors_kept_on_a_worker_solve_as_the_driver_does(cluster_client, n_partitions, serial_nnz, monkeypatch,
+                                                          kept_calls):
     """With w, its change and the momentum direction kept on the worker that sums a round (dufs.engine.kept, the
     path of workers on several machines), the driver's and the working sets' epochs run there: the solve is the
     one the driver makes with them here, round for round and bit for bit, and it did keep them there."""
@@ -175,17 +176,9 @@ def test_vectors_kept_on_a_worker_solve_as_the_driver_does(cluster_client, n_par
     if serial_nnz is not None:
         monkeypatch.setattr(mod, "_SERIAL_NNZ", serial_nnz * n_partitions)
         monkeypatch.setattr(mod, "_SCREEN", 0)
-    calls: list = []
-    real = mod.kept_call
-
-    def spy(client, fn, *args, **kw):
-        calls.append(fn.__name__)
-        return real(client, fn, *args, **kw)
-
     from dufs.methods.mmfs import kept_round
 
-    monkeypatch.setattr(mod, "kept_call", spy)
-    monkeypatch.setattr(kept_round, "kept_call", spy)
+    calls = kept_calls(mod, kept_round)
     X, y = _problem(3, n=200, d=64)
     got = {}
     with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
