@@ -61,7 +61,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs._logging import get_logger
-from dufs.engine import AnchorGraph, Matrix, graph_rows, laplacian_operator, ranked_head
+from dufs.engine import AnchorGraph, Matrix, current_client, flush, graph_rows, laplacian_operator, ranked_head
 from dufs.errors import ParameterError
 from dufs.methods.m3fs.problem import sigma_step
 from dufs.methods.m3fs.vstep import _objectives, v_step
@@ -364,7 +364,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     timings = {"graph": time.perf_counter() - t0}
     t0 = time.perf_counter()
     run = _Alternation(M, Lop, n_features, k, C, lam, ll, mu, tol, inner_tol, inner_max_iter, alternations, max_iter,
-                       max_passes, callback, _colsum(M), *_products(M, Lop, lam, k))
+                       max_passes, callback, _colsum(M), *_products(M, Lop, lam, k), graph=Wg)
     lab = _init_labels(M, Lop, init, k, random_state, int(dense_below), Wg)
     timings["init"] = time.perf_counter() - t0
     return run.result(*run.solve(lab, polish), timings, passes0, Wg)
@@ -410,6 +410,7 @@ class _Alternation:
     colsum: np.ndarray | None
     LZ: np.ndarray | None
     L1: np.ndarray | None
+    graph: Any = None
     solve0: int = 0
     keep: dict = field(default_factory=dict)
     hist: list = field(default_factory=list)
@@ -441,6 +442,9 @@ class _Alternation:
             finally:
                 if self.keep.get("rd") is not None:
                     self.keep["rd"].release()
+                client = current_client()
+                if client is not None:  # what the v-steps kept on a worker (kept_scores) dropped there
+                    flush(client)
 
     def alternate(self, lab: np.ndarray, sigma: np.ndarray, V: np.ndarray, b: float, F: np.ndarray, Lip: float,
                   it0: int) -> tuple[_Point, tuple]:
@@ -481,7 +485,7 @@ class _Alternation:
             vs = v_step(M, sigma, y, self.L, C=self.C, lambda_=self.lam, l=self.l, smoothing=self.mu,
                         n_clusters=self.k, V0=V, b0=b, colsum=self.colsum, tol=self.inner_tol,
                         max_iter=int(self.inner_max_iter), lipschitz=Lip, LZ=self.LZ, L1=self.L1, max_passes=left,
-                        F0=F, value_rtol=_VALUE_RTOL * self.tol, keep=self.keep, LF0=LF)
+                        F0=F, value_rtol=_VALUE_RTOL * self.tol, keep=self.keep, LF0=LF, graph=self.graph)
             V, b, F, Lip, LF = vs["V"], vs["b"], vs["F"], vs["lipschitz"], vs["LF"]
             n_inner += vs["iterations"]
             sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, self.n_features), dtype=np.float64)

@@ -31,10 +31,15 @@ class _State:
     """FISTA's iterates: x (always the best point) and x_prev with their biases and scores (and, two clusters with a
     manifold term, L F at both, so that L F at the momentum point is extrapolated too: L is linear), the momentum's
     t, the Lipschitz estimate, the first gradient-mapping norm and the best point (value, u, b, F). With u on the
-    workers (``rd``) the driver keeps a^T x and a^T x_prev (``ax``, ``axp``) instead of x and x_prev."""
+    workers (``rd``) the driver keeps a^T x and a^T x_prev (``ax``, ``axp``) instead of x and x_prev; with the
+    scores kept on a worker too (``side``: :class:`~dufs.methods.m3fs.kept_scores.KeptScores`), no vector at all
+    (the scores are None here)."""
 
     def __init__(self, U: np.ndarray | None, b: float, F: np.ndarray, LF: np.ndarray | None, value: float,
-                 lipschitz: float, rd: Any, aU0: float | None, binary: bool):
+                 lipschitz: float, rd: Any, aU0: float | None, binary: bool, side: Any = None):
+        self.side = side
+        if side is not None:
+            F = LF = None
         self.x, self.xb, self.xF = U, b, F
         self.xp, self.xpb, self.xpF = U, b, F
         self.best = (value, U, b, F)
@@ -64,6 +69,8 @@ class _State:
             if self.rd is not None:
                 self.rd.restart()
                 self.axp = self.ax
+            if self.side is not None:
+                self.side.restart()
         else:
             self.xp, self.xpb, self.xpF = self.x, self.xb, self.xF
             self.x, self.xb, self.xF = nU, nb, nF
@@ -73,6 +80,8 @@ class _State:
             if self.rd is not None:
                 self.rd.accept()
                 self.axp, self.ax = self.ax, aN
+            if self.side is not None:
+                self.side.accept()
 
 
 def fista(prob: _VProblem, st: _State, *, tol: float, max_iter: int, value_rtol: float, max_passes: int | None,
@@ -101,6 +110,8 @@ def _iteration(prob: _VProblem, st: _State) -> _Trial:
     """One iteration up to its accepted trial point: the momentum point y, the gradient there and the backtracking
     on n = y - g / Lip (the Lipschitz estimate first lowered by 10%)."""
     beta = st.momentum()
+    if st.side is not None:
+        return _iteration_kept(st, beta)
     # at kddb size a d-vector is 240 MB and an n-vector 154 MB: the updates below work in place so that the
     # loop holds x, xp, y, the gradient, the trial point and its step (and their scores), not their temporaries
     yb = st.xb + beta * (st.xb - st.xpb)
@@ -134,25 +145,47 @@ def _iteration(prob: _VProblem, st: _State) -> _Trial:
     return _backtrack_here(prob, st, gU, yU, yb, Fy)
 
 
+def _iteration_kept(st: _State, beta: float) -> _Trial:
+    """:func:`_iteration` with the scores kept on a worker (``st.side``) and u on the workers: the momentum point
+    and its gradient made there, the pass given the gradient there and its sum left where it is made, the
+    backtracking run there; the same numbers in the same order as the driver's."""
+    yb = st.xb + beta * (st.xb - st.xpb)
+    yb, Fy, gb = st.side.momentum(beta, yb, (1.0 + beta) * st.ax - beta * st.axp)
+    st.Lip *= 0.9
+    rd = st.rd
+    both = rd.step_held(st.side.gradient(), beta, gb, 1.0 / st.Lip)
+    trial, st.Lip, rd.tried = st.side.trial(both, rd.centred, 1.0 / st.Lip, st.Lip)
+    return trial
+
+
 def _momentum_two(prob: _VProblem, st: _State, beta: float, yb: float) -> tuple:
     """Two clusters: the momentum point by fused sweeps (:mod:`dufs.kernels.vstep`), its scores and L F
     extrapolated from x's and x_prev's, and the best bias there; (yU, yb, yF, L yF, value, gradient in F), yU None
     with u on the workers."""
-    yF = np.empty((prob.n, 1))
-    yFu = yF[:, 0]
-    fista_extrapolate(st.xF[:, 0], st.xpF[:, 0], beta, yb, _NONE, yFu)  # its scores less the extrapolated bias
-    LFu = None
-    if st.xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
-        LFu = np.empty(prob.n)
-        fista_extrapolate(st.xLF[:, 0], st.xpLF[:, 0], beta, yb, prob.L1v, LFu)
     if st.rd is None:
         yU = np.empty((prob.d, 1))
         aY, uuY = fista_momentum(st.x[:, 0], st.xp[:, 0], beta, prob.a_vec, yU[:, 0])
     else:  # y on the workers: a^T y from a^T x and a^T x_prev, ||y||^2 comes back with the step
         yU, aY, uuY = None, (1.0 + beta) * st.ax - beta * st.axp, 0.0
+    return (yU, *momentum_scores(prob, st.xF, st.xpF, st.xLF, st.xpLF, beta, yb, yU, aY, uuY))
+
+
+def momentum_scores(prob: _VProblem, xF: np.ndarray, xpF: np.ndarray, xLF: np.ndarray | None,
+                    xpLF: np.ndarray | None, beta: float, yb: float, yU: np.ndarray | None, aY: float,
+                    uuY: float) -> tuple:
+    """The momentum point's scores and L F extrapolated from x's and x_prev's, its best bias and the majoriser's
+    value there: (yb, yF, L yF, value, gradient in F). The work over the samples alone (u's part given: ``yU``,
+    a^T y, ||y||^2), so that a worker that keeps the scores makes it too (:mod:`dufs.methods.m3fs.kept`)."""
+    yF = np.empty((prob.n, 1))
+    yFu = yF[:, 0]
+    fista_extrapolate(xF[:, 0], xpF[:, 0], beta, yb, _NONE, yFu)  # its scores less the extrapolated bias
+    LFu = None
+    if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
+        LFu = np.empty(prob.n)
+        fista_extrapolate(xLF[:, 0], xpLF[:, 0], beta, yb, prob.L1v, LFu)
     yb, yF, LF = prob.settle(yU, yFu, yb, aY, LFu)
     Fy, R = prob.value(yU, yb, yF, LF, uuY)
-    return yU, yb, yF, LF, Fy, R
+    return yb, yF, LF, Fy, R
 
 
 def _backtrack_here(prob: _VProblem, st: _State, gU: np.ndarray, yU: np.ndarray, yb: float, Fy: float) -> _Trial:
@@ -184,18 +217,25 @@ def _backtrack_here(prob: _VProblem, st: _State, gU: np.ndarray, yU: np.ndarray,
 
 def _backtrack_resident(prob: _VProblem, st: _State, Fu: np.ndarray, dots: dict, yb: float, yF: np.ndarray,
                         LF: np.ndarray | None, Fy: float) -> _Trial:
+    """The backtracking with u on the workers, from the step's scores ``Fu`` and ``dots`` (:func:`backtrack_scores`
+    with the workers' :class:`~dufs.methods.m3fs.resident.ResidentU`)."""
+    trial, st.Lip = backtrack_scores(prob, st.Lip, st.rd, Fu, dots, yb, yF, LF, Fy)
+    return trial
+
+
+def backtrack_scores(prob: _VProblem, Lip: float, rd: Any, Fu: np.ndarray, dots: dict, yb: float, yF: np.ndarray,
+                     LF: np.ndarray | None, Fy: float) -> tuple[_Trial, float]:
     """The backtracking with u on the workers, from the step's scores ``Fu`` and ``dots``: a retrial's scores, its
-    dots and its L Fu are affine in the step (:meth:`ResidentU.retrial`), so no retrial calls the workers or makes
-    a product with L."""
-    rd = st.rd
+    dots and its L Fu are affine in the step (``rd.retrial``: :meth:`ResidentU.retrial`), so no retrial calls the
+    workers or makes a product with L. Returns (the trial accepted, the Lipschitz estimate)."""
     LFt = LyFu = None  # a retrial's L Fu, and the momentum point's L (yF - yb)
     while True:
         nb, nF, nLF = prob.settle(None, Fu, yb, dots["aN"], LFt)
         Fn = prob.value(None, nb, nF, nLF, dots["uuN"], grad=False)[0]
         dd, gd = dots["dd"], dots["gd"]
-        if Fn <= Fy + gd + 0.5 * st.Lip * dd + 1e-12 * max(1.0, abs(Fy)):
-            return Fn, None, nb, nF, nLF, dd, dots["aN"]
-        st.Lip = _longer(st.Lip, Fn, Fy)
+        if Fn <= Fy + gd + 0.5 * Lip * dd + 1e-12 * max(1.0, abs(Fy)):
+            return (Fn, None, nb, nF, nLF, dd, dots["aN"]), Lip
+        Lip = _longer(Lip, Fn, Fy)
         Fu = nF[:, 0]
         Fu -= nb  # the trial's scores without the bias again
         if nLF is not None:  # L Fu is affine in the step as Fu is (ResidentU.retrial): no product
@@ -205,9 +245,9 @@ def _backtrack_resident(prob: _VProblem, st: _State, Fu: np.ndarray, dots: dict,
             LFt = nLF[:, 0]
             axpy(-nb, prob.L1v, LFt)
             LFt -= LyFu
-            LFt *= (1.0 / st.Lip) / rd.tried
+            LFt *= (1.0 / Lip) / rd.tried
             LFt += LyFu
-        Fu, dots = rd.retrial(1.0 / st.Lip, Fu, yF[:, 0] - yb)
+        Fu, dots = rd.retrial(1.0 / Lip, Fu, yF[:, 0] - yb)
         del nF, nLF
 
 

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import Matrix, PerBlock, buffer, current_client, receiving, shipped, tree_sum_values
+from dufs.engine import (
+    Matrix,
+    PerBlock,
+    buffer,
+    current_client,
+    mark_spread,
+    receiving,
+    shipped,
+    tree_sum_values,
+)
 from dufs.kernels.vstep import fista_sweep, scaled_start
 
 __all__ = ["ResidentU", "resident_partitions"]
@@ -180,6 +189,32 @@ def _final(blks, st, decision, into=None, starts=None, renew=None):
     return {**st, "x": x, "xp": xp}, None
 
 
+def step_result(dots: np.ndarray, Fu: np.ndarray, centred: bool, step: float) -> tuple[np.ndarray, dict, dict]:
+    """A step's scores (their centring applied, in place), the dots a retrial needs and the trial point's dots,
+    from the partitions' summed 9 dots and scores: (Fu, the retrial's base, {"aY", "uuY", "aN", "uuN", "dd",
+    "gd"})."""
+    if centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
+        Fu -= dots[6]
+    aY, uuY, _, _, dd, _, _, ag, yg = map(float, dots)
+    base = {"aY": aY, "uuY": uuY, "ag": ag, "yg": yg, "gg": dd / (step * step) if step else 0.0}
+    return Fu, base, dict(zip(("aY", "uuY", "aN", "uuN", "dd", "gd"), map(float, dots[:6]), strict=True))
+
+
+def retrial_point(base: dict, tried: float, step: float, Fu: np.ndarray, yFu: np.ndarray) -> tuple[np.ndarray, dict]:
+    """The trial point y - ``step`` g's scores and dots from the last trial point's scores ``Fu`` (at step
+    ``tried``) and the momentum point's ``yFu`` (both without the bias), as n = y - t g makes Z S^1/2 n and its
+    dots affine (or quadratic) in t, from the last sweep's ``base`` dots (:func:`step_result`). ``Fu`` is
+    written."""
+    r = float(step) / tried
+    Fu -= yFu  # -t_last Z S^1/2 g
+    Fu *= r
+    Fu += yFu
+    t = float(step)
+    gg = base["gg"]
+    return Fu, {"aY": base["aY"], "uuY": base["uuY"], "aN": base["aY"] - t * base["ag"],
+                "uuN": base["uuY"] - 2.0 * t * base["yg"] + t * t * gg, "dd": t * t * gg, "gd": -t * gg}
+
+
 # ---------------------------------------------------------------------------------------------------- the driver
 class ResidentU:
     """The v-step's u over the features on the workers: ``step`` returns (Z S^1/2 n, the dots {"aY", "uuY", "aN",
@@ -253,27 +288,30 @@ class ResidentU:
                 rows = list(into.array)
                 dots, Fu = got, rows[0].copy() if k == 1 else tree_sum_values(rows)
         self.decision = None
-        if self.centred:  # Z n = X diag(inv) S^1/2 n - 1 (mu inv S^1/2)^T n
-            Fu -= dots[6]
         self.swept = self.tried = float(step)
-        aY, uuY, _, _, dd, _, _, ag, yg = map(float, dots)
-        self.base = {"aY": aY, "uuY": uuY, "ag": ag, "yg": yg, "gg": dd / (step * step) if step else 0.0}
-        return Fu, dict(zip(("aY", "uuY", "aN", "uuN", "dd", "gd"), map(float, dots[:6]), strict=True))
+        Fu, self.base, out = step_result(dots, Fu, self.centred, step)
+        return Fu, out
 
     def retrial(self, step: float, Fu: np.ndarray, yFu: np.ndarray) -> tuple[np.ndarray, dict]:
         """The trial point y - ``step`` g's scores and dots from the last trial point's scores ``Fu`` and the
-        momentum point's ``yFu`` (both without the bias): no call, no sweep, as n = y - t g makes Z S^1/2 n and
-        its dots affine (or quadratic) in t. Backtracking took a second sweep of the data a time; the workers make
-        the trial point taken again with the next call (:func:`_decided`). ``Fu`` is written."""
-        r = float(step) / self.tried
-        Fu -= yFu  # -t_last Z S^1/2 g
-        Fu *= r
-        Fu += yFu
-        self.tried = t = float(step)
-        b = self.base
-        gg = b["gg"]
-        return Fu, {"aY": b["aY"], "uuY": b["uuY"], "aN": b["aY"] - t * b["ag"],
-                    "uuN": b["uuY"] - 2.0 * t * b["yg"] + t * t * gg, "dd": t * t * gg, "gd": -t * gg}
+        momentum point's ``yFu`` (both without the bias): no call, no sweep (:func:`retrial_point`). Backtracking
+        took a second sweep of the data a time; the workers make the trial point taken again with the next call
+        (:func:`_decided`). ``Fu`` is written."""
+        Fu, dots = retrial_point(self.base, self.tried, step, Fu, yFu)
+        self.tried = float(step)
+        return Fu, dots
+
+    def step_held(self, R: Any, beta: float, gb: float, step: float) -> Any:
+        """:meth:`step` with the gradient ``R`` a future (kept on a worker: :mod:`dufs.methods.m3fs.kept_scores`)
+        and the partitions' sum of (the 9 dots, the scores) left where it is made: its future (or, a pass run
+        inline, the array), which :func:`step_result` reads where the scores are kept."""
+        with contextlib.ExitStack() as stack:
+            got, self.state = self.M.map_blocks(_step, mark_spread(R), float(beta), gb / self.n, gb, float(step),
+                                                self.decision, state=self.state, partitions=self.parts,
+                                                reduce="sum", hold=True, **self._renewing(stack))
+        self.decision = None
+        self.swept = self.tried = float(step)
+        return got
 
     def accept(self) -> None:
         self.decision = ("accept", None if self.tried == self.swept else self.tried)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix, is_lost
+from dufs.engine import Matrix, current_client, is_lost, kept_vectors
 from dufs.kernels.vstep import (
     axpy,
     hinge_bias_slope,
@@ -24,6 +24,7 @@ from dufs.kernels.vstep import (
     weighted_norm2,
 )
 from dufs.methods.m3fs.fista import _State, fista
+from dufs.methods.m3fs.kept_scores import KeptScores
 from dufs.methods.m3fs.resident import ResidentU, resident_partitions
 
 log = get_logger(__name__)
@@ -254,6 +255,19 @@ class _VProblem:
             self.L1v = np.asarray(a.L1 if a.L1 is not None else L @ np.ones((n, 1)), dtype=np.float64).ravel()
         self.a_vec = np.zeros(0) if self.bal.a is None else np.ascontiguousarray(self.bal.a, dtype=np.float64)
 
+    @classmethod
+    def samples(cls, yy: np.ndarray, L1v: np.ndarray | None, L: Any, *, c: float, lambda_: float, smoothing: float,
+                l: float) -> _VProblem:
+        """The two-cluster problem's side over the samples alone (no data, no vectors over the features): what
+        :meth:`settle` and :meth:`value` need given a^T u, ||u||^2 and the scores, on the worker that keeps them
+        (:mod:`dufs.methods.m3fs.kept_scores`)."""
+        self = cls.__new__(cls)
+        n = yy.shape[0]
+        self.M, self.L, self.n, self.d, self.binary, self.p, self.yy = None, L, n, 0, True, 1, yy
+        self.s_half, self.bal, self.a_vec, self.LZs, self.L1v = None, _Balance(None, n, l, True), _NONE, None, L1v
+        self.c, self.lambda_, self.smoothing = c, lambda_, smoothing
+        return self
+
     def scores(self, U: np.ndarray, b: float) -> np.ndarray:
         """F = Z S^1/2 U (+ b, two clusters): a pass over the data."""
         Fv = self.M.matvec(self.s_half[:, None] * U).reshape(self.n, self.p)
@@ -310,7 +324,8 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
            colsum: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 1000,
            lipschitz: float = 1.0, LZ: np.ndarray | None = None, L1: np.ndarray | None = None,
            max_passes: int | None = None, F0: np.ndarray | None = None, value_rtol: float = 0.0,
-           resident: bool = True, keep: dict | None = None, LF0: np.ndarray | None = None) -> dict:
+           resident: bool = True, keep: dict | None = None, LF0: np.ndarray | None = None,
+           graph: Any = None) -> dict:
     """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
     lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
     ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
@@ -336,7 +351,10 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     (:mod:`dufs.methods.m3fs.resident`); a worker lost meanwhile runs the v-step again from its start, the vectors
     on the driver. ``keep`` (a dict, the caller's): that state is left on the workers under ``keep["rd"]`` and the
     next v-step given the same dict and, as ``V0``, this one's V starts from it (the caller releases what is left
-    there when done: ``keep["rd"].release()``)."""
+    there when done: ``keep["rd"].release()``). Where the workers are on several machines (:func:`dufs.engine.
+    kept_vectors`) the vectors over the samples stay on one worker as well (:mod:`dufs.methods.m3fs.kept_scores`),
+    its graph's Laplacian made there from ``graph`` (the :class:`AnchorGraph` or kNN affinity ``L`` is of; None:
+    ``L`` itself is sent)."""
     a = _VArgs(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
                tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
                value_rtol=value_rtol, LF0=LF0)
@@ -344,7 +362,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
         else None
     if parts is not None:
         try:
-            return _v_step(M, sigma, y, L, a, parts=parts, keep=keep)
+            return _v_step(M, sigma, y, L, a, parts=parts, keep=keep, graph=graph)
         except Exception as e:
             if not is_lost(e):
                 raise
@@ -355,8 +373,9 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
 
 
 def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, parts: list | None,
-            keep: dict | None) -> dict:
-    """:func:`v_step`, its vectors over the features on the workers of ``parts`` (:class:`ResidentU`) or here."""
+            keep: dict | None, graph: Any = None) -> dict:
+    """:func:`v_step`, its vectors over the features on the workers of ``parts`` (:class:`ResidentU`) or here, and
+    with them its vectors over the samples on one worker where :func:`~dufs.engine.kept_vectors` says so."""
     prob = _VProblem(M, sigma, y, L, a)
     # the state the last v-step left on the workers starts this one when it was left for the V0 given
     renew = parts is not None and keep is not None and keep.get("rd") is not None and \
@@ -364,7 +383,9 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
     passes0 = M.passes
     U, b, F, LF, value, aU0 = _first_point(prob, a, parts, renew)
     rd = _place(prob, U, a.colsum, parts, keep, renew)
-    st = _State(U, b, F, LF, value, a.lipschitz, rd, aU0, prob.binary)
+    side = KeptScores(prob, F, LF, graph) if rd is not None and kept_vectors(current_client()) else None
+    st = _State(U, b, F, LF, value, a.lipschitz, rd, aU0, prob.binary, side)
+    del F, LF
     try:
         it = fista(prob, st, tol=a.tol, max_iter=a.max_iter, value_rtol=a.value_rtol, max_passes=a.max_passes,
                    passes0=passes0)
@@ -374,6 +395,9 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
                 rd.release()
         raise
     Fbest, U, b, F = st.best
+    LF = st.xLF if prob.binary else None
+    if side is not None:  # x is the best point: its scores and L F brought back once
+        F, LF = side.final()
     # v = S^1/2 u: made by the workers from their u (only v comes back), or here
     V = rd.result()[:, None] if rd is not None else prob.s_half[:, None] * U
     if rd is not None:
@@ -384,7 +408,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
             rd.release()
     # x is the best point: xLF = L F at the F returned
     return {"V": V, "b": b, "F": F, "value": Fbest, "iterations": it, "passes": M.passes - passes0,
-            "lipschitz": st.Lip, "resident": rd is not None, "LF": st.xLF if prob.binary else None}
+            "lipschitz": st.Lip, "resident": rd is not None, "LF": LF}
 
 
 def _first_point(prob: _VProblem, a: _VArgs, parts: list | None, renew: bool) -> tuple:
