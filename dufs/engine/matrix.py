@@ -36,7 +36,7 @@ from dufs.engine.blocks import (
     local_topk,
     map_one,
 )
-from dufs.engine.dispatch import current_client, delayed, ship, tree_sum
+from dufs.engine.dispatch import current_client, delayed, mark_spread, ship, tree_sum
 from dufs.engine.executor import Executor, inline_when_small
 from dufs.engine.inputs import (
     as_2d,
@@ -321,20 +321,28 @@ class Matrix:
         return out if not gather else out[:, 0] if one else out
 
     @inline_when_small
-    def label_rmatvec(self, labels: Any, n_labels: int, *, dtype: Any = np.float64) -> np.ndarray:
+    def label_rmatvec(self, labels: Any, n_labels: int, *, dtype: Any = np.float64, counts: Any = None
+                      ) -> np.ndarray:
         """Z^T U for U the n_samples x ``n_labels`` indicator of ``labels`` (U[i, labels[i]] = 1): each label's
         column sums of the transformed data, float64 (n_features, n_labels) (or ``dtype``).
 
         The same numbers as ``rmatvec(U)`` (each sum made in the same order; U's zeros add nothing), in one pass
         that ships the labels (4 bytes a sample) instead of U (8 n_labels bytes a sample) and reads them at random
-        instead of U's rows.
+        instead of U's rows. ``labels`` may be a future of int32 codes (kept on a worker: :mod:`dufs.engine.kept`),
+        with ``counts``, each label's count, given (they are not read here).
         """
         check_product_dtype(dtype, "label_rmatvec")
-        lab, counts = check_label_codes(labels, n_labels, self.shape[0])
+        if hasattr(labels, "key"):  # a future of int32 codes kept on a worker: their sizes are the caller's
+            if counts is None:
+                raise ParameterError("label_rmatvec: labels given as a future need their 'counts'")
+            lab, counts = mark_spread(labels), np.asarray(counts)
+        else:
+            lab, counts = check_label_codes(labels, n_labels, self.shape[0])
+            lab = np.ascontiguousarray(lab, dtype=np.int32)
         vsum = None
         if self.transform[0] is not None:
             vsum = counts.astype(np.float64) if counts is not None else np.zeros(int(n_labels))
-        return self._rmatvec(np.ascontiguousarray(lab, dtype=np.int32), int(n_labels), vsum, True, dtype)
+        return self._rmatvec(lab, int(n_labels), vsum, True, dtype)
 
     def _rmatvec(self, V2: np.ndarray, classes: int, vsum: Any, gather: bool, dtype: Any) -> Any:
         """Z^T V for a 2-D ``V2``, or with ``classes`` > 0 for the indicator of the integer labels ``V2``
@@ -344,11 +352,16 @@ class Matrix:
         return self.executor.rmatvec(V2, classes, vsum, self._block_transform(), dt, shape, dtype, gather)
 
     @inline_when_small
-    def matvec(self, U: Any) -> np.ndarray:
+    def matvec(self, U: Any, *, hold: bool = False) -> Any:
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
 
         One pass; the per-block partial products are summed on the workers by a tree in block order (fixed, so
         the result does not depend on the number of workers), and only the sum comes back.
+
+        ``hold`` (a 2-D ``U``): the sum left on the worker that made it where the pass runs as tasks on a
+        distributed client (else it comes back), returned with the row to subtract from each of its rows: (X
+        diag(inv) U, its future, or the array; the centring's row, or None), for work that goes on where it is
+        (:mod:`dufs.engine.kept`).
         """
         n, d = self.shape
         U2, one = as_2d(U, d, "U", "n_features")
@@ -359,9 +372,12 @@ class Matrix:
             # direct calls read U as it is (one shared copy) and scale their blocks' rows by the blocks' part of
             # the transform, kept on their workers: the driver makes no scaled copy of U
             tf = self._block_transform() if inv is not None else None
-            out = self.executor.matvec(U2, inv, tf, n)
-        if mu is not None:
-            out = out - (self._centre_scaled_row() @ U2)[None, :]
+            out = self.executor.matvec(U2, inv, tf, n, hold=hold)
+        shift = None if mu is None else self._centre_scaled_row() @ U2
+        if hold:
+            return out, shift
+        if shift is not None:
+            out = out - shift[None, :]
         return out[:, 0] if one else out
 
     def _centre_scaled_row(self) -> np.ndarray:

@@ -103,13 +103,16 @@ class ProductPasses:
                 self.placed_at = {}
         return None
 
-    def matvec(self, U2: np.ndarray, inv: np.ndarray | None, tf: list | None, n: int) -> np.ndarray:
+    def matvec(self, U2: np.ndarray, inv: np.ndarray | None, tf: list | None, n: int, hold: bool = False
+               ) -> Any:
         """X diag(inv) U2 (n, p) (the centring's part is the caller's), summed over the blocks in a fixed tree.
-        ``tf``: the blocks' transforms, for direct calls that scale their own rows of U2 by ``inv``."""
+        ``tf``: the blocks' transforms, for direct calls that scale their own rows of U2 by ``inv``. ``hold``:
+        where the pass runs as tasks on a distributed client, the sum is left on the worker that made it and its
+        future returned (:meth:`~dufs.engine.matrix.Matrix.matvec`)."""
         p = U2.shape[1]
         partitions = self.matvec_partitions(n * p * 8)
         client = current_client()
-        out = self._matvec_shared(U2, None, n, p, tf) if partitions is None else None
+        out = self._matvec_shared(U2, None, n, p, tf) if partitions is None and not (hold and client) else None
         if out is not None:
             return out
         # each block's rows of U diag(inv) sent to the worker that holds the block (scattered wherever, half of
@@ -120,7 +123,7 @@ class ProductPasses:
         Wb = [Us[b.start:b.stop] for b in self.blocks]
         with shipped(Wb, where=where) as Ws:
             if partitions is None:
-                out = self._matvec_shared(None, Ws, n, p)
+                out = None if hold and client else self._matvec_shared(None, Ws, n, p)
                 if out is not None:
                     return out
                 f = delayed(block_matvec)
@@ -128,6 +131,8 @@ class ProductPasses:
             else:
                 f = delayed(partition_matvec)
                 parts = [f([self.src[i] for i in g], [Ws[i] for i in g], n) for g in partitions]
+            if hold and client is not None:
+                return self.run_held([tree_sum(parts)])[0]
             return self.run([tree_sum(parts)], "Z U")[0]
 
     def _matvec_shared(self, Us: np.ndarray | None, Ws: list | None, n: int, p: int, tf: list | None = None

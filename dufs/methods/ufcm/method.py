@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix
+from dufs.engine import Matrix, current_client, is_lost, kept_vectors
 from dufs.errors import ParameterError
 from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
+from dufs.methods.ufcm.kept import KeptY
 from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
 from dufs.scheduling import one_blas_thread
 
@@ -61,7 +62,12 @@ def _penalty(W: np.ndarray, p: float) -> float:
 def ufcm_objective(Y: np.ndarray, W: np.ndarray, labels: np.ndarray, G: np.ndarray, alpha: float, beta: float,
                    p: float) -> float:
     """Eq. (6) from Y = Zc W: ||Y||_F^2 - alpha ||Y - U G^T||_F^2 - beta ||W||_{2,p}^p (Tr(W^T S_t W) = ||Zc W||^2)."""
-    return float(np.einsum("ij,ij->", Y, Y) - alpha * _km_term(Y, labels, G.T) - beta * _penalty(W, p))
+    return _objective(np.einsum("ij,ij->", Y, Y), _km_term(Y, labels, G.T), W, alpha, beta, p)
+
+
+def _objective(yy: Any, km: float, W: np.ndarray, alpha: float, beta: float, p: float) -> float:
+    """Eq. (6) from ||Y||_F^2 and the k-means term (made where Y is: :mod:`dufs.methods.ufcm.kept`)."""
+    return float(yy - alpha * km - beta * _penalty(W, p))
 
 
 # ---------------------------------------------------------------------------------------------------- validation
@@ -136,6 +142,8 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
                 converged = True
                 break
     G = C.T
+    if run.side is not None:  # the labels, kept on a worker, brought here once
+        labels = run.side.result()
     scores = np.sqrt(np.einsum("ij,ij->i", W, W))
     diagnostics = {"iterations": len(history), "converged": converged, "timings": run.timings,
                    "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": run.dense,
@@ -184,6 +192,8 @@ class _Run:
         self.dense = self.d < dense_below
         self.St = self.Zc.scatter() if self.dense else None
         self.everyone = np.ones(self.d, dtype=bool)
+        # Y and the labels kept on a worker where the workers are on several machines (dufs.engine.kept)
+        self.side = KeptY() if kept_vectors(current_client()) else None
 
     def seeds(self, m: int) -> list[int]:
         return [int(s) for s in self.rng.integers(0, 2**31 - 1, size=m)]
@@ -205,11 +215,32 @@ class _Run:
                 log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
                             "the subspace reached", _PCA_MAXITER)
         W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here (_on_features)
+        if self.side is not None:  # on the worker that keeps Y: nothing over the samples here
+            starts = self.seeds(max(1, self.n_init))
+
+            def first() -> tuple:
+                yy, _ = self.side.new_y(*Zc.matvec_held(W))
+                return (yy, *self.side.start(c, starts, self.seed))
+
+            yy, C, counts, km = self._again(first)
+            return W, None, None, C, _objective(yy, km, W, self.alpha, self.beta, self.p), nprod, pca_converged
         Y = Zc.matvec(W)
         labels, _, _ = _choose(Y, c, [], self.seeds(max(1, self.n_init)), self.seed)
         C, counts = _centroids(Y, labels, c)
         f = ufcm_objective(Y, W, labels, C.T, self.alpha, self.beta, self.p)
         return W, Y, labels, C, f, nprod, pca_converged
+
+    def _again(self, fn: Any, rebuild: Any = None, *, rerun: bool = True) -> Any:
+        """``fn()``; where the worker that kept Y and the labels was lost meanwhile, ``rebuild()`` (they are made
+        again on another) and ``fn()`` once more (``rerun``), or what ``rebuild`` gave."""
+        try:
+            return fn()
+        except Exception as e:
+            if not is_lost(e):
+                raise
+            log.warning("ufcm: %s; Y and the labels made again on another worker", e)
+        got = None if rebuild is None else rebuild()
+        return fn() if rerun else got
 
     def iteration(self, W: np.ndarray, Y: np.ndarray, labels: np.ndarray, C: np.ndarray, it: int) -> tuple:
         """Steps 6-9 of iteration ``it``: D, U, W (written into ``W``'s memory), G; (W, Y, labels, centroids, the
@@ -226,12 +257,21 @@ class _Run:
         # step 7: U (eq. (14)): current U, Lloyd from the current centroids, n_init random starts
         t1 = time.perf_counter()
         s1, ss = self.seeds(1)[0], self.seeds(self.n_init)
-        labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
-        timings["u_step"] += time.perf_counter() - t1
+        if self.side is not None:  # where Y and the labels are kept; Zc^T U, U the labels' indicator, from there
+
+            def u_step() -> tuple:
+                km, chosen, counts = self.side.u_step(c, C, s1, ss)
+                return km, chosen, counts, Zc.label_rmatvec(self.side.codes(), c, counts)
+
+            km, chosen, counts, Q = self._again(u_step, lambda: self.side.rebuild(*Zc.matvec_held(W), C))
+            timings["u_step"] += time.perf_counter() - t1
+        else:
+            labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
+            counts = np.bincount(labels, minlength=c).astype(np.float64)
+            timings["u_step"] += time.perf_counter() - t1
+            Q = Zc.label_rmatvec(labels, c, counts)  # Zc^T U, U the labels' indicator
         # step 8: W, the largest eigenvectors of S_t - alpha S_w - beta D (eq. (13))
         t1 = time.perf_counter()
-        counts = np.bincount(labels, minlength=c).astype(np.float64)
-        Q = Zc.label_rmatvec(labels, c, counts)  # Zc^T U, U the labels' indicator
         Q /= np.sqrt(counts)[None, :]  # Q diag(1/sqrt(n_k)), in place: the W step's form, and G's below
         # the previous W is the LOBPCG start (read before the new W is written) and, done with, the new W's memory
         vals, W, nprod = _w_step(Zc, self.St, Q, counts, Dd, active, k, self.alpha, self.beta,
@@ -240,10 +280,15 @@ class _Run:
         # step 9: G (eq. (10)), and Y = Zc W for the next U step and the objective
         t1 = time.perf_counter()
         G = (W.T @ Q) / np.sqrt(counts)[None, :]
-        Y = Zc.matvec(W)
+        if self.side is not None:  # (lost: the labels made again from G, which do not raise the objective)
+            yy, km_g = self._again(lambda: self.side.new_y(*Zc.matvec_held(W), G),
+                                   lambda: self.side.rebuild(*Zc.matvec_held(W), G.T), rerun=False)
+        else:
+            Y = Zc.matvec(W)
         C = G.T
         timings["g_step"] += time.perf_counter() - t1
-        f_new = ufcm_objective(Y, W, labels, G, self.alpha, self.beta, p)
+        f_new = _objective(yy, km_g, W, self.alpha, self.beta, p) if self.side is not None else \
+            ufcm_objective(Y, W, labels, G, self.alpha, self.beta, p)
         entry = {"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
                  "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
                  "seconds": time.perf_counter() - t_it}

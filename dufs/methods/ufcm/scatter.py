@@ -47,6 +47,12 @@ class _Centred:
             out -= (self.m @ V)[None, :]
         return out
 
+    def matvec_held(self, V: np.ndarray) -> tuple:
+        """Zc V left where the pass made it (:meth:`Matrix.matvec` with ``hold``): ((its sum, the transform's
+        row), the centring's row m^T V or None), finished by the worker that keeps it
+        (:mod:`dufs.methods.ufcm.kept`)."""
+        return self.M.matvec(V, hold=True), None if self.m is None else self.m @ V
+
     def rmatvec(self, T: np.ndarray) -> np.ndarray:
         """Zc^T T (d x k): one pass. The centring is subtracted in place, in slabs of rows (at kddb size a d x k
         temporary is 240 MB a column)."""
@@ -64,11 +70,11 @@ class _Centred:
         else:
             standardize_rows(out, self.m, np.ascontiguousarray(s, dtype=np.float64), None)
 
-    def label_rmatvec(self, labels: np.ndarray, c: int, counts: np.ndarray) -> np.ndarray:
+    def label_rmatvec(self, labels: Any, c: int, counts: np.ndarray) -> np.ndarray:
         """Zc^T U for U the n x c indicator of ``labels`` (d x c), ``counts`` its column sums (the clusters'
         sizes): one pass that ships the labels, not U (:meth:`Matrix.label_rmatvec`); the same numbers as
         :meth:`rmatvec` of U."""
-        out = self.M.label_rmatvec(labels, c)
+        out = self.M.label_rmatvec(labels, c, counts=counts if hasattr(labels, "key") else None)
         if self.m is not None:
             self._centre(out, counts)
         return out

@@ -1,0 +1,110 @@
+"""UFCM's vectors over the samples kept on one worker (:mod:`dufs.engine.kept`; workers on several machines).
+
+An iteration of UFCM made Y = Zc W (n x d') and the U step's k-means on the driver: Y came back through its link
+(the partitions' sum), the labels went out again for Zc^T U, and the k-means runs (1 + n_init candidates) were
+O(n d' c) of its CPU, whatever the number of machines. Here Y and the labels stay in the memory of the worker that
+keeps them: the pass Zc W leaves its sum where it was made (``Matrix.matvec(hold=True)``), the centring and the
+U step (:func:`~dufs.methods.ufcm.clusters._choose`, the same candidates from the same seeds) run there, the
+labels go to the pass Zc^T U as a future, and the driver gets the clusters' sizes, the k-means term, the centroids
+(c x d') and ||Y||^2. The same functions in the same order: the run is the driver's, bit for bit. The labels come
+to the driver once, at the end (the result)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dufs.engine import as_future, current_client, fetch, kept_call
+from dufs.kernels.clusters import nearest
+from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
+
+__all__ = ["KeptY"]
+
+
+class KeptY:
+    """Y = Zc W and the labels on one worker (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.client = current_client()
+        self.Y: Any = None
+        self.labels: Any = None  # (int64 for k-means, int32 codes for the pass)
+
+    def new_y(self, held: tuple, mW: np.ndarray | None, G: np.ndarray | None = None) -> tuple:
+        """Y from the pass's held sum ``held`` (``Matrix.matvec(hold=True)``: its future and the transform's row)
+        less ``mW`` (the centring: m^T W), kept in place of the last; (||Y||^2, the k-means term of the labels kept
+        with centroids ``G^T``), the term None without ``G``."""
+        out, shift = held
+        c = self.client
+        if not hasattr(out, "key"):  # made here after all (a pass run inline)
+            out = c.scatter(out, hash=False)
+        lab = None if self.labels is None else self.labels[0]
+        (yy, km), (self.Y,) = kept_call(c, _new_y, out, shift, mW, lab, G, keep=1)
+        return yy, km
+
+    def start(self, k: int, starts: list[int], seed: int) -> tuple:
+        """The first U step on Y (:func:`_choose` of k-means runs alone): (centroids, sizes, k-means term of the
+        centroids' own)."""
+        (C, counts, km), (lab, codes) = kept_call(self.client, _start, self.Y, k, starts, seed, keep=2)
+        self.labels = (lab, codes)
+        return C, counts, km
+
+    def u_step(self, k: int, C: np.ndarray, s1: int, starts: list[int]) -> tuple:
+        """The U step (eq. (14)) from the labels kept and the centroids ``C``: (term, candidate chosen, sizes)."""
+        (km, chosen, counts), (lab, codes) = kept_call(self.client, _u_step, self.Y, self.labels[0], k, C, s1,
+                                                       starts, keep=2)
+        self.labels = (lab, codes)
+        return km, chosen, counts
+
+    def rebuild(self, held: tuple, mW: np.ndarray | None, C: np.ndarray) -> tuple:
+        """Y and the labels made again after their worker was lost: Y from the pass's held sum (as :meth:`new_y`),
+        the labels each sample's nearest of the centroids ``C`` (c x d'), which do not raise the k-means term of the
+        labels lost (their centroids' are ``C``): (||Y||^2, the k-means term with ``C``)."""
+        out, shift = held
+        c = self.client
+        if not hasattr(out, "key"):
+            out = c.scatter(out, hash=False)
+        (yy, km), (self.Y, lab, codes) = kept_call(c, _rebuild, out, shift, mW, C, keep=3)
+        self.labels = (lab, codes)
+        return yy, km
+
+    def codes(self) -> Any:
+        """A future of the labels' int32 codes, for the pass Zc^T U."""
+        return as_future(self.client, self.labels[1])
+
+    def result(self) -> np.ndarray:
+        return np.asarray(fetch(self.client, self.labels[0]))
+
+
+# ---------------------------------------------------------------------------------------------------- on a worker
+def _new_y(out, shift, mW, labels, G):
+    """As :meth:`_Centred.matvec` finishes Z W: the transform's row less, then the centring's."""
+    Y = np.array(out) if shift is None else out - shift[None, :]
+    if mW is not None:
+        Y -= mW[None, :]
+    km = None if G is None else _km_term(Y, labels, G.T)
+    return (np.einsum("ij,ij->", Y, Y), km), [Y]
+
+
+def _rebuild(out, shift, mW, C):
+    (yy, _), (Y,) = _new_y(out, shift, mW, None, None)
+    labels = nearest(Y, np.ascontiguousarray(C, dtype=np.float64)).astype(np.int64)
+    return (yy, _km_term(Y, labels, C)), [Y, labels, _codes(labels)]
+
+
+def _codes(lab):
+    return np.ascontiguousarray(lab, dtype=np.int32)
+
+
+def _start(Y, k, starts, seed):
+    labels, _, _ = _choose(Y, k, [], starts, seed)
+    C, counts = _centroids(Y, labels, k)
+    return (C, counts, _km_term(Y, labels, C)), [labels, _codes(labels)]
+
+
+def _u_step(Y, labels, k, C, s1, starts):
+    import functools
+
+    labels, km, chosen = _choose(Y, k, [labels, functools.partial(_kmeans, Y, k, C, s1)], starts, s1)
+    counts = np.bincount(labels, minlength=k).astype(np.float64)
+    return (km, chosen, counts), [labels, _codes(labels)]
