@@ -302,16 +302,23 @@ class Matrix:
 
     # ------------------------------------------------------------------ products
     @inline_when_small
-    def rmatvec(self, V: Any, *, gather: bool = True, dtype: Any = np.float64) -> Any:
+    def rmatvec(self, V: Any, *, gather: bool = True, dtype: Any = np.float64, sums: Any = None) -> Any:
         """Z^T V for a dense ``V`` of shape (n_samples,) or (n_samples, p); float64 (n_features,) or (n_features, p).
 
         One pass; ``V`` travels to the workers once, each block computes its rows of the result. With
         ``gather=False`` the per-block results (float64 (width, p) arrays) stay where they were computed: a
         :class:`BlockState` for a following :meth:`map_blocks` (``state=``), gathered only when asked.
         ``dtype`` float32: every sum is still made in float64 (and the transform applied in float64), then rounded
-        once to float32 where it is made: half the bytes come back.
+        once to float32 where it is made: half the bytes come back. ``V`` may be a future of an (n_samples, p)
+        float64 array (kept on a worker: :mod:`dufs.engine.kept`), with ``sums``, its p column sums, given.
         """
         check_product_dtype(dtype, "rmatvec")
+        if hasattr(V, "key"):  # a future of an (n_samples, p) float64 array kept on a worker (dufs.engine.kept)
+            if sums is None:
+                raise ParameterError("rmatvec: V given as a future needs its column 'sums'")
+            sums = np.asarray(sums, dtype=np.float64)
+            vsum = sums if self.transform[0] is not None else None
+            return self._rmatvec(mark_spread(V), 0, vsum, gather, dtype, sums.shape[0])
         n = self.shape[0]
         # a float32 V over float32 data stays float32: exact (the kernel multiplies and sums in float64), and the
         # randomly read vector takes half the cache and half the bytes shipped
@@ -344,11 +351,12 @@ class Matrix:
             vsum = counts.astype(np.float64) if counts is not None else np.zeros(int(n_labels))
         return self._rmatvec(lab, int(n_labels), vsum, True, dtype)
 
-    def _rmatvec(self, V2: np.ndarray, classes: int, vsum: Any, gather: bool, dtype: Any) -> Any:
-        """Z^T V for a 2-D ``V2``, or with ``classes`` > 0 for the indicator of the integer labels ``V2``
-        (:meth:`label_rmatvec`); ``vsum``: V's column sums where the transform centres."""
+    def _rmatvec(self, V2: Any, classes: int, vsum: Any, gather: bool, dtype: Any, p: int = 0) -> Any:
+        """Z^T V for a 2-D ``V2`` (of ``p`` columns where it is a future), or with ``classes`` > 0 for the
+        indicator of the integer labels ``V2`` (:meth:`label_rmatvec`); ``vsum``: V's column sums where the
+        transform centres."""
         dt = None if np.dtype(dtype) == np.float64 else np.dtype(dtype)
-        shape = (self.shape[1], classes or V2.shape[1])
+        shape = (self.shape[1], classes or p or V2.shape[1])
         return self.executor.rmatvec(V2, classes, vsum, self._block_transform(), dt, shape, dtype, gather)
 
     @inline_when_small

@@ -230,6 +230,23 @@ def csc_matvec(indptr, indices, data, U, out, scale=None):
     return out
 
 
+@numba.njit(nogil=True, cache=True)
+def tall_gram(T):
+    """T^T T (p x p) of a tall C-ordered float64 (n, p) array, the rows summed in order in one sweep: the same
+    numbers in any process (a BLAS product's rounding depends on how the library blocks it there)."""
+    n, p = T.shape
+    G = np.zeros((p, p))
+    for i in range(n):
+        for j in range(p):
+            a = T[i, j]
+            for k in range(j, p):
+                G[j, k] += a * T[i, k]
+    for j in range(p):
+        for k in range(j):
+            G[j, k] = G[k, j]
+    return G
+
+
 def col_sums(V: np.ndarray) -> np.ndarray:
     """Column sums of a tall (n, p) array as float64, one strided pairwise sum per column: faster than NumPy's
     ``V.sum(axis=0)`` on a C-ordered array (docs/measurements.md, "Wide products")."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,3 +162,14 @@ def test_rmatvec_kernel_float32_vector_and_one_column_path_are_exact():
     assert np.array_equal(two[:, :1], o64) and np.array_equal(two[:, 1:], o64)
     np.testing.assert_allclose(o64[:, 0], A.astype(np.float64).T @ v32[:, 0].astype(np.float64), rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (1000, 6), (37, 21)])
+def test_tall_gram_is_numpys(shape):
+    """T^T T summed row by row (the same numbers in every process) is NumPy's product to rounding, symmetric."""
+    from dufs.kernels.blockops import tall_gram
+
+    T = np.random.default_rng(shape[0]).standard_normal(shape)
+    G = tall_gram(T)
+    np.testing.assert_allclose(G, T.T @ T, rtol=1e-12, atol=1e-12 * max(1, shape[0]))
+    np.testing.assert_array_equal(G, G.T)

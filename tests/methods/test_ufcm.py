@@ -501,25 +501,27 @@ def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(cluster_client, ke
     np.testing.assert_array_equal(b.objective, a.objective)
     np.testing.assert_array_equal(b.W, a.W)
     np.testing.assert_array_equal(b.labels, a.labels)
-    assert {"_new_y", "_start", "_u_step"} <= set(calls)
+    assert {"_gram", "_times", "_new_y", "_start", "_u_step"} <= set(calls)
 
 
 @pytest.mark.slow
-def test_y_and_labels_lost_with_their_worker_are_made_again(cluster_client, monkeypatch, caplog):
-    """A worker that loses Y and the labels it keeps (it left or restarted) makes the next call say so; Y is made
-    again from W (one pass) and the labels from the last centroids, which do not raise the k-means term: the run
-    goes on, its objective never falls, and it selects what the driver's run selects."""
+@pytest.mark.parametrize("when", ["times", "u_step"])
+def test_y_and_labels_lost_with_their_worker_are_made_again(cluster_client, monkeypatch, caplog, when):
+    """A worker that loses Y (or the PCA start's T) and the labels it keeps (it left or restarted) makes the next
+    call say so; T or Y is made again from V or W (one pass) and the labels from the last centroids, which do not
+    raise the k-means term: the run goes on, its objective never falls, and it selects what the driver's run
+    selects."""
     import dask
 
     from dufs.engine import kept
     from dufs.methods.ufcm import kept as ukept
 
-    real = ukept.KeptY.u_step
+    real = getattr(ukept.KeptY, when)
     n = [0]
 
     def forgetful(self, *args):
         n[0] += 1
-        if n[0] == 2:  # the second U step: the worker has forgotten them
+        if n[0] == 2:  # the second call: the worker has forgotten them
             cluster_client.run(lambda: kept._KEPT.clear())
         return real(self, *args)
 
@@ -530,7 +532,7 @@ def test_y_and_labels_lost_with_their_worker_are_made_again(cluster_client, monk
         for kv in ("off", "on"):
             with dask.config.set({"dufs.engine.kept-vectors": kv}):
                 if kv == "on":
-                    monkeypatch.setattr(ukept.KeptY, "u_step", forgetful)
+                    monkeypatch.setattr(ukept.KeptY, when, forgetful)
                 got[kv] = ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100)
         M.release()
     assert n[0] >= 2 and "made again on another worker" in caplog.text

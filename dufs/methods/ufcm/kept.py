@@ -15,11 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import as_future, current_client, fetch, kept_call
+from dufs._logging import get_logger
+from dufs.engine import as_future, current_client, fetch, is_lost, kept_call
+from dufs.kernels.blockops import col_sums, tall_gram
 from dufs.kernels.clusters import nearest
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
 
 __all__ = ["KeptY"]
+
+log = get_logger(__name__)
 
 
 class KeptY:
@@ -41,6 +45,20 @@ class KeptY:
         lab = None if self.labels is None else self.labels[0]
         (yy, km), (self.Y,) = kept_call(c, _new_y, out, shift, mW, lab, G, keep=1)
         return yy, km
+
+    def gram(self, held: tuple, mW: np.ndarray | None) -> np.ndarray:
+        """The PCA start's T = Zc V kept (as Y is: :meth:`new_y`, in its place), T^T T back."""
+        out, shift = held
+        c = self.client
+        if not hasattr(out, "key"):
+            out = c.scatter(out, hash=False)
+        G, (self.Y,) = kept_call(c, _gram, out, shift, mW, keep=1)
+        return G
+
+    def times(self, R: np.ndarray) -> tuple:
+        """T R kept beside T: (a future of it, its column sums) for the pass Zc^T (T R)."""
+        sums, (TR,) = kept_call(self.client, _times, self.Y, R, keep=1)
+        return as_future(self.client, TR), sums
 
     def start(self, k: int, starts: list[int], seed: int) -> tuple:
         """The first U step on Y (:func:`_choose` of k-means runs alone): (centroids, sizes, k-means term of the
@@ -68,6 +86,19 @@ class KeptY:
         self.labels = (lab, codes)
         return yy, km
 
+    def again(self, fn: Any, rebuild: Any = None, *, rerun: bool = True) -> Any:
+        """``fn()``; where the worker that kept Y (or the PCA start's T) and the labels was lost meanwhile,
+        ``rebuild()`` (they are made again on another) and ``fn()`` once more (``rerun``), or what ``rebuild``
+        gave."""
+        try:
+            return fn()
+        except Exception as e:
+            if not is_lost(e):
+                raise
+            log.warning("ufcm: %s; Y and the labels made again on another worker", e)
+        got = None if rebuild is None else rebuild()
+        return fn() if rerun else got
+
     def codes(self) -> Any:
         """A future of the labels' int32 codes, for the pass Zc^T U."""
         return as_future(self.client, self.labels[1])
@@ -77,17 +108,33 @@ class KeptY:
 
 
 # ---------------------------------------------------------------------------------------------------- on a worker
-def _new_y(out, shift, mW, labels, G):
+def _finish(out, shift, mW):
     """As :meth:`_Centred.matvec` finishes Z W: the transform's row less, then the centring's."""
     Y = np.array(out) if shift is None else out - shift[None, :]
     if mW is not None:
         Y -= mW[None, :]
+    return Y
+
+
+def _new_y(out, shift, mW, labels, G):
+    Y = _finish(out, shift, mW)
     km = None if G is None else _km_term(Y, labels, G.T)
     return (np.einsum("ij,ij->", Y, Y), km), [Y]
 
 
+def _gram(out, shift, mW):
+    T = _finish(out, shift, mW)
+    return tall_gram(T), [T]
+
+
+def _times(T, R):
+    TR = T @ R
+    return col_sums(TR), [TR]
+
+
 def _rebuild(out, shift, mW, C):
-    (yy, _), (Y,) = _new_y(out, shift, mW, None, None)
+    Y = _finish(out, shift, mW)
+    yy = np.einsum("ij,ij->", Y, Y)
     labels = nearest(Y, np.ascontiguousarray(C, dtype=np.float64)).astype(np.int64)
     return (yy, _km_term(Y, labels, C)), [Y, labels, _codes(labels)]
 

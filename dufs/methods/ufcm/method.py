@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix, current_client, is_lost, kept_vectors
+from dufs.engine import Matrix, current_client, kept_vectors
 from dufs.errors import ParameterError
 from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
@@ -208,9 +208,9 @@ class _Run:
             _, W, nprod = _w_step(Zc, self.St, np.zeros((d, c)), np.ones(c), np.zeros(d), self.everyone, k, 0.0, 0.0)
         else:
             if M.shape[0] > _PCA_SAMPLE_ABOVE:  # on a sample of rows, then refined on all
-                _, W, nprod, pca_converged = _sample_pca_start(M, Zc, k, self.seed, self.rng)
+                _, W, nprod, pca_converged = _sample_pca_start(M, Zc, k, self.seed, self.rng, side=self.side)
             else:
-                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng)
+                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng, side=self.side)
             if not pca_converged and M.shape[0] <= _PCA_SAMPLE_ABOVE:
                 log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
                             "the subspace reached", _PCA_MAXITER)
@@ -222,25 +222,13 @@ class _Run:
                 yy, _ = self.side.new_y(*Zc.matvec_held(W))
                 return (yy, *self.side.start(c, starts, self.seed))
 
-            yy, C, counts, km = self._again(first)
+            yy, C, counts, km = self.side.again(first)
             return W, None, None, C, _objective(yy, km, W, self.alpha, self.beta, self.p), nprod, pca_converged
         Y = Zc.matvec(W)
         labels, _, _ = _choose(Y, c, [], self.seeds(max(1, self.n_init)), self.seed)
         C, counts = _centroids(Y, labels, c)
         f = ufcm_objective(Y, W, labels, C.T, self.alpha, self.beta, self.p)
         return W, Y, labels, C, f, nprod, pca_converged
-
-    def _again(self, fn: Any, rebuild: Any = None, *, rerun: bool = True) -> Any:
-        """``fn()``; where the worker that kept Y and the labels was lost meanwhile, ``rebuild()`` (they are made
-        again on another) and ``fn()`` once more (``rerun``), or what ``rebuild`` gave."""
-        try:
-            return fn()
-        except Exception as e:
-            if not is_lost(e):
-                raise
-            log.warning("ufcm: %s; Y and the labels made again on another worker", e)
-        got = None if rebuild is None else rebuild()
-        return fn() if rerun else got
 
     def iteration(self, W: np.ndarray, Y: np.ndarray, labels: np.ndarray, C: np.ndarray, it: int) -> tuple:
         """Steps 6-9 of iteration ``it``: D, U, W (written into ``W``'s memory), G; (W, Y, labels, centroids, the
@@ -263,7 +251,7 @@ class _Run:
                 km, chosen, counts = self.side.u_step(c, C, s1, ss)
                 return km, chosen, counts, Zc.label_rmatvec(self.side.codes(), c, counts)
 
-            km, chosen, counts, Q = self._again(u_step, lambda: self.side.rebuild(*Zc.matvec_held(W), C))
+            km, chosen, counts, Q = self.side.again(u_step, lambda: self.side.rebuild(*Zc.matvec_held(W), C))
             timings["u_step"] += time.perf_counter() - t1
         else:
             labels, km, chosen = _choose(Y, c, [labels, functools.partial(_kmeans, Y, c, C, s1)], ss, s1)
@@ -281,7 +269,7 @@ class _Run:
         t1 = time.perf_counter()
         G = (W.T @ Q) / np.sqrt(counts)[None, :]
         if self.side is not None:  # (lost: the labels made again from G, which do not raise the objective)
-            yy, km_g = self._again(lambda: self.side.new_y(*Zc.matvec_held(W), G),
+            yy, km_g = self.side.again(lambda: self.side.new_y(*Zc.matvec_held(W), G),
                                    lambda: self.side.rebuild(*Zc.matvec_held(W), G.T), rerun=False)
         else:
             Y = Zc.matvec(W)

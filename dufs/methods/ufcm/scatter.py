@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from dufs._logging import get_logger
 from dufs.engine import Matrix
 from dufs.kernels.affine import standardize_rows
-from dufs.kernels.blockops import col_sums
+from dufs.kernels.blockops import col_sums, tall_gram
 from dufs.methods.lowrank import _orth, _residual_norms, _top_dense, _top_lowrank
 
 log = get_logger(__name__)
@@ -61,6 +61,13 @@ class _Centred:
             self._centre(out, col_sums(T))
         return out
 
+    def rmatvec_kept(self, T: Any, sums: np.ndarray) -> np.ndarray:
+        """:meth:`rmatvec` of ``T`` kept on a worker (a future), ``sums`` its column sums (made there)."""
+        out = self.M.rmatvec(T, sums=sums)
+        if self.m is not None:
+            self._centre(out, sums)
+        return out
+
     def _centre(self, out: np.ndarray, s: np.ndarray) -> None:
         """out -= m s^T (s: the column sums of the vectors Z^T was applied to), in place: row by row in one sweep,
         no temporary (:func:`~dufs.kernels.affine.standardize_rows`; the same numbers as NumPy's
@@ -96,13 +103,15 @@ class _Centred:
 
 
 def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float = _PCA_TOL,
-                 max_iter: int = _PCA_MAXITER, V0: np.ndarray | None = None
+                 max_iter: int = _PCA_MAXITER, V0: np.ndarray | None = None, side: Any = None
                  ) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """The largest ``k`` eigenpairs of S_t = Zc^T Zc by block subspace iteration with Rayleigh-Ritz: a block of
     k + max(4, k) columns (or ``V0``'s, a start), two passes an iteration (Zc V, then Zc^T of it), which holds two
     d x block arrays and one n x block array (Lanczos over d would hold 20 d-vectors and make two passes per
     vector). Stops when every one of the k residuals ||S v - theta v|| is below ``tol`` times the largest Ritz
-    value. Returns (values, vectors, products, converged)."""
+    value. With ``side`` (a :class:`~dufs.methods.ufcm.kept.KeptY`) the n x block array stays on the worker that
+    keeps it: its Gram matrix and T R made there, T R handed to the pass as a future. Returns (values, vectors,
+    products, converged)."""
     d = Zc.d
     b = min(d, k + max(4, k)) if V0 is None else V0.shape[1]
     # in place where the array is ours (a fresh d x b array for each Cholesky QR pass faulted its pages in:
@@ -111,13 +120,23 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
     products, converged = 0, False
     theta = np.zeros(b)
     for _ in range(max_iter):
-        T = Zc.matvec(V)  # n x b
-        G = T.T @ T
+        if side is None:
+            T = Zc.matvec(V)  # n x b
+            G = tall_gram(T)
+        else:  # T kept on a worker: only its Gram matrix comes here (made again where its worker was lost)
+            Vt = V
+            G = side.again(lambda Vt=Vt: side.gram(*Zc.matvec_held(Vt)))
         theta, R = np.linalg.eigh(0.5 * (G + G.T))
         theta, R = theta[::-1], R[:, ::-1]
         V = V @ R  # Ritz vectors
-        S = Zc.rmatvec(T @ R)  # S_t V, d x b
-        del T
+        Rc = np.ascontiguousarray(R)  # (R's reversed view: matmul takes it in another order, on each side alike)
+        if side is None:
+            S = Zc.rmatvec(T @ Rc)  # S_t V, d x b
+            del T
+        else:
+            S = side.again(lambda Rc=Rc: Zc.rmatvec_kept(*side.times(Rc)),
+                           lambda Vt=Vt: side.gram(*Zc.matvec_held(Vt)))
+            del Vt
         products += b
         res = _residual_norms(S, V, theta, k)
         log.info("ufcm: PCA start, block iteration %d: top eigenvalues %s, largest relative residual %.3g",
@@ -224,7 +243,7 @@ def _rows_take(X: Any, start: int, rate: float, seed: int) -> Any:
     return X[np.flatnonzero(keep)]
 
 
-def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random.Generator
+def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random.Generator, side: Any = None
                       ) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """The PCA start above ``_PCA_SAMPLE_ABOVE`` samples: the top k principal directions of a uniform sample of
     ``_PCA_SAMPLE`` rows (taken by the row blocks, centred by its own means, in this process: every product is
@@ -262,4 +281,4 @@ def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random
             V0[:, kk:] = rng.standard_normal((d, k - kk))
     log.info("ufcm: PCA start from a sample of %d rows (%d features), refined on all rows", ns, cols.size)
     del Xs
-    return _top_scatter(Zc, k, rng, max_iter=_PCA_REFINE, V0=V0)
+    return _top_scatter(Zc, k, rng, max_iter=_PCA_REFINE, V0=V0, side=side)
