@@ -61,7 +61,9 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     # R to each machine once, the partial scores summed within a machine and then by a tree over the machines
     # (log2 W of them into the root's machine), the sum to the driver
     "m3fs": {"machine_in": ("n", "nlog2W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
-    "ufcm": {"machine_in": ("n", "nnz/W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
+    # Y, the labels and the PCA start's n x block array kept on a worker: the driver's bytes and CPU are W's, Q's
+    # and the PCA block's, over the features
+    "ufcm": {"machine_in": ("n", "nnz/W", "1"), "driver_bytes": ("d", "WP", "1"), "driver_cpu": ("d", "1", "WP")},
 }
 TASKS = ("1", "WP")
 KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
@@ -72,11 +74,15 @@ COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a n
 DRIVER_MEMORY: dict[str, tuple[float, float, float, str]] = {
     # the partitions' partial scores are summed as they arrive, not held together (the measured growth does not
     # rise with the partitions), so no term in n K
-    "m3fs": (8 * (10 + 16), 8 * 10, 0.0, "ten n-vectors (scores F, L F, FISTA's iterates, best, gradient, labels) "
-             "and the n x 16 anchor embedding; ten d-vectors (sigma, V, FISTA's U iterates)"),
-    "ufcm": (8 * (2 * 2 + 3 + 2), 8 * (2 * 2 + 2 * 2 + 2 + 9 * 2) + 2, 0.0,
-             "Y = Zc W and its successor (n x k), three label candidates, k-means distances (n x c); W and LOBPCG's "
-             "start (d x k), Q and G (d x c), D and the row norms, LOBPCG's nine d x k blocks, two masks"),
+    # on workers of several machines a v-step's iterates' scores are kept on a worker (m3fs.kept_scores): the
+    # alternation still holds its labels and scores between v-steps
+    "m3fs": (8 * (7 + 16), 8 * 10, 0.0, "seven n-vectors (the alternation's labels, y, F and L F, a v-step's start's "
+             "scores and L F, L 1) and the n x 16 anchor embedding; ten d-vectors (sigma, V, the v-step's start "
+             "and weights)"),
+    # Y, the labels and the k-means candidates kept on a worker (ufcm.kept): the labels come back once, at the end
+    "ufcm": (8, 8 * (2 * 2 + 2 * 2 + 2 + 9 * 2) + 2, 0.0,
+             "the labels (the result); W and LOBPCG's start (d x k), Q and G (d x c), D and the row norms, "
+             "LOBPCG's nine d x k blocks, two masks"),
 }
 MEMORY_LIMIT = 4e9  # bytes: the driver's resident memory M3FS and UFCM must stay under at 10x kddb
 

@@ -78,14 +78,17 @@ class Executor(ProductPasses, StatePasses):
         self.passes += 1
         return run_pass(name, tasks, inline=is_inline())
 
-    def run_held(self, tasks: list) -> list:
+    def run_held(self, tasks: list, name: str = "pass") -> list:
         """A pass whose results stay where they were made: their futures once complete (the error of one that
-        failed raised here), on the current distributed client."""
+        failed raised here), on the current distributed client; its progress reported as a pass's."""
         from dufs.engine.stateful import _held
 
         client = current_client()
         self.passes += 1
-        return _held(client, track(client.compute(tasks)))
+        report(name, 0, len(tasks))
+        out = _held(client, track(client.compute(tasks)))
+        report(name, len(tasks), len(tasks))
+        return out
 
     def run_streaming(self, tasks: list, name: str, consume: Any) -> None:
         """A pass whose results go to ``consume(i, result)`` as they arrive (:func:`run_pass_streaming`)."""

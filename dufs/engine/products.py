@@ -132,7 +132,7 @@ class ProductPasses:
                 f = delayed(partition_matvec)
                 parts = [f([self.src[i] for i in g], [Ws[i] for i in g], n) for g in partitions]
             if hold and client is not None:
-                return self.run_held([tree_sum(parts)])[0]
+                return self.run_held([tree_sum(parts)], "Z U")[0]
             return self.run([tree_sum(parts)], "Z U")[0]
 
     def _matvec_shared(self, Us: np.ndarray | None, Ws: list | None, n: int, p: int, tf: list | None = None
