@@ -296,6 +296,11 @@ class Executor(ProductPasses, StatePasses):
         if client is None:
             return args
         key = (*key, client.id)
+        got = self.transforms.get(key)
+        # a piece whose worker was lost is gone for good (scattered: nothing to recompute it from), and every pass
+        # that named it would fail "lost dependencies": scattered again
+        if got is not None and any(getattr(f, "status", "finished") != "finished" for f in got):
+            del self.transforms[key]
         if key not in self.transforms:
             where = self.placed(client)[2] if self.residency.get("mode") == "persisted" else None
             self.transforms[key] = scatter_to(client, args, where) if where and None not in where else \

@@ -86,18 +86,26 @@ class KeptY:
         self.labels = (lab, codes)
         return yy, km
 
-    def again(self, fn: Any, rebuild: Any = None, *, rerun: bool = True) -> Any:
+    def again(self, fn: Any, rebuild: Any = None, *, rerun: bool = True, tries: int = 3) -> Any:
         """``fn()``; where the worker that kept Y (or the PCA start's T) and the labels was lost meanwhile,
         ``rebuild()`` (they are made again on another) and ``fn()`` once more (``rerun``), or what ``rebuild``
-        gave."""
+        gave; up to ``tries`` times, as the first passes after a loss can meet it again (the scheduler may not
+        have removed the dead worker yet)."""
         try:
             return fn()
         except Exception as e:
             if not is_lost(e):
                 raise
             log.warning("ufcm: %s; Y and the labels made again on another worker", e)
-        got = None if rebuild is None else rebuild()
-        return fn() if rerun else got
+        for left in range(tries, 0, -1):
+            try:
+                got = None if rebuild is None else rebuild()
+                return fn() if rerun else got
+            except Exception as e:
+                if not is_lost(e) or left == 1:
+                    raise
+                log.warning("ufcm: %s; made again once more", e)
+        raise AssertionError("unreachable")
 
     def codes(self) -> Any:
         """A future of the labels' int32 codes, for the pass Zc^T U."""
