@@ -133,3 +133,51 @@ def kept_calls(monkeypatch):
         return calls
 
     return watch
+
+
+@pytest.fixture
+def both_paths(cluster_client):
+    """``run(make, fit, before_kept=None)``: ``fit(M)`` on the matrix ``make()`` (persisted on the session's cluster,
+    shared memory off: the path of workers elsewhere) with the vectors over the samples on the driver, then kept on a
+    worker (``dufs.engine.kept-vectors`` off, then on), ``before_kept()`` called in between; {"off": .., "on": ..}."""
+    import dask
+
+    def run(make, fit, before_kept=None):
+        got = {}
+        with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
+            M = make().persist()
+            try:
+                for kv in ("off", "on"):
+                    if kv == "on" and before_kept is not None:
+                        before_kept()
+                    with dask.config.set({"dufs.engine.kept-vectors": kv}):
+                        got[kv] = fit(M)
+            finally:
+                M.release()
+        return got
+
+    return run
+
+
+@pytest.fixture
+def forget_kept(monkeypatch, cluster_client):
+    """``forget(cls, name, at)``: ``cls.name`` wrapped so that its ``at``-th call first makes every worker of the
+    session's cluster forget the vectors it keeps (``dufs.engine.kept``), as a worker that left or restarted has;
+    returns the list of its calls (one entry a call)."""
+
+    def forget(cls, name, at):
+        from dufs.engine import kept
+
+        real = getattr(cls, name)
+        calls: list = []
+
+        def wrapped(self, *a, **k):
+            calls.append(1)
+            if len(calls) == at:
+                cluster_client.run(lambda: kept._KEPT.clear())
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(cls, name, wrapped)
+        return calls
+
+    return forget

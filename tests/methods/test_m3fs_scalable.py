@@ -491,25 +491,17 @@ def test_spectral_start_on_a_kNN_graph_in_pieces(k):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("graph", ["knn", "anchor"])
-def test_scores_kept_on_a_worker_solve_as_the_driver_does(cluster_client, kept_calls, graph):
+def test_scores_kept_on_a_worker_solve_as_the_driver_does(both_paths, kept_calls, graph):
     """With the v-step's vectors over the samples kept on a worker (dufs.engine.kept, the path of workers on several
     machines: the momentum point, the gradient, the backtracking made there, the pass's sum read there), the
     alternation is the one the driver makes with them here, iteration for iteration and bit for bit, on a kNN graph
     and on an anchor graph (its Laplacian made on the worker from Zh)."""
-    import dask
-
     from dufs.methods.m3fs import kept_scores
 
     calls = kept_calls(kept_scores)
-    X = _data(120, 30, seed=1, sparse=True)
-    got = {}
-    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
-        M = Matrix(X, standardize="scale", block_width=10).persist()
-        for kv in ("off", "on"):
-            with dask.config.set({"dufs.engine.kept-vectors": kv}):
-                got[kv] = ms.m3fs_alternating(M, n_features=5, graph=graph, n_anchors=16, n_neighbors=5,
-                                              lambda_=0.01, max_iter=3, polish=0)
-        M.release()
+    got = both_paths(lambda: Matrix(_data(120, 30, seed=1, sparse=True), standardize="scale", block_width=10),
+                     lambda M: ms.m3fs_alternating(M, n_features=5, graph=graph, n_anchors=16, n_neighbors=5,
+                                                   lambda_=0.01, max_iter=3, polish=0))
     a, b = got["off"], got["on"]
     assert b.diagnostics["inner_iterations"] == a.diagnostics["inner_iterations"]
     assert sum(a.diagnostics["inner_iterations"]) > 10
@@ -521,35 +513,17 @@ def test_scores_kept_on_a_worker_solve_as_the_driver_does(cluster_client, kept_c
 
 
 @pytest.mark.slow
-def test_scores_lost_with_their_worker_run_the_v_step_again(cluster_client, monkeypatch, caplog):
+def test_scores_lost_with_their_worker_run_the_v_step_again(both_paths, forget_kept, caplog):
     """A worker that loses the scores it keeps (it left or restarted) makes the next call say so, and the v-step
     runs again from its start with its vectors on the driver: the same selection, the objective as the driver's."""
-    import dask
-
-    from dufs.engine import kept
     from dufs.methods.m3fs import kept_scores
 
-    real = kept_scores.KeptScores.trial
-    n = [0]
-
-    def forgetful(self, *args):
-        n[0] += 1
-        if n[0] == 3:  # the third trial: the worker has forgotten them
-            cluster_client.run(lambda: kept._KEPT.clear())
-        return real(self, *args)
-
+    calls: list = []
     caplog.set_level("WARNING", logger="dufs.methods.m3fs.vstep")
-    X = _data(120, 30, seed=1, sparse=True)
-    got = {}
-    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
-        M = Matrix(X, standardize="scale", block_width=10).persist()
-        for kv in ("off", "on"):
-            with dask.config.set({"dufs.engine.kept-vectors": kv}):
-                if kv == "on":
-                    monkeypatch.setattr(kept_scores.KeptScores, "trial", forgetful)
-                got[kv] = ms.m3fs_alternating(M, n_features=5, graph="knn", lambda_=0.01, max_iter=3, polish=0)
-        M.release()
-    assert n[0] >= 3
+    got = both_paths(lambda: Matrix(_data(120, 30, seed=1, sparse=True), standardize="scale", block_width=10),
+                     lambda M: ms.m3fs_alternating(M, n_features=5, graph="knn", lambda_=0.01, max_iter=3, polish=0),
+                     lambda: calls.append(forget_kept(kept_scores.KeptScores, "trial", 3)))  # the third trial
+    assert len(calls[0]) >= 3
     assert "was lost" in caplog.text and "again from its start, its vectors on the driver" in caplog.text
     np.testing.assert_array_equal(got["on"].selected, got["off"].selected)
     assert got["on"].objective[-1] == pytest.approx(got["off"].objective[-1], rel=1e-6)

@@ -480,22 +480,16 @@ def _planted(n=400, d=3000):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("standardize", ["scale", "zscore"])
-def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(cluster_client, kept_calls, standardize):
-    """With Y = Zc W and the labels kept on a worker (dufs.engine.kept, the path of workers on several machines:
-    the pass Zc W left where it is summed, the centring and the U step's k-means run there, the labels sent to the
-    pass Zc^T U as a future), UFCM is the driver's run, iteration for iteration and bit for bit."""
-    import dask
-
+def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(both_paths, kept_calls, standardize):
+    """With Y = Zc W (and the PCA start's T) and the labels kept on a worker (dufs.engine.kept, the path of workers on
+    several machines: the pass Zc W left where it is summed, the centring and the U step's k-means run there, the
+    labels sent to the pass Zc^T U as a future), UFCM is the driver's run, iteration for iteration and bit for
+    bit."""
     from dufs.methods.ufcm import kept
 
     calls = kept_calls(kept)
-    got = {}
-    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
-        M = Matrix(_planted(), standardize=standardize, block_width=500).persist()
-        for kv in ("off", "on"):
-            with dask.config.set({"dufs.engine.kept-vectors": kv}):
-                got[kv] = ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100)
-        M.release()
+    got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=500),
+                     lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     a, b = got["off"], got["on"]
     assert b.diagnostics["iterations"] == a.diagnostics["iterations"] >= 2
     np.testing.assert_array_equal(b.objective, a.objective)
@@ -506,36 +500,19 @@ def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(cluster_client, ke
 
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["times", "u_step"])
-def test_y_and_labels_lost_with_their_worker_are_made_again(cluster_client, monkeypatch, caplog, when):
+def test_y_and_labels_lost_with_their_worker_are_made_again(both_paths, forget_kept, caplog, when):
     """A worker that loses Y (or the PCA start's T) and the labels it keeps (it left or restarted) makes the next
     call say so; T or Y is made again from V or W (one pass) and the labels from the last centroids, which do not
     raise the k-means term: the run goes on, its objective never falls, and it selects what the driver's run
     selects."""
-    import dask
-
-    from dufs.engine import kept
     from dufs.methods.ufcm import kept as ukept
 
-    real = getattr(ukept.KeptY, when)
-    n = [0]
-
-    def forgetful(self, *args):
-        n[0] += 1
-        if n[0] == 2:  # the second call: the worker has forgotten them
-            cluster_client.run(lambda: kept._KEPT.clear())
-        return real(self, *args)
-
-    caplog.set_level("WARNING", logger="dufs.methods.ufcm.method")
-    got = {}
-    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off"}):
-        M = Matrix(_planted(), standardize="scale", block_width=500).persist()
-        for kv in ("off", "on"):
-            with dask.config.set({"dufs.engine.kept-vectors": kv}):
-                if kv == "on":
-                    monkeypatch.setattr(ukept.KeptY, when, forgetful)
-                got[kv] = ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100)
-        M.release()
-    assert n[0] >= 2 and "made again on another worker" in caplog.text
+    calls: list = []
+    caplog.set_level("WARNING", logger="dufs.methods.ufcm.kept")
+    got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=500),
+                     lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
+                     lambda: calls.append(forget_kept(ukept.KeptY, when, 2)))  # the second call
+    assert len(calls[0]) >= 2 and "made again on another worker" in caplog.text
     b = got["on"]
     assert np.all(np.diff(b.objective) >= -1e-9 * np.abs(b.objective[1:]))
     top = lambda r: set(np.argsort(-r.scores)[:5])  # noqa: E731
