@@ -362,7 +362,9 @@ class Matrix(ColumnAccess):
         """Z U for a dense ``U`` of shape (n_features,) or (n_features, p); float64 (n_samples,) or (n_samples, p).
 
         One pass; the per-block partial products are summed on the workers by a tree in block order (fixed, so
-        the result does not depend on the number of workers), and only the sum comes back.
+        the result does not depend on the number of workers), and only the sum comes back. On workers of several
+        machines each machine's partials are summed there first, then one a machine by a tree over the machines
+        (:func:`~dufs.engine.dispatch.tree_sum_machines`): the rounding then depends on the blocks' machines.
 
         ``hold`` (a 2-D ``U``): the sum left on the worker that made it where the pass runs as tasks on a
         distributed client (else it comes back), returned with the row to subtract from each of its rows: (X

@@ -13,7 +13,15 @@ from dufs import config
 from dufs.engine.blocks import block_matvec, block_rmatvec, partition_matvec, partition_matvec_into, partition_rmatvec
 from dufs.engine.buffers import buffer
 from dufs.engine.direct import DirectFailed
-from dufs.engine.dispatch import current_client, delayed, shipped, spread, tree_sum, tree_sum_into
+from dufs.engine.dispatch import (
+    current_client,
+    delayed,
+    shipped,
+    spread,
+    tree_sum,
+    tree_sum_into,
+    tree_sum_machines,
+)
 from dufs.engine.shm import publish, receiving
 
 __all__ = ["ProductPasses"]
@@ -131,9 +139,13 @@ class ProductPasses:
             else:
                 f = delayed(partition_matvec)
                 parts = [f([self.src[i] for i in g], [Ws[i] for i in g], n) for g in partitions]
+            # summed within each machine first, then one partial a machine in a tree (on one machine: the fixed
+            # tree of the blocks): the block-order tree sent n x p partials between machines at most of its adds
+            total = tree_sum(parts) if where is None else \
+                tree_sum_machines(parts, where if partitions is None else self.homes(client, partitions), client)
             if hold and client is not None:
-                return self.run_held([tree_sum(parts)], "Z U")[0]
-            return self.run([tree_sum(parts)], "Z U")[0]
+                return self.run_held([total], "Z U")[0]
+            return self.run([total], "Z U")[0]
 
     def _matvec_shared(self, Us: np.ndarray | None, Ws: list | None, n: int, p: int, tf: list | None = None
                        ) -> np.ndarray | None:

@@ -472,8 +472,8 @@ def test_alpha_one_w_step_falls_back_to_lobpcg_without_passes(monkeypatch):
     assert np.all(W[~active] == 0.0)
 
 
-def _planted(n=400, d=3000):
-    D = sp.random(n, d, density=0.02, random_state=1).toarray()
+def _planted(n=300, d=800):
+    D = sp.random(n, d, density=0.03, random_state=1).toarray()
     D[: n // 2, :5] += 1.0
     return sp.csc_array(D)
 
@@ -488,7 +488,7 @@ def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(both_paths, kept_c
     from dufs.methods.ufcm import kept
 
     calls = kept_calls(kept)
-    got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=500),
+    got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=200),
                      lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     a, b = got["off"], got["on"]
     assert b.diagnostics["iterations"] == a.diagnostics["iterations"] >= 2
@@ -509,7 +509,7 @@ def test_y_and_labels_lost_with_their_worker_are_made_again(both_paths, forget_k
 
     calls: list = []
     caplog.set_level("WARNING", logger="dufs.methods.ufcm.kept")
-    got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=500),
+    got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
                      lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
                      lambda: calls.append(forget_kept(ukept.KeptY, when, 2)))  # the second call
     assert len(calls[0]) >= 2 and "made again on another worker" in caplog.text
