@@ -11,6 +11,7 @@ to the driver once, at the end (the result)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -34,24 +35,25 @@ class KeptY:
         self.Y: Any = None
         self.labels: Any = None  # (int64 for k-means, int32 codes for the pass)
 
+    def _future(self, held: tuple) -> tuple:
+        """A held pass's (sum, transform's row) with the sum a future (sent from here where the pass ran inline)."""
+        out, shift = held
+        return (out if hasattr(out, "key") else self.client.scatter(out, hash=False)), shift
+
     def new_y(self, held: tuple, mW: np.ndarray | None, G: np.ndarray | None = None) -> tuple:
         """Y from the pass's held sum ``held`` (``Matrix.matvec(hold=True)``: its future and the transform's row)
         less ``mW`` (the centring: m^T W), kept in place of the last; (||Y||^2, the k-means term of the labels kept
         with centroids ``G^T``), the term None without ``G``."""
-        out, shift = held
+        out, shift = self._future(held)
         c = self.client
-        if not hasattr(out, "key"):  # made here after all (a pass run inline)
-            out = c.scatter(out, hash=False)
         lab = None if self.labels is None else self.labels[0]
         (yy, km), (self.Y,) = kept_call(c, _new_y, out, shift, mW, lab, G, keep=1)
         return yy, km
 
     def gram(self, held: tuple, mW: np.ndarray | None) -> np.ndarray:
         """The PCA start's T = Zc V kept (as Y is: :meth:`new_y`, in its place), T^T T back."""
-        out, shift = held
+        out, shift = self._future(held)
         c = self.client
-        if not hasattr(out, "key"):
-            out = c.scatter(out, hash=False)
         G, (self.Y,) = kept_call(c, _gram, out, shift, mW, keep=1)
         return G
 
@@ -78,10 +80,8 @@ class KeptY:
         """Y and the labels made again after their worker was lost: Y from the pass's held sum (as :meth:`new_y`),
         the labels each sample's nearest of the centroids ``C`` (c x d'), which do not raise the k-means term of the
         labels lost (their centroids' are ``C``): (||Y||^2, the k-means term with ``C``)."""
-        out, shift = held
+        out, shift = self._future(held)
         c = self.client
-        if not hasattr(out, "key"):
-            out = c.scatter(out, hash=False)
         (yy, km), (self.Y, lab, codes) = kept_call(c, _rebuild, out, shift, mW, C, keep=3)
         self.labels = (lab, codes)
         return yy, km
@@ -105,7 +105,7 @@ class KeptY:
                 if not is_lost(e) or left == 1:
                     raise
                 log.warning("ufcm: %s; made again once more", e)
-        raise AssertionError("unreachable")
+        return None  # tries < 1: nothing tried again
 
     def codes(self) -> Any:
         """A future of the labels' int32 codes, for the pass Zc^T U."""
@@ -158,8 +158,6 @@ def _start(Y, k, starts, seed):
 
 
 def _u_step(Y, labels, k, C, s1, starts):
-    import functools
-
     labels, km, chosen = _choose(Y, k, [labels, functools.partial(_kmeans, Y, k, C, s1)], starts, s1)
     counts = np.bincount(labels, minlength=k).astype(np.float64)
     return (km, chosen, counts), [labels, _codes(labels)]
