@@ -11,7 +11,14 @@ from dufs.engine.blocks import FeatureBlock, PerBlock, StoreBlock, ranked_head
 from dufs.engine.buffers import buffer
 from dufs.engine.cluster import get_client, is_lost
 from dufs.engine.direct import last_timeline
-from dufs.engine.dispatch import current_client, in_shared_memory, mark_spread, shipped, tree_sum_values
+from dufs.engine.dispatch import (
+    current_client,
+    in_shared_memory,
+    mark_spread,
+    shipped,
+    tree_sum_into,
+    tree_sum_values,
+)
 from dufs.engine.executor import Executor
 from dufs.engine.graphs import AnchorGraph, anchor_graph, graph_rows, knn_graph, laplacian_operator, resolve_graph
 from dufs.engine.inputs import check_finite, check_labels, input_identity
@@ -27,4 +34,4 @@ __all__ = ["STANDARDIZE", "AnchorGraph", "BlockState", "ColumnStats", "Executor"
            "block_stats", "buffer", "check_finite", "check_labels", "current_client", "fetch", "flush", "get_client",
            "graph_rows", "in_shared_memory", "input_identity", "is_lost", "kept_call", "kept_vectors", "knn_graph",
            "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "ranked_head", "receiving",
-           "resolve_graph", "shipped", "transform_of", "tree_sum_values"]
+           "resolve_graph", "shipped", "transform_of", "tree_sum_into", "tree_sum_values"]

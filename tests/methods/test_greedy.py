@@ -19,6 +19,7 @@ from dufs.errors import ParameterError
 from dufs.methods import greedy
 from dufs.methods import jcfs as jcfs_module
 from dufs.methods.greedy import partition
+from tests._threads import task_threads_used
 from tests.methods.greedy_paper import (
     jcfs_embedding_dense,
     jcfs_greedy_paper,
@@ -186,18 +187,12 @@ def test_a_worker_of_two_threads_runs_its_partition_side_by_side(method):
         M = as_matrix(X, block_width=8, persist=True)
         assert partition._partitions(M) == [list(range(M.n_blocks))]
         sel = fit(M, client)
-        ran = client.run(_task_threads_used)
+        ran = client.run(task_threads_used)
     np.testing.assert_array_equal(sel.indices, local.indices)
     for key in ("criterion", "objective"):
         if key in local.diagnostics:
             np.testing.assert_array_equal(sel.diagnostics[key], local.diagnostics[key])
     assert max(ran.values()) == 2  # the blocks ran on both threads
-
-
-def _task_threads_used() -> int:
-    from dufs import scheduling
-
-    return max((p._max_workers for p in scheduling._TASK_POOLS.values()), default=1)
 
 
 @pytest.mark.parametrize("method", ["lapaofs", "lapdofs"])

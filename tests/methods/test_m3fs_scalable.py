@@ -11,6 +11,7 @@ from dufs.engine import Matrix
 from dufs.errors import ParameterError
 from dufs.methods.m3fs import alternating as ms
 from dufs.methods.m3fs import m3fs_faithful, m3fs_laplacian, resident, sigma_step, vstep
+from tests._threads import task_threads_used
 
 cp = pytest.importorskip("cvxpy")
 
@@ -249,6 +250,38 @@ def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
     np.testing.assert_allclose(out["F"][:, 0], Z @ out["V"][:, 0] + out["b"], atol=1e-9)
     assert out["value"] == pytest.approx(here["value"], rel=1e-9)
     assert abs(Z.sum(axis=0) @ out["V"][:, 0] + 40 * out["b"]) <= l + 1e-9
+
+
+@pytest.mark.slow
+def test_a_worker_of_two_threads_sweeps_its_partitions_groups_side_by_side():
+    """A worker process of two threads holds one partition of the v-step's blocks, cut into a group a thread that
+    its threads sweep side by side, each into its own sum (a machine of one process of many threads: a few tasks a
+    FISTA iteration, not a few a thread): CVXPY's optimum, and the driver's v-step's value."""
+    import distributed
+
+    X = _data(40, 12, seed=2, sparse=True)
+    D = X.toarray()
+    Z = (D - D.mean(0)) / D.std(0)
+    L = m3fs_laplacian(Z)
+    sigma = sigma_step(np.random.default_rng(3).standard_normal(12) * np.arange(12), 4.0)
+    y = np.where(np.arange(40) < 20, 1.0, -1.0)
+    C, lam, l, mu = 5.0, 0.05, 2.0, 0.05
+    kw = dict(C=C, lambda_=lam, l=l, smoothing=mu, colsum=Z.sum(axis=0), tol=1e-7, max_iter=4000)
+    with (distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None)
+          as cluster, distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
+        M = Matrix(X, standardize="zscore", block_width=4).persist()  # 3 blocks: one partition of two groups
+        parts = resident.resident_partitions(M)
+        assert len(parts) == 1 and len(parts[0]) == 2 and sorted(i for g in parts[0] for i in g) == [0, 1, 2]
+        out = vstep.v_step(M, sigma, y, L, **kw)
+        here = vstep.v_step(M, sigma, y, L, resident=False, **kw)
+        ran = client.run(task_threads_used)
+    assert out["resident"] and not here["resident"]
+    assert max(ran.values()) == 2  # the groups ran on both threads
+    Vc, bc, val = _cvx_vstep(Z, sigma, y, L, C, lam, l, mu, 2)
+    assert out["value"] == pytest.approx(val, rel=1e-5)
+    np.testing.assert_allclose(out["V"], Vc, atol=2e-3)
+    np.testing.assert_allclose(out["F"][:, 0], Z @ out["V"][:, 0] + out["b"], atol=1e-9)
+    assert out["value"] == pytest.approx(here["value"], rel=1e-9)
 
 
 @pytest.mark.slow

@@ -33,18 +33,24 @@ from dufs.engine import (
     mark_spread,
     receiving,
     shipped,
+    tree_sum_into,
     tree_sum_values,
 )
 from dufs.kernels.vstep import fista_sweep, scaled_start
+from dufs.scheduling import each_in_threads, task_threads
 
 __all__ = ["ResidentU", "resident_partitions"]
 
 _NONE = np.zeros(0)
 
 
-def resident_partitions(M: Matrix) -> list[list[int]] | None:
-    """The feature blocks in one partition a worker thread (each on the worker that holds its blocks) when ``M``'s
-    blocks are persisted on a distributed cluster; None otherwise (the v-step keeps its vectors on the driver)."""
+def resident_partitions(M: Matrix) -> list[list[list[int]]] | None:
+    """The feature blocks cut into one group a worker thread (balanced by nonzeros, each on the worker that holds
+    its blocks) and the groups on one worker made one partition, one task a worker process (its groups swept side
+    by side on its threads, :func:`_step`), when ``M``'s blocks are persisted on a distributed cluster: a list of
+    partitions, each a list of groups of block indices. None otherwise (the v-step keeps its vectors on the
+    driver). A partition a thread cost the scheduler its transitions per thread: at 16 threads a machine, 16 times
+    those of a worker of 16 threads (docs/scaling.md)."""
     client = current_client()
     if client is None or M.residency.get("mode") != "persisted" or M.n_blocks < 1:
         return None
@@ -52,7 +58,15 @@ def resident_partitions(M: Matrix) -> list[list[int]] | None:
         threads = sum(client.nthreads().values())
     except Exception:  # a client that cannot say: the driver's way
         return None
-    return M.partition(max(1, min(threads, M.n_blocks)))
+    where = M.executor.placement()
+    groups = M.partition(max(1, min(threads, M.n_blocks)), where)
+    owners = [where[g[0]] for g in groups]
+    if None in owners:  # not grouped by worker (partition's contiguous runs): a group a task, as before
+        return [[g] for g in groups]
+    parts: dict[str, list[list[int]]] = {}
+    for g, a in zip(groups, owners, strict=True):
+        parts.setdefault(a, []).append(g)
+    return sorted(parts.values())
 
 
 # ---------------------------------------------------------------------------------------------------- on the workers
@@ -139,39 +153,57 @@ def _free(st, x, xp, i):
     return None
 
 
-def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None):
+def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None, group=None):
     """The decision on the last trial applied (with ``renew``, the new v-step's start made first by :func:`_renew`
     from the last v-step's final decision, s = ``renew``), then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
     g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores, written into row ``row[0]`` of the
     driver's results file ``into`` (:func:`dufs.engine.receiving`) where it gives one (the result: the 9 dots),
-    else the result (the dots, then the scores), summed over the partitions by the workers. The state given is
-    used up (its arrays that the new one no longer holds are written)."""
+    else the result (the dots, then the scores), summed over the partitions by the workers. The blocks' groups
+    (``group``, one index a block; None: one group) are swept side by side on the worker's threads, each into its
+    own sum, and the groups' sums added by the fixed tree. The state given is used up (its arrays that the new one
+    no longer holds are written)."""
     if renew is not None:
         st, _ = _renew(blks, st, renew, decision)
         decision = None
     n = R.shape[0]
     x, xp = _decided(st, decision)
-    if into is not None:  # the driver's file: nothing to send back but the dots
-        out = into[row[0]]
-        out.fill(0.0)
-        both = dots = np.zeros(9)
-    else:  # the dots and the scores in one array, summed with the other partitions' on the workers (pooled: a
-        # fresh vector's pages fault in each time)
-        both = buffer(9 + n, zero=True)
-        dots, out = both[:9], both[9:]
-    ys, gs, us = [], [], []
-    for i, b in enumerate(blks):
-        w = b.indptr.shape[0] - 1
-        u = _free(st, x, xp, i)
-        y = st["y"][i] if st["y"] is not None else buffer(w)
-        g = st["g"][i] if st["g"] is not None else buffer(w)
-        u = u if u is not None else buffer(w)
-        dots += fista_sweep(b.indptr, b.indices, b.data, R, x[i], xp[i], beta, st["si"][i], st["a"][i], ga,
-                            _NONE if st["cm"] is None else st["cm"][i], rsum, step, y, g, u, out)
-        ys.append(y)
-        gs.append(g)
-        us.append(u)
+    gid = [0] * len(blks) if group is None else list(group)
+    members = [[i for i in range(len(blks)) if gid[i] == j] for j in range(max(gid) + 1)]
+    made: list = [None] * len(blks)
+
+    def sweep(j, dots, out):  # a group's blocks in turn, into its own sum
+        for i in members[j]:
+            b = blks[i]
+            w = b.indptr.shape[0] - 1
+            u = _free(st, x, xp, i)
+            y = st["y"][i] if st["y"] is not None else buffer(w)
+            g = st["g"][i] if st["g"] is not None else buffer(w)
+            u = u if u is not None else buffer(w)
+            dots += fista_sweep(b.indptr, b.indices, b.data, R, x[i], xp[i], beta, st["si"][i], st["a"][i], ga,
+                                _NONE if st["cm"] is None else st["cm"][i], rsum, step, y, g, u, out)
+            made[i] = (y, g, u)
+
+    # the dots and the scores in one array, summed with the other partitions' on the workers (pooled: a fresh
+    # vector's pages fault in each time)
+    if len(members) == 1:
+        if into is not None:  # the driver's file: nothing to send back but the dots
+            out = into[row[0]]
+            out.fill(0.0)
+            both = np.zeros(9)
+            sweep(0, both, out)
+        else:
+            both = buffer(9 + n, zero=True)
+            sweep(0, both[:9], both[9:])
+    else:
+        sums = [buffer(9 + n, zero=True) for _ in members]
+        each_in_threads(lambda j: sweep(j, sums[j][:9], sums[j][9:]), len(members), task_threads())
+        both = buffer(9 + n)
+        tree_sum_into(sums, both)
+        if into is not None:
+            into[row[0]][:] = both[9:]
+            both = both[:9].copy()
+    ys, gs, us = (list(v) for v in zip(*made, strict=True))
     return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, both
 
 
@@ -224,14 +256,16 @@ class ResidentU:
     back."""
 
     def __init__(self, M: Matrix, U0: np.ndarray, s_half: np.ndarray, colsum: np.ndarray | None,
-                 parts: list[list[int]]):
+                 parts: list[list[list[int]]]):
         mu, inv = M.transform
-        self.M, self.parts, self.n = M, parts, M.shape[0]
-        # each block's partition: the row of the step's results file its partition writes
-        self._rows = [0] * M.n_blocks
+        self.M, self.groups, self.n = M, parts, M.shape[0]
+        self.parts = [[i for g in part for i in g] for part in parts]  # a task's blocks, its groups in turn
+        # each block's partition (the row of the step's results file its partition writes) and its group there
+        self._rows, self._group = [0] * M.n_blocks, [0] * M.n_blocks
         for r, part in enumerate(parts):
-            for i in part:
-                self._rows[i] = r
+            for j, g in enumerate(part):
+                for i in g:
+                    self._rows[i], self._group[i] = r, j
         self.centred = mu is not None
         self.colsum = colsum
         self.V: np.ndarray | None = None  # the V its v-step returned, when kept for the next (:meth:`fits`)
@@ -244,13 +278,13 @@ class ResidentU:
         vecs = [U0 if np.any(U0) else None, s_half, inv, mu, None if colsum is None or not np.size(colsum) else colsum]
         with contextlib.ExitStack() as stack:  # through /dev/shm where the workers are on this machine
             refs = [stack.enter_context(shipped(v, broadcast=True, shared=True)) for v in vecs]
-            _, self.state = M.map_blocks(_init, *refs, state=[None] * len(parts), partitions=parts)
+            _, self.state = M.map_blocks(_init, *refs, state=[None] * len(parts), partitions=self.parts)
         M.count_passes(-1)  # it sweeps no nonzeros
 
     def fits(self, M: Matrix, parts: list[list[int]], V0: Any, colsum: np.ndarray | None) -> bool:
         """Whether a v-step on ``M`` by ``parts`` from ``V0`` can start from this state (:meth:`renew`): ``V0`` is
         the V this one's v-step returned (its u is on the workers) and the rest is the same."""
-        return self.V is not None and V0 is self.V and M is self.M and parts == self.parts and colsum is self.colsum
+        return self.V is not None and V0 is self.V and M is self.M and parts == self.groups and colsum is self.colsum
 
     def renew(self, s_half: np.ndarray) -> None:
         """The next v-step's start from this state: u0 = V0 / s_half made on the workers from their u (V0 = s_old
@@ -279,7 +313,7 @@ class ResidentU:
             extra = {} if into is None else {"into": into.target, "row": PerBlock(self._rows)}
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
                                                 state=self.state, partitions=self.parts, reduce="sum", **extra,
-                                                **self._renewing(stack))
+                                                group=PerBlock(self._group), **self._renewing(stack))
             # the partitions' scores summed by the same fixed tree either way (the same numbers): by the workers,
             # or here from the file into an array of the driver's own (the file goes back to the pool)
             if into is None:
@@ -308,7 +342,8 @@ class ResidentU:
         with contextlib.ExitStack() as stack:
             got, self.state = self.M.map_blocks(_step, mark_spread(R), float(beta), gb / self.n, gb, float(step),
                                                 self.decision, state=self.state, partitions=self.parts,
-                                                reduce="sum", hold=True, **self._renewing(stack))
+                                                reduce="sum", hold=True, group=PerBlock(self._group),
+                                                **self._renewing(stack))
         self.decision = None
         self.swept = self.tried = float(step)
         return got
