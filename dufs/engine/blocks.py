@@ -15,10 +15,12 @@ from dask.sizeof import sizeof
 
 from dufs import config
 from dufs.engine.buffers import buffer
+from dufs.engine.dispatch import tree_sum_into
 from dufs.engine.shm import local_array, resolved, writable_array
 from dufs.errors import ParameterError
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
+from dufs.scheduling import each_in_threads, task_threads
 
 __all__ = ["BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "assemble_columns", "block_columns", "block_matvec",
            "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
@@ -285,12 +287,33 @@ def partition_matvec_into(srcs, Ws, into, slots, U=None, tfs=None):
 
 
 def partition_matvec(srcs, Ws, n_rows):
-    """Sum over a group of blocks of X_b W_b, accumulated into one (n_rows, p) buffer (see Matrix.matvec)."""
-    out = np.zeros((n_rows, Ws[0].shape[1]), dtype=np.float64)
-    for src, W in zip(srcs, Ws, strict=True):
-        b = resolve(src)
-        _matvec(b, W, out)
-    return out
+    """Sum over a group of blocks of X_b W_b, accumulated into one (n_rows, p) buffer (see Matrix.matvec). On a
+    worker of several threads the blocks are cut into one contiguous run a thread, balanced by nonzeros, each
+    accumulated into its own buffer on its thread, and the runs' sums added by the fixed tree."""
+    p = Ws[0].shape[1]
+    blks = [resolve(src) for src in srcs]
+    runs = _thread_runs(blks, task_threads())
+
+    def run(r):
+        out = np.zeros((n_rows, p), dtype=np.float64)
+        for i in runs[r]:
+            _matvec(blks[i], Ws[i], out)
+        return out
+
+    if len(runs) == 1:
+        return run(0)
+    sums = each_in_threads(run, len(runs), len(runs))
+    return tree_sum_into(sums, np.empty((n_rows, p), dtype=np.float64))
+
+
+def _thread_runs(blks, threads):
+    """The blocks' indices cut into at most ``threads`` contiguous runs balanced by nonzeros."""
+    k = max(1, min(int(threads), len(blks)))
+    if k == 1:
+        return [list(range(len(blks)))]
+    from dufs.engine.placement import runs
+
+    return runs(list(range(len(blks))), np.array([max(int(b.nnz), 1) for b in blks], dtype=np.float64), k)
 
 
 def block_columns(src, local):

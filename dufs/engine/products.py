@@ -16,6 +16,7 @@ from dufs.engine.direct import DirectFailed
 from dufs.engine.dispatch import (
     current_client,
     delayed,
+    machines,
     shipped,
     spread,
     tree_sum,
@@ -193,9 +194,15 @@ class ProductPasses:
         ``dufs.engine.wide-product-bytes``) under a distributed client: the blocks in one partition per worker (its
         persisted blocks together), each partition one task that accumulates its blocks into a single n x p buffer, so a
         worker holds one such buffer at a time instead of a partial per block waiting for the tree. The sum then
-        depends on the number of workers (rounding only); below the bound, one partial per block in a fixed tree."""
+        depends on the number of workers (rounding only); below the bound, one partial per block in a fixed tree.
+        On workers of several machines always (the sum depends on the blocks' machines there already,
+        :func:`~dufs.engine.dispatch.tree_sum_machines`): a pass costs a few tasks a worker, not a few a block."""
         client = current_client()
-        if client is None or out_bytes < config.parse_bytes(config.get("engine.wide-product-bytes")):
+        if client is None:
             return None
+        if out_bytes < config.parse_bytes(config.get("engine.wide-product-bytes")):
+            if self.residency.get("mode") != "persisted" or self.n_blocks < 2 or len(machines(client)) < 2:
+                return None
+            return self.placed(client)[1]
         n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
         return self.partition(n_workers)

@@ -153,6 +153,31 @@ def test_a_vector_every_worker_reads_reaches_each_machine_that_reads_it_once():
     assert d1.out_of - d0.out_of < 1.3 * v.nbytes
 
 
+def test_a_product_on_several_machines_is_a_task_a_worker_not_a_block():
+    """Z U on workers of several machines: one task a worker process (its blocks accumulated into one buffer), the
+    partials summed within each machine, then over the machines (issue 57: tasks a pass a small multiple of the
+    machines, not of the blocks); the product NumPy's."""
+    from distributed import get_task_stream
+
+    from dufs.engine import as_matrix, get_client
+
+    rng = np.random.default_rng(4)
+    X = sp.random(2000, 400, density=0.03, format="csr", random_state=rng, dtype=np.float64)
+    U = rng.standard_normal((400, 3))
+    with (EmulatedCluster(machines=2, procs=2) as cluster,
+          get_client(scheduler_address=cluster.address) as client, client.as_current()):
+        M = as_matrix(X, block_width=25, persist=True, standardize=None)
+        assert M.n_blocks == 16
+        M.matvec(U)  # the placement asked once
+        with get_task_stream(client) as ts:
+            got = M.matvec(U)
+    np.testing.assert_allclose(got, X @ U, rtol=1e-12, atol=1e-12)
+    names = [t["key"][0] if isinstance(t["key"], tuple) else t["key"] for t in ts.data]
+    products = [k for k in names if "matvec" in k]
+    assert len(products) == 4 and all(k.startswith("partition_matvec") for k in products), names
+    assert len(names) <= 4 + 3 + 2, names  # the products, the adds, and the vector's pieces
+
+
 _ITERATIVE = {
     "mmfs": {"tol": 1e-6},
     "lapaofs": {"graph": "anchor", "n_anchors": 32, "embed_dim": 8},

@@ -158,6 +158,28 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
                 np.testing.assert_allclose(Mw.matvec(U[:, 0]), Z @ U[:, 0], **TOL)
 
 
+def test_a_partitions_product_on_two_threads_is_numpys():
+    """A partition's Z U on a worker of two threads (:func:`~dufs.scheduling.worker_threads` stands for one here):
+    its blocks cut into a run a thread, balanced by nonzeros, each run into its own buffer, added; X U as NumPy
+    makes it, on both threads."""
+    from dufs import scheduling
+    from dufs.engine.blocks import _thread_runs, partition_matvec
+
+    rng = np.random.default_rng(6)
+    X = sp.random_array((200, 90), density=0.1, format="csc", rng=rng)
+    U = rng.standard_normal((90, 2))
+    M = Matrix(X, block_width=10)
+    blks = list(M.executor.src)
+    assert len(blks) == 9 and _thread_runs(blks, 2) in ([list(range(5)), list(range(5, 9))],
+                                                       [list(range(4)), list(range(4, 9))])
+    Ws = [U[b.start:b.stop] for b in M.blocks]
+    scheduling._TASK_POOLS.pop(2, None)
+    with scheduling.worker_threads(2):
+        got = partition_matvec(blks, Ws, 200)
+    assert 2 in scheduling._TASK_POOLS  # the runs ran on a pool of two threads
+    np.testing.assert_allclose(got, X @ U, rtol=1e-13, atol=1e-13)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_wide_products_in_column_groups_match_dense(mode, monkeypatch):
     """A product wider than the cache holds runs in contiguous groups of columns (one sweep each): the same
