@@ -144,7 +144,7 @@ def test_m3fs_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_clie
 
     X, path = store
     with cluster_client.as_current():
-        M = Matrix(path, standardize="zscore")
+        M = Matrix(path, standardize="zscore").persist()  # the v-steps' passes on persisted blocks: a third the time
         G = _graph(M)
         Wd = _wdense(G)
         lab = _init_labels(M, None, "spectral", 2, 0, 3000, G)
@@ -152,8 +152,9 @@ def test_m3fs_on_the_row_block_anchor_graph_picks_as_on_its_dense_w(cluster_clie
         _, U = np.linalg.eigh(Ln.toarray())
         want = (U[:, 1] > np.median(U[:, 1])).astype(np.int64)
         assert min(np.sum(lab != want), np.sum(lab == want)) == 0
-        got = m3fs_alternating(M, n_features=8, W=G, max_iter=5)
-        dense = m3fs_alternating(M, n_features=8, W=Wd, max_iter=5)
+        # no polish (its label flips re-run the solve, tested on its own): the two graphs, not the flips
+        got = m3fs_alternating(M, n_features=8, W=G, max_iter=5, polish=0)
+        dense = m3fs_alternating(M, n_features=8, W=Wd, max_iter=5, polish=0)
     np.testing.assert_array_equal(np.sort(got.selected), np.sort(dense.selected))
     np.testing.assert_allclose(got.objective, dense.objective, rtol=1e-6)
 

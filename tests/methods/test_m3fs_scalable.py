@@ -554,7 +554,7 @@ def test_scores_lost_with_their_worker_run_the_v_step_again(both_paths, forget_k
     calls: list = []
     caplog.set_level("WARNING", logger="dufs.methods.m3fs.vstep")
     got = both_paths(lambda: Matrix(_data(120, 30, seed=1, sparse=True), standardize="scale", block_width=10),
-                     lambda M: ms.m3fs_alternating(M, n_features=5, graph="knn", lambda_=0.01, max_iter=2, polish=0),
+                     lambda M: ms.m3fs_alternating(M, n_features=5, graph="knn", lambda_=0.01, max_iter=1, polish=0),
                      lambda: calls.append(forget_kept(kept_scores.KeptScores, "trial", 3)))  # the third trial
     assert len(calls[0]) >= 3
     assert "was lost" in caplog.text and "again from its start, its vectors on the driver" in caplog.text
