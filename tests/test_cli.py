@@ -434,3 +434,13 @@ def test_convert_on_two_workers(tmp_path, text):
     res = run("convert", src, tmp_path / "bad.zarr", "--workers", "2", "--block-bytes", "2500", code=2)
     assert f"{src}:100: a feature value is nan or infinite" in res.stderr
     assert not (tmp_path / "bad.zarr").exists() and not (tmp_path / "bad.zarr.dufs-partial").exists()
+
+
+def test_version_names_dufs_and_the_libraries_it_runs_on():
+    """``dufs --version``: dufs's version, then dask's, distributed's, numpy's, scipy's and zarr's, one a line."""
+    from importlib.metadata import version
+
+    res = run("--version")
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"dufs {dufs.__version__}"
+    assert lines[1:] == [f"{name} {version(name)}" for name in ("dask", "distributed", "numpy", "scipy", "zarr")]
