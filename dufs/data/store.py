@@ -421,13 +421,21 @@ class SparseStore:
         return da.Array(dsk, name, chunks, meta=meta)
 
     def to_scipy(self, orientation: Orientation = "csr") -> Any:
-        """The whole matrix in memory as a SciPy sparse array: for small stores and tests only."""
+        """The whole matrix in memory as a SciPy sparse array: for small stores and tests only.
+
+        Its ``indices`` and ``indptr`` are int32 when the nonzeros and both dimensions fit (scikit-learn's
+        liblinear estimators and ``dump_svmlight_file`` refuse int64 ones), int64 otherwise.
+        """
         import scipy.sparse as sp
 
+        cls = sp.csr_array if orientation == "csr" else sp.csc_array
         blocks = [self.block(i, orientation).to_scipy() for i in range(self.n_blocks(orientation))]
         if not blocks:
-            return (sp.csr_array if orientation == "csr" else sp.csc_array)(self.shape, dtype=self.dtype)
-        return (sp.vstack if orientation == "csr" else sp.hstack)(blocks, format=orientation)
+            return cls(self.shape, dtype=self.dtype)
+        M = (sp.vstack if orientation == "csr" else sp.hstack)(blocks, format=orientation)
+        if max(M.nnz, *M.shape) > np.iinfo(np.int32).max:
+            return M
+        return cls((M.data, M.indices.astype(np.int32), M.indptr.astype(np.int32)), shape=M.shape)
 
     def info(self, top: int = 10) -> dict:
         """A summary: shape, nnz, density, blocks, label counts, most frequent features, provenance."""

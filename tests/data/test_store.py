@@ -148,6 +148,31 @@ def test_feature_ids_and_info(store_path):
             _ = dufs.open(s.path).feature_ids
 
 
+@pytest.mark.parametrize("o", ["csr", "csc"])
+def test_to_scipy_has_int32_indices_scikit_learn_accepts(store_path, o):
+    """A store whose nonzeros and dimensions fit in int32 comes back with int32 ``indices`` and ``indptr``:
+    scikit-learn's LinearSVC and ``dump_svmlight_file`` refuse int64 ones."""
+    import io
+
+    from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+    from sklearn.svm import LinearSVC
+
+    X = sp.random_array((60, 25), density=0.2, format="csr", rng=np.random.default_rng(1))
+    y = np.arange(60) % 2
+    with SMALL.config():  # several blocks a side, stacked by to_scipy
+        st_ = write_store(X, store_path(), y)
+    assert st_.n_blocks(o) > 1
+    M = st_.to_scipy(o)
+    assert M.indices.dtype == np.int32 and M.indptr.dtype == np.int32
+    np.testing.assert_array_equal(M.toarray(), X.toarray())
+    LinearSVC().fit(M, st_.y)
+    buf = io.BytesIO()
+    dump_svmlight_file(M, st_.y, buf)
+    back, yb = load_svmlight_file(io.BytesIO(buf.getvalue()), n_features=25)
+    np.testing.assert_allclose(back.toarray(), X.toarray())
+    np.testing.assert_array_equal(yb, y)
+
+
 # to_dask ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory):
