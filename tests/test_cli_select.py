@@ -79,3 +79,25 @@ def test_select_says_a_degenerate_result_as_a_warning_line(tmp_path):
     r = CliRunner().invoke(app, ["select", str(tmp_path / "unit.zarr"), *args, "--standardize", "none"],
                            env={"COLUMNS": "400"})
     assert r.exit_code == 0 and "warning" not in r.output, r.output
+
+
+def test_select_param_none_or_null_in_any_case_is_none(tmp_path):
+    """``-p t=None`` (none, null, NULL) is None, as in ``fit(t=None)``, not the string "None" that the parameter
+    check refuses; a JSON-quoted "None" stays a string."""
+    from dufs.cli.selecting import _parse_params
+
+    X = sp.random_array((30, 10), density=0.3, rng=0, format="csr")
+    dufs.write_store(X, tmp_path / "s.zarr")
+    ref = dufs.fit(dufs.open(tmp_path / "s.zarr"), method="laplacian", n_features=4, n_neighbors=3,
+                   weights="heat", t=None, client=False)
+    for word in ("None", "none", "null", "NULL"):
+        out = tmp_path / f"sel-{word}.json"
+        r = CliRunner().invoke(app, ["select", str(tmp_path / "s.zarr"), "-m", "laplacian", "-k", "4", "-p",
+                                     "n_neighbors=3", "-p", "weights=heat", "-p", f"t={word}", "-o", str(out),
+                                     "--workers", "0"])
+        assert r.exit_code == 0, r.output
+        assert dufs.Selection.from_json(out).indices.tolist() == ref.indices.tolist()
+    assert _parse_params(["a=None", 'b="None"', "c=nonesuch", "d=1.5"]) == {"a": None, "b": "None",
+                                                                           "c": "nonesuch", "d": 1.5}
+    r = CliRunner().invoke(app, ["select", "--help"])
+    assert "parsed as JSON" in " ".join(r.output.replace("│", " ").split())

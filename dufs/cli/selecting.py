@@ -39,7 +39,9 @@ def select(
     standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale or none (default: "
                                                                           "the method's)."),
     n_neighbors: int | None = typer.Option(None, "--n-neighbors", help="kNN graph size (laplacian)."),
-    param: list[str] = typer.Option([], "--param", "-p", help="A method parameter, name=value (repeatable)."),
+    param: list[str] = typer.Option([], "--param", "-p", help="A method parameter, name=value (repeatable); the "
+                                    "value is parsed as JSON (numbers, true/false, \"quoted\" strings), none or "
+                                    "null (any case) is null (None), anything else is a string."),
     scheduler: str | None = SchedulerOpt,
     workers: int | None = WorkersOpt,
 ) -> None:
@@ -115,12 +117,17 @@ def _check_select(store: str, method: str, k: int, standardize: str | None, para
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:
-    """``name=value`` pairs; values are read as JSON when they parse (numbers, true/false, null), else strings."""
+    """``name=value`` pairs; values are read as JSON when they parse (numbers, true/false, null), else strings.
+    ``none``/``null`` in any case is None too: ``-p checkpoint=None`` means no checkpoint, not a folder "None"
+    (``-p 'x="None"'`` is the string)."""
     params: dict[str, Any] = {}
     for it in items:
         name, sep, value = it.partition("=")
         if not sep or not name.strip():
             raise DufsError(f"--param wants name=value; got {it!r}")
+        if value.strip().lower() in ("none", "null"):
+            params[name.strip().replace("-", "_")] = None
+            continue
         try:
             params[name.strip().replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError:
