@@ -117,6 +117,35 @@ def test_convert_each(tmp_path):
     assert_loads_as_sklearn(dest / "b.zarr", b_text, zero_based=True, n_features=51)
 
 
+
+def test_convert_each_names_a_store_after_the_whole_file_name(tmp_path):
+    """``adult.trn.bz2`` and ``adult.tst.bz2`` become ``adult.trn.zarr`` and ``adult.tst.zarr`` (the compression and
+    a libsvm suffix dropped, nothing more); inputs that would still share a store are refused in one line naming
+    both, before anything is written."""
+    trn_text, tst_text = text_of(60, 20, seed=4), text_of(40, 20, seed=5)
+    (tmp_path / "a").mkdir()
+    trn = write(tmp_path / "a" / "adult.trn.bz2", trn_text)
+    tst = write(tmp_path / "a" / "adult.tst.bz2", tst_text)
+    dest = tmp_path / "out"
+    res = run("convert", trn, tst, dest, "--each", "--workers", "0")
+    assert res.stdout.split() == [str(dest / "adult.trn.zarr"), str(dest / "adult.tst.zarr")]
+    assert_loads_as_sklearn(dest / "adult.trn.zarr", trn_text, n_features=20)
+    assert_loads_as_sklearn(dest / "adult.tst.zarr", tst_text, n_features=20)
+    # x.svm and x.svm.bz2 (or a/x.svm and b/x.svm) would both be x.zarr: refused, OUT not even made
+    plain = write(tmp_path / "a" / "x.svm", trn_text)
+    packed = write(tmp_path / "a" / "x.svm.bz2", tst_text)
+    res = run("convert", plain, packed, tmp_path / "clash", "--each", "--workers", "0", code=2)
+    line = one_error_line(res)
+    assert str(plain) in line and str(packed) in line and "x.zarr" in line
+    assert not (tmp_path / "clash").exists()
+    # the converter itself refuses one output given twice, naming both inputs
+    from dufs.data.convert import convert_libsvm
+    from dufs.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=f"{re.escape(str(plain))} and {re.escape(str(packed))} are both"):
+        convert_libsvm([plain, packed], [tmp_path / "y.zarr", tmp_path / "." / "y.zarr"])
+    assert not (tmp_path / "y.zarr").exists() and not list(tmp_path.glob("y.zarr*"))
+
 def test_convert_bad_input(tmp_path, text):
     lines = text.splitlines(keepends=True)
     lines[36] = b"1 3:1 3:2\n"

@@ -72,7 +72,7 @@ def convert(
             dask.utils.parse_bytes(block_bytes)
         except ValueError:
             fail(ParameterError(f"--block-bytes must be a size like 32MiB or 8000000; got {block_bytes!r}"))
-    names = [p.rstrip("/").rsplit("/", 1)[-1].split(".")[0] + ".zarr" for p in ins]
+    names = _each_names(ins) if each else []
     outs: Any = [f"{dest.rstrip('/')}/{n}" if "://" in dest else str(Path(dest) / n) for n in names] if each else dest
     local_dest = None if "://" in dest else Path(dest)  # an object store has no folders to make or remove
     made_dest = each and local_dest is not None and not local_dest.exists()
@@ -108,6 +108,34 @@ def _convert_args(inputs: list[str], zero_based: str) -> tuple[list[str], str, A
             fail(ParameterError(f"{p}: is a directory, not a libsvm file"))
     check_output_dir(dest, "OUT")
     return ins, dest, zb
+
+
+#: suffixes that say "libsvm text", dropped from an input's name with its compression's to name its store
+_TEXT_SUFFIXES = (".svm", ".libsvm", ".svmlight", ".txt")
+
+
+def _each_names(ins: list[str]) -> list[str]:
+    """The store names of ``convert --each``: each input's whole file name less its compression suffix and then a
+    libsvm-text suffix, plus ``.zarr`` (``adult.trn.bz2`` -> ``adult.trn.zarr``, ``a.svm.gz`` -> ``a.zarr``), so
+    that different inputs get different stores; two inputs that would still share one are refused here, before
+    anything is written, naming both."""
+    from dufs.data.units import _compressed
+
+    names: list[str] = []
+    seen: dict[str, str] = {}
+    for p in ins:
+        name = p.rstrip("/").rsplit("/", 1)[-1]
+        if _compressed(name) and "." in name.lstrip("."):
+            name = name[: name.rindex(".")]
+        if name.lower().endswith(_TEXT_SUFFIXES) and "." in name.lstrip("."):
+            name = name[: name.rindex(".")]
+        name += ".zarr"
+        if name in seen:
+            fail(ParameterError(f"--each: {seen[name]} and {p} would both be converted to {name}; rename one "
+                                f"or convert them separately"))
+        seen[name] = p
+        names.append(name)
+    return names
 
 
 def _convert_progress(bar: Any, t0: float) -> Any:

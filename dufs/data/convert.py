@@ -289,6 +289,11 @@ def _arguments(inputs: Any, output: Any, zero_based: Any, n_features: Any, on_er
         raise ParameterError("The 'inputs' parameter of convert_libsvm must name at least one file; got none.")
     if many and len(outs) != len(ins):
         raise ParameterError(f"{len(ins)} inputs but {len(outs)} outputs: give one output, or one per input")
+    first: dict[str, int] = {}
+    for i, o in enumerate(outs):  # one store twice: its second build found the first's, begun by this very process
+        j = first.setdefault(o if _is_url(o) else os.path.abspath(o), i)
+        if j != i:
+            raise ParameterError(f"{ins[j]} and {ins[i]} are both to be converted to {o}: give one output per input")
     block_bytes = config.parse_bytes(block_bytes or config.get("convert.block-bytes"))
     _check_options(zero_based, n_features, on_error, block_bytes)
     try:
