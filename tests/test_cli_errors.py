@@ -61,7 +61,10 @@ CASES = [
      "cannot connect to the Dask scheduler at notanaddress"),
     # info
     (["info", "{tmp}/nosuch.zarr"], "no dufs store at {tmp}/nosuch.zarr"),
-    (["info", "{tmp}/plain"], "{tmp}/plain is not a Zarr group"),
+    (["info", "{tmp}/plain"], "{tmp}/plain is not a dufs store (a directory with no zarr.json); to make one from "
+                              "libsvm/svmlight text, run `dufs convert IN... OUT.zarr`"),
+    (["info", "{tmp}/in.svm"], "{tmp}/in.svm is not a dufs store (a regular file); to make one from libsvm/svmlight "
+                               "text, run `dufs convert {tmp}/in.svm OUT.zarr`"),
     (["info", "{tmp}/s.zarr", "--top", "-1"], "Invalid value for '--top'"),
     # make-synthetic
     (["make-synthetic", "{tmp}/m.zarr", "--rows", "0"], "'n_rows' parameter of make_synthetic"),
@@ -72,6 +75,9 @@ CASES = [
     (["make-synthetic", "{tmp}/nodir/m.zarr", "--rows", "100", "--features", "50"], "{tmp}/nodir does not exist"),
     (["make-synthetic", "{tmp}/m.zarr", "--rows", "many"], "Invalid value for '--rows'"),
     # select
+    (["select", "{tmp}/in.svm", "-m", "fisher", "-k", "1"], "{tmp}/in.svm is not a dufs store (a regular file); to "
+                                                             "make one from libsvm/svmlight text, run `dufs convert "
+                                                             "{tmp}/in.svm OUT.zarr`"),
     (["select", "{tmp}/s.zarr", "-m", "fisher", "-k", "3", "-o", "{tmp}/nodir/x.json"],
      "-o {tmp}/nodir/x.json: the folder {tmp}/nodir does not exist"),
     (["select", "{tmp}/s.zarr", "-m", "fisher", "-k", "3", "-o", "{tmp}/plain"], "is a directory; give a file name"),

@@ -302,6 +302,11 @@ class SparseStore:
         try:
             self._group = loc.open_group("r")
         except Exception as exc:
+            kind, what = store_kind(loc)
+            if kind == "other":  # most often the libsvm text itself, given where its store was meant
+                text = loc.url if what in ("a regular file", "a file") else "IN..."
+                raise StoreError(f"{loc.url} is not a dufs store ({what}); to make one from libsvm/svmlight text, "
+                                 f"run `dufs convert {text} OUT.zarr`") from exc
             raise StoreError(f"{loc.url} is not a Zarr group ({exc})") from exc
         #: the store's metadata, read by the reader of its format version
         self.meta: StoreMeta = layout.read_meta(dict(self._group.attrs), loc.url)
