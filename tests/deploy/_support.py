@@ -56,6 +56,13 @@ def readme_line(heading: str, contains: str, *, without: str | None = None) -> s
     return lines[0]
 
 
+def readme_lines_before(heading: str, contains: str) -> list[str]:
+    """The lines of the README's ``heading`` code block that come before its one line containing ``contains``
+    (what that line needs set first, e.g. ``$WORKER_MEMORY``)."""
+    (block,) = [b for b in readme_blocks(heading) if any(contains in ln for ln in b)]
+    return block[:next(i for i, ln in enumerate(block) if contains in ln)]
+
+
 # ------------------------------------------------------------------------------------------------ processes
 def free_port() -> int:
     with socket.socket() as s:
@@ -152,9 +159,11 @@ class LocalCluster:
 
 
 def start_cluster(cwd: Path, env: dict[str, str]) -> LocalCluster:
-    """Run the README's start line in ``cwd`` (which links ``deploy/`` to the repository's) and return the cluster."""
-    start = readme_line("Local processes", "dufs-cluster start")
-    res = bash(f'{start}\nprintf "%s" "$ADDR"', env, cwd, timeout=patience(180))
+    """Run the README's start line, after the lines before it (``$WORKER_MEMORY``), in ``cwd`` (which links
+    ``deploy/`` to the repository's) and return the cluster."""
+    start = [*readme_lines_before("Local processes", "dufs-cluster start"),
+             readme_line("Local processes", "dufs-cluster start")]
+    res = bash("\n".join([*start, 'printf "%s" "$ADDR"']), env, cwd, timeout=patience(180))
     assert res.returncode == 0 and res.stdout.startswith("tcp://127.0.0.1:"), (res.stdout, res.stderr)
     return LocalCluster(address=res.stdout, env={**env, "ADDR": res.stdout}, cwd=cwd,
                         state=Path(env["DUFS_CLUSTER_DIR"]))

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from dufs.testing import patience
-from tests.deploy._support import DEPLOY, tool_env
+from tests.deploy._support import DEPLOY, WORKER_MEMORY, bash, readme_line, readme_lines_before, tool_env
 
 SCRIPT = DEPLOY / "local" / "dufs-cluster"
 
@@ -53,3 +53,21 @@ def test_start_on_a_busy_port_says_the_port_is_in_use(tmp_path):
     assert res.stdout == ""
     assert "Traceback" not in res.stderr
     assert f"port {port} on 127.0.0.1 is in use" in res.stderr.strip().splitlines()[-1], res.stderr
+
+
+def test_readme_sets_worker_memory_before_the_start_line_uses_it(tmp_path):
+    """The README's local-cluster block runs as written in a shell without ``$WORKER_MEMORY``: the lines before
+    the start line give it a value that ``dufs-cluster`` and dask take (unset, the start line passed an empty
+    limit), and keep one the caller set (the tests' ``WORKER_MEMORY``)."""
+    import dask.utils
+
+    start = readme_line("Local processes", "dufs-cluster start")
+    assert '"$WORKER_MEMORY"' in start
+    before = readme_lines_before("Local processes", "dufs-cluster start")
+    env = {k: v for k, v in tool_env().items() if k != "WORKER_MEMORY"}
+    res = bash("\n".join([*before, 'printf "%s" "$WORKER_MEMORY"']), env, tmp_path, timeout=patience(30))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout and dask.utils.parse_bytes(res.stdout) > 0, res.stdout
+    res = bash("\n".join([*before, 'printf "%s" "$WORKER_MEMORY"']), {**env, "WORKER_MEMORY": WORKER_MEMORY},
+               tmp_path, timeout=patience(30))
+    assert res.stdout == WORKER_MEMORY
