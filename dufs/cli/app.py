@@ -114,8 +114,11 @@ def command(*args: Any, **kwargs: Any) -> Any:
         def wrapper(*a: Any, **k: Any) -> Any:
             try:
                 return fn(*a, **k)
-            except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+            except (typer.Exit, typer.Abort, SystemExit):
                 raise
+            except KeyboardInterrupt:  # said here: typer makes it a silent exit 130 before the group sees it
+                console.print("interrupted", highlight=False)
+                raise typer.Exit(130) from None
             except Exception as exc:  # noqa: BLE001 - the command line's boundary
                 if _DEBUG["on"] or isinstance(exc, _ClickException):
                     raise

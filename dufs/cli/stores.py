@@ -89,7 +89,27 @@ def convert(
         if made_dest and not any(local_dest.iterdir()):
             local_dest.rmdir()  # leave no output behind
         fail(exc)
+    except KeyboardInterrupt:
+        _interrupted(outs if each else [outs], resume)
     _print_converted(stores, rep, time.perf_counter() - t0, small)
+
+
+def _interrupted(outs: list[str], resume: bool) -> None:
+    """Ctrl-C during ``dufs convert``: one line saying where the partial stores the conversion keeps are and how
+    to finish them (--resume) or drop them, then exit 130 (typer turns the interrupt into a silent exit 130)."""
+    from dufs.data._fs import Location
+    from dufs.data.layout import partial_location
+
+    left = [p.url for p in (partial_location(Location.of(o)) for o in outs) if p.exists()]
+    if not left:
+        console.print("interrupted; nothing was written", highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
+    again = "run the same command again" if resume else "run the same command with --resume"
+    where = ", ".join(left)
+    console.print(f"interrupted: the partial {'store is' if len(left) == 1 else 'stores are'} at {escape(where)}; "
+                  f"{again} to finish, or with --overwrite to start over (or remove "
+                  f"{'it' if len(left) == 1 else 'them'})", highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
 
 
 def _convert_args(inputs: list[str], zero_based: str) -> tuple[list[str], str, Any]:
