@@ -50,8 +50,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_cluster(args: argparse.Namespace) -> Any:
-    """The ``SLURMCluster`` of ``args`` (its scheduler runs in this process; no job is submitted yet)."""
-    from dask_jobqueue import SLURMCluster
+    """The ``SLURMCluster`` of ``args`` (its scheduler runs in this process; no job is submitted yet). Without
+    dask-jobqueue, one line saying what to install instead of a traceback."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "dask_jobqueue":
+            raise  # dask-jobqueue is there, one of its own dependencies is not
+        sys.exit("dufs_slurm.py: needs dask-jobqueue, which is not installed: pip install 'dufs[deploy]' "
+                 "(from a clone: pip install -e '.[deploy]'), or pip install dask-jobqueue")
 
     scheduler_options: dict[str, Any] = {"dashboard_address": ":8787"}
     host = "127.0.0.1" if args.dry_run else args.scheduler_host  # a dry run's scheduler serves nobody

@@ -100,3 +100,18 @@ def test_the_job_script_runs_workers_for_the_launchers_selection(tmp_path, train
     assert sel.diagnostics["n_workers"] == 2
     want = dufs.fit(str(train_store), method="fisher", n_features=50, client=False)
     assert sel.indices.tolist() == want.indices.tolist()
+
+
+def test_without_dask_jobqueue_one_line_names_the_extra(tmp_path):
+    """The launcher run where dask-jobqueue cannot be imported (None in ``sys.modules``, as for a module that is
+    not installed): one line naming the ``deploy`` extra that provides it, no traceback, a non-zero exit."""
+    code = ("import runpy, sys; sys.modules['dask_jobqueue'] = None; "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code, str(LAUNCHER), "x.zarr", "--method", "fisher", "-k", "3",
+                          "-o", "sel.json", "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=patience(60))
+    assert res.returncode != 0 and res.stdout == ""
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "dask-jobqueue" in lines[0] and "[deploy]" in lines[0], lines[0]
