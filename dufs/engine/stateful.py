@@ -171,6 +171,9 @@ class StatePasses:
             out = _held(client, futs) if hold else client.gather(futs)
         except Exception:  # the new items (some may be kept) and the released ones (perhaps not dropped) again
             release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)] + taken)
+            # asked again next pass: after a lost worker the cached placement names it, and a rebuilt state would
+            # be recorded there while its tasks ran elsewhere (every later pass then lost it again)
+            self.placed_at = {}
             raise
         report(name, n, n)
         kept = [Resident(tokens[u], home[u]) for u in range(n)]
