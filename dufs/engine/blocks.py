@@ -177,9 +177,13 @@ def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None, cl
     direct = _direct(dtype, tfs)
     p = classes or V.shape[1]
     V = _grouped(V, classes)  # a wide V's column groups, copied once for all the partition's blocks
+    # each block writes its own rows: on a worker of several threads the blocks run side by side, the same numbers
+    threads = task_threads()
     if into is not None:
         target = writable_array(into)
-        for b, (mu, inv), a in zip(blocks, tfs, starts, strict=True):
+
+        def one_into(i):
+            b, (mu, inv), a = blocks[i], tfs[i], starts[i]
             w = b.indptr.shape[0] - 1
             if direct or target.dtype == np.float64:  # the kernel writes the result's rows itself
                 part = target[a:a + w]
@@ -190,16 +194,20 @@ def partition_rmatvec(srcs, V, vsum, tfs, dtype=None, into=None, starts=None, cl
                 part = buffer((w, p), np.float64)
                 _product(b, V, part, classes)
                 np.copyto(target[a:a + w], standardize_rows(part, mu, vsum, inv), casting="same_kind")
+
+        each_in_threads(one_into, len(blocks), threads)
         return sum(b.indptr.shape[0] - 1 for b in blocks)
     out = buffer((sum(b.indptr.shape[0] - 1 for b in blocks), p), dtype if direct else np.float64)
-    o = 0
-    for b, (mu, inv) in zip(blocks, tfs, strict=True):
-        w = b.indptr.shape[0] - 1
-        part = out[o:o + w]
+    firsts = np.concatenate([[0], np.cumsum([b.indptr.shape[0] - 1 for b in blocks])]).astype(np.int64)
+
+    def one(i):
+        b, (mu, inv) = blocks[i], tfs[i]
+        part = out[firsts[i]:firsts[i + 1]]
         _product(b, V, part, classes)
         if not direct:
             standardize_rows(part, mu, vsum, inv)
-        o += w
+
+    each_in_threads(one, len(blocks), threads)
     return out if direct else _cast(out, dtype)
 
 

@@ -161,9 +161,9 @@ def test_products_under_distributed_client(cluster_client, tmp_path):
 def test_a_partitions_product_on_two_threads_is_numpys():
     """A partition's Z U on a worker of two threads (:func:`~dufs.scheduling.worker_threads` stands for one here):
     its blocks cut into a run a thread, balanced by nonzeros, each run into its own buffer, added; X U as NumPy
-    makes it, on both threads."""
+    makes it, on both threads. Its Z^T V on two threads: one thread's numbers."""
     from dufs import scheduling
-    from dufs.engine.blocks import _thread_runs, partition_matvec
+    from dufs.engine.blocks import _thread_runs, partition_matvec, partition_rmatvec
 
     rng = np.random.default_rng(6)
     X = sp.random_array((200, 90), density=0.1, format="csc", rng=rng)
@@ -178,6 +178,16 @@ def test_a_partitions_product_on_two_threads_is_numpys():
         got = partition_matvec(blks, Ws, 200)
     assert 2 in scheduling._TASK_POOLS  # the runs ran on a pool of two threads
     np.testing.assert_allclose(got, X @ U, rtol=1e-13, atol=1e-13)
+    # Z^T V: each block writes its own rows, side by side on the two threads: one thread's numbers, bit for bit
+    V = rng.standard_normal((200, 3))
+    tfs = [(None, None)] * len(blks)
+    one = partition_rmatvec(blks, V, None, tfs).copy()
+    scheduling._TASK_POOLS.pop(2, None)
+    with scheduling.worker_threads(2):
+        two = partition_rmatvec(blks, V, None, tfs)
+    assert 2 in scheduling._TASK_POOLS
+    np.testing.assert_array_equal(two, one)
+    np.testing.assert_allclose(one, X.T @ V, rtol=1e-13, atol=1e-13)
 
 
 @pytest.mark.parametrize("mode", MODES)
