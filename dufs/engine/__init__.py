@@ -7,7 +7,7 @@ an array to the workers (:func:`shipped`, :func:`in_shared_memory`), have result
 (:func:`receiving`), take a pooled output array (:func:`buffer`).
 """
 
-from dufs.engine.blocks import FeatureBlock, PerBlock, StoreBlock, ranked_head
+from dufs.engine.blocks import FeatureBlock, PerBlock, StoreBlock, ranked_head, thread_runs
 from dufs.engine.buffers import buffer
 from dufs.engine.cluster import get_client, is_lost
 from dufs.engine.direct import last_timeline
@@ -34,4 +34,5 @@ __all__ = ["STANDARDIZE", "AnchorGraph", "BlockState", "ColumnStats", "Executor"
            "block_stats", "buffer", "check_finite", "check_labels", "current_client", "fetch", "flush", "get_client",
            "graph_rows", "in_shared_memory", "input_identity", "is_lost", "kept_call", "kept_vectors", "knn_graph",
            "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "ranked_head", "receiving",
-           "resolve_graph", "shipped", "transform_of", "tree_sum_into", "tree_sum_values"]
+           "resolve_graph", "shipped", "thread_runs", "transform_of", "tree_sum_into",
+           "tree_sum_values"]

@@ -300,7 +300,7 @@ def partition_matvec(srcs, Ws, n_rows):
     accumulated into its own buffer on its thread, and the runs' sums added by the fixed tree."""
     p = Ws[0].shape[1]
     blks = [resolve(src) for src in srcs]
-    runs = _thread_runs(blks, task_threads())
+    runs = thread_runs(blks, task_threads())
 
     def run(r):
         out = np.zeros((n_rows, p), dtype=np.float64)
@@ -314,8 +314,9 @@ def partition_matvec(srcs, Ws, n_rows):
     return tree_sum_into(sums, np.empty((n_rows, p), dtype=np.float64))
 
 
-def _thread_runs(blks, threads):
-    """The blocks' indices cut into at most ``threads`` contiguous runs balanced by nonzeros."""
+def thread_runs(blks, threads):
+    """The blocks' indices cut into at most ``threads`` contiguous runs balanced by nonzeros: what a task over a
+    partition's blocks runs on each of its worker's threads."""
     k = max(1, min(int(threads), len(blks)))
     if k == 1:
         return [list(range(len(blks)))]

@@ -163,14 +163,14 @@ def test_a_partitions_product_on_two_threads_is_numpys():
     its blocks cut into a run a thread, balanced by nonzeros, each run into its own buffer, added; X U as NumPy
     makes it, on both threads. Its Z^T V on two threads: one thread's numbers."""
     from dufs import scheduling
-    from dufs.engine.blocks import _thread_runs, partition_matvec, partition_rmatvec
+    from dufs.engine.blocks import partition_matvec, partition_rmatvec, thread_runs
 
     rng = np.random.default_rng(6)
     X = sp.random_array((200, 90), density=0.1, format="csc", rng=rng)
     U = rng.standard_normal((90, 2))
     M = Matrix(X, block_width=10)
     blks = list(M.executor.src)
-    assert len(blks) == 9 and _thread_runs(blks, 2) in ([list(range(5)), list(range(5, 9))],
+    assert len(blks) == 9 and thread_runs(blks, 2) in ([list(range(5)), list(range(5, 9))],
                                                        [list(range(4)), list(range(4, 9))])
     Ws = [U[b.start:b.stop] for b in M.blocks]
     scheduling._TASK_POOLS.pop(2, None)

@@ -254,8 +254,8 @@ def test_v_step_on_the_workers_matches_cvxpy(cluster_client, standardize):
 
 @pytest.mark.slow
 def test_a_worker_of_two_threads_sweeps_its_partitions_groups_side_by_side():
-    """A worker process of two threads holds one partition of the v-step's blocks, cut into a group a thread that
-    its threads sweep side by side, each into its own sum (a machine of one process of many threads: a few tasks a
+    """A worker process of two threads holds one partition of the v-step's blocks, cut into a run a thread that its
+    threads sweep side by side, each into its own sum (a machine of one process of many threads: a few tasks a
     FISTA iteration, not a few a thread): CVXPY's optimum, and the driver's v-step's value."""
     import distributed
 
@@ -269,9 +269,8 @@ def test_a_worker_of_two_threads_sweeps_its_partitions_groups_side_by_side():
     kw = dict(C=C, lambda_=lam, l=l, smoothing=mu, colsum=Z.sum(axis=0), tol=1e-7, max_iter=4000)
     with (distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None)
           as cluster, distributed.Client(cluster, set_as_default=False) as client, client.as_current()):
-        M = Matrix(X, standardize="zscore", block_width=4).persist()  # 3 blocks: one partition of two groups
-        parts = resident.resident_partitions(M)
-        assert len(parts) == 1 and len(parts[0]) == 2 and sorted(i for g in parts[0] for i in g) == [0, 1, 2]
+        M = Matrix(X, standardize="zscore", block_width=4).persist()  # 3 blocks: one partition, two runs
+        assert resident.resident_partitions(M) == [[0, 1, 2]]
         out = vstep.v_step(M, sigma, y, L, **kw)
         here = vstep.v_step(M, sigma, y, L, resident=False, **kw)
         ran = client.run(task_threads_used)

@@ -33,6 +33,7 @@ from dufs.engine import (
     mark_spread,
     receiving,
     shipped,
+    thread_runs,
     tree_sum_into,
     tree_sum_values,
 )
@@ -44,29 +45,20 @@ __all__ = ["ResidentU", "resident_partitions"]
 _NONE = np.zeros(0)
 
 
-def resident_partitions(M: Matrix) -> list[list[list[int]]] | None:
-    """The feature blocks cut into one group a worker thread (balanced by nonzeros, each on the worker that holds
-    its blocks) and the groups on one worker made one partition, one task a worker process (its groups swept side
-    by side on its threads, :func:`_step`), when ``M``'s blocks are persisted on a distributed cluster: a list of
-    partitions, each a list of groups of block indices. None otherwise (the v-step keeps its vectors on the
-    driver). A partition a thread cost the scheduler its transitions per thread: at 16 threads a machine, 16 times
-    those of a worker of 16 threads (docs/scaling.md)."""
+def resident_partitions(M: Matrix) -> list[list[int]] | None:
+    """The feature blocks in one partition a worker process (each on the worker that holds its blocks; a worker of
+    several threads sweeps its partition's blocks in a run a thread, :func:`_step`) when ``M``'s blocks are
+    persisted on a distributed cluster; None otherwise (the v-step keeps its vectors on the driver). A partition a
+    thread cost the scheduler its transitions per thread: at 16 threads a machine, 16 times those of a worker of
+    16 threads (docs/scaling.md)."""
     client = current_client()
     if client is None or M.residency.get("mode") != "persisted" or M.n_blocks < 1:
         return None
     try:
-        threads = sum(client.nthreads().values())
+        workers = len(client.nthreads())
     except Exception:  # a client that cannot say: the driver's way
         return None
-    where = M.executor.placement()
-    groups = M.partition(max(1, min(threads, M.n_blocks)), where)
-    owners = [where[g[0]] for g in groups]
-    if None in owners:  # not grouped by worker (partition's contiguous runs): a group a task, as before
-        return [[g] for g in groups]
-    parts: dict[str, list[list[int]]] = {}
-    for g, a in zip(groups, owners, strict=True):
-        parts.setdefault(a, []).append(g)
-    return sorted(parts.values())
+    return M.partition(max(1, min(workers, M.n_blocks)))
 
 
 # ---------------------------------------------------------------------------------------------------- on the workers
@@ -153,23 +145,22 @@ def _free(st, x, xp, i):
     return None
 
 
-def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None, group=None):
+def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None):
     """The decision on the last trial applied (with ``renew``, the new v-step's start made first by :func:`_renew`
     from the last v-step's final decision, s = ``renew``), then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
     g = si X^T R - rsum cm + y - ga a, the trial point and its partial scores, written into row ``row[0]`` of the
     driver's results file ``into`` (:func:`dufs.engine.receiving`) where it gives one (the result: the 9 dots),
-    else the result (the dots, then the scores), summed over the partitions by the workers. The blocks' groups
-    (``group``, one index a block; None: one group) are swept side by side on the worker's threads, each into its
-    own sum, and the groups' sums added by the fixed tree. The state given is used up (its arrays that the new one
-    no longer holds are written)."""
+    else the result (the dots, then the scores), summed over the partitions by the workers. On a worker of several
+    threads the blocks are cut into a run a thread (balanced by nonzeros), swept side by side, each into its own
+    sum, and the runs' sums added by the fixed tree. The state given is used up (its arrays that the new one no
+    longer holds are written)."""
     if renew is not None:
         st, _ = _renew(blks, st, renew, decision)
         decision = None
     n = R.shape[0]
     x, xp = _decided(st, decision)
-    gid = [0] * len(blks) if group is None else list(group)
-    members = [[i for i in range(len(blks)) if gid[i] == j] for j in range(max(gid) + 1)]
+    members = thread_runs(blks, task_threads())
     made: list = [None] * len(blks)
 
     def sweep(j, dots, out):  # a group's blocks in turn, into its own sum
@@ -256,16 +247,14 @@ class ResidentU:
     back."""
 
     def __init__(self, M: Matrix, U0: np.ndarray, s_half: np.ndarray, colsum: np.ndarray | None,
-                 parts: list[list[list[int]]]):
+                 parts: list[list[int]]):
         mu, inv = M.transform
-        self.M, self.groups, self.n = M, parts, M.shape[0]
-        self.parts = [[i for g in part for i in g] for part in parts]  # a task's blocks, its groups in turn
-        # each block's partition (the row of the step's results file its partition writes) and its group there
-        self._rows, self._group = [0] * M.n_blocks, [0] * M.n_blocks
+        self.M, self.parts, self.n = M, parts, M.shape[0]
+        # each block's partition: the row of the step's results file its partition writes
+        self._rows = [0] * M.n_blocks
         for r, part in enumerate(parts):
-            for j, g in enumerate(part):
-                for i in g:
-                    self._rows[i], self._group[i] = r, j
+            for i in part:
+                self._rows[i] = r
         self.centred = mu is not None
         self.colsum = colsum
         self.V: np.ndarray | None = None  # the V its v-step returned, when kept for the next (:meth:`fits`)
@@ -284,7 +273,7 @@ class ResidentU:
     def fits(self, M: Matrix, parts: list[list[int]], V0: Any, colsum: np.ndarray | None) -> bool:
         """Whether a v-step on ``M`` by ``parts`` from ``V0`` can start from this state (:meth:`renew`): ``V0`` is
         the V this one's v-step returned (its u is on the workers) and the rest is the same."""
-        return self.V is not None and V0 is self.V and M is self.M and parts == self.groups and colsum is self.colsum
+        return self.V is not None and V0 is self.V and M is self.M and parts == self.parts and colsum is self.colsum
 
     def renew(self, s_half: np.ndarray) -> None:
         """The next v-step's start from this state: u0 = V0 / s_half made on the workers from their u (V0 = s_old
@@ -313,7 +302,7 @@ class ResidentU:
             extra = {} if into is None else {"into": into.target, "row": PerBlock(self._rows)}
             got, self.state = self.M.map_blocks(_step, Ra, float(beta), gb / self.n, gb, float(step), self.decision,
                                                 state=self.state, partitions=self.parts, reduce="sum", **extra,
-                                                group=PerBlock(self._group), **self._renewing(stack))
+                                                **self._renewing(stack))
             # the partitions' scores summed by the same fixed tree either way (the same numbers): by the workers,
             # or here from the file into an array of the driver's own (the file goes back to the pool)
             if into is None:
@@ -342,8 +331,7 @@ class ResidentU:
         with contextlib.ExitStack() as stack:
             got, self.state = self.M.map_blocks(_step, mark_spread(R), float(beta), gb / self.n, gb, float(step),
                                                 self.decision, state=self.state, partitions=self.parts,
-                                                reduce="sum", hold=True, group=PerBlock(self._group),
-                                                **self._renewing(stack))
+                                                reduce="sum", hold=True, **self._renewing(stack))
         self.decision = None
         self.swept = self.tried = float(step)
         return got
