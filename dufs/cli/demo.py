@@ -122,7 +122,7 @@ def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Pat
 
 @command()
 def bench(
-    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs, ufcm or scale."),
+    what: str = typer.Argument(..., help="What to measure: ingest, pass, mmfs, greedy, m3fs, ufcm, scale or recovery."),
     size_mb: float = typer.Option(64.0, "--size-mb", help="ingest: size of the base libsvm file (MB)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Runs per figure, the median is printed (default: "
                                        "3 for ingest, 7 for pass, 11 mmfs solves, 5 greedy, 5 m3fs, 3 ufcm)."),
@@ -144,9 +144,10 @@ def bench(
     rate: str | None = typer.Option(None, "--rate", help="scale: each emulated link's bandwidth (tc's form, e.g. "
                                     "1gbit); default unshaped."),
     methods: str | None = typer.Option(None, "--methods", help="scale: the methods, comma-separated (default every "
-                                       "iterative method and Fisher)."),
+                                       "iterative method and Fisher); recovery: likewise (default all it measures)."),
     out_file: Path | None = typer.Option(None, "--out", help="scale: the JSON file the measurements are saved to "
-                                         "(default scale-<rows>x<features>x<nnz>.json beside the store)."),
+                                         "(default scale-<rows>x<features>x<nnz>.json beside the store); recovery: "
+                                         "the results as JSON (default none)."),
     efficiency: float = typer.Option(0.5, "--efficiency", help="scale: the model's efficiency of a worker process "
                                      "among 16 on a machine (memory bandwidth shared), in (0, 1]."),
     pool: str | None = typer.Option(None, "--pool", help="scale: measurements saved by earlier runs at other store "
@@ -154,6 +155,15 @@ def bench(
     layout: str = typer.Option("2x1", "--layout", help="scale: each emulated machine's worker processes x threads "
                                "(2x1: two one-thread processes; 1x2: one process of two threads, projected as one "
                                "of 16)."),
+    seeds: str = typer.Option("0", "--seeds", help="recovery: the data's seeds, comma-separated."),
+    kinds: str | None = typer.Option(None, "--kinds", help="recovery: the data kinds, comma-separated (dufs-C, "
+                                     "dufs-C-weak, signature, topics, pcmac, basehock, relathe; default "
+                                     "dufs-2,dufs-5,dufs-10,dufs-5-weak,signature,topics)."),
+    clusters: int = typer.Option(5, "--clusters", help="recovery: the clusters of the signature and topics data."),
+    data_dir: Path | None = typer.Option(None, "--data", help="recovery: a folder of <NAME>.mat text sets (default "
+                                         "the bundled copies)."),
+    param: list[str] = typer.Option([], "--param", "-p", help="recovery: name=value for every method that takes it, "
+                                    "method.name=value for one (repeatable; default none: the methods' defaults)."),
 ) -> None:
     """Benchmarks printed as ratios against a reference measured in the same run."""
     from dufs import bench as _bench
@@ -190,11 +200,14 @@ def bench(
         # "Benches")
         run(**size, nnz_per_row=nnz_per_row, work_dir=work_dir, store=store, console=out,
             repeats=repeats or (5 if what == "m3fs" else 3))
+    elif what == "recovery":
+        _bench_recovery(rows, features, clusters, seeds, kinds, methods, param, work_dir, data_dir, out_file)
     elif what == "scale":
         _bench_scale(rows, features, nnz_per_row, machines, rate, methods, work_dir, store, out_file, efficiency,
                      pool, layout)
     else:
-        fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm, scale"))
+        fail(DufsError(f"unknown benchmark {what!r}; choose from: ingest, pass, mmfs, greedy, m3fs, ufcm, scale, "
+                      "recovery"))
 
 
 def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate: str | None, methods: str | None,
@@ -227,3 +240,32 @@ def _bench_scale(rows: int, features: int, nnz_per_row: int, machines: str, rate
     scale_bench(**size, machines=ws, rate=rate, methods=ms, work_dir=work_dir, store=store, console=out,
                 out=out_file, efficiency=efficiency, procs=procs, threads=threads,
                 pool=tuple(Path(f) for f in pool.split(",")) if pool else ())
+
+
+def _bench_recovery(rows: int, features: int, clusters: int, seeds: str, kinds: str | None, methods: str | None,
+                    param: list[str], work_dir: Path | None, data_dir: Path | None, out_file: Path | None) -> None:
+    """``dufs bench recovery``: its options checked, the data's size defaulting to 5,000 x 20,000."""
+    from dufs.bench.recovery import KINDS, METHODS, parse_kind, recovery_bench
+    from dufs.cli.selecting import _parse_params
+
+    try:
+        sd = tuple(int(s) for s in seeds.split(","))
+        if min(sd) < 0:
+            raise ValueError
+    except ValueError:
+        fail(ParameterError(f"--seeds must be comma-separated integers >= 0, like 0,1; got {seeds!r}"))
+    ks = KINDS if kinds is None else tuple(k.strip() for k in kinds.split(","))
+    ms = METHODS if methods is None else tuple(m.strip() for m in methods.split(","))
+    try:
+        for k in ks:
+            parse_kind(k, clusters)
+        if sorted(set(ms) - set(METHODS)) or clusters < 2:
+            raise ValueError(f"--methods must be among {', '.join(METHODS)} and --clusters at least 2; got "
+                             f"{methods!r}, {clusters}")
+        recovery_bench(rows=rows if rows != 2_000_000 else 5_000, features=features if features != 5_000_000 else
+                       20_000, clusters=clusters, seeds=sd, kinds=ks, methods=ms, params=_parse_params(param),
+                       work_dir=work_dir, data_dir=data_dir, out=out_file, console=out)
+    except ValueError as exc:
+        fail(ParameterError(str(exc)))
+    except DufsError as exc:
+        fail(exc)

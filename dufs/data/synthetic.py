@@ -434,3 +434,152 @@ def generate_rows(spec: SyntheticSpec, start: int, stop: int
     indices = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
     y = np.concatenate(ys) if ys else np.empty(0, dtype=np.float64)
     return indptr, indices, np.ones(indices.size, dtype=np.float32), y
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Clustered sparse counts of other designs, held in memory (the recovery benchmark's data, ``dufs bench recovery``)
+# ---------------------------------------------------------------------------------------------------------------
+
+__all__ += ["make_signature_counts", "make_topic_documents"]
+
+
+def _cluster_sizes(n_rows: int, n_clusters: int, size_ratio: float) -> np.ndarray:
+    """Cluster sizes in geometric progression from largest to smallest (largest / smallest ~ ``size_ratio``),
+    summing to ``n_rows``, each at least 1."""
+    w = size_ratio ** (-np.arange(n_clusters) / max(n_clusters - 1, 1))
+    sizes = np.maximum(np.floor(n_rows * w / w.sum()).astype(np.int64), 1)
+    sizes[0] += n_rows - int(sizes.sum())
+    return sizes
+
+
+def _check_clustered(owner: str, n_rows: Any, n_features: Any, n_clusters: Any, per_cluster: Any,
+                     size_ratio: Any, seed: Any) -> None:
+    _check_int("n_clusters", n_clusters, 2, 10_000, "an int in [2, 10000]", owner)
+    _check_int("n_rows", n_rows, n_clusters, None, "an int >= n_clusters", owner)
+    _check_int(per_cluster[0], per_cluster[1], 1, None, "an int >= 1", owner)
+    _check_int("n_features", n_features, 2 * n_clusters * per_cluster[1], _MAX_FEATURES,
+               f"an int >= 2 * n_clusters * {per_cluster[0]}", owner)
+    _check_int("seed", seed, 0, None, "an int in [0, inf)", owner)
+    if not _is_real(size_ratio) or not size_ratio >= 1.0 or not math.isfinite(size_ratio):
+        raise _fail("size_ratio", "a float in [1, inf)", size_ratio, owner)
+
+
+def _zipf_sampler(n_features: int, s: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The background's cumulative word probabilities by rank (p ~ (rank + 1)**-s) and the rank -> feature id map
+    (a random permutation)."""
+    p = (np.arange(n_features) + 1.0) ** -s
+    return np.cumsum(p / p.sum()), rng.permutation(n_features)
+
+
+def _draw(cdf: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), cdf.size - 1)
+
+
+def _planted_ids(n_clusters: int, per: int, perm: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Each cluster's planted features (n_clusters x per, ascending in each row): distinct, taken among the words
+    outside the background's top 1% (so that no planted word is also a frequent background word)."""
+    d = perm.size
+    top = min(max(d // 100, 1), d - n_clusters * per)
+    ids = perm[top + rng.choice(d - top, size=n_clusters * per, replace=False)]
+    return np.sort(ids.reshape(n_clusters, per), axis=1).astype(np.int64)
+
+
+def _to_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int]):
+    import scipy.sparse as sp
+
+    X = sp.coo_matrix((vals.astype(np.float64), (rows, cols)), shape=shape).tocsr()
+    X.sum_duplicates()
+    X.sort_indices()
+    return X
+
+
+def make_signature_counts(n_rows: int, n_features: int, n_clusters: int = 5, *, signature_features: int = 20,
+                          signature_rate: float = 0.3, leak: float = 0.1, background_nnz: int = 30,
+                          zipf_exponent: float = 1.1, value_sigma: float = 0.75, size_ratio: float = 5.0,
+                          seed: int = 0):
+    """Sparse counts with clusters of unequal size, each marked by its own signature features (issue 58's data).
+
+    Row i belongs to cluster c_i; the sizes fall geometrically from the largest to the smallest (``size_ratio``
+    between them), rows shuffled. Every row draws ``1 + Poisson(background_nnz - 1)`` background words from a Zipf
+    law over all features (rank r with probability ~ (r + 1)**-zipf_exponent, ranks mapped to ids by a random
+    permutation; a word drawn twice counts twice). Each cluster owns ``signature_features`` features outside the
+    background's top 1%: a row holds each of its own cluster's with probability ``signature_rate``, each of another
+    cluster's with probability ``leak * signature_rate``. A word's value is its count times a log-normal factor
+    (``exp(N(0, value_sigma**2))``), rounded up: positive integers with a heavy tail.
+
+    Returns ``(X, labels, signatures)``: X a float64 ``scipy.sparse.csr_matrix`` (n_rows x n_features), labels the
+    clusters (int64, 0 is the largest), signatures the feature ids of each cluster (n_clusters x
+    signature_features, ascending in each row). The same seed gives the same data.
+    """
+    owner = "make_signature_counts"
+    _check_clustered(owner, n_rows, n_features, n_clusters, ("signature_features", signature_features),
+                     size_ratio, seed)
+    _check_int("background_nnz", background_nnz, 1, None, "an int >= 1", owner)
+    for name, v in (("signature_rate", signature_rate), ("leak", leak)):
+        if not _is_real(v) or not 0.0 <= v <= 1.0:
+            raise _fail(name, "a float in [0, 1]", v, owner)
+    for name, v in (("zipf_exponent", zipf_exponent), ("value_sigma", value_sigma)):
+        if not _is_real(v) or not (math.isfinite(v) and v >= 0.0):
+            raise _fail(name, "a float in [0, inf)", v, owner)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(58, 1)))
+    labels = rng.permutation(np.repeat(np.arange(n_clusters), _cluster_sizes(n_rows, n_clusters, size_ratio)))
+    cdf, perm = _zipf_sampler(n_features, zipf_exponent, rng)
+    sig = _planted_ids(n_clusters, signature_features, perm, rng)
+    counts = 1 + rng.poisson(background_nnz - 1, size=n_rows)
+    r_bg = np.repeat(np.arange(n_rows), counts)
+    c_bg = perm[_draw(cdf, int(counts.sum()), rng)]
+    # signatures: P(row i holds feature j of cluster c) = rate if c == c_i else leak * rate
+    own = labels[:, None] == np.repeat(np.arange(n_clusters), signature_features)[None, :]
+    hit = rng.random(own.shape) < np.where(own, signature_rate, leak * signature_rate)
+    r_sig, j_sig = np.nonzero(hit)
+    rows = np.concatenate([r_bg, r_sig])
+    cols = np.concatenate([c_bg, sig.ravel()[j_sig]])
+    X = _to_csr(rows, cols, np.ones(rows.size), (n_rows, n_features))
+    X.data = np.ceil(X.data * np.exp(value_sigma * rng.standard_normal(X.data.size)))
+    return X, labels.astype(np.int64), sig
+
+
+def make_topic_documents(n_rows: int, n_features: int, n_clusters: int = 5, *, topic_words: int = 20,
+                         topic_share: float = 0.15, topic_exponent: float = 1.0, mean_length: float = 80.0,
+                         length_sigma: float = 0.8, zipf_exponent: float = 1.1, size_ratio: float = 5.0,
+                         seed: int = 0):
+    """Documents of a topic model: each cluster a distribution over words mixed into a Zipf background.
+
+    Document i belongs to cluster c_i (sizes falling geometrically, ``size_ratio`` from largest to smallest, rows
+    shuffled) and has ``1 + floor(LogNormal)`` tokens (mean about ``mean_length``, log-sd ``length_sigma``: short
+    and long documents). Each token is, with probability ``topic_share``, a word of the document's topic, else a
+    background word (Zipf law over all features, exponent ``zipf_exponent``, ranks mapped to ids by a random
+    permutation). A topic is ``topic_words`` features outside the background's top 1%, weighted by a Zipf law of
+    exponent ``topic_exponent`` among themselves (a topic's rarest word is ``topic_words**topic_exponent`` times
+    less likely than its first). X holds the word counts.
+
+    Returns ``(X, labels, topics)`` as :func:`make_signature_counts` does, ``topics`` the words of each topic.
+    """
+    owner = "make_topic_documents"
+    _check_clustered(owner, n_rows, n_features, n_clusters, ("topic_words", topic_words), size_ratio, seed)
+    if not _is_real(topic_share) or not 0.0 <= topic_share <= 1.0:
+        raise _fail("topic_share", "a float in [0, 1]", topic_share, owner)
+    for name, v in (("topic_exponent", topic_exponent), ("zipf_exponent", zipf_exponent),
+                    ("length_sigma", length_sigma)):
+        if not _is_real(v) or not (math.isfinite(v) and v >= 0.0):
+            raise _fail(name, "a float in [0, inf)", v, owner)
+    if not _is_real(mean_length) or not (math.isfinite(mean_length) and mean_length >= 1.0):
+        raise _fail("mean_length", "a float in [1, inf)", mean_length, owner)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(58, 2)))
+    labels = rng.permutation(np.repeat(np.arange(n_clusters), _cluster_sizes(n_rows, n_clusters, size_ratio)))
+    cdf, perm = _zipf_sampler(n_features, zipf_exponent, rng)
+    topics = _planted_ids(n_clusters, topic_words, perm, rng)
+    # each topic's words in a random order of weight (the ids are sorted; the weights must not follow them)
+    order = np.argsort(rng.random((n_clusters, topic_words)), axis=1)
+    tw = (np.arange(topic_words) + 1.0) ** -topic_exponent
+    tcdf = np.cumsum(tw / tw.sum())
+    mu = math.log(max(mean_length - 1.0, 1e-9)) - length_sigma ** 2 / 2
+    lengths = 1 + np.floor(np.exp(mu + length_sigma * rng.standard_normal(n_rows))).astype(np.int64)
+    rows = np.repeat(np.arange(n_rows), lengths)
+    in_topic = rng.random(rows.size) < topic_share
+    cols = perm[_draw(cdf, rows.size, rng)]
+    t_rows = rows[in_topic]
+    slot = order[labels[t_rows], _draw(tcdf, t_rows.size, rng)]
+    cols[in_topic] = topics[labels[t_rows], slot]
+    X = _to_csr(rows, cols, np.ones(rows.size), (n_rows, n_features))
+    return X, labels.astype(np.int64), topics
