@@ -212,23 +212,59 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                 source = dict(M.identity) if dask_source is None else {**dask_source, "nnz": int(M.nnz)}
                 n_total = M.shape[1]
                 n_features = check_n_features(n_features, n_total, method)
-                res = _score(M, spec, method, int(n_features), params, timings)
+                run_params = dict(params)
+                res = _score(M, spec, method, int(n_features), run_params, timings)
                 n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
                 passes = M.passes
                 if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
                     source["nnz"] = int(sum(b.nnz for b in M.blocks))
                 feature_ids = M.feature_ids
     return _selection(method, spec, res, M, n_features=n_features, n_total=n_total, std=std, params=params,
-                      source=source, feature_ids=feature_ids, passes=passes, n_workers=n_workers, timings=timings,
-                      t0=t0)
+                      run_params=run_params, source=source, feature_ids=feature_ids, passes=passes,
+                      n_workers=n_workers, timings=timings, t0=t0)
+
+
+def _recorded(v: Any) -> Any:
+    """A parameter's value as a selection file records it: plain values as they are, an array or a graph by its
+    type (``"<csr_array>"``)."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, list | tuple) and len(v) <= 100 and all(isinstance(x, bool | int | float | str) for x in v):
+        return list(v)
+    return f"<{type(v).__name__}>"
+
+
+def provenance(spec: MethodSpec, run_params: dict, std: Any, n_samples: int, solver_defaults: dict) -> dict:
+    """What :attr:`Selection.provenance` records: every parameter in force (the table's defaults, those a solver
+    fills in for None, then those given), the standardisation, the sample graph built and the versions."""
+    from dufs.engine import resolve_graph
+    from dufs.selection import versions
+
+    in_force = {k: p.default for k, p in spec.params.items()}
+    in_force.update({k: v for k, v in solver_defaults.items() if in_force.get(k) is None})
+    in_force.update(run_params)
+    graph = None
+    if "graph" in spec.params:
+        if in_force.get("W") is not None or in_force.get("L") is not None:
+            graph = "given"
+        elif in_force.get("graph") in ("auto", "knn", "anchor"):
+            graph = resolve_graph(in_force["graph"], n_samples)
+        else:
+            graph = in_force.get("graph")
+    return {"params": {k: _recorded(v) for k, v in in_force.items()}, "standardize": std, "graph": graph,
+            "versions": versions()}
 
 
 def _selection(method: str, spec: MethodSpec, res: MethodResult, M: Any, *, n_features: int, n_total: int,
-               std: Any, params: dict, source: dict, feature_ids: Any, passes: Any, n_workers: int,
-               timings: dict[str, float], t0: float) -> Selection:
+               std: Any, params: dict, run_params: dict, source: dict, feature_ids: Any, passes: Any,
+               n_workers: int, timings: dict[str, float], t0: float) -> Selection:
     """The method's result as a :class:`Selection`: ranked when the method gave scores only, a degenerate result
-    warned about (on fit's caller), the selected features' ids recorded in ``source``."""
+    warned about (on fit's caller), the selected features' ids recorded in ``source``, how it was made in
+    ``provenance``."""
     scores, order, method_diag = res.scores, res.ranking, dict(res.diagnostics)
+    solver_defaults = method_diag.pop("solver_defaults", None) or {}
     problem = _degenerate(method, scores, res.by_scores, method_diag, params)
     if problem is not None:
         method_diag["degenerate"] = problem
@@ -244,7 +280,8 @@ def _selection(method: str, spec: MethodSpec, res: MethodResult, M: Any, *, n_fe
     return Selection(method=method, indices=sel, scores=scores, n_features_in=n_total,
                      params={"n_features": int(n_features), "standardize": std,
                              **{k: v for k, v in params.items() if k != "W"}},
-                     diagnostics=diagnostics, higher_is_better=spec.higher_is_better, source=source)
+                     diagnostics=diagnostics, higher_is_better=spec.higher_is_better, source=source,
+                     provenance=provenance(spec, run_params, std, int(M.shape[0]), solver_defaults))
 
 
 def _compute_small_dask(X: Any, client: Any) -> tuple[Any, dict | None]:

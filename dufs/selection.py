@@ -55,6 +55,11 @@ class Selection:
     selected_scores : ndarray of float64
         The scores of the selected features, in ``indices`` order (kept in the JSON itself, so they survive a
         missing sidecar).
+    provenance : dict or None
+        How it was made, to run it again: ``params`` (every parameter in force, the method's defaults included),
+        ``standardize``, ``graph`` (the sample graph built: "knn", "anchor", "given"; None for a method without
+        one) and ``versions`` (dufs, dask, distributed, numpy, scipy, Python). None when unknown (a file written by
+        an older dufs).
     """
 
     method: str
@@ -66,6 +71,7 @@ class Selection:
     higher_is_better: bool = True
     source: dict | None = None
     selected_scores: np.ndarray | None = None
+    provenance: dict | None = None
 
     def __post_init__(self) -> None:
         self.indices = np.asarray(self.indices, dtype=np.int64).ravel()
@@ -169,6 +175,8 @@ class Selection:
              "selected_scores": None if self.selected_scores is None else
              [_score_out(float(v)) for v in self.selected_scores],
              "params": _jsonable(self.params), "diagnostics": diag, "source": _jsonable(self.source)}
+        if self.provenance is not None:
+            d["provenance"] = _jsonable(self.provenance)
         if inline and self.scores is not None:
             d["scores"] = [_score_out(v) for v in self.scores.tolist()]
             d["scores_dtype"] = str(self.scores.dtype)
@@ -236,7 +244,7 @@ class Selection:
         return cls(method=d["method"], indices=np.asarray(d["indices"], dtype=np.int64), scores=scores,
                    n_features_in=int(d["n_features_in"]), params=d.get("params") or {},
                    diagnostics=diagnostics, higher_is_better=bool(d.get("higher_is_better", True)),
-                   source=d.get("source"),
+                   source=d.get("source"), provenance=d.get("provenance"),
                    selected_scores=None if sel_scores is None else np.array([_score_in(v) for v in sel_scores]))
 
     def plot(self, path: str | os.PathLike) -> str:
@@ -254,6 +262,28 @@ class Selection:
     def __repr__(self) -> str:
         head = ", ".join(str(i) for i in self.indices[:8]) + (", ..." if self.n_selected > 8 else "")
         return f"Selection(method={self.method!r}, n_selected={self.n_selected}, indices=[{head}])"
+
+
+#: the libraries a selection's result depends on, besides dufs (:func:`versions`)
+VERSIONED = ("dask", "distributed", "numpy", "scipy")
+
+
+def versions() -> dict[str, str]:
+    """The versions of dufs, the libraries of :data:`VERSIONED` and Python (from the installed packages'
+    metadata: nothing is imported)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dufs._version import __version__
+
+    found = {"dufs": __version__}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    found["python"] = platform.python_version()
+    return found
 
 
 def _num(v: float) -> float | None:

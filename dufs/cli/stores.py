@@ -201,8 +201,11 @@ def info(store: str = typer.Argument(..., help="A dufs store (path or URL), or a
          verify: bool = typer.Option(False, "--verify", help="Also read every chunk (as dufs verify) and fail, "
                                                               "naming the damage, if any is missing or corrupt.")
          ) -> None:
-    """Shape, nonzeros, density, blocks, label counts, top features by frequency, provenance; of a selection file:
-    its method, parameters, the best features with their scores, what it was fitted on and its sidecars."""
+    """Summarise a store or a selection file.
+
+    A store: shape, nonzeros, density, blocks, label counts, top features by frequency, provenance. A selection
+    file: its method, every parameter in force, the standardisation, the graph, the versions it was made with, the
+    best features with their scores, why the method stopped, what it was fitted on and its sidecars."""
     from dufs.data import open_store
 
     if store.endswith(".json") and Path(store).is_file():
@@ -274,8 +277,13 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
                 for key, meta in (raw.get("sidecars") or {}).items()}
     k = min(top, sel.indices.shape[0])
     scores = sel.selected_scores
+    prov = raw.get("provenance") or {}
+    diag = sel.diagnostics or {}
     d = {"path": str(path), "format": raw.get("format"), "method": sel.method, "n_features_in": sel.n_features_in,
          "n_selected": int(sel.indices.shape[0]), "params": raw.get("params") or {},
+         "params_in_force": prov.get("params"),
+         "standardize": prov.get("standardize", (raw.get("params") or {}).get("standardize")),
+         "graph": prov.get("graph"), "versions": prov.get("versions"), "stop": _stop_reason(diag),
          "best": [[int(i), None if scores is None else float(s)] for i, s in
                   zip(sel.indices[:k], scores[:k] if scores is not None else [None] * k, strict=True)],
          "source": raw.get("source"), "sidecars": sidecars,
@@ -286,7 +294,19 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
     t = Table(title=escape(d["path"]), show_header=False, title_justify="left")
     t.add_row("selection", f"{d['method']}: {d['n_selected']:,} of {d['n_features_in']:,} features "
                            f"({d['format']})")
-    t.add_row("params", escape(", ".join(f"{a}={b}" for a, b in d["params"].items())) or "defaults")
+    if d["params_in_force"] is not None:
+        t.add_row("params in force", escape(", ".join(f"{a}={b!r}" for a, b in d["params_in_force"].items()))
+                  or "none")
+        given = {a: b for a, b in d["params"].items() if a not in ("n_features", "standardize")}
+        t.add_row("given", escape(", ".join(f"{a}={b!r}" for a, b in given.items())) or "none (defaults)")
+    else:  # written by an older dufs: only the parameters given
+        t.add_row("params", escape(", ".join(f"{a}={b}" for a, b in d["params"].items())) or "defaults")
+        t.add_row("params in force", "not recorded (written by an older dufs)")
+    t.add_row("standardize", str(d["standardize"]))
+    if d["graph"] is not None:
+        t.add_row("graph", escape(str(d["graph"])))
+    if d["versions"]:
+        t.add_row("versions", escape(", ".join(f"{a} {b}" for a, b in d["versions"].items())))
     t.add_row(f"best {k}", ", ".join(f"{i} ({s:.4g})" if s is not None else str(i) for i, s in d["best"]))
     src = d["source"] or {}
     if src:
@@ -298,7 +318,24 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
                                            + ("" if meta["present"] else " MISSING")))
     if d["passes"] is not None:
         t.add_row("passes", str(d["passes"]))
+    if d["stop"]:
+        t.add_row("stopped", escape(d["stop"]))
     out.print(t)
+
+
+def _stop_reason(diag: dict) -> str | None:
+    """Why the method stopped, from its diagnostics (None for a filter, which makes its passes and stops)."""
+    parts = []
+    if diag.get("stopped") is not None:
+        parts.append(str(diag["stopped"]))
+    elif diag.get("converged") is not None:
+        parts.append("converged" if diag["converged"] else "not converged")
+    for key in ("rounds", "gap", "relative_gap"):
+        if isinstance(diag.get(key), int | float) and not isinstance(diag.get(key), bool):
+            parts.append(f"{key} {diag[key]:.4g}" if isinstance(diag[key], float) else f"{key} {diag[key]}")
+    if diag.get("degenerate"):
+        parts.append(f"degenerate: {diag['degenerate']}")
+    return ", ".join(parts) or None
 
 
 def print_info(d: dict) -> None:

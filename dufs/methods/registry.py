@@ -185,6 +185,9 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
               n_clusters=n_clusters, **p)
     diag = dict(res.diagnostics)
     diag.update(solver=solver, labels=np.asarray(res.labels, dtype=np.int64))
+    # the solver's own defaults of the parameters left at None, for the selection's record (dufs.fit takes it out)
+    diag["solver_defaults"] = {k: v.default for k, v in accepted.items()
+                               if k in M3FS_PARAMS and k not in p and v.default is not inspect.Parameter.empty}
     sigma = np.asarray(res.sigma, dtype=np.float64)
     head = np.asarray(res.selected, dtype=np.int64)
     if head.size < n_features:  # the ranking holds at least the best n_features (by sigma after the selected)

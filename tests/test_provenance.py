@@ -1,0 +1,83 @@
+"""A selection file records how it was made (every parameter in force, standardize, graph, versions), and
+``dufs info sel.json`` shows it."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from importlib.metadata import version
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import dufs
+from dufs.cli import app
+from dufs.methods.filters import LAPLACIAN_PARAMS
+from dufs.methods.mmfs import MMFS_PARAMS
+
+X = np.random.RandomState(0).rand(40, 12)
+Y = np.arange(40) % 2
+# method -> (its parameter table, the labels it needs, the parameters given, its standardize, its graph)
+CASES = {"laplacian": (LAPLACIAN_PARAMS, None, {}, None, "knn"),
+         "mmfs": (MMFS_PARAMS, Y, {"checkpoint": None}, "zscore", None)}
+
+
+def _saved(tmp_path, method):
+    table, y, given, _, _ = CASES[method]
+    sel = dufs.fit(X, y, method=method, n_features=3, **given)
+    path = tmp_path / f"{method}.json"
+    sel.to_json(path)
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_the_file_records_every_default_in_force_and_the_versions(tmp_path, method):
+    table, _, given, std, graph = CASES[method]
+    _, raw = _saved(tmp_path, method)
+    prov = raw["provenance"]
+    want = {name: given.get(name, p.default) for name, p in table.items()}
+    assert prov["params"] == want  # each default of the method's table, and what was given
+    assert raw["params"] == {"n_features": 3, "standardize": std, **given}  # as before: what was given
+    assert prov["standardize"] == std
+    assert prov["graph"] == graph
+    assert prov["versions"] == {"dufs": version("dufs"), "dask": version("dask"),
+                                "distributed": version("distributed"), "numpy": np.__version__,
+                                "scipy": version("scipy"), "python": platform.python_version()}
+
+
+def test_dufs_info_prints_the_parameters_in_force_and_the_versions(tmp_path):
+    path, _ = _saved(tmp_path, "laplacian")
+    res = CliRunner().invoke(app, ["info", str(path)])
+    assert res.exit_code == 0, res.output
+    text = " ".join(re.sub(r"[│┃┌┐└┘─├┤┬┴┼]", " ", res.stdout).split())
+    for name, p in LAPLACIAN_PARAMS.items():
+        assert f"{name}={p.default!r}" in text
+    assert "standardize None" in text and "graph knn" in text
+    for lib in ("dask", "numpy", "scipy"):
+        assert version(lib) in text
+    assert platform.python_version() in text
+    res = CliRunner().invoke(app, ["info", str(path), "--json"])
+    d = json.loads(res.stdout)
+    assert d["params_in_force"]["n_neighbors"] == 5 and d["graph"] == "knn"
+    assert d["versions"]["numpy"] == np.__version__
+
+
+def test_dufs_info_says_why_an_iterative_method_stopped(tmp_path):
+    path, raw = _saved(tmp_path, "mmfs")
+    assert raw["diagnostics"]["converged"] is True
+    res = CliRunner().invoke(app, ["info", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "stopped" in res.stdout and "converged" in res.stdout
+
+
+def test_an_old_file_without_the_record_still_loads_and_shows(tmp_path):
+    path, raw = _saved(tmp_path, "laplacian")
+    del raw["provenance"]
+    path.write_text(json.dumps(raw))
+    sel = dufs.load_selection(path)
+    assert sel.provenance is None and sel.indices.tolist() == raw["indices"]
+    res = CliRunner().invoke(app, ["info", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "not recorded" in res.stdout
