@@ -212,7 +212,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                 source = dict(M.identity) if dask_source is None else {**dask_source, "nnz": int(M.nnz)}
                 n_total = M.shape[1]
                 n_features = check_n_features(n_features, n_total, method)
-                run_params = dict(params)
+                run_params = _fit_defaults(spec, params, M.shape[0])
                 res = _score(M, spec, method, int(n_features), run_params, timings)
                 n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
                 passes = M.passes
@@ -222,6 +222,19 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     return _selection(method, spec, res, M, n_features=n_features, n_total=n_total, std=std, params=params,
                       run_params=run_params, source=source, feature_ids=feature_ids, passes=passes,
                       n_workers=n_workers, timings=timings, t0=t0)
+
+
+def _fit_defaults(spec: MethodSpec, params: dict, n_samples: int) -> dict:
+    """``params`` as the method runs them: a kNN graph's default size, when the user set none, at most
+    n_samples - 1 (a default must fit the data: 3 samples have 2 neighbours each)."""
+    p = spec.params.get("n_neighbors")
+    if p is None or "n_neighbors" in params or params.get("W") is not None or not isinstance(p.default, int):
+        return dict(params)
+    if 2 <= n_samples <= p.default:
+        log.info("%s: n_neighbors = %d (the default %d is more than the %d samples' neighbours)", spec.name,
+                 n_samples - 1, p.default, n_samples)
+        return {**params, "n_neighbors": n_samples - 1}
+    return dict(params)
 
 
 def _recorded(v: Any) -> Any:
