@@ -34,6 +34,11 @@ def workspace(tmp_path_factory) -> Path:
     dufs.write_store(sp.random_array((40, 20), density=0.3, rng=1, format="csr"), tmp / "wide.zarr", np.arange(40) % 2)
     (tmp / "in.svm").write_text("1 1:2 3:4\n0 2:1\n")
     (tmp / "bad.svm").write_text("1 1:2\n0 2:x\n")
+    (tmp / "table.csv").write_text("f1,f2,label\n0.5,1.5,1\n")  # what pandas' to_csv writes
+    (tmp / "headless.csv").write_text("1,0.5,1.5\n0,2.5,0\n")
+    import scipy.io
+
+    scipy.io.savemat(tmp / "data.mat", {"X": np.eye(3), "Y": np.arange(3)})
     (tmp / "plain").mkdir()
     (tmp / "plain" / "thesis.txt").write_text("four years of work")
     (tmp / "file.txt").write_text("not a folder")
@@ -52,11 +57,18 @@ CASES = [
     (["convert", "{tmp}/in.svm", "{tmp}/nodir/out.zarr"], "the folder {tmp}/nodir does not exist"),
     (["convert", "{tmp}/in.svm", "{tmp}/file.txt/out.zarr"], "{tmp}/file.txt is not a folder"),
     (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--zero-based", "maybe"], "--zero-based must be auto, true or"),
-    (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--on-error", "ignore"], "must be 'raise' or 'skip'"),
-    (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--dtype", "int8"], "must be a float dtype; got int8"),
+    (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--on-error", "ignore"], "--on-error must be 'raise' or 'skip'"),
+    (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--dtype", "int8"], "--dtype must be a float dtype; got int8"),
     (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--block-bytes", "lots"], "--block-bytes must be a size"),
     (["convert", "{tmp}/bad.svm", "{tmp}/out.zarr"], "{tmp}/bad.svm:2:"),
-    (["convert", "{tmp}/in.svm", "{tmp}/s.zarr"], "exists; pass overwrite=True (--overwrite)"),
+    (["convert", "{tmp}/in.svm", "{tmp}/s.zarr"], "exists; pass --overwrite to replace it"),
+    (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--n-features", "2"], "beyond --n-features 2"),
+    (["convert", "{tmp}/table.csv", "{tmp}/out.zarr"], "{tmp}/table.csv looks like CSV (comma-separated values), "
+                                                       "not libsvm/svmlight text, lines of 'label index:value"),
+    (["convert", "{tmp}/headless.csv", "{tmp}/out.zarr", "--on-error", "skip"], "{tmp}/headless.csv looks like CSV"),
+    (["convert", "{tmp}/data.mat", "{tmp}/out.zarr"], "{tmp}/data.mat is a MATLAB .mat file, not libsvm/svmlight "
+                                                      "text, lines of 'label index:value index:value ...' (plain, "
+                                                      ".bz2, .gz or .xz): load it with scipy.io.loadmat"),
     (["convert", "{tmp}/in.svm", "{tmp}/out.zarr", "--scheduler", "notanaddress"],
      "cannot connect to the Dask scheduler at notanaddress"),
     # info
@@ -67,13 +79,17 @@ CASES = [
                                "text, run `dufs convert {tmp}/in.svm OUT.zarr`"),
     (["info", "{tmp}/s.zarr", "--top", "-1"], "Invalid value for '--top'"),
     # make-synthetic
-    (["make-synthetic", "{tmp}/m.zarr", "--rows", "0"], "'n_rows' parameter of make_synthetic"),
+    (["make-synthetic", "{tmp}/m.zarr", "--rows", "0"], "--rows must be an int in [1, inf); got 0."),
     (["make-synthetic", "{tmp}/m.zarr", "--rows", "100", "--features", "10", "--nnz-per-row", "50"],
-     "'nnz_per_row' parameter"),
+     "--nnz-per-row must be an int in [1, --features]; got 50."),
     (["make-synthetic", "{tmp}/m.zarr", "--rows", "100", "--features", "50", "--label-noise", "2"],
-     "'label_noise' parameter"),
+     "--label-noise must be a float in [0, 0.5); got 2.0."),
     (["make-synthetic", "{tmp}/nodir/m.zarr", "--rows", "100", "--features", "50"], "{tmp}/nodir does not exist"),
     (["make-synthetic", "{tmp}/m.zarr", "--rows", "many"], "Invalid value for '--rows'"),
+    (["make-synthetic", "{tmp}/m.zarr", "--rows", "10", "--features", "50", "--clusters", "3",
+      "--cluster-features", "20"], "--cluster-features must be an int >= 1 with --clusters * --cluster-features + "
+                                   "--informative <= --features; got 20."),
+    (["make-synthetic", "{tmp}/s.zarr", "--rows", "10", "--features", "50"], "exists; pass --overwrite to replace"),
     # select
     (["select", "{tmp}/in.svm", "-m", "fisher", "-k", "1"], "{tmp}/in.svm is not a dufs store (a regular file); to "
                                                              "make one from libsvm/svmlight text, run `dufs convert "
@@ -126,6 +142,8 @@ def test_bad_arguments_give_one_line(workspace, args, says):
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert "Traceback" not in res.stderr
     assert says.format(tmp=workspace) in lines[0]
+    # the command line's flags, not the library's parameter names
+    assert not any(name in lines[0] for name in ("n_rows", "overwrite=True", "n_features=", "'value_dtype'"))
     assert _listing(workspace) == before  # nothing written, nothing removed, nothing changed
 
 

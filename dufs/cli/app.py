@@ -140,6 +140,31 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+def in_flags(exc: BaseException, flags: dict[str, str]) -> BaseException:
+    """``exc`` in the command line's words: a library's ``The 'n_rows' parameter of make_synthetic must be an int
+    in [1, n_features]`` as ``--rows must be an int in [1, --features]`` (``flags``: parameter name -> flag), and
+    ``pass overwrite=True (--overwrite)`` as ``pass --overwrite``."""
+    import re
+
+    text = str(exc)
+    m = re.match(r"The '(\w+)' (?:parameter|setting)(?: of \w+)? (must .*)", text, re.S)
+    if m and m[1] in flags:
+        rest = m[2]
+        for name, flag in flags.items():  # the other parameters a constraint names
+            rest = re.sub(rf"(?<![\w'-]){name}(?!\w)", flag, rest)
+        text = f"{flags[m[1]]} {rest}"
+    text = text.replace("overwrite=True (--overwrite)", "--overwrite")
+    for name, flag in flags.items():  # name=value, as a library message says it
+        text = re.sub(rf"(?<![\w-]){name}=True\b", flag, text)
+        text = re.sub(rf"(?<![\w-]){name}=(?!True\b)(\S+)", rf"{flag} \1", text)
+    if text == str(exc):
+        return exc
+    try:
+        return type(exc)(text)
+    except TypeError:
+        return DufsError(text)
+
+
 def check_output_file(path: Path | None, option: str) -> None:
     """Before any work: a file can be written at ``path`` (its folder exists and is writable; it is no folder)."""
     if path is None:

@@ -20,6 +20,7 @@ from dufs.cli.app import (
     command,
     console,
     fail,
+    in_flags,
     one_line,
     out,
 )
@@ -88,10 +89,21 @@ def convert(
     except DufsError as exc:
         if made_dest and not any(local_dest.iterdir()):
             local_dest.rmdir()  # leave no output behind
-        fail(exc)
+        fail(in_flags(exc, CONVERT_FLAGS))
     except KeyboardInterrupt:
         _interrupted(outs if each else [outs], resume)
     _print_converted(stores, rep, time.perf_counter() - t0, small)
+
+
+#: convert_libsvm's parameters -> dufs convert's flags (for its messages)
+CONVERT_FLAGS = {"zero_based": "--zero-based", "n_features": "--n-features", "on_error": "--on-error",
+                 "block_bytes": "--block-bytes", "value_dtype": "--dtype", "overwrite": "--overwrite",
+                 "resume": "--resume"}
+#: make_synthetic's parameters -> dufs make-synthetic's flags (for its messages)
+SYNTHETIC_FLAGS = {"n_rows": "--rows", "n_features": "--features", "nnz_per_row": "--nnz-per-row",
+                   "n_informative": "--informative", "seed": "--seed", "label_noise": "--label-noise",
+                   "row_block": "--row-block", "n_clusters": "--clusters", "cluster_features": "--cluster-features",
+                   "cluster_nnz": "--cluster-nnz", "overwrite": "--overwrite", "resume": "--resume"}
 
 
 def _interrupted(outs: list[str], resume: bool) -> None:
@@ -387,7 +399,7 @@ def make_synthetic_cmd(
         make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,
                         overwrite, resume, scheduler, workers, clusters, cluster_features, cluster_nnz)
     except DufsError as exc:
-        fail(exc)
+        fail(in_flags(exc, SYNTHETIC_FLAGS))
 
 
 def make_synthetic(output, rows, features, nnz_per_row, informative, seed, label_noise, row_block,

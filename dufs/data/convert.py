@@ -275,6 +275,37 @@ def convert_libsvm(inputs: str | os.PathLike | list, output: str | os.PathLike |
         ex.close()
 
 
+#: what ``dufs convert`` reads, for the messages about files of other formats
+LIBSVM_TEXT = ("libsvm/svmlight text, lines of 'label index:value index:value ...' (plain, .bz2, .gz or .xz)")
+
+
+def foreign_format(path: str) -> str | None:
+    """A one-line message when ``path`` (that failed to parse) is a MATLAB ``.mat`` file or looks like CSV, saying
+    what dufs reads and how to load it instead; None when it looks like neither (or cannot be read)."""
+    import re
+
+    try:
+        with fsspec.open(path, "rb", compression="infer") as f:
+            head = f.read(1 << 16)
+    except Exception:  # noqa: BLE001 - a guess for a better message only: the parse error stands
+        return None
+    if (head.startswith(b"MATLAB ") and b"MAT-file" in head[:128]) or path.lower().endswith(".mat"):
+        return (f"{path} is a MATLAB .mat file, not {LIBSVM_TEXT}: load it with scipy.io.loadmat (v7.3 files: "
+                f"h5py) and give the matrix and labels to dufs.fit(X, y, ...) or dufs.write_store(X, OUT, y)")
+    if head.startswith(b"\x89HDF"):
+        return (f"{path} is an HDF5 file (a MATLAB v7.3 .mat file?), not {LIBSVM_TEXT}: load it with h5py and "
+                f"give the matrix and labels to dufs.fit(X, y, ...) or dufs.write_store(X, OUT, y)")
+    for raw in head.splitlines():
+        line = raw.split(b"#", 1)[0].strip()
+        if not line:
+            continue
+        if b"," in line and not any(re.fullmatch(rb"\d+:\S+", t) for t in line.split()):
+            return (f"{path} looks like CSV (comma-separated values), not {LIBSVM_TEXT}: read it with pandas or "
+                    f"numpy and give it to dufs.fit(X, y, ...) or dufs.write_store(X, OUT, y)")
+        return None
+    return None
+
+
 def _arguments(inputs: Any, output: Any, zero_based: Any, n_features: Any, on_error: str, value_dtype: Any,
                block_bytes: Any) -> tuple[list[str], list[str], bool, int]:
     """convert_libsvm's arguments checked: the input paths (local ones made absolute), the outputs, whether there
@@ -346,7 +377,8 @@ def _index_base(builders: list[StoreBuilder], infos: list[list[RowBlockMeta]], i
             mine = [p for p, k in zip(ins, store_of, strict=False) if k == s]
             n_skipped = sum(_record(blk).n_skipped for blk in inf)
             why = f" ({n_skipped:,} bad line{'' if n_skipped == 1 else 's'} skipped)" if n_skipped else ""
-            raise InputFormatError(f"no data lines in {', '.join(mine)}{why}", path=mine[0])
+            foreign = next((m for m in map(foreign_format, mine) if m), None) if n_skipped else None
+            raise InputFormatError(foreign or f"no data lines in {', '.join(mine)}{why}", path=mine[0])
     all_blocks = [blk for inf in infos for blk in inf if blk.nnz]
     min_idx = min((blk.min_index for blk in all_blocks), default=1)
     zb = zero_based if zero_based != "auto" else (min_idx == 0)
@@ -497,7 +529,9 @@ class _UnitRun:
             first = unit.first_line if unit.first_line > 0 else _lines_before(path, unit.start) + 1
         gl = first + line - 1
         where = f" (byte offset {offset})" if offset is not None else ""
-        raise InputFormatError(f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset, reason=why)
+        foreign = foreign_format(path) if gl <= 10 else None  # a file of another format fails on its first lines
+        raise InputFormatError(foreign or f"{path}:{gl}: {why}{where}", path=path, line=gl, offset=offset,
+                               reason=why)
 
     def account(self, r: dict, unit: Unit, path: str) -> None:
         """Add a unit's counts to the report, keep its first skipped lines, report progress."""
