@@ -40,6 +40,8 @@ def _save_atomic(fig, path, func: str) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):  # mkstemp's 0600 -> what open() gives (0644 under umask 022), as the JSON
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             fig.savefig(f, format="png", dpi=100)
         os.replace(tmp, path)
     except BaseException:
@@ -47,6 +49,20 @@ def _save_atomic(fig, path, func: str) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    """This process's umask (from /proc where there is one: setting and resetting it is not thread-safe)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _figure():

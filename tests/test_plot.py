@@ -51,3 +51,27 @@ def test_plot_failures_leave_nothing(tmp_path):
     with pytest.raises(ParameterError, match="'top' parameter of plot_scores must be an int >= 1; got 0"):
         plot.plot_scores([1.0, 2.0], tmp_path / "c.png", top=0)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes")
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_figures_get_the_mode_of_the_json_beside_them(tmp_path, umask):
+    """A figure is as readable as the selection JSON and any file open() makes: 0666 less the umask (0644 under
+    umask 022), not mkstemp's 0600."""
+    import stat
+
+    import dufs
+
+    old = os.umask(umask)
+    try:
+        sel = dufs.fit(np.random.default_rng(0).random((30, 8)), np.arange(30) % 2, method="fisher", n_features=3)
+        sel.to_json(tmp_path / "sel.json")
+        sel.plot(tmp_path / "scores.png")
+        plot.plot_topk({"fisher": {"k": [1, 2], "accuracy": [0.5, 0.6]}}, tmp_path / "topk.png")
+        with open(tmp_path / "plain.txt", "w"):
+            pass
+    finally:
+        os.umask(old)
+    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert mode["plain.txt"] == 0o666 & ~umask
+    assert mode["scores.png"] == mode["topk.png"] == mode["sel.json"] == mode["plain.txt"]
