@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from dufs.errors import DufsError, ParameterError
 
@@ -31,9 +31,28 @@ _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usage
 _NoArgsIsHelp = getattr(sys.modules[_UsageError.__module__], "NoArgsIsHelpError", ())
 
 
+def _no_bool_type(params: list) -> list:
+    """Flags (``--debug``, ``--overwrite``, ``--help``) without the ``<bool>`` type column in ``--help``: they take no
+    value."""
+    for p in params:
+        if getattr(p, "is_bool_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    """A ``dufs`` command: its flags show no ``<bool>`` in ``--help``."""
+
+    def get_params(self, ctx: Any) -> list:
+        return _no_bool_type(super().get_params(ctx))
+
+
 class _Group(TyperGroup):
     """The ``dufs`` group: usage errors (a missing option, a value of the wrong type, an unknown command) are one
     line, ``error: ... (see dufs CMD --help)``, exit 2, like every other error of the command line."""
+
+    def get_params(self, ctx: Any) -> list:
+        return _no_bool_type(super().get_params(ctx))
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -123,8 +142,20 @@ def command(*args: Any, **kwargs: Any) -> Any:
                 if _DEBUG["on"] or isinstance(exc, _ClickException):
                     raise
                 fail(exc)
+        kwargs.setdefault("cls", _Command)
+        kwargs.setdefault("help", _help_text(fn.__doc__))
         return app.command(*args, **kwargs)(wrapper)
     return deco
+
+
+def _help_text(doc: str | None) -> str | None:
+    """A docstring as ``--help`` text: each paragraph one line (rich keeps a docstring's line breaks, so the list of
+    commands broke sentences where the source did), paragraphs apart."""
+    import inspect
+
+    if not doc:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
 
 
 def one_line(exc: BaseException) -> str:
