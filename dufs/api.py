@@ -148,7 +148,9 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     Parameters
     ----------
     X : NumPy array, SciPy sparse, pydata sparse, Dask array (dense or sparse chunks), a SparseStore or a store path
-        A Dask array's column chunks become the feature blocks (computed and persisted on the workers).
+        A Dask array's column chunks become the feature blocks (computed and persisted on the workers). A pandas
+        DataFrame of numeric columns is taken as a NumPy array (SciPy CSR when every column is sparse); the names
+        of the selected columns go to ``source["selected_feature_ids"]``.
     y : array-like, optional
         Labels (supervised methods); a store's own labels are used by default. Classes may be numbers, strings or
         booleans (the Fisher score, MMFS and QPFS need classes and refuse a continuous target; the correlation
@@ -192,6 +194,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
     if verbose:
         set_verbosity(verbose)
     spec = check_method(method, params)
+    X, column_names = from_frame(X, "fit")
     std = spec.standardize if standardize is ... else standardize
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -218,10 +221,42 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                 passes = M.passes
                 if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
                     source["nnz"] = int(sum(b.nnz for b in M.blocks))
-                feature_ids = M.feature_ids
+                feature_ids = M.feature_ids if M.feature_ids is not None else column_names
     return _selection(method, spec, res, M, n_features=n_features, n_total=n_total, std=std, params=params,
                       run_params=run_params, source=source, feature_ids=feature_ids, passes=passes,
                       n_workers=n_workers, timings=timings, t0=t0)
+
+
+def check_frame(X: Any, who: str) -> bool:
+    """Whether ``X`` is a pandas DataFrame; one with a non-numeric column is a :class:`ParameterError` naming it
+    (``who``: the caller, in the message), the same from ``fit`` and the estimators."""
+    if type(X).__name__ != "DataFrame" or not type(X).__module__.startswith("pandas"):
+        return False
+    import pandas as pd
+
+    bad = [str(c) for c, dt in X.dtypes.items() if not pd.api.types.is_numeric_dtype(dt)]
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ParameterError(f"The 'X' parameter of {who} is a pandas DataFrame with non-numeric columns "
+                             f"{bad[:5]}{more}: dufs selects among numeric features; encode them (e.g. "
+                             f"pandas.get_dummies) or drop them")
+    return True
+
+
+def from_frame(X: Any, who: str) -> tuple[Any, list[str] | None]:
+    """A pandas DataFrame as a float64 NumPy array (SciPy CSR when every column is sparse) and its column names;
+    anything else as it is, with None. A non-numeric column is a :class:`ParameterError` naming it (``who``: the
+    caller, in the message)."""
+    if not check_frame(X, who):
+        return X, None
+    import pandas as pd
+
+    names = [str(c) for c in X.columns]
+    if X.shape[1] and all(isinstance(dt, pd.SparseDtype) for dt in X.dtypes):
+        import scipy.sparse as sp
+
+        return sp.csr_array(X.sparse.to_coo(), dtype=np.float64), names
+    return X.to_numpy(dtype=np.float64, na_value=np.nan), names
 
 
 def _fit_defaults(spec: MethodSpec, params: dict, n_samples: int) -> dict:

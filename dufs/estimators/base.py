@@ -12,7 +12,7 @@ from sklearn.feature_selection import SelectorMixin
 from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
-from dufs.api import METHODS, fit, rank
+from dufs.api import METHODS, check_frame, fit, rank
 from dufs.engine.graphs import resolve_graph
 from dufs.errors import ParameterError
 from dufs.methods.params import ParameterConstraintError, constraints_of
@@ -99,6 +99,7 @@ class DufsSelector(SelectorMixin, BaseEstimator):
         if supervised and y is None:
             raise ParameterError(f"{type(self).__name__} requires y to be passed, but the target y is None: it is a "
                                  f"supervised selector, give the labels")
+        check_frame(X, type(self).__name__)  # a non-numeric column: the message of dufs.fit
         try:
             X = validate_data(self, X, accept_sparse=["csr", "csc"], dtype=np.float64, ensure_all_finite=False)
             if not supervised:
