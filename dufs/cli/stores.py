@@ -177,12 +177,25 @@ def _convert_progress(bar: Any, t0: float) -> Any:
     def progress(ev: dict) -> None:
         el = max(time.perf_counter() - t0, 1e-9)
         if ev["stage"] == "parse":
+            rate = _rate(ev["bytes"], el)
             bar.update(task, completed=ev["bytes"], total=ev["total_bytes"],
-                       rate=f"{ev['rows'] / el:,.0f} rows/s  {ev['bytes'] / el / 1e6:,.1f} MB/s")
+                       rate=f"{ev['rows'] / el:,.0f} rows/s  {rate}" if rate else "")
         else:
             bar.update(task, description=ev["stage"], advance=0, rate=f"{ev['total']} blocks")
 
     return progress
+
+
+#: below this much text, a rate would measure the start (a cluster's, numba compiling the parser on a first run)
+#: rather than the parse: ``dufs convert`` reports none
+RATE_MIN_BYTES = 8 << 20
+
+
+def _rate(nbytes: int, seconds: float) -> str:
+    """``"12.3 MB/s"``, or "" when it would not mean much (under :data:`RATE_MIN_BYTES` of text)."""
+    if nbytes < RATE_MIN_BYTES or seconds <= 0:
+        return ""
+    return f"{nbytes / seconds / 1e6:,.1f} MB/s"
 
 
 def _print_converted(stores: Any, rep: Any, dt: float, small: bool) -> None:
@@ -191,9 +204,10 @@ def _print_converted(stores: Any, rep: Any, dt: float, small: bool) -> None:
         console.print("the input is small (at most dufs.convert.local-bytes): converted on this process's threads "
                       "(--workers N for a cluster)", highlight=False, soft_wrap=True)
     # one line (never wrapped: a wrapped tail read "lines 0, comment lines 1"); the data lines are the rows written
+    rate = _rate(rep.bytes, dt)
     console.print(f"converted {rep.rows:,} rows, {rep.nnz:,} nonzeros, {rep.n_features:,} features "
-                  f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s "
-                  f"({rep.bytes / dt / 1e6:,.1f} MB/s); data lines {rep.rows:,}, blank lines {rep.blank_lines:,}, "
+                  f"({'zero' if rep.zero_based else 'one'}-based) in {dt:.1f} s"
+                  f"{f' ({rate})' if rate else ''}; data lines {rep.rows:,}, blank lines {rep.blank_lines:,}, "
                   f"comment lines {rep.comment_lines:,}"
                   + (f", qid fields ignored on {rep.qid_lines:,} lines" if getattr(rep, "qid_lines", 0) else ""),
                   highlight=False, soft_wrap=True)
