@@ -54,9 +54,10 @@ def dask_cluster_processes(tmp_path):
                 time.sleep(0.5)
         yield addr
     finally:
+        # the workers first, each waited for, then the scheduler: a worker whose scheduler went first with it
+        # spent about 8 s trying to reach it before it exited
         for p in reversed(procs):
             p.terminate()
-        for p in procs:
             try:
                 p.wait(timeout=patience(20))
             except subprocess.TimeoutExpired:

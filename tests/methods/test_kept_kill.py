@@ -69,7 +69,7 @@ def test_the_worker_that_keeps_the_samples_side_killed_changes_nothing(monkeypat
         M = Matrix(path, standardize="scale").persist()
         try:
             if method == "m3fs":
-                return ms.m3fs_alternating(M, n_features=4, graph="knn", lambda_=0.01, max_iter=2, polish=0)
+                return ms.m3fs_alternating(M, n_features=4, graph="knn", lambda_=0.01, max_iter=1, polish=0)
             return ufcm(M, n_clusters=2, n_components=2, max_iter=4, dense_below=10)
         finally:
             M.release()
