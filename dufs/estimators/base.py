@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from numbers import Integral
 from typing import Any, ClassVar
 
@@ -13,7 +14,9 @@ from sklearn.utils._param_validation import Interval, InvalidParameterError, Str
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
 from dufs.api import METHODS, check_frame, fit, rank
+from dufs.data import open_store
 from dufs.engine.graphs import resolve_graph
+from dufs.engine.inputs import is_dask_array
 from dufs.errors import ParameterError
 from dufs.methods.params import ParameterConstraintError, constraints_of
 
@@ -45,6 +48,30 @@ def estimator_params(method: str) -> tuple[str, ...]:
 def constraints(method: str) -> dict:
     """scikit-learn's ``_parameter_constraints`` of ``method``'s estimator, from its parameter table."""
     return constraints_of(METHODS[method].params, estimator=True)
+
+
+def _is_dask(X: Any) -> bool:
+    return type(X).__module__.startswith("dask")
+
+
+def _direct(X: Any) -> bool:
+    """Whether ``X`` goes to :func:`dufs.fit` as it is: a store, a store path, a Dask array or pydata ``sparse``."""
+    return (isinstance(X, str | os.PathLike) or type(X).__name__ == "SparseStore" or is_dask_array(X)
+            or type(X).__module__.split(".")[0] == "sparse")
+
+
+def _open(X: Any) -> Any:
+    """The store ``X`` is (a path opened: its metadata only), else None."""
+    if isinstance(X, str | os.PathLike):
+        return open_store(X)
+    return X if type(X).__name__ == "SparseStore" else None
+
+
+class _Shape:
+    """Only a shape, for the method checks of an input that is not loaded."""
+
+    def __init__(self, shape: tuple[int, int]):
+        self.shape = shape
 
 
 class DufsSelector(SelectorMixin, BaseEstimator):
@@ -112,25 +139,60 @@ class DufsSelector(SelectorMixin, BaseEstimator):
             raise ParameterError(_one_line(exc)) from None
         return X, self._labels(y)
 
+    def _validate_direct(self, X: Any, y: Any) -> tuple[Any, Any, tuple[int, int]]:
+        """An input :func:`dufs.fit` reads as it is (a store, a store path, a Dask array, pydata ``sparse``): never
+        converted here, so never densified. Returns ``X`` as given, the labels (None: a store's own) and the
+        shape."""
+        store = _open(X)
+        shape = tuple(int(s) for s in (store if store is not None else X).shape)
+        if len(shape) != 2:
+            raise ParameterError(f"The 'X' parameter of {type(self).__name__} must be 2-D; got shape {shape}")
+        self.n_features_in_ = shape[1]
+        if hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        if not METHODS[self._method].supervised:
+            return X, None, shape
+        if y is None:
+            if store is None or not store.has_labels:
+                raise ParameterError(f"{type(self).__name__} requires y to be passed, but the target y is None "
+                                     f"and X is no store with labels: it is a supervised selector, give the labels")
+            self._labels(store.y)  # classes_; dufs.fit reads the store's labels itself
+            return X, None, shape
+        try:
+            y = column_or_1d(np.asarray(y.compute() if _is_dask(y) else y), warn=True)
+        except ValueError as exc:
+            raise ParameterError(_one_line(exc)) from None
+        if y.shape[0] != shape[0]:
+            raise ParameterError(f"Found input variables with inconsistent numbers of samples: [{shape[0]}, "
+                                 f"{y.shape[0]}]")
+        return X, self._labels(y), shape
+
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any = None) -> DufsSelector:
         """Score every feature of ``X`` and select the best ``n_features``.
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-            Finite numbers: a NaN or infinity is a :class:`~dufs.errors.ParameterError` naming its row and feature.
+        X : {array-like, sparse matrix, Dask array, SparseStore, store path} of shape (n_samples, n_features)
+            What :func:`dufs.fit` takes, through the same path: a store, a store path or a Dask array (sparse or
+            dense chunks) is read block by block, never whole. Finite numbers: a NaN or infinity is a
+            :class:`~dufs.errors.ParameterError` naming its row and feature.
         y : array-like of shape (n_samples,)
-            Labels; required by the supervised methods, ignored by the others. Classes may be numbers, strings or
-            booleans; the Fisher score and MMFS refuse a continuous target, the correlation filter takes it.
+            Labels; required by the supervised methods (default for a store: its own), ignored by the others.
+            Classes may be numbers, strings or booleans; the Fisher score and MMFS refuse a continuous target, the
+            correlation filter takes it.
 
         Returns
         -------
         self
         """
         spec = METHODS[self._method]
-        X, y = self._validate_input(X, y)
-        self._check_samples(X)
+        if _direct(X):
+            X, y, shape = self._validate_direct(X, y)
+            self._check_samples(_Shape(shape))
+        else:
+            X, y = self._validate_input(X, y)
+            self._check_samples(X)
         params = self._fit_params()
         # more than X has (or "all"): every feature, with a DufsWarning for the former (as SelectKBest)
         self.selection_ = fit(X, y, method=self._method, n_features=self.n_features, client=self.client,
