@@ -111,13 +111,15 @@ class Selection:
         return self.indices[:k].copy()
 
     def transform(self, X: Any) -> Any:
-        """The selected columns of ``X`` (NumPy, SciPy sparse, pydata sparse or Dask), in ranking order."""
-        n = X.shape[1]
-        if n != self.n_features_in:
-            raise ParameterError(f"X has {n} features; this selection was fitted on {self.n_features_in}")
-        if hasattr(X, "tocsc") and hasattr(X, "indptr"):  # SciPy compressed: slice in its best orientation
-            return X.tocsc()[:, self.indices]
-        return X[:, self.indices]
+        """The selected columns of ``X``, in ranking order (``indices``).
+
+        ``X`` may be a store (:class:`~dufs.data.SparseStore`, a path or URL): only the feature blocks holding
+        selected columns are read, one at a time, and the result is SciPy CSR (int32 indices where they fit), what
+        scikit-learn's estimators take; for a lazy result give ``store.to_dask("csc")``. SciPy sparse stays in
+        its format, a Dask array stays lazy; NumPy, pydata ``sparse`` and a pandas DataFrame (by position) as
+        themselves.
+        """
+        return take_columns(X, self.indices, self.n_features_in)
 
     # ---------------------------------------------------------------- the input
     def check_input(self, X: Any, *, same_data: bool = False, name: str | None = None) -> dict:
@@ -262,6 +264,64 @@ class Selection:
     def __repr__(self) -> str:
         head = ", ".join(str(i) for i in self.indices[:8]) + (", ..." if self.n_selected > 8 else "")
         return f"Selection(method={self.method!r}, n_selected={self.n_selected}, indices=[{head}])"
+
+
+def _is_store(X: Any) -> bool:
+    return isinstance(X, str | os.PathLike) or type(X).__name__ == "SparseStore"
+
+
+def take_columns(X: Any, indices: Any, n_features_in: int) -> Any:
+    """The columns ``indices`` of ``X`` (see :meth:`Selection.transform`), in that order, after checking that
+    ``X`` has ``n_features_in`` features."""
+    import scipy.sparse as sp
+
+    from dufs.engine.inputs import is_dask_array
+
+    idx = np.asarray(indices, dtype=np.int64).ravel()
+    if _is_store(X):
+        from dufs.data import open_store
+
+        X = open_store(X) if isinstance(X, str | os.PathLike) else X
+    shape = getattr(X, "shape", None)
+    if shape is None or len(shape) != 2:
+        raise ParameterError(f"X must be a 2-D matrix or a store; got {type(X).__name__}"
+                             + (f" of shape {tuple(shape)}" if shape is not None else ""))
+    if shape[1] != n_features_in:
+        raise ParameterError(f"X has {shape[1]} features; this selection was fitted on {n_features_in}")
+    if type(X).__name__ == "SparseStore":
+        return _store_columns(X, idx)
+    if is_dask_array(X):
+        return X[:, idx]  # lazy
+    if sp.issparse(X):  # the same format back
+        if X.format in ("csr", "csc"):
+            return X[:, idx]
+        return X.tocsc()[:, idx].asformat(X.format)
+    if type(X).__name__ == "DataFrame" and hasattr(X, "iloc"):
+        return X.iloc[:, idx]
+    return X[:, idx]
+
+
+def _store_columns(store: Any, idx: np.ndarray) -> Any:
+    """The columns ``idx`` of a store as SciPy CSR, from the feature blocks holding them (one block in memory at
+    a time beside the columns taken)."""
+    import scipy.sparse as sp
+
+    n = int(store.shape[0])
+    order = np.argsort(idx, kind="stable")
+    srt = idx[order]
+    bounds = store.bounds("csc")
+    pieces = []
+    for i in np.unique(np.searchsorted(bounds, srt, side="right") - 1).tolist():
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        cols = srt[(srt >= lo) & (srt < hi)] - lo
+        pieces.append(store.block(i, "csc").to_scipy()[:, cols])
+    if not pieces:
+        return sp.csr_array((n, 0), dtype=store.dtype)
+    C = sp.hstack(pieces, format="csc") if len(pieces) > 1 else pieces[0]
+    C = sp.csr_array(C[:, np.argsort(order)])  # back to the order asked for
+    if max(C.nnz, *C.shape) <= np.iinfo(np.int32).max:  # scikit-learn's liblinear refuses int64 indices
+        C = sp.csr_array((C.data, C.indices.astype(np.int32), C.indptr.astype(np.int32)), shape=C.shape)
+    return C
 
 
 #: the libraries a selection's result depends on, besides dufs (:func:`versions`)

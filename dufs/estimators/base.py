@@ -8,6 +8,7 @@ from numbers import Integral
 from typing import Any, ClassVar
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, _fit_context
 from sklearn.feature_selection import SelectorMixin
 from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
@@ -19,6 +20,7 @@ from dufs.engine.graphs import resolve_graph
 from dufs.engine.inputs import is_dask_array
 from dufs.errors import ParameterError
 from dufs.methods.params import ParameterConstraintError, constraints_of
+from dufs.selection import take_columns
 
 __all__ = ["BASE_CONSTRAINTS", "DufsSelector", "GreedySelector", "constraints", "estimator_params"]
 
@@ -207,6 +209,19 @@ class DufsSelector(SelectorMixin, BaseEstimator):
 
     def _check_samples(self, X: Any) -> None:
         """Method-specific checks of the validated input (raise a one-line ParameterError, a ValueError)."""
+
+    def transform(self, X: Any) -> Any:
+        """The selected columns of ``X``, in column order (as ``get_support``).
+
+        A store or store path gives SciPy CSR (only the feature blocks holding selected columns are read), a
+        Dask array stays lazy, SciPy sparse keeps its format; NumPy and DataFrames as scikit-learn's selectors.
+        """
+        if _direct(X) or sp.issparse(X):
+            check_is_fitted(self)
+            if sp.issparse(X):  # the number of features checked as scikit-learn does; the format kept
+                validate_data(self, X, reset=False, accept_sparse=True, dtype=None, ensure_all_finite=False)
+            return take_columns(X, self.get_support(indices=True), self.n_features_in_)
+        return super().transform(X)
 
     def _get_support_mask(self) -> np.ndarray:
         check_is_fitted(self)
