@@ -261,9 +261,95 @@ class Selection:
                            top=max(1, min(4 * self.n_selected, int((~np.isnan(finite)).sum()))),
                            ylabel="score" if self.higher_is_better else "-score")
 
+    def _repr_html_(self) -> str:
+        """A notebook summary: the method, the parameters in force, the top features with their scores, how the
+        run stopped. Every value is escaped."""
+        return _html(self)
+
     def __repr__(self) -> str:
         head = ", ".join(str(i) for i in self.indices[:8]) + (", ..." if self.n_selected > 8 else "")
         return f"Selection(method={self.method!r}, n_selected={self.n_selected}, indices=[{head}])"
+
+
+#: the features listed by :meth:`Selection._repr_html_`
+HTML_TOP = 10
+
+
+def stop_reason(diag: dict) -> str:
+    """How a run ended, from its diagnostics: the solver's own reason, convergence, greedy steps, or a one-off
+    score."""
+    details = [f"{k.replace('_', ' ')} {diag[k]:.3g}" if isinstance(diag[k], float) else f"{k} {diag[k]}"
+               for k in ("iterations", "rounds", "relative_gap") if isinstance(diag.get(k), int | float)
+               and not isinstance(diag.get(k), bool)]
+    if diag.get("stopped"):
+        why = str(diag["stopped"])
+    elif "converged" in diag:
+        why = "converged" if diag["converged"] else "not converged (iteration limit)"
+    elif isinstance(diag.get("steps"), int):
+        why = f"{diag['steps']} greedy steps, one a feature"
+    else:
+        why = "scored in closed form (no iterations)"
+    return why + (f" ({', '.join(details)})" if details else "")
+
+
+def _html(sel: Selection) -> str:
+    """The HTML of :meth:`Selection._repr_html_`."""
+    import html
+
+    def esc(v: Any) -> str:
+        return html.escape(v if isinstance(v, str) else repr(v) if v is None or isinstance(v, bool | list | tuple)
+                           else str(v))
+
+    def show(v: Any) -> str:
+        return esc(repr(v) if isinstance(v, str) else v)
+
+    def table(head: list[str], rows: list[list[str]]) -> str:
+        th = "".join(f"<th style='text-align:left'>{h}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in r) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+    diag = sel.diagnostics or {}
+    prov = sel.provenance
+    out = [f"<div class='dufs-selection'><p><b>dufs Selection</b>: <code>{esc(sel.method)}</code>, "
+           f"{sel.n_selected:,} of {sel.n_features_in:,} features selected</p>"]
+    src = sel.source or {}
+    if src.get("shape"):
+        n, d = src["shape"]
+        where = f" at <code>{esc(src['path'])}</code>" if src.get("path") else ""
+        nnz = f", {src['nnz']:,} nonzeros" if isinstance(src.get("nnz"), int) else ""
+        out.append(f"<p>Input: {esc(src.get('kind', ''))} {int(n):,} x {int(d):,}{nnz}{where}</p>")
+    if prov is not None:
+        rows = [["n_features", show(sel.params.get("n_features", sel.n_selected))],
+                ["standardize", show(prov.get("standardize"))]]
+        if prov.get("graph") is not None:
+            rows.append(["graph built", show(prov["graph"])])
+        rows += [[esc(k), show(v)] for k, v in (prov.get("params") or {}).items()]
+        out.append("<p>Parameters in force</p>" + table(["parameter", "value"], rows))
+        if prov.get("versions"):
+            out.append("<p>Versions: " + ", ".join(f"{esc(k)} {esc(v)}" for k, v in prov["versions"].items())
+                       + "</p>")
+    else:
+        out.append("<p>Parameters given (the defaults in force were not recorded)</p>"
+                   + table(["parameter", "value"], [[esc(k), show(v)] for k, v in sel.params.items()]))
+    k = min(HTML_TOP, sel.n_selected)
+    ids = src.get("selected_feature_ids")
+    head = ["rank", "feature"] + (["id"] if ids else []) + ["score"]
+    rows = []
+    for r in range(k):
+        score = "" if sel.selected_scores is None else f"{float(sel.selected_scores[r]):.6g}"
+        rows.append([str(r + 1), str(int(sel.indices[r]))] + ([esc(ids[r])] if ids else []) + [score])
+    order = "higher is better" if sel.higher_is_better else "lower is better"
+    more = f", {sel.n_selected - k:,} more not shown" if sel.n_selected > k else ""
+    out.append(f"<p>Top {k} features (scores: {order}{more})</p>" + table(head, rows))
+    facts = [f"stopped: {esc(stop_reason(diag))}"]
+    if diag.get("passes") is not None:
+        facts.append(f"passes over the data: {esc(diag['passes'])}")
+    if isinstance(diag.get("wall_time"), int | float):
+        facts.append(f"wall time: {diag['wall_time']:.3g} s")
+    out.append("<p>" + "; ".join(facts) + "</p>")
+    if diag.get("degenerate"):
+        out.append(f"<p><b>Warning</b>: {esc(diag['degenerate'])}</p>")
+    return "".join(out) + "</div>"
 
 
 def _is_store(X: Any) -> bool:
