@@ -71,10 +71,6 @@ WEAK = {
     # D-optimal on raw pixels, 10 features: k-means 0.834 (20 features: 0.992). Only lambda1 = 0.1 reached 0.894,
     # at an equal mean rank over the six sets (lower on Isolet): no setting did better overall than the paper's.
     ("lapdofs", "digits1v7"): "D-optimal design on raw pixels at K = 10",
-    # JCFS builds its kNN graph of sparse data on the raw rows (as M3FS and every anchor graph): on term counts
-    # 0.545 here against 0.555 on the z-scored rows' graph, while on rcv1_small it went from 0.569 to 0.708 and on
-    # a kddb-like store with planted clusters from none of the cluster features to 20 of 20 (docs/methods.md, JCFS)
-    ("jcfs", "pcmac"): "JCFS on the raw term counts' kNN graph: 0.545, random subsets 0.553",
     # UFCM's pseudo-labels on raw term counts single out outliers: 2 of 1,943 documents in one cluster under the
     # default zscore (a rare word's nonzero becomes sqrt(n / its count), so a document with one is far from all),
     # 3 with standardize=None; alpha (1e-3 .. 1e3) changes nothing. With the rows scaled to unit norm and

@@ -35,7 +35,8 @@ from dufs.engine.knn import _is_matrix, knn_graph, projection_rows
 from dufs.engine.laplacian import _laplacian_op, laplacian
 from dufs.errors import ParameterError
 
-__all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "AnchorGraph", "anchor_graph", "graph_rows", "knn_graph",
+__all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "AnchorGraph", "anchor_graph", "graph_metric", "graph_rows",
+           "knn_graph",
            "laplacian", "laplacian_operator", "projection_rows", "resolve_graph"]
 
 
@@ -66,6 +67,26 @@ def graph_rows(M: Any) -> Any:
     if M.nnz > SPARSE_GRAPH_DENSITY * n * d:
         return M
     return M.with_standardize(None)
+
+
+def graph_metric(M: Any) -> str:
+    """The metric of a sample graph of the rows ``M`` by default: ``"cosine"`` for sparse rows taken as they are
+    (unstandardized, as :func:`graph_rows` gives them: counts, term frequencies), ``"euclidean"`` otherwise;
+    ``dufs.graph.metric`` (``auto``, ``euclidean``, ``cosine``) overrides it. On sparse counts a row's length
+    (a document's) and its few frequent features decide Euclidean distances, so the neighbours of a row are the
+    rows of similar length; scaled to unit norm, the rows' shared features do (docs/methods.md, "Graphs of sparse
+    rows")."""
+    from dufs import config
+
+    setting = str(config.get("graph.metric")).lower()
+    if setting in ("euclidean", "cosine"):
+        return setting
+    if setting != "auto":
+        raise ParameterError(f"dufs.graph.metric must be 'auto', 'euclidean' or 'cosine'; got {setting!r}")
+    if not _is_matrix(M) or M.standardize is not None:
+        return "euclidean"
+    n, d = M.shape
+    return "cosine" if M.nnz <= SPARSE_GRAPH_DENSITY * n * d else "euclidean"
 
 
 def resolve_graph(graph: str, n_samples: int, who: str = "graph") -> str:

@@ -87,12 +87,29 @@ def _gram_span(block: Any, span: tuple[int, int], n: int, inv: np.ndarray | None
     return _gram_of_rows(sp.csr_array(_block_y(block, n, None, inv)[0]), span[0], span[1])
 
 
-def _knn_span(G: np.ndarray, span: tuple[int, int], sq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _knn_span(G: np.ndarray, span: tuple[int, int], sq: np.ndarray, k: int,
+              inv_norm: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest samples of the rows ``span`` from their summed Gram block G (n x rows; None: no features, all
-    zero), where it was summed."""
+    zero), where it was summed; with ``inv_norm`` (cosine) the rows' Gram entries scaled to cosines first."""
     sq = np.asarray(sq, dtype=np.float64)
     G = np.zeros((sq.shape[0], span[1] - span[0])) if G is None else np.ascontiguousarray(G, dtype=np.float64)
+    if inv_norm is not None:
+        _to_cosines(G, inv_norm, span[0])
     return knn_select(G, sq, span[0], k)
+
+
+def _to_cosines(G: np.ndarray, inv_norm: np.ndarray, a: int) -> None:
+    """G[:, j] (rows' inner products with row a + j) scaled in place to cosines."""
+    G *= inv_norm[:, None]
+    G *= inv_norm[None, a:a + G.shape[1]]
+
+
+def _cosine_norms(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(1 / ||y_i|| (0 for an empty row), the squared norms of the normalised rows: 1, or 0 for an empty row)."""
+    nz = sq > 0
+    inv = np.zeros_like(sq)
+    inv[nz] = 1.0 / np.sqrt(sq[nz])
+    return inv, nz.astype(np.float64)
 
 
 def _gram_of_rows(X: Any, a: int, b: int) -> np.ndarray:
@@ -135,6 +152,12 @@ def _k_smallest(D: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(part, order, axis=1), np.take_along_axis(pd, order, axis=1)
 
 
+def check_metric(metric: Any, who: str) -> str:
+    if metric not in ("euclidean", "cosine"):
+        raise ParameterError(f"The 'metric' parameter of {who} must be 'euclidean' or 'cosine'; got {metric!r}.")
+    return str(metric)
+
+
 def _check_knn(n: int, n_neighbors: Any, weights: Any, t: Any, block_rows: Any) -> None:
     if not isinstance(n_neighbors, int | np.integer) or not 1 <= n_neighbors < max(n, 2):
         raise ParameterError(f"The 'n_neighbors' parameter of knn_graph must be an int in [1, {n - 1}]; "
@@ -148,7 +171,8 @@ def _check_knn(n: int, n_neighbors: Any, weights: Any, t: Any, block_rows: Any) 
 
 
 def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"] = "binary",
-              t: float | None = None, block_rows: int | None = None) -> sp.csr_array:
+              t: float | None = None, block_rows: int | None = None,
+              metric: Literal["euclidean", "cosine"] = "euclidean") -> sp.csr_array:
     """Symmetric kNN graph of the rows of ``X``, exact, computed in row blocks.
 
     Parameters
@@ -165,6 +189,9 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     block_rows : int, optional
         Rows per distance block (memory O(block_rows * n_samples)); default so that one n_samples x block_rows
         float64 block is about 256 MiB.
+    metric : "euclidean" or "cosine"
+        Distances between the rows, or between the rows scaled to unit norm (d^2 = 2 - 2 cos; an empty row is at
+        d^2 = 1 from every other row): the same Gram blocks, each entry divided by the two rows' norms.
 
     Returns
     -------
@@ -177,6 +204,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     """
     n = X.shape[0]
     _check_knn(n, n_neighbors, weights, t, block_rows)
+    cosine = check_metric(metric, "knn_graph") == "cosine"
     k = int(n_neighbors)
     br = int(block_rows) if block_rows is not None else _default_block_rows(n)
     spans = [(a, min(n, a + br)) for a in range(0, n, br)]
@@ -200,6 +228,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         pi = None if inv is None else PerBlock(inv)
         sq = X.map_blocks(_sqnorm_block, n, pi, reduce="sum")
         sq = np.zeros(n) if sq is None else np.asarray(sq, dtype=np.float64)
+        inv_norm, sq = _cosine_norms(sq) if cosine else (None, sq)
         # a few row blocks a pass, their Gram blocks summed and their neighbours picked on the workers: only the
         # neighbours come back (a Gram block is 256 MiB), and every worker has a block to work on
         client = current_client()
@@ -207,13 +236,17 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         for w0 in range(0, len(spans), wave):
             part = spans[w0:w0 + wave]
             for span, got in zip(part, X.map_sums(_gram_span, part, n, pi, then=_knn_span,
-                                                  then_args=(sq, k)), strict=True):
+                                                  then_args=(sq, k, inv_norm)), strict=True):
                 put(span, got)
     else:
         Xf = sp.csr_array(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
         sq = _row_sq_norms(Xf)
+        inv_norm, sq = _cosine_norms(sq) if cosine else (None, sq)
         for a, b in spans:
-            put((a, b), knn_select(_gram_of_rows(Xf, a, b), sq, a, k))
+            G = _gram_of_rows(Xf, a, b)
+            if cosine:
+                _to_cosines(G, inv_norm, a)
+            put((a, b), knn_select(G, sq, a, k))
     if weights == "heat":
         width = float(t) if t is not None else float(dist.mean()) if dist.size and dist.mean() > 0 else 1.0
         w = np.exp(-dist / width)

@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import AnchorGraph, Matrix, anchor_graph, block_stats, graph_rows, knn_graph, resolve_graph
+from dufs.engine import (
+    AnchorGraph,
+    Matrix,
+    anchor_graph,
+    block_stats,
+    graph_metric,
+    graph_rows,
+    knn_graph,
+    resolve_graph,
+)
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import csc_rmatvec
 from dufs.methods.labels import class_labels, labels_of, target_type
@@ -178,10 +187,12 @@ def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
     built = W is None
     if W is None:
         if graph == "anchor":
-            W = anchor_graph(graph_rows(M), n_anchors, anchor_neighbors, embed_dim=embed_dim,
-                             random_state=random_state, keep_embedding=False)
+            rows = graph_rows(M)
+            W = anchor_graph(rows, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
+                             keep_embedding=False, metric=graph_metric(rows))
         else:
-            W = knn_graph(X_rows if X_rows is not None else M, n_neighbors, weights=weights, t=t)
+            rows = X_rows if X_rows is not None else M
+            W = knn_graph(rows, n_neighbors, weights=weights, t=t, metric=graph_metric(rows))
     if isinstance(W, AnchorGraph):
         if W.shape != (n, n):
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")

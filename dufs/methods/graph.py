@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import AnchorGraph, Matrix, anchor_graph, graph_rows, knn_graph, resolve_graph
+from dufs.engine import AnchorGraph, Matrix, anchor_graph, graph_metric, graph_rows, knn_graph, resolve_graph
 from dufs.errors import ParameterError
 
 
@@ -19,7 +19,8 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
     """``W`` as given (a sparse n x n affinity or an AnchorGraph), else the exact kNN graph of the rows of M
     (``graph="knn"``) or its anchor graph (``graph="anchor"``: a low-rank-plus-diagonal Laplacian for large
     n_samples; of the unstandardized rows when M is sparse, :func:`~dufs.engine.graphs.graph_rows`); ``"auto"``:
-    kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above."""
+    kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above. Either by the metric
+    of :func:`~dufs.engine.graphs.graph_metric` (cosine for sparse unstandardized rows)."""
     n = M.shape[0]
     if W is not None:
         if not isinstance(W, AnchorGraph):
@@ -28,9 +29,10 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")
         return W
     if resolve_graph(graph, n) == "anchor":  # sparse data: on the unstandardized rows (see graph_rows)
-        return anchor_graph(graph_rows(M), n_anchors, anchor_neighbors, embed_dim=embed_dim,
-                            random_state=random_state, keep_embedding=False)  # E unused: n x embed_dim floats
-    return knn_graph(M, n_neighbors, weights=weights, t=t)
+        rows = graph_rows(M)
+        return anchor_graph(rows, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
+                            keep_embedding=False, metric=graph_metric(rows))  # E unused: n x embed_dim floats
+    return knn_graph(M, n_neighbors, weights=weights, t=t, metric=graph_metric(M))
 
 
 def graph_key(W: Any) -> list:

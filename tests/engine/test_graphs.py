@@ -127,6 +127,52 @@ def test_knn_graph_of_matrix_on_the_process_cluster(cluster_client):
                                        atol=1e-12)
 
 
+def _unit_rows(Xd):
+    """The dense rows scaled to unit norm (an empty row stays zero), as scikit-learn's normalize."""
+    from sklearn.preprocessing import normalize
+
+    return normalize(np.asarray(Xd, dtype=np.float64))
+
+
+def test_cosine_knn_equals_sklearn_on_unit_rows(cluster_client):
+    """metric="cosine": the kNN graph of the rows scaled to unit norm (scikit-learn's on normalize(X)), for an
+    array, a sparse matrix, and a Matrix on the workers (its scaling applied first, as for Euclidean distances);
+    heat weights exp(-||x_i/|x_i| - x_j/|x_j|||^2 / t)."""
+    X = _sparse_data(160, 31, seed=11)
+    X = sp.csr_array(X.multiply(np.random.default_rng(1).uniform(0.2, 9.0, (160, 1))))  # rows of many lengths
+    ref = _reference(_unit_rows(X.toarray()), 4)
+    assert abs(ref - _reference(X.toarray(), 4)).max() > 0  # the lengths change the neighbours here
+    assert abs(knn_graph(X, 4, metric="cosine", block_rows=50) - ref).max() == 0
+    assert abs(knn_graph(X.toarray(), 4, metric="cosine") - ref).max() == 0
+    with cluster_client.as_current():
+        for standardize in (None, "scale"):
+            Zd = _dense_z(X.toarray(), standardize)
+            M = Matrix(X, standardize=standardize, block_width=6)
+            assert abs(knn_graph(M, 4, metric="cosine", block_rows=70) - _reference(_unit_rows(Zd), 4)).max() == 0
+            Wh = knn_graph(M, 4, weights="heat", t=0.7, metric="cosine")
+            np.testing.assert_allclose(Wh.toarray(), _reference(_unit_rows(Zd), 4, heat_t=0.7).toarray(),
+                                       rtol=1e-9, atol=1e-12)
+    with pytest.raises(ParameterError, match="'metric' parameter of knn_graph"):
+        knn_graph(X, 4, metric="cos")
+
+
+def test_graph_metric_is_cosine_for_sparse_raw_rows_and_the_setting_overrides_it():
+    from dufs.engine.graphs import graph_metric, graph_rows
+
+    X = _sparse_data(150, 37)  # 30% nonzero: dense for graphs
+    sparse = sp.random_array((150, 400), density=0.02, rng=0, format="csr")
+    assert graph_metric(Matrix(sparse)) == "cosine"
+    assert graph_metric(graph_rows(Matrix(sparse, standardize="zscore"))) == "cosine"
+    assert graph_metric(Matrix(sparse, standardize="zscore")) == "euclidean"  # standardized rows as asked
+    assert graph_metric(Matrix(X)) == "euclidean" and graph_metric(X) == "euclidean"
+    with dask.config.set({"dufs.graph.metric": "euclidean"}):
+        assert graph_metric(Matrix(sparse)) == "euclidean"
+    with dask.config.set({"dufs.graph.metric": "cosine"}):
+        assert graph_metric(Matrix(X)) == "cosine"
+    with dask.config.set({"dufs.graph.metric": "manhattan"}), pytest.raises(ParameterError, match="graph.metric"):
+        graph_metric(Matrix(X))
+
+
 # ---------------------------------------------------------------------------------------------------- anchor graph
 @pytest.fixture(scope="module")
 def anchor_case():
@@ -452,10 +498,37 @@ def test_anchor_graph_of_sparse_standardized_data_is_built_on_the_raw_rows():
         return adjusted_rand_score(y, KMeans(4, n_init=4, random_state=0).fit_predict(E))
 
     G = sample_graph(M, graph="anchor", n_anchors=64, anchor_neighbors=3)
-    raw = anchor_graph(Matrix(X), 64, 3)
+    raw = anchor_graph(Matrix(X), 64, 3, metric="cosine")  # sparse raw rows: cosine (graph_metric)
     assert abs(G.Zh - raw.Zh).max() < 1e-12
     standardized = anchor_graph(M, 64, 3)
     assert ari(G) > 0.15 and abs(ari(standardized)) < 0.02
+    assert ari(anchor_graph(Matrix(X), 64, 3)) > 0.15  # Euclidean on the raw rows also carries the clusters here
+
+
+@pytest.mark.parametrize("where", ["memory", "store"])
+def test_cosine_anchor_graph_is_the_euclidean_one_of_the_unit_rows(where, row_store, cluster_client):
+    """metric="cosine" embeds e_i / ||z_i|| (the projection is linear): the anchor graph of the rows scaled to
+    unit norm, built explicitly, by feature blocks (in memory) or by row blocks (a store, on the workers)."""
+    from sklearn.preprocessing import normalize
+
+    X, path = row_store
+    X = sp.csr_array(X.multiply(np.random.default_rng(2).uniform(0.5, 6.0, (X.shape[0], 1))))
+    Xn = sp.csr_array(normalize(X))
+    if where == "memory":
+        got = anchor_graph(Matrix(X, block_width=9), 12, 3, embed_dim=8, random_state=4, metric="cosine")
+        want = anchor_graph(Matrix(Xn, block_width=9), 12, 3, embed_dim=8, random_state=4)
+    else:
+        import dufs
+
+        p1, p2 = path.replace("s.zarr", "len.zarr"), path.replace("s.zarr", "unit.zarr")
+        with dask.config.set({"dufs.store.row-block": 64}):
+            dufs.write_store(X, p1, overwrite=True)
+            dufs.write_store(Xn, p2, overwrite=True)
+        with cluster_client.as_current():
+            got = anchor_graph(Matrix(p1), 12, 3, embed_dim=8, random_state=4, metric="cosine")
+            want = anchor_graph(Matrix(p2), 12, 3, embed_dim=8, random_state=4)
+    np.testing.assert_allclose(got.embedding, want.embedding, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.Zh.toarray(), want.Zh.toarray(), rtol=1e-7, atol=1e-9)
 
 
 def test_k_smallest_breaks_ties_as_a_stable_full_sort():
