@@ -166,8 +166,11 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         in-memory inputs, stores of at most ``dufs.engine.inline-nnz`` nonzeros and Dask arrays of at most that
         many elements (computed first) run in this process without a cluster. ``False``: no cluster, run in this process
         (local threads for stores and Dask arrays).
-    standardize : {"zscore", "scale", None}
-        The implicit transform; the default is the method's (``dufs.api.METHODS[method].standardize``).
+    standardize : {"zscore", "scale", None, "auto"}
+        The implicit transform; the default is the method's (``dufs.api.METHODS[method].standardize``). ``"auto"``
+        (UFCM's and M3FS's default): None for sparse data (at most 10% nonzeros: counts, where a z-score
+        makes a feature seen once as large as a frequent one), ``"zscore"`` otherwise; the choice is recorded
+        (``diagnostics["standardize"]``, the selection file).
     **params
         Method parameters (e.g. ``n_neighbors`` for the Laplacian score). ``n_clusters`` defaults to 2 for the
         clustering methods (``jcfs``, ``ufcm``, ``m3fs``), as in their estimators.
@@ -211,6 +214,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         # and the workers' state, the scope the futures a pass still held (a user's own client lives on)
         with ctx, scope(c):
             M = _load(X, y, spec, std, c, timings)
+            std = M.standardize  # "auto" as the matrix resolved it
             with M:
                 source = dict(M.identity) if dask_source is None else {**dask_source, "nnz": int(M.nnz)}
                 n_total = M.shape[1]

@@ -36,8 +36,9 @@ def select(
     method: str = typer.Option(..., "--method", "-m", help="One of: " + ", ".join(sorted(NAMES)) + "."),
     k: int = typer.Option(..., "-k", "--n-features", help="How many features to select."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the selection as JSON here."),
-    standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale or none (default: "
-                                                                          "the method's)."),
+    standardize: str | None = typer.Option(None, "--standardize", help="zscore, scale, none or auto (none "
+                                                                          "for sparse data, zscore for dense; "
+                                                                          "default: the method's)."),
     n_neighbors: int | None = typer.Option(None, "--n-neighbors", help="kNN graph size (laplacian)."),
     param: list[str] = typer.Option([], "--param", "-p", help="A method parameter, name=value (repeatable); the "
                                     "value is parsed as JSON (numbers, true/false, \"quoted\" strings), none or "
@@ -105,8 +106,8 @@ def _check_select(store: str, method: str, k: int, standardize: str | None, para
     spec = check_method(method, params)
     if k < 1:
         raise ParameterError(f"-k (--n-features) must be >= 1; got {k}")
-    if standardize is not None and standardize.lower() not in ("zscore", "scale", "none"):
-        raise ParameterError(f"--standardize must be zscore, scale or none; got {standardize!r}")
+    if standardize is not None and standardize.lower() not in ("zscore", "scale", "none", "auto"):
+        raise ParameterError(f"--standardize must be zscore, scale, none or auto; got {standardize!r}")
     if "://" in store:
         return
     st = dufs.open(store)

@@ -316,12 +316,12 @@ def blocks_from_array(X: Any, block_width: int | None) -> tuple[list[FeatureBloc
     return blocks, (n, d), A.dtype, fingerprint
 
 
-_STANDARDIZE_VALUES = ("zscore", "scale", None)
+_STANDARDIZE_VALUES = ("zscore", "scale", None, "auto")
 
 
 def check_standardize(standardize: Any) -> None:
     if standardize not in _STANDARDIZE_VALUES:
-        raise ParameterError(f"The 'standardize' parameter must be one of 'zscore', 'scale' or None; got "
+        raise ParameterError(f"The 'standardize' parameter must be one of 'zscore', 'scale', None or 'auto'; got "
                              f"{standardize!r}.")
 
 

@@ -105,6 +105,7 @@ class Matrix(ColumnAccess):
                 setattr(self, name, getattr(X, name))
             self._stats = X.cached_stats
             self._view = True
+            self._resolve_auto()
             return
         s = source_of(X, block_width, y)
         self.executor = Executor(s.src, s.blocks, s.residency)
@@ -114,6 +115,19 @@ class Matrix(ColumnAccess):
         self.y, self.classes = (None, None) if s.labels is None else check_labels(s.labels, self.shape[0])
         self._stats: ColumnStats | None = None
         self._view = False
+        self._resolve_auto()
+
+    def _resolve_auto(self) -> None:
+        """``standardize="auto"`` made None where the data are sparse (at most
+        :data:`~dufs.engine.graphs.SPARSE_GRAPH_DENSITY` of the entries nonzero), ``"zscore"`` otherwise. On sparse
+        counts the z-score gives a feature present in r of n rows values of order sqrt(n / r): the rarest features
+        then dominate every distance and projection (docs/methods.md, "Standardization of sparse data")."""
+        if self.standardize != "auto":
+            return
+        from dufs.engine.graphs import SPARSE_GRAPH_DENSITY
+
+        n, d = self.shape
+        self.standardize = None if self.nnz <= SPARSE_GRAPH_DENSITY * n * d else "zscore"
 
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:

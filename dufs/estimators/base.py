@@ -24,7 +24,7 @@ from dufs.selection import take_columns
 
 __all__ = ["BASE_CONSTRAINTS", "DufsSelector", "GreedySelector", "constraints", "estimator_params"]
 
-_STANDARDIZE = [StrOptions({"zscore", "scale"}), None]
+_STANDARDIZE = [StrOptions({"zscore", "scale", "auto"}), None]
 
 
 EstimatorParameterError = ParameterConstraintError  # a parameter of an estimator out of its constraints

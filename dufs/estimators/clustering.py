@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dufs.api import METHODS
 from dufs.errors import ParameterError
 from dufs.estimators.base import BASE_CONSTRAINTS, DufsSelector, constraints, estimator_params
 
@@ -30,7 +31,8 @@ class UFCM(DufsSelector):
     n_init : int, default 10
         Random restarts of the cluster update.
     random_state : int, default 0
-    standardize : {"zscore", "scale"} or None, default "zscore"
+    standardize : {"zscore", "scale", "auto"} or None, default "auto"
+        "auto": None for sparse data (at most 10% nonzeros), "zscore" for dense.
     client : distributed.Client, optional
 
     References
@@ -45,7 +47,8 @@ class UFCM(DufsSelector):
 
     def __init__(self, n_features: int = 10, *, n_clusters: int = 2, n_components: int | None = None,
                  alpha: float = 1.0, beta: float = 1.0, p: float = 1.0, max_iter: int = 30, n_init: int = 10,
-                 random_state: int = 0, standardize: str | None = "zscore", client: Any = None):
+                 random_state: int = 0, standardize: str | None = METHODS["ufcm"].standardize,
+                 client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
         self.n_components = n_components
@@ -109,7 +112,8 @@ class M3FS(DufsSelector):
     polish : int, "auto" or None, default None
         Label flips the alternating solver tries after it stops (None: its default "auto", 8 up to 5000 samples).
     random_state : int, default 0
-    standardize : {"zscore", "scale"} or None, default "zscore"
+    standardize : {"zscore", "scale", "auto"} or None, default "auto"
+        "auto": None for sparse data (at most 10% nonzeros), "zscore" for dense.
     client : distributed.Client, optional
 
     Attributes
@@ -135,7 +139,7 @@ class M3FS(DufsSelector):
                  lambda_: float | None = None, l: float | None = None, epsilon: float | None = None,
                  graph: str | None = None, n_neighbors: int | None = None, max_iter: int | None = None,
                  polish: int | str | None = None, random_state: int = 0,
-                 standardize: str | None = "zscore", client: Any = None):
+                 standardize: str | None = METHODS["m3fs"].standardize, client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
         self.solver = solver

@@ -208,8 +208,8 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("lapdofs", _lapofs("D"), {k: p for k, p in LAPOFS_PARAMS.items() if k != "criterion"}, True, False,
                None),
     MethodSpec("jcfs", _jcfs, JCFS_PARAMS, True, False, "zscore"),
-    MethodSpec("ufcm", _ufcm, UFCM_PARAMS, True, False, "zscore"),
-    MethodSpec("m3fs", _m3fs, M3FS_PARAMS, True, False, "zscore"),
+    MethodSpec("ufcm", _ufcm, UFCM_PARAMS, True, False, "auto"),
+    MethodSpec("m3fs", _m3fs, M3FS_PARAMS, True, False, "auto"),
 )}
 if tuple(METHODS) != NAMES:  # the light list the CLI names them by
     raise ImportError(f"dufs.methods.NAMES {NAMES} is not the registry's {tuple(METHODS)}")
