@@ -75,11 +75,11 @@ def test_bench_recovery_cli_variance_matches_numpy(tmp_path):
     n, d, c = 300, 1500, 3
     out = tmp_path / "res.json"
     args = ["bench", "recovery", "--rows", str(n), "--features", str(d), "--clusters", str(c), "--kinds",
-            "signature", "--methods", "variance,ufcm", "--seeds", "1", "--dir", str(tmp_path), "--out", str(out)]
+            "signature", "--methods", "variance,laplacian", "--seeds", "1", "--dir", str(tmp_path), "--out", str(out)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "| kind | method | found | clusters |" in res.output
-    assert "| signature | variance |" in res.output and "| signature | ufcm |" in res.output
+    assert "| signature | variance |" in res.output and "| signature | laplacian |" in res.output
 
     # independently: population variance of the raw counts, the top k = 3 x 20 planted features
     X, labels, planted = make_signature_counts(n, d, c, seed=1)
@@ -94,7 +94,7 @@ def test_bench_recovery_cli_variance_matches_numpy(tmp_path):
     rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
     assert rows["variance"]["found"] == found and rows["variance"]["represented"] == represented
     assert f"| signature | variance | {found} of {k} | {represented} of {c} |" in res.output
-    assert rows["ufcm"]["k"] == k and "found" in rows["ufcm"]
+    assert rows["laplacian"]["k"] == k and "found" in rows["laplacian"]
 
     bad = CliRunner().invoke(app, ["bench", "recovery", "--kinds", "nope"])
     assert bad.exit_code == 2 and "unknown data kind" in bad.output
