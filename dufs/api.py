@@ -22,7 +22,7 @@ from dufs.selection import Selection
 log = get_logger(__name__)
 
 
-N_CLUSTERS = 2  # the default number of clusters of jcfs, ufcm and m3fs, in fit as in the estimators
+N_CLUSTERS = "auto"  # the default number of clusters of jcfs, ufcm and m3fs, in fit as in the estimators
 
 
 def check_method(method: Any, params: dict | None = None) -> MethodSpec:
@@ -78,7 +78,7 @@ def _degenerate(method: str, scores: Any, by_scores: bool, diag: dict, params: d
     if method == "m3fs" and diag.get("solver") == "alternating":
         fix = "lower lambda_ (the manifold weight) or raise C"  # not "try the solver it ran"
     labels = diag.get("labels")
-    if labels is not None and len(labels) > 1 and params.get("n_clusters", N_CLUSTERS) != 1:
+    if labels is not None and len(labels) > 1 and diag.get("n_clusters", params.get("n_clusters", N_CLUSTERS)) != 1:
         lab = np.asarray(labels)
         if lab.dtype.kind in "iu" and lab.min() >= 0:  # cluster indices: counted without a sort (19M at kddb size)
             counts = np.bincount(lab)
@@ -172,8 +172,9 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         makes a feature seen once as large as a frequent one), ``"zscore"`` otherwise; the choice is recorded
         (``diagnostics["standardize"]``, the selection file).
     **params
-        Method parameters (e.g. ``n_neighbors`` for the Laplacian score). ``n_clusters`` defaults to 2 for the
-        clustering methods (``jcfs``, ``ufcm``, ``m3fs``), as in their estimators.
+        Method parameters (e.g. ``n_neighbors`` for the Laplacian score). ``n_clusters`` defaults to ``"auto"`` for the
+        clustering methods (``jcfs``, ``ufcm``, ``m3fs``), as in their estimators: estimated from the eigengap of the
+        rows' kNN graph (a sample of 5,000 rows at most; ``diagnostics["n_clusters_estimate"]``).
 
     Returns
     -------

@@ -159,7 +159,7 @@ def test_convert_bad_input(tmp_path, text):
     res = run("convert", src, tmp_path / "a.svm", tmp_path / "each", "--each", "--workers", "0", code=2)
     assert "no such file" in res.stderr
     assert not (tmp_path / "each").exists()  # the directory --each made is gone again
-    for args, what in [(["--zero-based", "maybe"], "--zero-based"), (["--on-error", "warn"], "on_error"),
+    for args, what in [(["--zero-based", "maybe"], "--zero-based"), (["--on-error", "warn"], "--on-error"),
                        (["--dtype", "int32"], "float dtype"), (["--dtype", "nonsense"], "float dtype")]:
         res = run("convert", src, tmp_path / "out.zarr", "--workers", "0", *args, code=2)
         assert what in res.stderr
@@ -250,7 +250,7 @@ def stores(tmp_path):
     (["s.zarr", "-m", "fisher", "-k", "3", "-p", "foo"], "--param wants name=value; got 'foo'"),
     (["s.zarr", "-m", "fisher", "-k", "0"], "-k (--n-features) must be >= 1; got 0"),
     (["s.zarr", "-m", "fisher", "-k", "11"], "at most the 10 features of {tmp}/s.zarr; got 11"),
-    (["s.zarr", "-m", "fisher", "-k", "3", "--standardize", "bogus"], "zscore, scale or none; got 'bogus'"),
+    (["s.zarr", "-m", "fisher", "-k", "3", "--standardize", "bogus"], "zscore, scale, none or auto; got 'bogus'"),
     (["nolabels.zarr", "-m", "fisher", "-k", "3"], "'fisher' is supervised but {tmp}/nolabels.zarr has no labels"),
 ])
 def test_select_checks_before_starting_a_cluster(stores, monkeypatch, args, says):

@@ -21,7 +21,8 @@ class UFCM(DufsSelector):
     n_features : int or "all", default 10
         How many features to select; more than X has, or "all", keeps every feature (the former with a warning,
         as scikit-learn's ``SelectKBest``).
-    n_clusters : int, default 2
+    n_clusters : int or "auto", default "auto"
+        "auto": estimated by the eigengap of the rows' kNN graph (:func:`dufs.methods.graph.estimate_clusters`).
     n_components : int or None, default None
         d', the columns of W (< n_features); default ``n_clusters`` (at most n_features - 1).
     alpha, beta : float >= 0, default 1.0
@@ -45,7 +46,7 @@ class UFCM(DufsSelector):
     _method_params = estimator_params("ufcm")
     _parameter_constraints: ClassVar[dict] = {**BASE_CONSTRAINTS, **constraints("ufcm")}
 
-    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, n_components: int | None = None,
+    def __init__(self, n_features: int = 10, *, n_clusters: int | str = "auto", n_components: int | None = None,
                  alpha: float = 1.0, beta: float = 1.0, p: float = 1.0, max_iter: int = 30, n_init: int = 10,
                  random_state: int = 0, standardize: str | None = METHODS["ufcm"].standardize,
                  client: Any = None):
@@ -68,7 +69,7 @@ class UFCM(DufsSelector):
 
     def _check_samples(self, X: Any) -> None:
         n, d = X.shape
-        if self.n_clusters >= n:
+        if self.n_clusters != "auto" and self.n_clusters >= n:
             raise ParameterError(f"UFCM needs more samples than clusters: got n_samples={n}, "
                              f"n_clusters={self.n_clusters}.")
         if d < 2 or self.n_components is not None and self.n_components >= d:
@@ -87,7 +88,8 @@ class M3FS(DufsSelector):
         How many features to select; more than X has, or "all", keeps every feature (the former with a warning,
         as scikit-learn's ``SelectKBest``).
         m, the saliency budget and the number of features selected.
-    n_clusters : int, default 2
+    n_clusters : int or "auto", default "auto"
+        "auto": estimated by the eigengap of the rows' kNN graph (:func:`dufs.methods.graph.estimate_clusters`).
         2 is the two-class problem (eqs. (7)-(12)), more the multi-class one (eqs. (16)-(17)).
     solver : {"auto", "faithful", "alternating"}, default "auto"
         "faithful": the paper's cutting plane over CCCP with SOCP steps (needs cvxpy and Clarabel, ``dufs[m3fs]``;
@@ -135,7 +137,7 @@ class M3FS(DufsSelector):
     _method_params = estimator_params("m3fs")
     _parameter_constraints: ClassVar[dict] = {**BASE_CONSTRAINTS, **constraints("m3fs")}
 
-    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, solver: str = "auto", C: float = 1.0,
+    def __init__(self, n_features: int = 10, *, n_clusters: int | str = "auto", solver: str = "auto", C: float = 1.0,
                  lambda_: float | None = None, l: float | None = None, epsilon: float | None = None,
                  graph: str | None = None, n_neighbors: int | None = None, max_iter: int | None = None,
                  polish: int | str | None = None, random_state: int = 0,
@@ -163,7 +165,7 @@ class M3FS(DufsSelector):
         return params
 
     def _check_samples(self, X: Any) -> None:
-        if self.n_clusters >= X.shape[0]:
+        if self.n_clusters != "auto" and self.n_clusters >= X.shape[0]:
             raise ParameterError(f"M3FS needs more samples than clusters: got n_samples={X.shape[0]}, "
                              f"n_clusters={self.n_clusters}.")
 

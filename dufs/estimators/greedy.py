@@ -92,7 +92,8 @@ class JCFS(GreedySelector):
     n_features : int or "all", default 10
         How many features to select; more than X has, or "all", keeps every feature (the former with a warning,
         as scikit-learn's ``SelectKBest``).
-    n_clusters : int, default 2
+    n_clusters : int or "auto", default "auto"
+        "auto": estimated by the eigengap of the rows' kNN graph (:func:`dufs.methods.graph.estimate_clusters`).
     lambda_ : float >= 0, default 1e-6
         Trade-off between the spectral and the Fisher terms (the paper searches 1e-6 .. 1e-3); lambda_ / gamma is
         the weight that pulls the embedding into the span of the selected features (0.01 by default, chosen on
@@ -122,8 +123,8 @@ class JCFS(GreedySelector):
     _method_params = estimator_params("jcfs")
     _parameter_constraints: ClassVar[dict] = {**BASE_CONSTRAINTS, **constraints("jcfs")}
 
-    def __init__(self, n_features: int = 10, *, n_clusters: int = 2, lambda_: float = 1e-6, gamma: float = 1e-4,
-                 W: Any = None, graph: str = "auto", n_neighbors: int = 5, weights: str = "binary",
+    def __init__(self, n_features: int = 10, *, n_clusters: int | str = "auto", lambda_: float = 1e-6,
+                 gamma: float = 1e-4, W: Any = None, graph: str = "auto", n_neighbors: int = 5, weights: str = "binary",
                  t: float | None = None, n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
                  max_iter: int = 10, random_state: int = 0, standardize: str | None = METHODS["jcfs"].standardize,
                  client: Any = None):
@@ -155,6 +156,6 @@ class JCFS(GreedySelector):
 
     def _check_samples(self, X: Any) -> None:
         super()._check_samples(X)
-        if self.n_clusters >= X.shape[0]:
+        if self.n_clusters != "auto" and self.n_clusters >= X.shape[0]:
             raise ParameterError(f"JCFS needs more samples than clusters: got n_samples={X.shape[0]}, "
                              f"n_clusters={self.n_clusters}.")

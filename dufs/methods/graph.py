@@ -39,3 +39,75 @@ def graph_key(W: Any) -> list:
     if isinstance(W, AnchorGraph):  # Zh's rows each sum to 1: its size, anchors and their weights name it
         return ["anchor", int(W.shape[0]), int(W.n_anchors), float(np.sum(W.lam)), float(np.sum(W.anchors))]
     return ["sparse", int(W.nnz), float(W.data.sum())]
+
+
+# ---------------------------------------------------------------------------------------------------- cluster count
+#: n_clusters="auto": the largest count considered, the rows sampled for the estimate and the sample graph's size
+AUTO_MAX_CLUSTERS, AUTO_SAMPLE, AUTO_NEIGHBORS = 20, 5000, 5
+
+
+def _take(X: Any, start: int, rate: float, seed: int) -> Any:
+    keep = np.random.default_rng([seed, start]).random(X.shape[0]) < rate
+    return X[np.flatnonzero(keep)]
+
+
+def _sample_rows(M: Matrix, sample: int, seed: int) -> Any:
+    """The rows of ``M`` (its scaling applied, no centring: distances do not see one), all of them up to ``sample``
+    rows, else a uniform sample of about that many taken by its row blocks; None where its rows cannot be read by
+    blocks (a persisted Dask array's feature blocks)."""
+    from dufs.engine import Rows
+
+    n = M.shape[0]
+    if n <= sample:
+        return M
+    try:
+        rows = Rows.of(M)
+    except ParameterError:
+        return None
+    rate = sample / n
+    X = sp.csr_array(rows.map(_take, args=(rate, seed), n_rows=int(rate * n)).gather("the cluster-count sample"))
+    _, inv = M.transform
+    return X if inv is None else sp.csr_array(X @ sp.diags_array(np.asarray(inv, dtype=np.float64)))
+
+
+def estimate_clusters(M: Matrix, *, max_clusters: int = AUTO_MAX_CLUSTERS, sample: int = AUTO_SAMPLE,
+                      n_neighbors: int = AUTO_NEIGHBORS, random_state: int = 0) -> tuple[int, dict]:
+    """The number of clusters of the rows of ``M`` by the eigengap of the normalised Laplacian of their binary kNN
+    graph (``n_neighbors``, the metric of :func:`~dufs.engine.graphs.graph_metric`): the c in [2,
+    ``max_clusters``] (and at most n_samples / 10) after which the ascending eigenvalues jump most. On more than ``sample`` rows, of the graph of
+    a uniform sample of about that many (an anchor graph's spectrum showed no such gap on data whose exact kNN graph
+    had it at the planted count: docs/methods.md, "The number of clusters"). Returns (c, what it rests on)."""
+    from scipy.sparse.linalg import eigsh
+
+    rows = graph_rows(M)
+    X = _sample_rows(rows, int(sample), int(random_state))
+    if X is None:
+        raise ParameterError("n_clusters='auto' needs rows it can sample (a store or an in-memory matrix); give "
+                             "n_clusters")
+    ns = X.shape[0]
+    if ns < 4:
+        return 2, {"method": "too few samples", "samples": int(ns)}
+    k = max(1, min(int(n_neighbors), ns - 1))
+    W = knn_graph(X, k, metric=graph_metric(rows))
+    deg = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
+    s = 1.0 / np.sqrt(np.maximum(deg, 1e-300))
+    A = sp.diags_array(s) @ W @ sp.diags_array(s)  # I - L: its largest eigenvalues are L's smallest
+    top = max(2, min(int(max_clusters), ns // 10))  # clusters of 10 samples on average at least
+    m = min(top + 1, ns - 1)
+    if ns <= 2000:
+        vals = np.linalg.eigvalsh(A.toarray())[::-1][:m]
+    else:
+        v0 = np.random.default_rng(random_state).standard_normal(ns)
+        vals = np.sort(eigsh(A, k=m, which="LA", v0=v0, return_eigenvectors=False))[::-1]
+    lam = np.sort(1.0 - vals)
+    gaps = np.diff(lam)  # gaps[i] = lam[i + 1] - lam[i]: c clusters leave the gap after lam[c - 1]
+    c = int(np.argmax(gaps[1:]) + 2) if gaps.size > 1 else 2
+    return c, {"method": "eigengap", "samples": int(ns), "n_neighbors": k, "metric": graph_metric(rows),
+               "eigenvalues": [float(v) for v in lam], "gap": float(gaps[c - 1]) if gaps.size >= c else None}
+
+
+def resolve_clusters(M: Matrix, n_clusters: Any, random_state: int = 0) -> tuple[Any, dict | None]:
+    """``n_clusters`` as given, or for ``"auto"`` :func:`estimate_clusters`' count and its record."""
+    if isinstance(n_clusters, str) and n_clusters == "auto":
+        return estimate_clusters(M, random_state=random_state)
+    return n_clusters, None

@@ -14,12 +14,22 @@ from dufs.errors import ParameterError
 from dufs.kernels.greedy import JCFS
 from dufs.methods.graph import sample_graph
 from dufs.methods.greedy import GreedyResult, GreedyRun, SelectedColumns, check_k, run_greedy
-from dufs.methods.params import GRAPH_PARAMS, Param, check_params, integer, nonnegative, positive, table
+from dufs.methods.params import (
+    GRAPH_PARAMS,
+    Param,
+    StrOptions,
+    check_params,
+    integer,
+    nonnegative,
+    positive,
+    table,
+)
 from dufs.methods.solver import checkpoint_dir
 
 #: JCFS's parameters (the paper's gamma = 1e-4 and 5-NN binary graph; lambda_ and standardize chosen on data)
 JCFS_PARAMS = table(
-    Param("n_clusters", 2, (integer(1),), "c, the number of clusters (columns of Y)"),
+    Param("n_clusters", "auto", (integer(1), StrOptions({"auto"})),
+          "c, the number of clusters (columns of Y); 'auto': estimated (methods.graph.estimate_clusters)"),
     Param("lambda_", 1e-6, (nonnegative(),), "weight of the selection term in the Y-step"),
     Param("gamma", 1e-4, (positive(),), "ridge of the covariance"),
     GRAPH_PARAMS.values(),

@@ -15,6 +15,7 @@ import numpy as np
 
 from dufs.errors import ParameterError
 from dufs.methods import NAMES, filters
+from dufs.methods.graph import resolve_clusters
 from dufs.methods.greedy import LAPOFS_PARAMS
 from dufs.methods.jcfs import JCFS_PARAMS
 from dufs.methods.m3fs import M3FS_PARAMS
@@ -140,20 +141,32 @@ def _jcfs(M: Any, y: Any, *, n_features: int, n_clusters: Any = JCFS_PARAMS["n_c
           **p: Any) -> MethodResult:
     from dufs.methods.jcfs import jcfs
 
-    return _greedy_result(jcfs(M, n_features=n_features, n_clusters=n_clusters, **p), M.shape[1])
+    n_clusters, est = resolve_clusters(M, n_clusters)
+    res = _greedy_result(jcfs(M, n_features=n_features, n_clusters=n_clusters, **p), M.shape[1])
+    return _with_estimate(res, n_clusters, est)
+
+
+def _with_estimate(res: MethodResult, n_clusters: int, est: dict | None) -> MethodResult:
+    """``res`` with the cluster count it ran with and, for ``n_clusters="auto"``, what the estimate rests on."""
+    diag = dict(res.diagnostics)
+    diag["n_clusters"] = int(n_clusters)
+    if est is not None:
+        diag["n_clusters_estimate"] = est
+    return MethodResult(res.scores, res.ranking, diag, by_scores=res.by_scores)
 
 
 def _ufcm(M: Any, y: Any, *, n_features: int, n_clusters: Any = UFCM_PARAMS["n_clusters"].default,
           n_components: Any = None, **p: Any) -> MethodResult:
     from dufs.methods.ufcm import ufcm
 
+    n_clusters, est = resolve_clusters(M, n_clusters)
     if n_components is None:  # d' = the number of clusters, at most n_features - 1
         n_components = min(int(n_clusters), max(1, M.shape[1] - 1)) if isinstance(n_clusters, int | np.integer) \
             else n_clusters
     res = ufcm(M, n_clusters=n_clusters, n_components=n_components, **p)
     diag = dict(res.diagnostics)
     diag.update(objective=np.asarray(res.objective).tolist(), labels=np.asarray(res.labels, dtype=np.int64))
-    return MethodResult(res.scores, None, diag)
+    return _with_estimate(MethodResult(res.scores, None, diag), n_clusters, est)
 
 
 M3FS_FAITHFUL_MAX = (5000, 1000)  # solver="auto": the faithful (SOCP) path up to this many samples and features
@@ -167,6 +180,7 @@ def has_cvxpy() -> bool:
 def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
           n_clusters: Any = M3FS_PARAMS["n_clusters"].default, **p: Any) -> MethodResult:
     n, d = M.shape
+    n_clusters, est = resolve_clusters(M, n_clusters)
     if solver == "auto":
         small = n <= M3FS_FAITHFUL_MAX[0] and d <= M3FS_FAITHFUL_MAX[1]
         solver = "faithful" if small and has_cvxpy() else "alternating"
@@ -193,7 +207,7 @@ def _m3fs(M: Any, y: Any, *, n_features: int, solver: str = "auto",
     if head.size < n_features:  # the ranking holds at least the best n_features (by sigma after the selected)
         rest = np.setdiff1d(rank(sigma, True, k=n_features + head.size), head, assume_unique=True)
         head = np.concatenate([head, rest])[:n_features]
-    return MethodResult(sigma, head, diag, by_scores=False)
+    return _with_estimate(MethodResult(sigma, head, diag, by_scores=False), n_clusters, est)
 
 
 METHODS: dict[str, MethodSpec] = {s.name: s for s in (

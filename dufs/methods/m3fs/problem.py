@@ -18,7 +18,8 @@ _NONE_IS_THE_SOLVERS = "None: the solver's default"
 #: :func:`m3fs_faithful` or :func:`dufs.methods.m3fs.alternating.m3fs_alternating`, and a parameter left at None takes
 #: that solver's own default (a parameter of the other solver is an error)
 M3FS_PARAMS = table(
-    Param("n_clusters", 2, (integer(2),), "M, the number of clusters"),
+    Param("n_clusters", "auto", (integer(2), StrOptions({"auto"})),
+          "M, the number of clusters; 'auto': estimated (methods.graph.estimate_clusters)"),
     Param("solver", "auto", (StrOptions({"auto", "faithful", "alternating"}),), "faithful up to 5000 x 1000"),
     Param("C", 1.0, (positive(),), "weight of the (averaged) hinge loss"),
     Param("lambda_", None, (None, nonnegative()), f"manifold weight ({_NONE_IS_THE_SOLVERS})"),

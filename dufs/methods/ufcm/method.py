@@ -14,7 +14,7 @@ import numpy as np
 from dufs._logging import get_logger
 from dufs.engine import Matrix, current_client, kept_vectors
 from dufs.errors import ParameterError
-from dufs.methods.params import SEED, Interval, Param, check_params, integer, nonnegative, table
+from dufs.methods.params import SEED, Interval, Param, StrOptions, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
 from dufs.methods.ufcm.kept import KeptY
 from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
@@ -22,7 +22,8 @@ from dufs.scheduling import one_blas_thread
 
 #: UFCM's parameters (``n_components`` None: the number of clusters, at most n_features - 1)
 UFCM_PARAMS = table(
-    Param("n_clusters", 2, (integer(1),), "k-means clusters of the pseudo-labels"),
+    Param("n_clusters", "auto", (integer(1), StrOptions({"auto"})),
+          "k-means clusters of the pseudo-labels; 'auto': estimated (methods.graph.estimate_clusters)"),
     Param("n_components", None, (None, integer(1)), "d', the columns of W"),
     Param("alpha", 1.0, (nonnegative(),), "weight of the within-cluster scatter"),
     Param("beta", 1.0, (nonnegative(),), "weight of the l2,p row-sparsity term"),
