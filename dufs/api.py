@@ -168,7 +168,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         (local threads for stores and Dask arrays).
     standardize : {"zscore", "scale", None, "auto"}
         The implicit transform; the default is the method's (``dufs.api.METHODS[method].standardize``). ``"auto"``
-        (UFCM's and M3FS's default): None for sparse data (at most 10% nonzeros: counts, where a z-score
+        (UFCM's default): None for sparse data (at most 10% nonzeros: counts, where a z-score
         makes a feature seen once as large as a frequent one), ``"zscore"`` otherwise; the choice is recorded
         (``diagnostics["standardize"]``, the selection file).
     **params

@@ -114,7 +114,7 @@ class M3FS(DufsSelector):
     polish : int, "auto" or None, default None
         Label flips the alternating solver tries after it stops (None: its default "auto", 8 up to 5000 samples).
     random_state : int, default 0
-    standardize : {"zscore", "scale", "auto"} or None, default "auto"
+    standardize : {"zscore", "scale", "auto"} or None, default "zscore"
         "auto": None for sparse data (at most 10% nonzeros), "zscore" for dense.
     client : distributed.Client, optional
 

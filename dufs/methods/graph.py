@@ -52,19 +52,17 @@ def _take(X: Any, start: int, rate: float, seed: int) -> Any:
 
 
 def _sample_rows(M: Matrix, sample: int, seed: int) -> Any:
-    """The rows of ``M`` (its scaling applied, no centring: distances do not see one), all of them up to ``sample``
-    rows, else a uniform sample of about that many taken by its row blocks; None where its rows cannot be read by
-    blocks (a persisted Dask array's feature blocks)."""
+    """The rows of ``M`` here (its scaling applied, no centring: distances do not see one), all of them up to
+    ``sample`` rows, else a uniform sample of about that many, taken by its row blocks; where its rows cannot be read
+    by blocks (a persisted Dask array's feature blocks), ``M`` itself up to ``sample`` rows, else None."""
     from dufs.engine import Rows
 
     n = M.shape[0]
-    if n <= sample:
-        return M
     try:
         rows = Rows.of(M)
     except ParameterError:
-        return None
-    rate = sample / n
+        return M if n <= sample else None
+    rate = min(1.0, sample / n)
     X = sp.csr_array(rows.map(_take, args=(rate, seed), n_rows=int(rate * n)).gather("the cluster-count sample"))
     _, inv = M.transform
     return X if inv is None else sp.csr_array(X @ sp.diags_array(np.asarray(inv, dtype=np.float64)))
@@ -73,10 +71,11 @@ def _sample_rows(M: Matrix, sample: int, seed: int) -> Any:
 def estimate_clusters(M: Matrix, *, max_clusters: int = AUTO_MAX_CLUSTERS, sample: int = AUTO_SAMPLE,
                       n_neighbors: int = AUTO_NEIGHBORS, random_state: int = 0) -> tuple[int, dict]:
     """The number of clusters of the rows of ``M`` by the eigengap of the normalised Laplacian of their binary kNN
-    graph (``n_neighbors``, the metric of :func:`~dufs.engine.graphs.graph_metric`): the c in [2,
-    ``max_clusters``] (and at most n_samples / 10) after which the ascending eigenvalues jump most. On more than ``sample`` rows, of the graph of
-    a uniform sample of about that many (an anchor graph's spectrum showed no such gap on data whose exact kNN graph
-    had it at the planted count: docs/methods.md, "The number of clusters"). Returns (c, what it rests on)."""
+    graph (``n_neighbors``, the metric of :func:`~dufs.engine.graphs.graph_metric`): the c in [2, ``max_clusters``]
+    (and at most n_samples / 10) after which the ascending eigenvalues jump most. The graph is made here, of all
+    the rows up to ``sample`` of them, else of a uniform sample of about that many (an anchor graph's spectrum
+    showed no such gap on data whose exact kNN graph had it at the planted count: docs/methods.md, "The number of
+    clusters"). Returns (c, what it rests on)."""
     from scipy.sparse.linalg import eigsh
 
     rows = graph_rows(M)
@@ -88,7 +87,7 @@ def estimate_clusters(M: Matrix, *, max_clusters: int = AUTO_MAX_CLUSTERS, sampl
     if ns < 4:
         return 2, {"method": "too few samples", "samples": int(ns)}
     k = max(1, min(int(n_neighbors), ns - 1))
-    W = knn_graph(X, k, metric=graph_metric(rows))
+    W = knn_graph(X, k, metric=graph_metric(rows), block_rows=512)  # distance blocks of ns x 512 (20 MB)
     deg = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
     s = 1.0 / np.sqrt(np.maximum(deg, 1e-300))
     A = sp.diags_array(s) @ W @ sp.diags_array(s)  # I - L: its largest eigenvalues are L's smallest

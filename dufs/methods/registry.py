@@ -223,7 +223,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                None),
     MethodSpec("jcfs", _jcfs, JCFS_PARAMS, True, False, "zscore"),
     MethodSpec("ufcm", _ufcm, UFCM_PARAMS, True, False, "auto"),
-    MethodSpec("m3fs", _m3fs, M3FS_PARAMS, True, False, "auto"),
+    MethodSpec("m3fs", _m3fs, M3FS_PARAMS, True, False, "zscore"),
 )}
 if tuple(METHODS) != NAMES:  # the light list the CLI names them by
     raise ImportError(f"dufs.methods.NAMES {NAMES} is not the registry's {tuple(METHODS)}")
