@@ -81,3 +81,11 @@ def test_an_old_file_without_the_record_still_loads_and_shows(tmp_path):
     res = CliRunner().invoke(app, ["info", str(path)])
     assert res.exit_code == 0, res.output
     assert "not recorded" in res.stdout
+
+
+def test_dufs_info_on_a_missing_selection_file_names_it(tmp_path):
+    missing = tmp_path / "nothere.json"
+    res = CliRunner().invoke(app, ["info", str(missing)])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines == [f"error: no such selection file: {missing}"], res.output

@@ -234,7 +234,9 @@ def info(store: str = typer.Argument(..., help="A dufs store (path or URL), or a
     best features with their scores, why the method stopped, what it was fitted on and its sidecars."""
     from dufs.data import open_store
 
-    if store.endswith(".json") and Path(store).is_file():
+    if store.endswith(".json") and "://" not in store:
+        if not Path(store).is_file():
+            fail(DufsError(f"no such selection file: {store}"))
         _selection_info(Path(store), as_json, top)
         return
     try:
