@@ -24,7 +24,7 @@ from dufs.methods.params import (
     positive,
     table,
 )
-from dufs.methods.solver import checkpoint_dir
+from dufs.methods.solver import checkpoint_dir, finish_checkpoint
 
 #: JCFS's parameters (the paper's gamma = 1e-4 and 5-NN binary graph; lambda_ and standardize chosen on data)
 JCFS_PARAMS = table(
@@ -55,9 +55,11 @@ def jcfs_select(M: Matrix, Y: np.ndarray, n_features: int, gamma: float = 1e-4, 
     problem = {"method": "jcfs", "shape": list(M.shape), "gamma": gamma,
                "Y": [float(Y.sum(dtype=np.float64)), float(np.einsum("ij,ij->", Y, Y, dtype=np.float64))],
                "n_features": k}
-    run = GreedyRun(M, k, JCFS, 0.0, gamma, None, None, Y, checkpoint_dir(M, checkpoint, "jcfs", problem),
-               int(checkpoint_every), problem)
-    return run_greedy(run, resume, "jcfs")
+    directory = checkpoint_dir(M, checkpoint, "jcfs", problem)
+    run = GreedyRun(M, k, JCFS, 0.0, gamma, None, None, Y, directory, int(checkpoint_every), problem)
+    res = run_greedy(run, resume, "jcfs")
+    res.diagnostics["checkpoint_kept"] = directory is not None and finish_checkpoint(directory, checkpoint)
+    return res
 
 
 def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, gamma: float, *,

@@ -114,7 +114,8 @@ GRAPH_PARAMS = table(
 
 #: per-step or per-round checkpoints (``dufs.fit`` and the functions only)
 CHECKPOINT_PARAMS = table(
-    Param("checkpoint", "auto", ("no_validation",), "a directory, 'auto' (beside a local store) or None",
+    Param("checkpoint", "auto", ("no_validation",),
+          "a directory, 'auto' (beside a local store, else dufs.checkpoint.dir; removed after success) or None",
           estimator=False),
     Param("resume", False, ("boolean",), "continue from the checkpoint", estimator=False),
 )

@@ -232,9 +232,11 @@ def test_a_checkpoint_of_another_problem_is_refused_naming_the_file(problem, tmp
             mmfs(M.with_standardize("zscore"), M.y, gamma=GAMMA, checkpoint=ck, resume=True)
         with pytest.raises(ParameterError, match="needs a checkpoint directory"):
             mmfs(Matrix(problem["X"]), problem["y"], resume=True)
-        # the default: a side directory next to the store, keyed by the problem
-        a = mmfs(M, M.y, gamma=GAMMA, tol=1e-3, max_epochs=4).diagnostics["checkpoint"]
-        b = mmfs(M, M.y, gamma=GAMMA, C=0.5, tol=1e-3, max_epochs=4).diagnostics["checkpoint"]
+        # the default: a side directory next to the store, keyed by the problem, removed after a successful run
+        # unless dufs.checkpoint.keep (tests/test_checkpoint_dir.py)
+        with dask.config.set({"dufs.checkpoint.keep": True}):
+            a = mmfs(M, M.y, gamma=GAMMA, tol=1e-3, max_epochs=4).diagnostics["checkpoint"]
+            b = mmfs(M, M.y, gamma=GAMMA, C=0.5, tol=1e-3, max_epochs=4).diagnostics["checkpoint"]
     assert a.startswith(problem["path"] + ".dufs-side" + os.sep + "mmfs-") and os.path.exists(a) and a != b
 
 

@@ -17,7 +17,9 @@ A step is one pass: the driver, holding only the selected columns and H, builds 
 lower feature index). Recorded per step, in the papers' own terms: the chosen feature's criterion (eq. (20),
 (29) or (14) evaluated at it) and the objective after the step (Tr(H^-1), log det H, or tr(Y^T M_S Y)).
 
-Checkpoints: with ``checkpoint`` (a directory; ``"auto"``: beside a local store) the driver writes the selected
+Checkpoints: with ``checkpoint`` (a directory; ``"auto"``: beside a local store, else under
+``dufs.checkpoint.dir``, removed after a successful run unless ``dufs.checkpoint.keep``:
+:func:`~dufs.methods.solver.checkpoint_root`) the driver writes the selected
 sequence after every step and every block its candidates' numbers every ``checkpoint_every`` steps (atomic
 writes); ``resume=True`` continues from there, re-running only the update passes of the steps after the last
 complete set of block files. A round that fails because workers were lost rebuilds the block state the same way.

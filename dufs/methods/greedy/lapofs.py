@@ -24,7 +24,7 @@ from dufs.methods.params import (
     positive,
     table,
 )
-from dufs.methods.solver import checkpoint_dir
+from dufs.methods.solver import checkpoint_dir, finish_checkpoint
 
 #: LapAOFS's and LapDOFS's parameters (the paper's lambda1 = lambda2 = 0.01 and k = 4)
 LAPOFS_PARAMS = table(
@@ -68,5 +68,6 @@ def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float =
     run = GreedyRun(M, k, A_OPTIMAL if criterion == "A" else D_OPTIMAL, lam1, lam2, L, Wg, None, directory,
                int(checkpoint_every), problem)
     res = run_greedy(run, resume, name)
-    res.diagnostics.update(graph_time=graph_s, graph="anchor" if isinstance(Wg, AnchorGraph) else "knn")
+    res.diagnostics.update(graph_time=graph_s, graph="anchor" if isinstance(Wg, AnchorGraph) else "knn",
+                           checkpoint_kept=directory is not None and finish_checkpoint(directory, checkpoint))
     return res

@@ -39,7 +39,7 @@ from dufs.methods.mmfs.solver import init_state, margin_summary, primal, solve
 from dufs.methods.params import (
     check_params,
 )
-from dufs.methods.solver import checkpoint_dir, release
+from dufs.methods.solver import checkpoint_dir, finish_checkpoint, release
 from dufs.scheduling import current_client, one_blas_thread
 
 log = get_logger(__name__)
@@ -89,7 +89,8 @@ def _problem(M: Matrix, rho_summary: np.ndarray, C: float, theta: float, gamma: 
 
 
 def default_checkpoint(M: Matrix, problem: dict) -> str | None:
-    """``<store path>.dufs-side/mmfs-<hash of the problem>`` for a Matrix read from a local store, else None
+    """``<store path>.dufs-side/mmfs-<hash of the problem>`` for a Matrix read from a local store (or under
+    ``dufs.checkpoint.dir``, the per-user cache where the store's folder cannot be written), else None
     (:func:`dufs.methods.solver.checkpoint_dir`).
 
     The hash covers the shape, nnz, standardization, C, theta, gamma and relevance (not ``tol`` or
@@ -150,10 +151,12 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
 
     The solver state never lives only on the workers: every ``checkpoint_every`` rounds alpha is gathered to the
     driver (under a distributed client) and written to ``checkpoint`` (a directory; ``"auto"``: beside a local
-    store, ``<store>.dufs-side/mmfs-<hash of the problem>``, none for in-memory input; None: no file). A round that
+    store, ``<store>.dufs-side/mmfs-<hash of the problem>``, or under ``dufs.checkpoint.dir`` or the per-user cache
+    where the store's folder cannot be written, none for in-memory input; None: no file). A round that
     fails because workers were lost rebuilds the block state from that copy and goes on (``diagnostics
     ["recoveries"]``). ``resume=True`` continues from the checkpoint (``diagnostics["resumed_from_round"]``); a
-    checkpoint of another problem raises a ParameterError naming the file.
+    checkpoint of another problem raises a ParameterError naming the file. An ``"auto"`` checkpoint is removed
+    when the solve ends well, unless ``dufs.checkpoint.keep`` (``diagnostics["checkpoint_kept"]``).
     """
     t0 = time.perf_counter()
     check_params(MMFS_PARAMS, {"C": C, "relevance": relevance_kind, "tol": tol, "max_epochs": max_epochs,
@@ -193,6 +196,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
     ws, wt = fetch(client, out["ws"]), out["wt"]
     if client is not None:
         flush(client)
+    diagnostics["checkpoint_kept"] = ck is not None and finish_checkpoint(directory, checkpoint)
     return MMFSResult(alpha=out["alpha"], w=ws if wt[0] == 0.0 else ws + wt[0], b=float(out["b"]), gamma=gk, r=r,
                       rho=None if on_blocks else rho, g=out["g"], diagnostics=diagnostics, top=out["top"])
 
