@@ -239,7 +239,8 @@ class AnchorGraph:
 
 
 def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_dim: int = 64, random_state: int = 0,
-                 keep_embedding: bool = True, block_rows: int | None = None, metric: str = "euclidean") -> AnchorGraph:
+                 keep_embedding: bool = True, block_rows: int | None = None, metric: str = "euclidean",
+                 values: str = "raw") -> AnchorGraph:
     """Anchor graph of the samples of ``M`` (a :class:`~dufs.engine.Matrix`, its transformed rows Z).
 
     Built row block by row block (:class:`~dufs.engine.rows.Rows`: a store's CSR row blocks, or in-memory rows):
@@ -261,6 +262,8 @@ def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_di
     by feature blocks instead (one ``map_blocks(..., reduce="sum")`` pass of n x ``embed_dim`` partials): for
     moderate n_samples only. ``block_rows`` bounds the rows of the distance blocks of step 3. ``metric="cosine"``
     embeds the rows scaled to unit norm (each e_i divided by ||z_i||, no centring; an empty row stays at 0).
+    ``values`` ("raw", "presence", "log1p", "sqrt"): what the embedding reads of each nonzero value
+    (:func:`dufs.engine.knn.read_values`); other than raw, no centring.
 
     References
     ----------
@@ -277,23 +280,24 @@ def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_di
                              f"got {n_neighbors!r}.")
     if not isinstance(embed_dim, int | np.integer) or embed_dim < 1:
         raise ParameterError(f"The 'embed_dim' parameter of anchor_graph must be an int >= 1; got {embed_dim!r}.")
-    from dufs.engine.knn import check_metric
+    from dufs.engine.knn import check_metric, check_values
     from dufs.engine.rows import Rows
 
     cosine = check_metric(metric, "anchor_graph") == "cosine"
+    values = check_values(values, "anchor_graph")
     p, seed, m, s = int(embed_dim), int(random_state), int(n_anchors), int(n_neighbors)
     try:
         rows = Rows.of(M)
     except ParameterError:
-        return _anchor_graph_by_features(M, m, s, p, seed, keep_embedding, block_rows, cosine)
+        return _anchor_graph_by_features(M, m, s, p, seed, keep_embedding, block_rows, cosine, values)
     from dufs.engine.rows import max_task_bytes
 
     mu, inv = M.transform
-    shift = None if mu is None or cosine else _projected(np.asarray(mu) * inv, p, seed)
+    shift = None if mu is None or cosine or values != "raw" else _projected(np.asarray(mu) * inv, p, seed)
     # E in float64 while it could be held whole; beyond, float32 pieces (half the workers' memory; k-means and
     # the anchor weights need no more)
     single = n * p * 8 > max_task_bytes()
-    E = rows.map(_rows_embed, args=(p, seed, inv, shift, single, cosine), width=p, itemsize=4 if single else 8)
+    E = rows.map(_rows_embed, args=(p, seed, inv, shift, single, cosine, values), width=p, itemsize=4 if single else 8)
     anchors = _kmeans_rows(rows, E, m, seed)
     Zh = rows.map(_rows_weights, E, args=(anchors, s, block_rows), width=s, itemsize=12, with_rows=False)
     lam = np.asarray(rows.reduce(_rows_colsum, Zh, args=(m,), with_rows=False), dtype=np.float64)
@@ -322,14 +326,16 @@ def _projected(v: np.ndarray, p: int, seed: int, chunk: int = 1 << 16) -> np.nda
 
 
 def _rows_embed(X: Any, start: int, p: int, seed: int, inv: Any, shift: Any, single: bool = False,
-                cosine: bool = False) -> np.ndarray:
+                cosine: bool = False, values: str = "raw") -> np.ndarray:
+    from dufs.engine.knn import read_values
     from dufs.kernels.projection import csr_embed
 
-    E = csr_embed(X.indptr, X.indices, X.data, p, seed, inv)
+    data = X.data if values == "raw" else read_values(X.data, values)
+    E = csr_embed(X.indptr, X.indices, data, p, seed, inv)
     if shift is not None:
         E -= shift[None, :]
     if cosine:  # the rows scaled to unit norm: the projection is linear, so e_i / ||z_i||
-        v = np.asarray(X.data, dtype=np.float64)
+        v = np.asarray(data, dtype=np.float64)
         if inv is not None:
             v = v * np.asarray(inv, dtype=np.float64)[X.indices]
         rows = np.repeat(np.arange(E.shape[0]), np.diff(np.asarray(X.indptr)))
@@ -485,17 +491,18 @@ def _rows_normalized_apply(X: Any, start: int, Z: Any, w: np.ndarray, A: np.ndar
 
 
 def _anchor_graph_by_features(M: Any, m: int, s: int, p: int, seed: int, keep_embedding: bool,
-                              block_rows: Any, cosine: bool = False) -> AnchorGraph:
+                              block_rows: Any, cosine: bool = False, values: str = "raw") -> AnchorGraph:
     from dufs.engine.blocks import PerBlock
     from dufs.engine.knn import _sqnorm_block
 
     n = M.shape[0]
     mu, inv = M.transform
     pi = None if inv is None else PerBlock(inv)
-    E = M.map_blocks(_embed_block, n, p, seed, None if mu is None or cosine else PerBlock(mu), pi, reduce="sum")
+    centre = None if mu is None or cosine or values != "raw" else PerBlock(mu)
+    E = M.map_blocks(_embed_block, n, p, seed, centre, pi, values, reduce="sum")
     E = np.zeros((n, p)) if E is None else np.asarray(E, dtype=np.float64)
     if cosine:
-        sq = M.map_blocks(_sqnorm_block, n, pi, reduce="sum")
+        sq = M.map_blocks(_sqnorm_block, n, pi, values, reduce="sum")
         _unit_rows(E, np.zeros(n) if sq is None else np.asarray(sq, dtype=np.float64))
     anchors = _kmeans(E, m, seed)
     Zh = _anchor_weights(E, anchors, s, block_rows)

@@ -35,8 +35,8 @@ from dufs.engine.knn import _is_matrix, knn_graph, projection_rows
 from dufs.engine.laplacian import _laplacian_op, laplacian
 from dufs.errors import ParameterError
 
-__all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "AnchorGraph", "anchor_graph", "graph_metric", "graph_rows",
-           "knn_graph",
+__all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "SPARSE_GRAPH_VALUES", "AnchorGraph", "anchor_graph",
+           "graph_metric", "graph_rows", "graph_values", "knn_graph",
            "laplacian", "laplacian_operator", "projection_rows", "resolve_graph"]
 
 
@@ -87,6 +87,35 @@ def graph_metric(M: Any) -> str:
         return "euclidean"
     n, d = M.shape
     return "cosine" if M.nnz <= SPARSE_GRAPH_DENSITY * n * d else "euclidean"
+
+
+#: what the sample graphs of sparse non-negative rows taken unstandardized read of each value by default
+SPARSE_GRAPH_VALUES = "presence"
+
+
+def graph_values(M: Any) -> str:
+    """What a sample graph of the rows ``M`` reads of each nonzero value by default
+    (:func:`dufs.engine.knn.read_values`): :data:`SPARSE_GRAPH_VALUES` for the rows :func:`graph_metric` makes
+    cosine (sparse, unstandardized) when they are non-negative (counts, frequencies), ``"raw"`` otherwise;
+    ``dufs.graph.values`` (``auto``, ``raw``, ``presence``, ``log1p``, ``sqrt``) overrides it for unstandardized
+    rows. A few large counts of a row decide its direction even at unit norm, so rows that share many features
+    but differ in their largest counts are far apart; read with their tail cut, the shared features decide
+    (docs/methods.md, "The graph's values")."""
+    from dufs import config
+
+    setting = str(config.get("graph.values")).lower()
+    if setting not in ("auto", "raw", "presence", "log1p", "sqrt"):
+        raise ParameterError(f"dufs.graph.values must be 'auto', 'raw', 'presence', 'log1p' or 'sqrt'; got "
+                             f"{setting!r}")
+    if not _is_matrix(M) or M.standardize is not None:
+        return "raw"
+    if setting != "auto":
+        return setting
+    n, d = M.shape
+    if M.nnz > SPARSE_GRAPH_DENSITY * n * d:
+        return "raw"
+    nonneg = np.dtype(M.dtype).kind in "ub" or (M.stats.n_features == 0 or float(np.min(M.stats.min)) >= 0)
+    return SPARSE_GRAPH_VALUES if nonneg else "raw"
 
 
 def resolve_graph(graph: str, n_samples: int, who: str = "graph") -> str:

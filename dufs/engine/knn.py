@@ -37,10 +37,44 @@ def _is_matrix(X: Any) -> bool:
     return isinstance(X, Matrix)
 
 
+#: what a sample graph reads of each nonzero value (:func:`read_values`)
+GRAPH_VALUES = ("raw", "presence", "log1p", "sqrt")
+
+
+def check_values(values: Any, who: str) -> str:
+    if values not in GRAPH_VALUES:
+        raise ParameterError(f"The 'values' parameter of {who} must be one of {', '.join(GRAPH_VALUES)}; "
+                             f"got {values!r}.")
+    return str(values)
+
+
+def read_values(data: Any, values: str = "raw") -> np.ndarray:
+    """The nonzero values ``data`` as a sample graph reads them (float64, a new array unless raw float64 already):
+    ``"raw"`` as they are, ``"presence"`` 1 for every stored value, ``"log1p"`` log(1 + x), ``"sqrt"`` the square
+    root (these two for non-negative data)."""
+    if values == "presence":
+        return np.ones(np.shape(data), dtype=np.float64)
+    v = np.asarray(data, dtype=np.float64)
+    return np.log1p(v) if values == "log1p" else np.sqrt(v) if values == "sqrt" else v
+
+
+def _valued(X: Any, values: str) -> Any:
+    """``X`` (a SciPy sparse matrix or dense array, float64) with its values as :func:`read_values` reads them."""
+    if values == "raw":
+        return X
+    if sp.issparse(X):
+        X = X.copy()
+        X.data = read_values(X.data, values)
+        return X
+    return (X != 0).astype(np.float64) if values == "presence" else read_values(X, values)
+
+
 # ---------------------------------------------------------------------------------------------------- per-block work
-def _block_y(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None) -> tuple[Any, np.ndarray | None]:
-    """Y = X_f S_f^-1 (csc, float64) and m = S_f^-1 mu_f (None without centring) of one feature block."""
-    Y = sp.csc_array((np.asarray(block.data, dtype=np.float64), block.indices, block.indptr), shape=(n, block.width))
+def _block_y(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None,
+             values: str = "raw") -> tuple[Any, np.ndarray | None]:
+    """Y = X_f S_f^-1 (csc, float64) and m = S_f^-1 mu_f (None without centring) of one feature block, its values
+    read as ``values`` says (:func:`read_values`)."""
+    Y = sp.csc_array((read_values(block.data, values), block.indices, block.indptr), shape=(n, block.width))
     if inv is not None:
         Y = sp.csc_array(Y @ sp.diags_array(np.asarray(inv, dtype=np.float64)))
     m = None
@@ -51,9 +85,9 @@ def _block_y(block: Any, n: int, mu: np.ndarray | None, inv: np.ndarray | None) 
     return Y, m
 
 
-def _sqnorm_block(block: Any, n: int, inv: np.ndarray | None) -> np.ndarray:
+def _sqnorm_block(block: Any, n: int, inv: np.ndarray | None, values: str = "raw") -> np.ndarray:
     """This feature block's part of ||y_i||^2 for every sample i (Y = X_f S_f^-1: distances do not see a centre)."""
-    return _row_sq_norms(_block_y(block, n, None, inv)[0])
+    return _row_sq_norms(_block_y(block, n, None, inv, values)[0])
 
 
 def projection_rows(start: int, stop: int, embed_dim: int, random_state: int = 0) -> np.ndarray:
@@ -69,10 +103,10 @@ def projection_rows(start: int, stop: int, embed_dim: int, random_state: int = 0
 
 
 def _embed_block(block: Any, n: int, embed_dim: int, random_state: int, mu: np.ndarray | None,
-                 inv: np.ndarray | None) -> np.ndarray:
+                 inv: np.ndarray | None, values: str = "raw") -> np.ndarray:
     """This feature block's n x embed_dim part of E = Z R (R's rows for the block generated here): one sparse-dense
     product (a product per 4096-feature chunk made an n x embed_dim temporary each: minutes on a 2M-row store)."""
-    Y, m = _block_y(block, n, mu, inv)
+    Y, m = _block_y(block, n, mu, inv, values)
     R = projection_rows(block.start, block.stop, embed_dim, random_state)
     E = np.asarray(Y @ R, dtype=np.float64)
     if m is not None:
@@ -81,10 +115,10 @@ def _embed_block(block: Any, n: int, embed_dim: int, random_state: int, mu: np.n
 
 
 # ---------------------------------------------------------------------------------------------------- kNN
-def _gram_span(block: Any, span: tuple[int, int], n: int, inv: np.ndarray | None) -> np.ndarray:
+def _gram_span(block: Any, span: tuple[int, int], n: int, inv: np.ndarray | None, values: str = "raw") -> np.ndarray:
     """This feature block's n x rows partial of Y Y[a:b]^T, span = (a, b) (a :meth:`~dufs.engine.Matrix.map_sums`
     key; Y = X_f S_f^-1)."""
-    return _gram_of_rows(sp.csr_array(_block_y(block, n, None, inv)[0]), span[0], span[1])
+    return _gram_of_rows(sp.csr_array(_block_y(block, n, None, inv, values)[0]), span[0], span[1])
 
 
 def _knn_span(G: np.ndarray, span: tuple[int, int], sq: np.ndarray, k: int,
@@ -172,7 +206,8 @@ def _check_knn(n: int, n_neighbors: Any, weights: Any, t: Any, block_rows: Any) 
 
 def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"] = "binary",
               t: float | None = None, block_rows: int | None = None,
-              metric: Literal["euclidean", "cosine"] = "euclidean") -> sp.csr_array:
+              metric: Literal["euclidean", "cosine"] = "euclidean",
+              values: Literal["raw", "presence", "log1p", "sqrt"] = "raw") -> sp.csr_array:
     """Symmetric kNN graph of the rows of ``X``, exact, computed in row blocks.
 
     Parameters
@@ -192,6 +227,9 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     metric : "euclidean" or "cosine"
         Distances between the rows, or between the rows scaled to unit norm (d^2 = 2 - 2 cos; an empty row is at
         d^2 = 1 from every other row): the same Gram blocks, each entry divided by the two rows' norms.
+    values : "raw", "presence", "log1p" or "sqrt"
+        What the distances read of each nonzero value before the scaling (:func:`read_values`): the value, 1,
+        log(1 + value) or its square root; an implicit zero stays zero.
 
     Returns
     -------
@@ -205,6 +243,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
     n = X.shape[0]
     _check_knn(n, n_neighbors, weights, t, block_rows)
     cosine = check_metric(metric, "knn_graph") == "cosine"
+    values = check_values(values, "knn_graph")
     k = int(n_neighbors)
     br = int(block_rows) if block_rows is not None else _default_block_rows(n)
     spans = [(a, min(n, a + br)) for a in range(0, n, br)]
@@ -226,7 +265,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         # sweeps of it, for the same numbers up to rounding: docs/measurements.md, "Exact kNN graphs")
         inv = X.transform.inv_scale
         pi = None if inv is None else PerBlock(inv)
-        sq = X.map_blocks(_sqnorm_block, n, pi, reduce="sum")
+        sq = X.map_blocks(_sqnorm_block, n, pi, values, reduce="sum")
         sq = np.zeros(n) if sq is None else np.asarray(sq, dtype=np.float64)
         inv_norm, sq = _cosine_norms(sq) if cosine else (None, sq)
         # a few row blocks a pass, their Gram blocks summed and their neighbours picked on the workers: only the
@@ -235,11 +274,12 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         wave = 2 * max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})) if client is not None else 1)
         for w0 in range(0, len(spans), wave):
             part = spans[w0:w0 + wave]
-            for span, got in zip(part, X.map_sums(_gram_span, part, n, pi, then=_knn_span,
+            for span, got in zip(part, X.map_sums(_gram_span, part, n, pi, values, then=_knn_span,
                                                   then_args=(sq, k, inv_norm)), strict=True):
                 put(span, got)
     else:
         Xf = sp.csr_array(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+        Xf = _valued(Xf, values)
         sq = _row_sq_norms(Xf)
         inv_norm, sq = _cosine_norms(sq) if cosine else (None, sq)
         for a, b in spans:

@@ -19,6 +19,7 @@ from dufs.engine import (
     block_stats,
     graph_metric,
     graph_rows,
+    graph_values,
     knn_graph,
     resolve_graph,
 )
@@ -189,10 +190,11 @@ def laplacian_ranked(M: Matrix, W: Any = None, *, n_neighbors: int = 5, weights:
         if graph == "anchor":
             rows = graph_rows(M)
             W = anchor_graph(rows, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
-                             keep_embedding=False, metric=graph_metric(rows))
+                             keep_embedding=False, metric=graph_metric(rows), values=graph_values(rows))
         else:
             rows = X_rows if X_rows is not None else M
-            W = knn_graph(rows, n_neighbors, weights=weights, t=t, metric=graph_metric(rows))
+            W = knn_graph(rows, n_neighbors, weights=weights, t=t, metric=graph_metric(rows),
+                          values=graph_values(rows))
     if isinstance(W, AnchorGraph):
         if W.shape != (n, n):
             raise ParameterError(f"W must be {n} x {n}; got {W.shape}")

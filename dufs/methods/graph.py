@@ -8,7 +8,16 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import AnchorGraph, Matrix, anchor_graph, graph_metric, graph_rows, knn_graph, resolve_graph
+from dufs.engine import (
+    AnchorGraph,
+    Matrix,
+    anchor_graph,
+    graph_metric,
+    graph_rows,
+    graph_values,
+    knn_graph,
+    resolve_graph,
+)
 from dufs.errors import ParameterError
 
 
@@ -20,7 +29,8 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
     (``graph="knn"``) or its anchor graph (``graph="anchor"``: a low-rank-plus-diagonal Laplacian for large
     n_samples; of the unstandardized rows when M is sparse, :func:`~dufs.engine.graphs.graph_rows`); ``"auto"``:
     kNN up to :data:`~dufs.engine.graphs.KNN_MAX_SAMPLES` samples, the anchor graph above. Either by the metric
-    of :func:`~dufs.engine.graphs.graph_metric` (cosine for sparse unstandardized rows)."""
+    of :func:`~dufs.engine.graphs.graph_metric` (cosine for sparse unstandardized rows) and the values of
+    :func:`~dufs.engine.graphs.graph_values`."""
     n = M.shape[0]
     if W is not None:
         if not isinstance(W, AnchorGraph):
@@ -31,8 +41,8 @@ def sample_graph(M: Matrix, W: Any = None, *, graph: str = "auto", n_neighbors: 
     if resolve_graph(graph, n) == "anchor":  # sparse data: on the unstandardized rows (see graph_rows)
         rows = graph_rows(M)
         return anchor_graph(rows, n_anchors, anchor_neighbors, embed_dim=embed_dim, random_state=random_state,
-                            keep_embedding=False, metric=graph_metric(rows))  # E unused: n x embed_dim floats
-    return knn_graph(M, n_neighbors, weights=weights, t=t, metric=graph_metric(M))
+                            keep_embedding=False, metric=graph_metric(rows), values=graph_values(rows))  # E unused
+    return knn_graph(M, n_neighbors, weights=weights, t=t, metric=graph_metric(M), values=graph_values(M))
 
 
 def graph_key(W: Any) -> list:
@@ -87,7 +97,8 @@ def estimate_clusters(M: Matrix, *, max_clusters: int = AUTO_MAX_CLUSTERS, sampl
     if ns < 4:
         return 2, {"method": "too few samples", "samples": int(ns)}
     k = max(1, min(int(n_neighbors), ns - 1))
-    W = knn_graph(X, k, metric=graph_metric(rows), block_rows=512)  # distance blocks of ns x 512 (20 MB)
+    values = graph_values(rows)
+    W = knn_graph(X, k, metric=graph_metric(rows), values=values, block_rows=512)  # blocks of ns x 512 (20 MB)
     deg = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
     s = 1.0 / np.sqrt(np.maximum(deg, 1e-300))
     A = sp.diags_array(s) @ W @ sp.diags_array(s)  # I - L: its largest eigenvalues are L's smallest
@@ -102,7 +113,8 @@ def estimate_clusters(M: Matrix, *, max_clusters: int = AUTO_MAX_CLUSTERS, sampl
     gaps = np.diff(lam)  # gaps[i] = lam[i + 1] - lam[i]: c clusters leave the gap after lam[c - 1]
     c = int(np.argmax(gaps[1:]) + 2) if gaps.size > 1 else 2
     return c, {"method": "eigengap", "samples": int(ns), "n_neighbors": k, "metric": graph_metric(rows),
-               "eigenvalues": [float(v) for v in lam], "gap": float(gaps[c - 1]) if gaps.size >= c else None}
+               "values": values, "eigenvalues": [float(v) for v in lam],
+               "gap": float(gaps[c - 1]) if gaps.size >= c else None}
 
 
 def resolve_clusters(M: Matrix, n_clusters: Any, random_state: int = 0) -> tuple[Any, dict | None]:

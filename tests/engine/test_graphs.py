@@ -173,6 +173,72 @@ def test_graph_metric_is_cosine_for_sparse_raw_rows_and_the_setting_overrides_it
         graph_metric(Matrix(X))
 
 
+def _counts(n=160, d=31, seed=11):
+    """Sparse non-negative counts with a heavy tail (values 1 to about 400), rows of many lengths."""
+    rng = np.random.default_rng(seed)
+    X = sp.random_array((n, d), density=0.25, rng=rng, format="csr")
+    X.data = np.floor(np.exp(rng.normal(0.5, 1.8, X.data.shape[0]))) + 1
+    return X
+
+
+def _read(Xd, values):
+    """The dense array as a graph reads it: presence (1 where nonzero), log(1 + x) or sqrt(x)."""
+    Xd = np.asarray(Xd, dtype=np.float64)
+    if values == "sqrt":
+        return np.sqrt(Xd)
+    return (Xd != 0).astype(np.float64) if values == "presence" else np.log1p(Xd)
+
+
+@pytest.mark.parametrize("values", ["presence", "log1p", "sqrt"])
+def test_knn_graph_values_equal_the_graph_of_the_transformed_rows(values, cluster_client):
+    """values="presence" / "log1p" / "sqrt": the kNN graph of the rows read as 1 where nonzero / log(1 + x) /
+    sqrt(x), Euclidean and cosine, for an array, a sparse matrix and a Matrix on the workers: the graph of those
+    rows made explicitly (scikit-learn's for log1p and sqrt; presence rows tie at nearly every distance, where the
+    order of the rounding decides, so there the graph of the explicit rows by the same blocked distances)."""
+    X = _counts()
+    Xd = X.toarray()
+    T = sp.csr_array(_read(Xd, values))
+    for metric, unit in (("cosine", _unit_rows), ("euclidean", np.asarray)):
+        ref = knn_graph(T, 4, metric=metric, block_rows=50)
+        if values != "presence":
+            assert abs(ref - _reference(unit(T.toarray()), 4)).max() == 0
+        assert abs(ref - _reference(unit(Xd), 4)).max() > 0  # what the graph reads changes the neighbours here
+        assert abs(knn_graph(X, 4, metric=metric, values=values, block_rows=50) - ref).max() == 0
+        assert abs(knn_graph(Xd, 4, metric=metric, values=values, block_rows=50) - ref).max() == 0
+        with cluster_client.as_current():
+            got = knn_graph(Matrix(X, block_width=6), 4, metric=metric, values=values, block_rows=70)
+            want = knn_graph(Matrix(T, block_width=6), 4, metric=metric, block_rows=70)
+        assert abs(got - want).max() == 0
+        if values != "presence":
+            assert abs(got - ref).max() == 0
+    assert X.data.max() > 2  # the input is not changed in place
+    with pytest.raises(ParameterError, match="'values' parameter of knn_graph"):
+        knn_graph(X, 4, values="binary")
+
+
+def test_graph_values_read_counts_by_their_logarithm_and_the_setting_overrides_it():
+    from dufs.engine.graphs import SPARSE_GRAPH_VALUES, graph_rows, graph_values
+
+    counts = sp.random_array((150, 400), density=0.02, rng=0, format="csr")
+    counts.data = np.ceil(counts.data * 9)
+    signed = counts.copy()
+    signed.data[::3] *= -1
+    assert SPARSE_GRAPH_VALUES in ("presence", "log1p")
+    assert graph_values(Matrix(counts)) == SPARSE_GRAPH_VALUES
+    assert graph_values(graph_rows(Matrix(counts, standardize="zscore"))) == SPARSE_GRAPH_VALUES
+    assert graph_values(Matrix(counts, standardize="zscore")) == "raw"  # standardized rows: as asked
+    assert graph_values(Matrix(signed)) == "raw"  # negative values: log1p is not defined for all of them
+    assert graph_values(Matrix(_sparse_data(150, 37))) == "raw"  # dense for graphs
+    assert graph_values(counts) == "raw"  # not a Matrix: as graph_metric, the rows as given
+    with dask.config.set({"dufs.graph.values": "presence"}):
+        assert graph_values(Matrix(counts)) == "presence" and graph_values(Matrix(signed)) == "presence"
+        assert graph_values(Matrix(counts, standardize="zscore")) == "raw"
+    with dask.config.set({"dufs.graph.values": "raw"}):
+        assert graph_values(Matrix(counts)) == "raw"
+    with dask.config.set({"dufs.graph.values": "binary"}), pytest.raises(ParameterError, match="graph.values"):
+        graph_values(Matrix(counts))
+
+
 # ---------------------------------------------------------------------------------------------------- anchor graph
 @pytest.fixture(scope="module")
 def anchor_case():
@@ -529,6 +595,35 @@ def test_cosine_anchor_graph_is_the_euclidean_one_of_the_unit_rows(where, row_st
             want = anchor_graph(Matrix(p2), 12, 3, embed_dim=8, random_state=4)
     np.testing.assert_allclose(got.embedding, want.embedding, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.Zh.toarray(), want.Zh.toarray(), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("values", ["presence", "log1p"])
+@pytest.mark.parametrize("where", ["memory", "store"])
+def test_anchor_graph_values_are_the_graph_of_the_transformed_rows(where, values, tmp_path, cluster_client):
+    """values="presence" / "log1p" embeds the rows read as 1 / log(1 + x): the anchor graph of those rows built
+    explicitly, by feature blocks (in memory) or by row blocks (a store, on the workers), Euclidean and cosine."""
+    X = _counts(300, 37, seed=5)
+    T = X.copy()
+    T.data = _read(T.data, values)
+    for metric in ("euclidean", "cosine"):
+        if where == "memory":
+            got = anchor_graph(Matrix(X, block_width=9), 12, 3, embed_dim=8, random_state=4, metric=metric,
+                               values=values)
+            want = anchor_graph(Matrix(T, block_width=9), 12, 3, embed_dim=8, random_state=4, metric=metric)
+        else:
+            import dufs
+
+            p1, p2 = str(tmp_path / f"x-{metric}.zarr"), str(tmp_path / f"t-{metric}.zarr")
+            with dask.config.set({"dufs.store.row-block": 64}):
+                dufs.write_store(X, p1)
+                dufs.write_store(T, p2)
+            with cluster_client.as_current():
+                got = anchor_graph(Matrix(p1), 12, 3, embed_dim=8, random_state=4, metric=metric, values=values)
+                want = anchor_graph(Matrix(p2), 12, 3, embed_dim=8, random_state=4, metric=metric)
+        np.testing.assert_allclose(got.embedding, want.embedding, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got.Zh.toarray(), want.Zh.toarray(), rtol=1e-7, atol=1e-9)
+    raw = anchor_graph(Matrix(X, block_width=9), 12, 3, embed_dim=8, random_state=4)
+    assert abs(raw.embedding - got.embedding).max() > 1e-3  # the values change the embedding here
 
 
 def test_k_smallest_breaks_ties_as_a_stable_full_sort():
