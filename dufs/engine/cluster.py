@@ -62,6 +62,7 @@ def get_client(client: Any = None, *, scheduler_address: str | None = None, n_wo
     n = int(n_workers or os.cpu_count() or 1)
     if n < 1:
         raise ParameterError(f"The 'n_workers' parameter must be an int >= 1; got {n_workers}.")
+    check_script_guard()
     log.info("starting an embedded LocalCluster of %d worker processes", n)
     with embedded_cluster(n, int(config.get("cluster.threads-per-worker"))) as c:
         yield c
@@ -90,6 +91,67 @@ def embedded_cluster(n_workers: int, threads_per_worker: int = 1) -> Iterator[An
             yield c
         finally:
             _workers_first(lc, c)
+
+
+def unguarded_script() -> str | None:
+    """The path of the script this process runs when the call in progress is in its top-level code outside an
+    ``if __name__ == "__main__":`` block, else None (an interactive session, a notebook, ``python -c``, a module
+    run with ``-m``, or guarded code). Worker processes started by spawn or forkserver import the script again
+    (as ``__mp_main__``): such a call would then start a cluster of its own in every worker as it starts, which
+    fails with hundreds of lines of "Nanny failed to start" tracebacks and no word about the cause."""
+    import ast
+    import inspect
+    import sys
+
+    frame = inspect.currentframe()
+    top = None
+    while frame is not None:  # the outermost frame of the __main__ module's own code
+        if frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>":
+            top = frame
+        frame = frame.f_back
+    main = sys.modules.get("__main__")
+    if top is None or main is None or getattr(main, "__dict__", None) is not top.f_globals:
+        return None
+    path = top.f_globals.get("__file__")
+    if not path or not str(path).endswith(".py") or top.f_globals.get("__spec__") is not None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = top.f_lineno
+    for stmt in tree.body:
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            return None if _is_main_guard(stmt) else str(path)
+    return None
+
+
+def _is_main_guard(stmt: Any) -> bool:
+    import ast
+
+    if not isinstance(stmt, ast.If) or not isinstance(stmt.test, ast.Compare) or len(stmt.test.comparators) != 1:
+        return False
+    names = [stmt.test.left, stmt.test.comparators[0]]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in names)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in names))
+
+
+def check_script_guard() -> None:
+    """Refuse, before any process starts, to start an embedded cluster from a script's unguarded top-level code
+    (:func:`unguarded_script`) when worker processes would import the script again (Dask's
+    ``distributed.worker.multiprocessing-method`` spawn or forkserver; fork does not)."""
+    import dask
+
+    method = str(dask.config.get("distributed.worker.multiprocessing-method", "spawn")).lower()
+    if method == "fork":
+        return
+    path = unguarded_script()
+    if path is not None:
+        raise ParameterError(
+            f"{os.path.basename(path)} starts a local Dask cluster from its top-level code: its worker processes "
+            f"run the script again as they start. Put the script's code under 'if __name__ == \"__main__\":', "
+            f"or pass client=False to run in this process (small data) or a client of your own.")
 
 
 def _workers_first(cluster: Any, client: Any, timeout: float = 10.0) -> None:
