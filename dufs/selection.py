@@ -58,8 +58,8 @@ class Selection:
     provenance : dict or None
         How it was made, to run it again: ``params`` (every parameter in force, the method's defaults included),
         ``standardize``, ``graph`` (the sample graph built: "knn", "anchor", "given"; None for a method without
-        one) and ``versions`` (dufs, dask, distributed, numpy, scipy, Python). None when unknown (a file written by
-        an older dufs).
+        one) and ``versions`` (dufs's, its libraries' and Python's: :func:`dufs._version.versions`). None when
+        unknown (a file written by an older dufs).
     """
 
     method: str
@@ -408,28 +408,6 @@ def _store_columns(store: Any, idx: np.ndarray) -> Any:
     if max(C.nnz, *C.shape) <= np.iinfo(np.int32).max:  # scikit-learn's liblinear refuses int64 indices
         C = sp.csr_array((C.data, C.indices.astype(np.int32), C.indptr.astype(np.int32)), shape=C.shape)
     return C
-
-
-#: the libraries a selection's result depends on, besides dufs (:func:`versions`)
-VERSIONED = ("dask", "distributed", "numpy", "scipy")
-
-
-def versions() -> dict[str, str]:
-    """The versions of dufs, the libraries of :data:`VERSIONED` and Python (from the installed packages'
-    metadata: nothing is imported)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    from dufs._version import __version__
-
-    found = {"dufs": __version__}
-    for name in VERSIONED:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    found["python"] = platform.python_version()
-    return found
 
 
 def _num(v: float) -> float | None:

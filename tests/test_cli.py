@@ -466,10 +466,14 @@ def test_convert_on_two_workers(tmp_path, text):
 
 
 def test_version_names_dufs_and_the_libraries_it_runs_on():
-    """``dufs --version``: dufs's version, then dask's, distributed's, numpy's, scipy's and zarr's, one a line."""
+    """``dufs --version``: dufs's version, then dask's, distributed's, numpy's, scipy's, zarr's, numba's and
+    scikit-learn's, then Python's, one a line."""
+    import platform
     from importlib.metadata import version
 
     res = run("--version")
     lines = res.stdout.splitlines()
     assert lines[0] == f"dufs {dufs.__version__}"
-    assert lines[1:] == [f"{name} {version(name)}" for name in ("dask", "distributed", "numpy", "scipy", "zarr")]
+    names = ("dask", "distributed", "numpy", "scipy", "zarr", "numba", "scikit-learn")
+    assert lines[1:-1] == [f"{name} {version(name)}" for name in names]
+    assert lines[-1] == f"python {platform.python_version()}"

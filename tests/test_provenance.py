@@ -44,7 +44,8 @@ def test_the_file_records_every_default_in_force_and_the_versions(tmp_path, meth
     assert prov["graph"] == graph
     assert prov["versions"] == {"dufs": version("dufs"), "dask": version("dask"),
                                 "distributed": version("distributed"), "numpy": np.__version__,
-                                "scipy": version("scipy"), "python": platform.python_version()}
+                                "scipy": version("scipy"), "zarr": version("zarr"), "numba": version("numba"),
+                                "scikit-learn": version("scikit-learn"), "python": platform.python_version()}
 
 
 def test_dufs_info_prints_the_parameters_in_force_and_the_versions(tmp_path):

@@ -92,25 +92,11 @@ WorkersOpt = typer.Option(None, "--workers", help="Workers of the embedded Local
 _DEBUG = {"on": bool(os.environ.get("DUFS_DEBUG"))}
 
 
-def versions() -> list[tuple[str, str]]:
-    """dufs's version and those of the libraries its results and bug reports depend on (from the installed
-    packages' metadata: nothing is imported)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from dufs._version import __version__
-
-    found = [("dufs", __version__)]
-    for name in ("dask", "distributed", "numpy", "scipy", "zarr"):
-        try:
-            found.append((name, version(name)))
-        except PackageNotFoundError:
-            found.append((name, "not installed"))
-    return found
-
-
 def _print_version(value: bool) -> None:
     if value:
-        for name, ver in versions():
+        from dufs._version import versions
+
+        for name, ver in versions().items():
             out.print(f"{name} {ver}", highlight=False, markup=False)
         raise typer.Exit(0)
 
@@ -119,8 +105,8 @@ def _print_version(value: bool) -> None:
 def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks instead of one-line errors "
                                                              "(also DUFS_DEBUG=1)."),
           version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                       help="Print the versions of dufs, dask, distributed, numpy, scipy and zarr, "
-                                            "and exit.")) -> None:
+                                       help="Print the versions of dufs, the libraries it runs on and "
+                                            "Python, and exit.")) -> None:
     _DEBUG["on"] = debug or bool(os.environ.get("DUFS_DEBUG"))
 
 
