@@ -13,6 +13,7 @@ from dufs._logging import get_logger, timer
 from dufs.engine import as_matrix
 from dufs.engine.cluster import get_client
 from dufs.engine.dispatch import scope
+from dufs.engine.knn import graph_built
 from dufs.errors import DufsError, DufsWarning, ParameterError
 from dufs.methods.params import check_params
 from dufs.methods.registry import METHODS, MethodResult, MethodSpec, rank
@@ -247,7 +248,13 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                 n_total = M.shape[1]
                 n_features = check_n_features(n_features, n_total, method)
                 run_params = _fit_defaults(spec, params, M.shape[0])
-                res = _score(M, spec, method, int(n_features), run_params, timings)
+                built = graph_built()
+                token = built.set(None)  # what the method's graph was made of, for the provenance
+                try:
+                    res = _score(M, spec, method, int(n_features), run_params, timings)
+                finally:
+                    graph = built.get()
+                    built.reset(token)
                 n_workers = len(c.scheduler_info(n_workers=-1).get("workers", {})) if c is not None else 0
                 passes = M.passes
                 if source.get("nnz") is None and all(b.nnz >= 0 for b in M.blocks):  # a Dask array's, once counted
@@ -255,7 +262,7 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
                 feature_ids = M.feature_ids if M.feature_ids is not None else column_names
     return _selection(method, spec, res, M, n_features=n_features, n_total=n_total, std=std, params=params,
                       run_params=run_params, source=source, feature_ids=feature_ids, passes=passes,
-                      n_workers=n_workers, timings=timings, t0=t0)
+                      n_workers=n_workers, timings=timings, t0=t0, graph=graph)
 
 
 def check_frame(X: Any, who: str) -> bool:
@@ -315,9 +322,11 @@ def _recorded(v: Any) -> Any:
     return f"<{type(v).__name__}>"
 
 
-def provenance(spec: MethodSpec, run_params: dict, std: Any, n_samples: int, solver_defaults: dict) -> dict:
+def provenance(spec: MethodSpec, run_params: dict, std: Any, n_samples: int, solver_defaults: dict,
+               built: dict | None = None) -> dict:
     """What :attr:`Selection.provenance` records: every parameter in force (the table's defaults, those a solver
-    fills in for None, then those given), the standardisation, the sample graph built and the versions."""
+    fills in for None, then those given), the standardisation, the sample graph built (``built``: its metric and
+    the values it read, :func:`dufs.engine.knn.graph_built`) and the versions."""
     from dufs._version import versions
     from dufs.engine import resolve_graph
 
@@ -332,13 +341,16 @@ def provenance(spec: MethodSpec, run_params: dict, std: Any, n_samples: int, sol
             graph = resolve_graph(in_force["graph"], n_samples)
         else:
             graph = in_force.get("graph")
-    return {"params": {k: _recorded(v) for k, v in in_force.items()}, "standardize": std, "graph": graph,
-            "versions": versions()}
+    out = {"params": {k: _recorded(v) for k, v in in_force.items()}, "standardize": std, "graph": graph}
+    if graph in ("knn", "anchor") and built is not None:
+        out["graph_metric"], out["graph_values"] = built.get("metric"), built.get("values")
+    out["versions"] = versions()
+    return out
 
 
 def _selection(method: str, spec: MethodSpec, res: MethodResult, M: Any, *, n_features: int, n_total: int,
                std: Any, params: dict, run_params: dict, source: dict, feature_ids: Any, passes: Any,
-               n_workers: int, timings: dict[str, float], t0: float) -> Selection:
+               n_workers: int, timings: dict[str, float], t0: float, graph: dict | None = None) -> Selection:
     """The method's result as a :class:`Selection`: ranked when the method gave scores only, a degenerate result
     warned about (on fit's caller), the selected features' ids recorded in ``source``, how it was made in
     ``provenance``."""
@@ -360,7 +372,7 @@ def _selection(method: str, spec: MethodSpec, res: MethodResult, M: Any, *, n_fe
                      params={"n_features": int(n_features), "standardize": std,
                              **{k: v for k, v in params.items() if k != "W"}},
                      diagnostics=diagnostics, higher_is_better=spec.higher_is_better, source=source,
-                     provenance=provenance(spec, run_params, std, int(M.shape[0]), solver_defaults))
+                     provenance=provenance(spec, run_params, std, int(M.shape[0]), solver_defaults, graph))
 
 
 def _compute_small_dask(X: Any, client: Any) -> tuple[Any, dict | None]:

@@ -8,6 +8,7 @@ import platform
 import re
 from importlib.metadata import version
 
+import dask
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -42,6 +43,10 @@ def test_the_file_records_every_default_in_force_and_the_versions(tmp_path, meth
     assert raw["params"] == {"n_features": 3, "standardize": std, **given}  # as before: what was given
     assert prov["standardize"] == std
     assert prov["graph"] == graph
+    if graph == "knn":  # dense rows as they are: Euclidean distances of the raw values
+        assert (prov["graph_metric"], prov["graph_values"]) == ("euclidean", "raw")
+    else:
+        assert "graph_metric" not in prov and "graph_values" not in prov
     assert prov["versions"] == {"dufs": version("dufs"), "dask": version("dask"),
                                 "distributed": version("distributed"), "numpy": np.__version__,
                                 "scipy": version("scipy"), "zarr": version("zarr"), "numba": version("numba"),
@@ -55,7 +60,7 @@ def test_dufs_info_prints_the_parameters_in_force_and_the_versions(tmp_path):
     text = " ".join(re.sub(r"[│┃┌┐└┘─├┤┬┴┼]", " ", res.stdout).split())
     for name, p in LAPLACIAN_PARAMS.items():
         assert f"{name}={p.default!r}" in text
-    assert "standardize None" in text and "graph knn" in text
+    assert "standardize None" in text and "graph knn (metric euclidean, values raw)" in text
     for lib in ("dask", "numpy", "scipy"):
         assert version(lib) in text
     assert platform.python_version() in text
@@ -63,6 +68,26 @@ def test_dufs_info_prints_the_parameters_in_force_and_the_versions(tmp_path):
     d = json.loads(res.stdout)
     assert d["params_in_force"]["n_neighbors"] == 5 and d["graph"] == "knn"
     assert d["versions"]["numpy"] == np.__version__
+
+
+@pytest.mark.parametrize("method", ["laplacian", "jcfs", "lapdofs"])
+def test_the_graph_of_sparse_counts_is_recorded_as_built(method):
+    """Sparse counts: the methods' graphs are cosine graphs of the rows read as presence (docs/methods.md, "The
+    graph's values"), and the provenance says so; a graph given as W records no metric (none was chosen)."""
+    import scipy.sparse as sp
+
+    from dufs.engine.graphs import graph_values
+
+    C = sp.random_array((120, 300), density=0.03, rng=1, format="csr")
+    C.data = np.ceil(C.data * 20)
+    params = {"n_clusters": "auto"} if method == "jcfs" else {}
+    with dask.config.set({"dufs.graph.values": "sqrt"}):  # the setting, so that the record is not the default's
+        prov = dufs.fit(C, method=method, n_features=3, **params).provenance
+        assert graph_values(dufs.engine.Matrix(C)) == "sqrt"
+    assert (prov["graph"], prov["graph_metric"], prov["graph_values"]) == ("knn", "cosine", "sqrt")
+    W = sp.eye_array(120, k=1, format="csr")
+    given = dufs.fit(C, method=method, n_features=3, W=W + W.T, **params).provenance
+    assert given["graph"] == "given" and "graph_values" not in given
 
 
 def test_dufs_info_says_why_an_iterative_method_stopped(tmp_path):

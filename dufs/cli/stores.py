@@ -311,7 +311,8 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
          "n_selected": int(sel.indices.shape[0]), "params": raw.get("params") or {},
          "params_in_force": prov.get("params"),
          "standardize": prov.get("standardize", (raw.get("params") or {}).get("standardize")),
-         "graph": prov.get("graph"), "versions": prov.get("versions"), "stop": _stop_reason(diag),
+         "graph": prov.get("graph"), "graph_metric": prov.get("graph_metric"),
+         "graph_values": prov.get("graph_values"), "versions": prov.get("versions"), "stop": _stop_reason(diag),
          "best": [[int(i), None if scores is None else float(s)] for i, s in
                   zip(sel.indices[:k], scores[:k] if scores is not None else [None] * k, strict=True)],
          "source": raw.get("source"), "sidecars": sidecars,
@@ -332,7 +333,9 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
         t.add_row("params in force", "not recorded (written by an older dufs)")
     t.add_row("standardize", str(d["standardize"]))
     if d["graph"] is not None:
-        t.add_row("graph", escape(str(d["graph"])))
+        how = ", ".join(f"{a} {b}" for a, b in (("metric", d["graph_metric"]), ("values", d["graph_values"]))
+                        if b is not None)
+        t.add_row("graph", escape(str(d["graph"]) + (f" ({how})" if how else "")))
     if d["versions"]:
         t.add_row("versions", escape(", ".join(f"{a} {b}" for a, b in d["versions"].items())))
     t.add_row(f"best {k}", ", ".join(f"{i} ({s:.4g})" if s is not None else str(i) for i, s in d["best"]))

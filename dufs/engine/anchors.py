@@ -280,11 +280,12 @@ def anchor_graph(M: Any, n_anchors: int = 256, n_neighbors: int = 3, *, embed_di
                              f"got {n_neighbors!r}.")
     if not isinstance(embed_dim, int | np.integer) or embed_dim < 1:
         raise ParameterError(f"The 'embed_dim' parameter of anchor_graph must be an int >= 1; got {embed_dim!r}.")
-    from dufs.engine.knn import check_metric, check_values
+    from dufs.engine.knn import _BUILT, check_metric, check_values
     from dufs.engine.rows import Rows
 
     cosine = check_metric(metric, "anchor_graph") == "cosine"
     values = check_values(values, "anchor_graph")
+    _BUILT.set({"kind": "anchor", "metric": metric, "values": values})
     p, seed, m, s = int(embed_dim), int(random_state), int(n_anchors), int(n_neighbors)
     try:
         rows = Rows.of(M)

@@ -4,6 +4,7 @@ n x k neighbours come back); and the random projection of the rows that the anch
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Literal
 
 import numpy as np
@@ -67,6 +68,17 @@ def _valued(X: Any, values: str) -> Any:
         X.data = read_values(X.data, values)
         return X
     return (X != 0).astype(np.float64) if values == "presence" else read_values(X, values)
+
+
+#: the sample graph built last in this context: {"kind", "metric", "values"} (:func:`graph_built`)
+_BUILT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("dufs_graph_built", default=None)
+
+
+def graph_built() -> contextvars.ContextVar:
+    """The context variable that :func:`knn_graph` and :func:`~dufs.engine.anchors.anchor_graph` set to what they
+    built (``{"kind": "knn" | "anchor", "metric", "values"}``): ``dufs.fit`` sets it to None before a method runs
+    and records what it holds after, in the selection's provenance."""
+    return _BUILT
 
 
 # ---------------------------------------------------------------------------------------------------- per-block work
@@ -292,6 +304,7 @@ def knn_graph(X: Any, n_neighbors: int = 5, *, weights: Literal["binary", "heat"
         w = np.exp(-dist / width)
     else:
         w = np.ones_like(dist)
+    _BUILT.set({"kind": "knn", "metric": metric, "values": values})
     A = sp.coo_array((w, (rows, cols)), shape=(n, n)).tocsr()
     W = A.maximum(A.T).tocsr()  # i ~ j if either is among the other's neighbours
     W.setdiag(0)

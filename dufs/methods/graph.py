@@ -18,6 +18,7 @@ from dufs.engine import (
     knn_graph,
     resolve_graph,
 )
+from dufs.engine.knn import graph_built
 from dufs.errors import ParameterError
 
 
@@ -98,7 +99,12 @@ def estimate_clusters(M: Matrix, *, max_clusters: int = AUTO_MAX_CLUSTERS, sampl
         return 2, {"method": "too few samples", "samples": int(ns)}
     k = max(1, min(int(n_neighbors), ns - 1))
     values = graph_values(rows)
-    W = knn_graph(X, k, metric=graph_metric(rows), values=values, block_rows=512)  # blocks of ns x 512 (20 MB)
+    built = graph_built()
+    token = built.set(built.get())  # the sample's graph is not the method's: what it records is restored after
+    try:
+        W = knn_graph(X, k, metric=graph_metric(rows), values=values, block_rows=512)  # ns x 512 blocks (20 MB)
+    finally:
+        built.reset(token)
     deg = np.asarray(W.sum(axis=1), dtype=np.float64).ravel()
     s = 1.0 / np.sqrt(np.maximum(deg, 1e-300))
     A = sp.diags_array(s) @ W @ sp.diags_array(s)  # I - L: its largest eigenvalues are L's smallest
