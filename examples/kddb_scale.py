@@ -110,7 +110,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown methods {unknown}; choose among {METHODS}")
     params = {m: dict(DEFAULTS.get(m, {})) for m in methods}
-    if "jcfs" in params:  # JCFS's Y has one column a cluster (its default is 2): as many as the store plants
+    if "jcfs" in params:  # JCFS's Y has one column a cluster (its default "auto" estimates it): as many as planted
         params["jcfs"]["n_clusters"] = str(args.clusters)
     for p in args.param:
         try:
