@@ -113,10 +113,14 @@ def jcfs_embedding(M: Matrix, S: Any, W: Any, n_clusters: int, lambda_: float, g
         return out[:, 0] if one else out
 
     if n < dense_below:
+        from scipy.linalg import eigh
+
         Ad = A(np.eye(n))
         Ad = 0.5 * (Ad + Ad.T)
-        vals, vecs = np.linalg.eigh(Ad)
-        return vecs[:, :c], vals[:c]
+        # the c smallest pairs only (LAPACK's dsyevr): the tridiagonal form's c eigenpairs, not all n of them with
+        # every eigenvector transformed back (1.16 -> 0.42 s at n = 1,943, the same pairs to 3e-14)
+        vals, vecs = eigh(Ad, subset_by_index=[0, c - 1], driver="evr")
+        return vecs, vals
     sigma = 2.0 + lam / gamma
     op = LinearOperator((n, n), matvec=lambda v: sigma * v - A(v), matmat=lambda V: sigma * V - A(V),
                         dtype=np.float64)
