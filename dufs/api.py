@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger, timer
-from dufs.engine import as_matrix
+from dufs.engine import as_matrix, graph_built
 from dufs.engine.cluster import get_client
 from dufs.engine.dispatch import scope
-from dufs.engine.knn import graph_built
 from dufs.errors import DufsError, DufsWarning, ParameterError
 from dufs.methods.params import check_params
 from dufs.methods.registry import METHODS, MethodResult, MethodSpec, rank

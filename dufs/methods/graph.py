@@ -12,13 +12,13 @@ from dufs.engine import (
     AnchorGraph,
     Matrix,
     anchor_graph,
+    graph_built,
     graph_metric,
     graph_rows,
     graph_values,
     knn_graph,
     resolve_graph,
 )
-from dufs.engine.knn import graph_built
 from dufs.errors import ParameterError
 
 

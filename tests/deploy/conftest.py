@@ -58,7 +58,8 @@ class S3:
 def s3() -> S3:
     pytest.importorskip("s3fs", reason="s3:// URLs need s3fs (pip install -e '.[test]')")
     boto3 = pytest.importorskip("boto3")
-    server = pytest.importorskip("moto.server", reason="the S3 server needs moto[s3] and flask (pip install -e '.[test]')")
+    server = pytest.importorskip("moto.server",
+                                 reason="the S3 server needs moto[s3] and flask (pip install -e '.[test]')")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line a request
     srv = server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
