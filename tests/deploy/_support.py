@@ -1,4 +1,4 @@
-"""What the tests of ``deploy/`` share: the README's commands (the tests run them as written), the environment the
+"""What the tests of ``deploy/`` share: docs/cluster.md's commands (the tests run them as written), the environment the
 command lines run in, a small libsvm file, and the local cluster ``deploy/local/dufs-cluster`` starts."""
 
 from __future__ import annotations
@@ -23,41 +23,38 @@ from tests._scripts import SCRIPT_DIRS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-README = ROOT / "README.md"
-SECTION = "## Run on a cluster"
+#: the page whose commands these tests run as written (docs/cluster.md points to it)
+README = ROOT / "docs" / "cluster.md"
 
-#: a worker's memory limit in these tests (README: "$WORKER_MEMORY", from the sizing rule)
+#: a worker's memory limit in these tests (docs/cluster.md: "$WORKER_MEMORY", from the sizing rule)
 WORKER_MEMORY = "1GiB"
 
 #: small feature blocks, so that a few thousand rows make several blocks spread over both workers
 SMALL_BLOCKS = {"DASK_DUFS__STORE__FEATURE_BLOCK_NNZ": "10000", "DASK_DUFS__STORE__FEATURE_GRANULE": "32"}
 
 
-# ------------------------------------------------------------------------------------------------ the README
+# ------------------------------------------------------------------------------------------------ docs/cluster.md
 def readme_blocks(heading: str, lang: str = "bash") -> list[list[str]]:
-    """The fenced ``lang`` code blocks under ``### heading`` of the README's "Run on a cluster" section, as lists of
-    lines."""
+    """The fenced ``lang`` code blocks under ``## heading`` of docs/cluster.md, as lists of lines."""
     text = README.read_text()
-    assert SECTION in text, f"README.md has no {SECTION!r} section"
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    parts = re.split(r"^### (.+)$", section, flags=re.M)
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
     found = dict(zip(parts[1::2], parts[2::2], strict=True))
-    assert heading in found, f"README.md has no '### {heading}' under {SECTION!r}; it has {sorted(found)}"
+    assert heading in found, f"docs/cluster.md has no '## {heading}'; it has {sorted(found)}"
     blocks = re.findall(rf"^```{lang}\n(.*?)^```", found[heading], flags=re.M | re.S)
     return [[ln for ln in b.splitlines() if ln.strip()] for b in blocks]
 
 
 def readme_line(heading: str, contains: str, *, without: str | None = None) -> str:
-    """The one command line of the README's ``heading`` subsection that contains ``contains`` (and not
+    """The one command line of docs/cluster.md's ``heading`` section that contains ``contains`` (and not
     ``without``)."""
     lines = [ln for b in readme_blocks(heading) for ln in b
              if contains in ln and (without is None or without not in ln)]
-    assert len(lines) == 1, f"README '### {heading}': {len(lines)} lines contain {contains!r}: {lines}"
+    assert len(lines) == 1, f"docs/cluster.md '## {heading}': {len(lines)} lines contain {contains!r}: {lines}"
     return lines[0]
 
 
 def readme_lines_before(heading: str, contains: str) -> list[str]:
-    """The lines of the README's ``heading`` code block that come before its one line containing ``contains``
+    """The lines of docs/cluster.md's ``heading`` code block that come before its one line containing ``contains``
     (what that line needs set first, e.g. ``$WORKER_MEMORY``)."""
     (block,) = [b for b in readme_blocks(heading) if any(contains in ln for ln in b)]
     return block[:next(i for i, ln in enumerate(block) if contains in ln)]
@@ -82,7 +79,7 @@ def tool_env(**extra: str) -> dict[str, str]:
 
 
 def bash(line: str, env: dict[str, str], cwd: Path, timeout: float = patience(300)) -> subprocess.CompletedProcess:
-    """Run a README line with bash, as written."""
+    """Run a line of docs/cluster.md with bash, as written."""
     return subprocess.run(["bash", "-c", line], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -159,7 +156,7 @@ class LocalCluster:
 
 
 def start_cluster(cwd: Path, env: dict[str, str]) -> LocalCluster:
-    """Run the README's start line, after the lines before it (``$WORKER_MEMORY``), in ``cwd`` (which links
+    """Run docs/cluster.md's start line, after the lines before it (``$WORKER_MEMORY``), in ``cwd`` (which links
     ``deploy/`` to the repository's) and return the cluster."""
     start = [*readme_lines_before("Local processes", "dufs-cluster start"),
              readme_line("Local processes", "dufs-cluster start")]
@@ -170,7 +167,8 @@ def start_cluster(cwd: Path, env: dict[str, str]) -> LocalCluster:
 
 
 def link_deploy(cwd: Path) -> None:
-    """``cwd/deploy`` -> the repository's ``deploy/``: README lines call ``deploy/...`` from the repository root."""
+    """``cwd/deploy`` -> the repository's ``deploy/``: docs/cluster.md's lines call ``deploy/...`` from the
+    repository root."""
     link = cwd / "deploy"
     if not link.exists():
         link.symlink_to(DEPLOY, target_is_directory=True)

@@ -27,12 +27,13 @@ from tests.deploy._support import (
     write_libsvm,
 )
 
-BUCKET = "my-bucket"  # the README's
+BUCKET = "my-bucket"  # docs/cluster.md's
 
 
 @pytest.fixture(scope="package")
 def work(tmp_path_factory) -> Path:
-    """The folder README lines run in: ``deploy/`` linked to the repository's, ``train.svm``, ``train.zarr``."""
+    """The folder docs/cluster.md's lines run in: ``deploy/`` linked to the repository's, ``train.svm``,
+    ``train.zarr``."""
     d = tmp_path_factory.mktemp("deploy")
     link_deploy(d)
     return d
@@ -78,8 +79,8 @@ def s3() -> S3:
 
 @pytest.fixture(scope="package")
 def _cluster(work, s3) -> LocalCluster:
-    """The README's local cluster (2 workers of ``WORKER_MEMORY``) with the S3 server's credentials in its
-    environment; stopped by the README's stop line, which must leave no process behind."""
+    """docs/cluster.md's local cluster (2 workers of ``WORKER_MEMORY``) with the S3 server's credentials in its
+    environment; stopped by docs/cluster.md's stop line, which must leave no process behind."""
     if os.name != "posix":
         pytest.skip("deploy/local/dufs-cluster is a bash script")
     _warm_kernels(work / "warm.zarr")
@@ -124,7 +125,7 @@ def cluster(_cluster) -> LocalCluster:
 
 @pytest.fixture(scope="package")
 def train_store(_cluster, train_svm) -> Path:
-    """``train.svm`` converted on the cluster by the README's line: ``train.zarr`` in the work folder."""
+    """``train.svm`` converted on the cluster by docs/cluster.md's line: ``train.zarr`` in the work folder."""
     _cluster.wait_for_workers(2)
     res = bash(readme_line("Local processes", "dufs convert"), _cluster.env, _cluster.cwd)
     assert res.returncode == 0, res.stderr

@@ -1,10 +1,10 @@
-"""``deploy/docker``: the Compose file is valid against the Compose specification's schema, the README's
+"""``deploy/docker``: the Compose file is valid against the Compose specification's schema, docs/cluster.md's
 ``docker compose`` lines name its services and variables, and each service's command line runs for real as a
 local process, with its environment, so that the file cannot drift from the command line.
 
 Without a Docker daemon, :class:`LocalCompose` plays ``docker compose up -d`` / ``run --rm`` / ``down``: it
 interpolates each service's ``command`` as Compose does (``${VAR}``, ``${VAR:-default}``, ``$$``) from the
-variables the README sets, and maps what only exists inside Compose's network and containers to this machine:
+variables docs/cluster.md sets, and maps what only exists inside Compose's network and containers to this machine:
 a service's name as a host is 127.0.0.1, a published port is a free port, ``0.0.0.0`` is 127.0.0.1 (nothing
 listens beyond this machine), and a volume's target folder is its source on the host (an anonymous volume: a fresh
 folder). Nothing else of the command changes.
@@ -134,7 +134,7 @@ class LocalCompose:
 
 
 def _compose_lines() -> list[tuple[dict[str, str], list[str]]]:
-    """The README's `docker compose` lines as (the variables set on the line, compose's arguments)."""
+    """docs/cluster.md's `docker compose` lines as (the variables set on the line, compose's arguments)."""
     out = []
     for line in (ln for b in readme_blocks(HEADING) for ln in b):
         words = shlex.split(line)
@@ -176,12 +176,12 @@ def test_readme_compose_lines_name_what_the_file_has():
         assert args[:2] == ["-f", "deploy/docker/compose.yaml"], args
         assert (ROOT / args[1]).is_file()
         for name in assigns:
-            assert f"${{{name}" in text, f"the README sets {name}, which compose.yaml never reads"
+            assert f"${{{name}" in text, f"docs/cluster.md sets {name}, which compose.yaml never reads"
         verb, rest = args[2], args[3:]
         named = [w for w in rest if not w.startswith("-") and "=" not in w]
         assert all(s in spec["services"] for s in named), (verb, named)
     for name in _exported():
-        assert f"${{{name}" in text, f"the README exports {name}, which compose.yaml never reads"
+        assert f"${{{name}" in text, f"docs/cluster.md exports {name}, which compose.yaml never reads"
     assert spec["services"]["worker"]["deploy"]["resources"]["limits"]["memory"] == "${DUFS_WORKER_MEMORY:-4GiB}"
 
 
@@ -239,12 +239,12 @@ def test_dockerfile_installs_the_repository_as_a_non_root_user():
 
 @pytest.mark.slow
 def test_compose_services_run_as_local_processes(tmp_path, train_svm, train_store):
-    """The README's lines, in order: `up` the scheduler and 2 workers, `run` convert, `run` select, `down`. The
+    """docs/cluster.md's lines, in order: `up` the scheduler and 2 workers, `run` convert, `run` select, `down`. The
     store is the local one converted by `dufs convert`, and the selection is Fisher's on it."""
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(train_svm, data / "train.svm")
-    # what the README exports, with this test's folder and a small memory limit in place of its values
+    # what docs/cluster.md exports, with this test's folder and a small memory limit in place of its values
     variables = {**_exported(), "DUFS_DATA": str(data), "DUFS_WORKER_MEMORY": "1GiB"}
     compose = LocalCompose(COMPOSE, variables, tmp_path)
     assert compose.argv("worker")[2].startswith("tcp://127.0.0.1:")

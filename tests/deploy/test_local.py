@@ -1,5 +1,5 @@
-"""``deploy/local/dufs-cluster``: the README's commands on a scheduler and 2 worker processes of this machine, and a
-selection that survives a worker killed mid-run."""
+"""``deploy/local/dufs-cluster``: docs/cluster.md's commands on a scheduler and 2 worker processes of this machine,
+and a selection that survives a worker killed mid-run."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_the_cluster_has_what_the_script_was_asked_for(cluster):
 
 
 def test_selection_is_the_same_with_a_worker_killed_mid_run(cluster):
-    """The README's `dufs convert` and `dufs select` (MMFS, solved to a gap of 1e-6) on a larger file than the
+    """docs/cluster.md's `dufs convert` and `dufs select` (MMFS, solved to a gap of 1e-6) on a larger file than the
     other tests' (so that the solve outlasts the polling below: on the shared store it finished in about a second,
     sometimes before its state was seen); again, with the worker process that holds MMFS's state SIGKILLed once
     the solver has started: the nanny restarts it and the selection is the same."""

@@ -56,7 +56,7 @@ def test_start_on_a_busy_port_says_the_port_is_in_use(tmp_path):
 
 
 def test_readme_sets_worker_memory_before_the_start_line_uses_it(tmp_path):
-    """The README's local-cluster block runs as written in a shell without ``$WORKER_MEMORY``: the lines before
+    """docs/cluster.md's local-cluster block runs as written in a shell without ``$WORKER_MEMORY``: the lines before
     the start line give it a value that ``dufs-cluster`` and dask take (unset, the start line passed an empty
     limit), and keep one the caller set (the tests' ``WORKER_MEMORY``)."""
     import dask.utils

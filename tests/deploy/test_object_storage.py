@@ -1,4 +1,4 @@
-"""Stores on object storage: the README's `dufs convert` to and `dufs select` from ``s3://`` URLs on a 2-worker
+"""Stores on object storage: docs/cluster.md's `dufs convert` to and `dufs select` from ``s3://`` URLs on a 2-worker
 cluster, against a real S3-compatible server on 127.0.0.1 (moto's server mode), the credentials coming from the
 environment of every process; and a damaged object surfacing as a named error."""
 
@@ -52,7 +52,7 @@ def test_s3_round_trip_selects_what_the_local_store_selects(cluster, s3, train_s
     assert (remote.shape, remote.nnz) == (local.shape, local.nnz)
     assert remote.meta.y_checksum == local.meta.y_checksum
 
-    # the same selection: the README's select on the 2 workers (each reading the bucket with the credentials of
+    # the same selection: docs/cluster.md's select on the 2 workers (each reading the bucket with the credentials of
     # its own environment), and the same selection on the local store
     res = bash(select, env, cluster.cwd)
     assert res.returncode == 0, res.stderr
@@ -64,7 +64,7 @@ def test_s3_round_trip_selects_what_the_local_store_selects(cluster, s3, train_s
     assert np.allclose(got.scores, want.scores, rtol=1e-6, atol=0)
 
     # a damaged object: the selection on the workers stops with a CorruptChunkError naming the chunk, and the
-    # README's `dufs verify` fails naming it
+    # docs/cluster.md's `dufs verify` fails naming it
     chunk = sorted(k for k in keys if k.startswith(f"{name}/csc/1/data/c/"))[0]
     _flip_a_byte(s3, chunk)
     where = chunk[len(name) + 1:]

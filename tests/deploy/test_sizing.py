@@ -1,4 +1,4 @@
-"""The README's worker sizing ("Sizing workers"): its snippet runs and prints what its comments say, and its kddb
+"""docs/cluster.md's worker sizing ("Sizing workers"): its snippet runs and prints what its comments say, and its kddb
 table is the memory model's."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dufs.memory import STARTUP_DRIVER, STARTUP_WORKER, memory_model
-from tests.deploy._support import README, SECTION, readme_blocks
+from tests.deploy._support import README, readme_blocks
 
 KDDB = (19_264_097, 29_890_095, 577_900_000)
 
@@ -16,7 +16,7 @@ KDDB = (19_264_097, 29_890_095, 577_900_000)
 def test_sizing_snippet_says_what_it_computes():
     (code,) = readme_blocks("Sizing workers", lang="python")
     scope: dict = {}
-    exec("\n".join(code), scope)  # the README's own snippet
+    exec("\n".join(code), scope)  # docs/cluster.md's own snippet
     for line in code:
         m = re.match(r"(\w+) = .*#\s*([\d.]+) GiB", line)
         if m:
@@ -25,7 +25,7 @@ def test_sizing_snippet_says_what_it_computes():
 
 
 def test_sizing_table_is_the_memory_models():
-    section = README.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    section = README.read_text().split("\n## Sizing workers", 1)[1].split("\n## ", 1)[0]
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in section.splitlines()
             if r.startswith("| ") and ("GiB a worker" in r)}
     assert set(rows) == {"Fisher, correlation, variance: GiB a worker (limit)", "MMFS: GiB a worker (limit)"}

@@ -1,4 +1,4 @@
-"""``deploy/slurm/dufs_slurm.py``: the job script dask-jobqueue's ``SLURMCluster`` renders for the README's
+"""``deploy/slurm/dufs_slurm.py``: the job script dask-jobqueue's ``SLURMCluster`` renders for docs/cluster.md's
 command (memory, cores, walltime, partition, the worker command), and, without SLURM, that script run with bash
 as a job would run it: its workers join the launcher's scheduler and the launcher's selection runs on them."""
 
@@ -39,7 +39,7 @@ def _args(line: str) -> list[str]:
 
 
 def test_dry_run_renders_the_job_script():
-    """The README's `--dry-run` line, as written: one job of 8 CPUs and 64 GiB for 4 hours on `compute`, running 8
+    """docs/cluster.md's `--dry-run` line, as written: one job of 8 CPUs and 64 GiB for 4 hours on `compute`, running 8
     worker processes of one thread and 8 GiB each, spilling to the node's own disk."""
     _launcher()
     line = readme_line(HEADING, "--dry-run")
@@ -60,7 +60,7 @@ def test_dry_run_renders_the_job_script():
 
 @pytest.mark.slow
 def test_the_job_script_runs_workers_for_the_launchers_selection(tmp_path, train_store):
-    """The README's launch line, sized for this machine (1 job of 2 cores and 2 GiB) and pointed at the local
+    """docs/cluster.md's launch line, sized for this machine (1 job of 2 cores and 2 GiB) and pointed at the local
     store: its cluster's job script run with bash (TMPDIR a folder of this test) starts 2 workers of one thread and
     1 GiB on the launcher's scheduler, spilling under TMPDIR, and the launcher's `dufs select` runs on them."""
     mod = _launcher()
