@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -13,6 +14,7 @@ from dufs._logging import get_logger, timer
 from dufs.engine import as_matrix, graph_built
 from dufs.engine.cluster import get_client
 from dufs.engine.dispatch import scope
+from dufs.engine.progress import notebook_bar, on_pass
 from dufs.errors import DufsError, DufsWarning, ParameterError
 from dufs.methods.params import check_params
 from dufs.methods.registry import METHODS, MethodResult, MethodSpec, rank
@@ -239,7 +241,9 @@ def fit(X: Any, y: Any = None, *, method: str, n_features: int, client: Any = No
         ctx = c.as_current() if c is not None else dask.config.set(scheduler="sync" if in_memory else "threads")
         # whatever happens in the method, nothing of the fit stays on the cluster: the matrix releases its blocks
         # and the workers' state, the scope the futures a pass still held (a user's own client lives on)
-        with ctx, scope(c):
+        # verbose in a notebook: a progress bar in the cell's output, redrawn in place as the passes run
+        bar = notebook_bar() if verbose else None
+        with ctx, scope(c), on_pass(bar) if bar is not None else contextlib.nullcontext():
             M = _load(X, y, spec, std, c, timings)
             std = M.standardize  # "auto" as the matrix resolved it
             with M:

@@ -2,7 +2,8 @@
 
 ``with on_pass(cb): ...`` makes every pass of every :class:`~dufs.engine.Matrix` in that block report
 ``cb(name, done, total)`` as its per-block tasks finish (``done`` from 0 to ``total``); the CLI draws a rich
-progress bar from it, the API logs. Passes run with ``dask.compute`` when no callback is installed.
+progress bar from it, ``dufs.fit(verbose=...)`` in a Jupyter notebook an HTML one (:class:`NotebookBar`), and
+elsewhere the API logs. Passes run with ``dask.compute`` when no callback is installed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,61 @@ def on_pass(callback: Callable[[str, int, int], None] | None) -> Iterator[None]:
         yield
     finally:
         _CALLBACK.reset(token)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's ZMQ shell: a notebook or a Jupyter console), where
+    terminal progress bars would print their escape codes."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class NotebookBar:
+    """A pass-progress callback that draws one HTML ``<progress>`` bar in a notebook's output and redraws it in
+    place (IPython's display handles) as passes run: the pass's name, its blocks done, the passes so far.
+    ``display`` is IPython's ``display`` function and ``html`` its ``HTML`` class; redraws come at most every
+    ``interval`` seconds, and at every pass's end."""
+
+    def __init__(self, display: Callable[..., Any], html: Callable[[str], Any], interval: float = 0.25):
+        self._display, self._html, self._interval = display, html, float(interval)
+        self._handle: Any = None
+        self._last = -1.0
+        self.passes = 0
+
+    @staticmethod
+    def render(name: str, done: int, total: int, passes: int) -> str:
+        from html import escape
+
+        return (f'<div style="font-family: monospace">dufs: pass {passes} ({escape(name)}) '
+                f'<progress value="{done}" max="{max(total, 1)}" style="width: 20em"></progress> '
+                f"{done}/{total} blocks</div>")
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        import time
+
+        if done == 0:
+            self.passes += 1
+        now = time.monotonic()
+        if done not in (0, total) and now - self._last < self._interval:
+            return
+        self._last = now
+        shown = self._html(self.render(name, done, total, self.passes))
+        if self._handle is None:
+            self._handle = self._display(shown, display_id=True)
+        else:
+            self._handle.update(shown)
+
+
+def notebook_bar() -> NotebookBar | None:
+    """A :class:`NotebookBar` on IPython's display where this process is a Jupyter kernel, else None."""
+    if not in_notebook():
+        return None
+    from IPython.display import HTML, display
+
+    return NotebookBar(display, HTML)
 
 
 def report(name: str, done: int, total: int) -> None:
