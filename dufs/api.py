@@ -124,8 +124,8 @@ def _small_dask(X: Any) -> bool:
     in this process, as for in-memory input of that size, instead of starting a cluster and running every pass
     through it (a pass on a LocalCluster costs many times one in this process: docs/measurements.md, "Small inputs
     in this process"). Counted by its elements (an upper bound), or, for sparse chunks of at most
-    :data:`SPARSE_COUNT_ELEMENTS` elements, by one threaded pass here that counts them (1,993 x 4,862 words took
-    11 s on the cluster the elements chose, against 0.2 s here)."""
+    :data:`SPARSE_COUNT_ELEMENTS` elements, by one threaded pass here that counts them: a word-count matrix has far
+    fewer nonzeros than elements."""
     from dufs import config
 
     shape = getattr(X, "shape", ())
