@@ -29,6 +29,8 @@ TERMS: dict[str, Callable[[float, float, float, float, float], float]] = {
     "nP": lambda n, d, z, W, P: n * P,  # an n-vector to every process of a machine
     "nWP": lambda n, d, z, W, P: n * W * P,  # an n-vector from every process
     "nlog2W": lambda n, d, z, W, P: n * math.log2(W),
+    # a sum over machines in pieces (dufs.engine.exchange): 2 (W - 1) / W partials into the root's machine
+    "n2(W-1)/W": lambda n, d, z, W, P: 2.0 * n * (W - 1) / W,
     "d": lambda n, d, z, W, P: d,
     "d/W": lambda n, d, z, W, P: d / W,
     "nnz/W": lambda n, d, z, W, P: z / W,
@@ -58,9 +60,9 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     "lapaofs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
     "lapdofs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
     "jcfs": {"machine_in": ("n", "WP", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
-    # R to each machine once, the partial scores summed within a machine and then by a tree over the machines
-    # (log2 W of them into the root's machine), the sum to the driver
-    "m3fs": {"machine_in": ("n", "nlog2W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
+    # R to each machine once, the partial scores summed within a machine and then over the machines in pieces,
+    # peer to peer (2 (W - 1) / W of a partial into the root's machine; a tree took log2 W)
+    "m3fs": {"machine_in": ("n", "n2(W-1)/W", "1"), "driver_bytes": ("n", "WP", "1"), "driver_cpu": ("n", "1", "WP")},
     # Y, the labels and the PCA start's n x block array kept on a worker: the driver's bytes and CPU are W's, Q's
     # and the PCA block's, over the features
     "ufcm": {"machine_in": ("n", "nnz/W", "1"), "driver_bytes": ("d", "WP", "1"), "driver_cpu": ("d", "1", "WP")},

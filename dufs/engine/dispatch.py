@@ -298,7 +298,10 @@ def tree_sum_machines(parts: list, homes: list[str | None], client: Any) -> Any:
     summed first within each machine (its parts in order, the adds kept on its workers: the partials do not leave
     it) and then one partial a machine in a fixed tree over the machines (in the order of their first parts), each
     add on the machine of its left operand: what crosses a link is one partial a machine and level, not one a part.
-    Where the parts are on one machine (or a home is unknown), :func:`tree_sum` itself: the same numbers."""
+    Over three machines or more (``dufs.engine.machine-sums: auto``) the machines' partials are added by a
+    reduce-scatter and a gather instead, in the same pairs (:mod:`dufs.engine.exchange`): the root's machine
+    receives two partials' worth, not log2 W. Where the parts are on one machine (or a home is unknown),
+    :func:`tree_sum` itself: the same numbers."""
     from distributed.comm import get_address_host
 
     hosts = machines(client) if client is not None and None not in homes else {}
@@ -314,6 +317,10 @@ def tree_sum_machines(parts: list, homes: list[str | None], client: Any) -> Any:
     for host, ps in order.items():
         with dask.annotate(workers=hosts[host], allow_other_workers=True):
             level.append((host, tree_sum(ps)))
+    if len(level) >= 3 and _machine_sums() == "auto":  # the machines' partials in pieces, peer to peer
+        from dufs.engine.exchange import reduce_scatter_sum
+
+        return reduce_scatter_sum([p for _, p in level], [hosts[h][0] for h, _ in level], client)
     while len(level) > 1:
         nxt = []
         for (host, a), (_, b) in zip(level[0::2], level[1::2], strict=False):
@@ -323,6 +330,12 @@ def tree_sum_machines(parts: list, homes: list[str | None], client: Any) -> Any:
             nxt.append(level[-1])
         level = nxt
     return level[0][1]
+
+
+def _machine_sums() -> str:
+    from dufs import config
+
+    return str(config.get("engine.machine-sums")).lower()
 
 
 def tree_sum_values(vals: list) -> Any:

@@ -178,6 +178,48 @@ def test_a_product_on_several_machines_is_a_task_a_worker_not_a_block():
     assert len(names) <= 4 + 3 + 2, names  # the products, the adds, and the vector's pieces
 
 
+
+def test_a_sum_over_machines_goes_in_pieces_peer_to_peer():
+    """A sum of one n-vector a machine over four machines (:func:`~dufs.engine.dispatch.tree_sum_machines`): each
+    machine's partial cut into four pieces, each piece added on its machine and the sums gathered at the root
+    (:mod:`dufs.engine.exchange`), so the root receives 2 x 3/4 of a partial and the others 3/4, where the binary
+    tree took two partials into its root (issue 57: the bytes into a machine must not grow with log2 W); the sum the
+    tree's, bit for bit."""
+    import dask
+
+    from dufs.engine import get_client
+    from dufs.engine.dispatch import machines, tree_sum_machines, tree_sum_values
+
+    n = 1_000_000  # 8 MB a partial
+    with EmulatedCluster(machines=4, procs=1) as cluster, get_client(scheduler_address=cluster.address) as client:
+        homes = [ws[0] for ws in machines(client).values()]
+        assert len(homes) == 4
+
+        def parts():
+            out = []
+            for i, w in enumerate(homes):
+                with dask.annotate(workers=[w], allow_other_workers=False):
+                    out.append(dask.delayed(np.random.default_rng(i).standard_normal, pure=False)(n))
+            return out
+
+        got = {}
+        for how in ("tree", "auto"):
+            with dask.config.set({"dufs.engine.machine-sums": how}):
+                total = tree_sum_machines(parts(), homes, client)
+                before = cluster.link_bytes()
+                fut = client.compute(total)
+                client.gather(fut)  # counted to the end of the sum, before the driver fetches it
+                moved = EmulatedCluster.since(before, cluster.link_bytes())
+                got[how] = (fut.result(), [b.into for b in moved])
+                del fut
+    want = tree_sum_values([np.random.default_rng(i).standard_normal(n) for i in range(4)])
+    for how, (value, _) in got.items():
+        np.testing.assert_array_equal(value, want, err_msg=how)
+    part = 8 * n
+    tree, pieces = got["tree"][1], got["auto"][1]
+    assert max(tree) > 1.9 * part, tree  # the tree's root: two partials
+    assert max(pieces) < 1.6 * part and min(pieces) > 0.7 * part, pieces  # 2 x 3/4 at the root, 3/4 elsewhere
+
 _ITERATIVE = {
     "mmfs": {"tol": 1e-6},
     "lapaofs": {"graph": "anchor", "n_anchors": 32, "embed_dim": 8},

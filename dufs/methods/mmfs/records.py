@@ -74,6 +74,33 @@ class PartitionResult:
                                    np.concatenate([self.vals, other.vals]), tail, cols)
         return PartitionResult(self.m, None, self.dense() + other.dense(), tail, cols)
 
+    # cut in pieces of rows for a sum over machines (dufs.engine.exchange): the tail and the working sets go with
+    # the first piece, the others carry zeros (RoundTotals' defaults add nothing), so the pieces' sums are the sum's
+    @property
+    def dufs_rows(self) -> int:
+        return self.m
+
+    def dufs_pieces(self, bounds: list[int]) -> list[PartitionResult]:
+        out = []
+        for j, (a, c) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            tail, cols = (self.tail, self.cols) if j == 0 else (type(self.tail)(), [])
+            if self.rows is None:
+                out.append(PartitionResult(c - a, None, np.ascontiguousarray(self.vals[a:c]), tail, cols))
+            else:
+                keep = (self.rows >= a) & (self.rows < c)
+                out.append(PartitionResult(c - a, self.rows[keep] - a, self.vals[keep], tail, cols))
+        return out
+
+    @classmethod
+    def dufs_join(cls, pieces: list[PartitionResult]) -> PartitionResult:
+        m = sum(p.m for p in pieces)
+        first = pieces[0]
+        if all(p.rows is not None for p in pieces):
+            starts = np.cumsum([0] + [p.m for p in pieces[:-1]])
+            return cls(m, np.concatenate([p.rows + s for p, s in zip(pieces, starts, strict=True)]),
+                       np.concatenate([p.vals for p in pieces]), first.tail, first.cols)
+        return cls(m, None, np.concatenate([p.dense() for p in pieces]), first.tail, first.cols)
+
     @classmethod
     def of(cls, dws: np.ndarray, tail: np.ndarray, cols: list | None = None) -> PartitionResult:
         if np.count_nonzero(dws) < dws.shape[0] // 4:  # counted first: the rows of a dense change are 8 bytes each

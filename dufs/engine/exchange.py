@@ -1,0 +1,154 @@
+"""Sums over machines as a reduce-scatter then a gather, the pieces sent worker to worker.
+
+A sum of one partial a machine (n-vectors, n x p products: M3FS's scores, UFCM's Z U, MMFS's partitions' change
+of w) went up a binary tree over the machines, so the machine at its root received log2 W partials (8 n log2 W
+bytes for n-vectors). Here each machine's partial is cut into W pieces along its rows and piece j sent to machine
+j's receiving worker (one :func:`_push` task a machine, through a handler the :class:`ExchangePlugin` adds to
+every worker: peer to peer, not through the scheduler or the driver); each receiver adds its pieces (one
+:func:`_reduce` task a machine) and the root's :func:`_concat` gathers the W summed pieces. The root then receives
+2 (W - 1) / W partials, the others (W - 1) / W, and the tasks are 2 W + 1 whatever the blocks. Each piece is
+added over the machines in the order and pairs of the tree (:func:`~dufs.engine.dispatch.tree_sum_values`), so
+the sum is the tree's, bit for bit. Partials smaller than :data:`WHOLE_BYTES` go whole to the root (one hop, not
+log2 W). A receiver that left, or a reduction run on another worker, raises
+:class:`~dufs.engine.direct.HeldLost` ("was lost"), from which the solvers rebuild their state."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+
+from dufs.engine.direct import HeldLost
+
+__all__ = ["ExchangePlugin", "WHOLE_BYTES", "ensure_plugin", "reduce_scatter_sum"]
+
+#: partials smaller than this go whole to the root machine's receiver rather than in pieces to every machine
+WHOLE_BYTES = 256 << 10
+
+_BOX: dict[str, dict[int, Any]] = {}  # on a worker: the pieces received, by exchange token, by source machine
+_LOCK = threading.Lock()
+_PLUGGED: set[str] = set()  # on the driver: the clients whose workers have the handler
+
+
+def _put(token: str, source: int, data: Any) -> str:
+    """The worker's handler ``dufs_put``: a piece of ``source``'s partial for the exchange ``token``."""
+    with _LOCK:
+        _BOX.setdefault(token, {})[int(source)] = data
+    return "OK"
+
+
+try:  # a WorkerPlugin where distributed is installed (it is wherever there are workers)
+    from distributed.diagnostics.plugin import WorkerPlugin as _Base
+except ImportError:  # pragma: no cover
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class ExchangePlugin(_Base):  # type: ignore[misc,valid-type]
+    """Adds the ``dufs_put`` handler to a worker (registered once a client by :func:`ensure_plugin`)."""
+
+    name = "dufs-exchange"
+
+    def setup(self, worker: Any) -> None:
+        worker.handlers["dufs_put"] = _put
+
+
+def ensure_plugin(client: Any) -> None:
+    """The handler on every worker of ``client``'s cluster, present and future (the scheduler keeps the plugin)."""
+    if client.id in _PLUGGED:
+        return
+    client.register_plugin(ExchangePlugin(), name=ExchangePlugin.name)
+    _PLUGGED.add(client.id)
+
+
+def _bounds(rows: int, k: int) -> list[int]:
+    return [rows * j // k for j in range(k + 1)]
+
+
+def _pieces(part: Any, k: int) -> list | None:
+    """``part`` cut into ``k`` pieces along its rows (an array, or an object with ``dufs_rows`` and
+    ``dufs_pieces(bounds)``, whose class joins them with ``dufs_join``); None where it goes whole (not cut this
+    way, or small: decided by the shape alone, which every machine's partial shares, so all go whole or none)."""
+    if isinstance(part, np.ndarray):
+        if part.ndim == 0 or part.nbytes < WHOLE_BYTES:
+            return None
+        b = _bounds(part.shape[0], k)
+        return [np.ascontiguousarray(part[b[j]:b[j + 1]]) for j in range(k)]
+    if 8 * getattr(part, "dufs_rows", 0) < WHOLE_BYTES:
+        return None
+    return part.dufs_pieces(_bounds(part.dufs_rows, k))
+
+
+def _push(part: Any, source: int, token: str, receivers: list[str]) -> tuple[int, bool]:
+    """As a task on machine ``source``: its partial cut into a piece a receiver along its rows, piece j sent to
+    ``receivers[j]`` (whole to ``receivers[0]`` when small); (``source``, whether it went whole)."""
+    from distributed import get_worker
+    from distributed.protocol import to_serialize
+    from distributed.utils import sync
+
+    cut = _pieces(part, len(receivers))
+    whole = cut is None
+    pieces = {0: part} if whole else dict(enumerate(cut))
+    worker = get_worker()
+    remote = {j: p for j, p in pieces.items() if receivers[j] != worker.address}
+    for j, p in pieces.items():
+        if j not in remote:
+            _put(token, source, p)
+
+    async def send() -> None:
+        await asyncio.gather(*(worker.rpc(receivers[j]).dufs_put(token=token, source=source, data=to_serialize(p))
+                               for j, p in remote.items()))
+
+    if remote:
+        try:
+            sync(worker.loop, send)
+        except (OSError, asyncio.TimeoutError) as e:  # a receiver gone: its machine's sums with it
+            raise HeldLost(f"a sum over machines was lost: a receiving worker left ({e})") from None
+    return source, whole
+
+
+def _reduce(acks: list[tuple[int, bool]], j: int, token: str) -> Any:
+    """As a task on receiver ``j``: its pieces added over the machines in the tree's order (None: the partials
+    went whole to another receiver)."""
+    from dufs.engine.dispatch import tree_sum_values
+
+    k = len(acks)
+    with _LOCK:
+        got = _BOX.pop(token, {})
+    if acks[0][1] and j > 0:
+        return None
+    if len(got) != k:
+        raise HeldLost(f"a sum over machines was lost: receiver {j} holds {len(got)} of its {k} pieces (its worker "
+                       f"restarted, or the task ran elsewhere)")
+    return tree_sum_values([got[m] for m in range(k)])
+
+
+def _concat(pieces: list) -> Any:
+    if len(pieces) > 1 and pieces[1] is None:
+        return pieces[0]
+    join = getattr(type(pieces[0]), "dufs_join", None)
+    return join(pieces) if join is not None else np.concatenate(pieces, axis=0)
+
+
+def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any) -> Any:
+    """The sum of ``level`` (delayed partials, one a machine, in the tree's order) as a delayed value on
+    ``receivers[0]``: pushed in pieces to ``receivers`` (one worker a machine, in the same order), added there,
+    gathered at the root (the module docstring)."""
+    import dask
+
+    ensure_plugin(client)
+    token = uuid.uuid4().hex
+    push = dask.delayed(_push, pure=False)
+    reduce = dask.delayed(_reduce, pure=False)
+    acks = []
+    for m, part in enumerate(level):
+        with dask.annotate(workers=[receivers[m]], allow_other_workers=True):
+            acks.append(push(part, m, token, receivers))
+    sums = []
+    for j, r in enumerate(receivers):
+        with dask.annotate(workers=[r], allow_other_workers=True):
+            sums.append(reduce(acks, j, token))
+    with dask.annotate(workers=[receivers[0]], allow_other_workers=True):
+        return dask.delayed(_concat, pure=False)(sums)
