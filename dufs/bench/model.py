@@ -29,6 +29,7 @@ TERMS: dict[str, Callable[[float, float, float, float, float], float]] = {
     "nP": lambda n, d, z, W, P: n * P,  # an n-vector to every process of a machine
     "nWP": lambda n, d, z, W, P: n * W * P,  # an n-vector from every process
     "nlog2W": lambda n, d, z, W, P: n * math.log2(W),
+    "n/W": lambda n, d, z, W, P: n / W,  # a piece of the rows a machine
     # a sum over machines in pieces (dufs.engine.exchange): 2 (W - 1) / W partials into the root's machine
     "n2(W-1)/W": lambda n, d, z, W, P: 2.0 * n * (W - 1) / W,
     "d": lambda n, d, z, W, P: d,
@@ -69,6 +70,9 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 TASKS = ("1", "WP")
 KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
+#: the methods whose work over the samples is in a piece of the rows a machine (dufs.methods.greedy.pieces): the
+#: slowest piece's seconds, a cost a sample of its n / W
+KEPT_PIECES = {"lapaofs": ("n/W",), "lapdofs": ("n/W",), "jcfs": ("n/W",)}
 COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a nonzero and a fixed one
 
 #: the driver's resident bytes: (bytes a row, a feature, a row per partition, what they are), read from the code
@@ -274,7 +278,7 @@ def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25
             driver_bytes=fit(shape["driver_bytes"], _points(datas, m, "driver")),
             driver_cpu=fit(shape["driver_cpu"], _points(datas, m, "cpu")),
             tasks=fit(TASKS, _points(datas, m, "transitions")),
-            kept=fit(KEPT, _points(datas, m, "kept")))
+            kept=fit(KEPT_PIECES.get(m, KEPT), _points(datas, m, "kept")))
     return params
 
 

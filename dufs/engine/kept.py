@@ -23,7 +23,7 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["Kept", "as_future", "fetch", "flush", "kept_call", "kept_vectors"]
+__all__ = ["Kept", "as_future", "fetch", "flush", "kept_call", "kept_calls", "kept_vectors"]
 
 _KEPT: dict[str, np.ndarray] = {}  # on a worker: its kept vectors by token
 _LOCK = threading.Lock()
@@ -112,17 +112,31 @@ def kept_call(client: Any, fn: Any, *args: Any, keep: int = 0) -> tuple[Any, lis
     future arguments are, none being kept); ``fn`` returns ``(small, arrays)`` with ``keep`` arrays, which stay
     there. Returns (``small``, the arrays' :class:`Kept` handles). Other arguments travel as they are (futures
     resolved by Dask, small values in the task)."""
-    where = _where(args)
-    tokens = [uuid.uuid4().hex for _ in range(keep)]
-    # a vector kept on another worker (the sum of a pass made elsewhere) comes as a future: Dask moves it here
-    call = tuple((_Ref(a.token) if a.address == where else as_future(client, a)) if isinstance(a, Kept) else a
-                 for a in args)
-    opts = {"workers": [where], "allow_other_workers": True} if where else {}
-    fut = client.submit(_run, fn, call, tokens, _take_drops(where) if where else [], pure=False, **opts)
-    small, address, took = fut.result()
-    del fut
-    _SECONDS[0] += took
-    return small, [Kept(t, address) for t in tokens]
+    return kept_calls(client, fn, [args], keep=keep)[0]
+
+
+def kept_calls(client: Any, fn: Any, calls: list[tuple], keep: int = 0, where: list[str] | None = None
+               ) -> list[tuple[Any, list[Kept]]]:
+    """:func:`kept_call` of ``fn`` with each argument tuple of ``calls``, side by side (one task each, on the
+    worker of its kept vectors, or ``where[i]`` for a call that has none); the seconds counted are the slowest
+    call's (they run at once, on different workers)."""
+    futs, tokens = [], []
+    drops: dict[str, list[str]] = {}
+    for i, args in enumerate(calls):
+        at = _where(args) or (where[i] if where is not None else None)
+        tok = [uuid.uuid4().hex for _ in range(keep)]
+        # a vector kept on another worker (the sum of a pass made elsewhere) comes as a future: Dask moves it here
+        call = tuple((_Ref(a.token) if a.address == at else as_future(client, a)) if isinstance(a, Kept) else a
+                     for a in args)
+        opts = {"workers": [at], "allow_other_workers": True} if at else {}
+        if at and at not in drops:
+            drops[at] = _take_drops(at)
+        futs.append(client.submit(_run, fn, call, tok, drops.pop(at, []) if at else [], pure=False, **opts))
+        tokens.append(tok)
+    got = client.gather(futs)
+    del futs
+    _SECONDS[0] += max((took for _, _, took in got), default=0.0)
+    return [(small, [Kept(t, address) for t in tok]) for (small, address, _), tok in zip(got, tokens, strict=True)]
 
 
 def seconds() -> float:

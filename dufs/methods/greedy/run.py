@@ -41,6 +41,7 @@ from dufs.methods.greedy.partition import (
     _step,
     _step_dtype,
 )
+from dufs.methods.greedy.pieces import PieceSides
 from dufs.methods.greedy.side import Side, make_side, side_call
 from dufs.methods.solver import atomic_write, recoverable, release
 from dufs.scheduling import one_blas_thread
@@ -84,7 +85,10 @@ class GreedyRun:
         self.state: Any = None
         self.client = current_client()
         self.kept = kept_vectors(self.client)
-        self.side: Any = self._new_side()  # a Side, or its Kept handle on a worker
+        self.side: Any = self._new_side()  # a Side, its Kept handle on a worker, or its pieces
+        # where the work over the samples runs (the diagnostics' "samples_side")
+        self.side_layout = (f"{len(self.side)} pieces" if isinstance(self.side, PieceSides) else
+                            "one worker" if isinstance(self.side, Kept) else "driver")
         self.parts: list[list[int]] | None = None  # the partitions of the block state (None: one task a block)
         self.recoveries = 0
         self.replayed = 0
@@ -103,11 +107,15 @@ class GreedyRun:
 
     def _new_side(self) -> Any:
         """An empty :class:`Side` here, or made and kept on a worker (:attr:`kept`): the anchor graph's Zh whole
-        where it was assembled (:meth:`AnchorGraph.zh_shared`, a future), the other arrays sent once."""
+        where it was assembled (:meth:`AnchorGraph.zh_shared`, a future), the other arrays sent once; or, on workers
+        of several machines with B local to the rows, in a piece of the rows a machine (:class:`PieceSides`)."""
         n, mode, lam1, lam2, L, W, Y, dtype, wd, li = self._side_args()
         if not self.kept:
             return Side(n, mode, lam1, lam2, L, W, Y, dtype, wd, li)
         c = self.client
+        workers = _piece_workers(c, n) if L is None else []
+        if len(workers) > 1:
+            return PieceSides(workers, n, mode, lam1, lam2, W, Y, dtype, wd, li)
         big = [None if a is None else c.scatter(a, hash=False) for a in (Y, wd)]
         zh = None if W is None else W.zh_shared()
         if zh is not None and not hasattr(zh, "key"):  # Zh here (gathered for the driver's products): sent once
@@ -133,7 +141,7 @@ class GreedyRun:
         positions ``per_block`` are PerBlock); the proposals come back one per block, in block order."""
         # with the side kept on a worker no proposal carries its column: the winner's goes from its block's worker
         # to the side's (:meth:`choose`), not through the driver
-        kw = {"attach": 0} if isinstance(self.side, Kept) and fn in (_step, _init, _propose) else {}
+        kw = {"attach": 0} if self.remote and fn in (_step, _init, _propose) else {}
         if self.parts is None:
             return self.M.map_blocks(fn, *args, state=state, **kw)
         attach = 0 if kw else max(partition.ATTACH, partition.ATTACH_STEP // len(self.parts))
@@ -166,8 +174,12 @@ class GreedyRun:
                                   per_block=(2, 3), state=self._fresh())
 
     def pass_(self, p: int, V: Any, s_p: float, c2: float, save: bool, vsum: np.ndarray | None = None) -> list:
+        from distributed import Future
+
         if isinstance(V, Kept):  # on its worker: a future of it there, sent on to the machines of the blocks
             V = mark_spread(as_future(self.client, V))
+        elif isinstance(V, Future):  # joined from the pieces on a worker: sent on from there
+            V = mark_spread(V)
         else:
             V = np.ascontiguousarray(V, dtype=_step_dtype(self.mode, V.shape))  # the column sums from these values
             vsum = col_sums(V)
@@ -188,17 +200,24 @@ class GreedyRun:
         p = min(got, key=lambda q: (-q[1], q[0]))  # the best score, then the lower index
         if p[2] is not None:
             return p[0], p[2]
-        if isinstance(self.side, Kept):  # made on its block's worker: the side's call fetches it from there
+        if self.remote:  # made on its block's worker: the side's calls fetch it from there
             return p[0], self.M.column_future(p[0])
         X = self.M.columns([p[0]])
         return p[0], (X.indices, X.data)
 
+    @property
+    def remote(self) -> bool:
+        """Whether the side is kept on the workers (on one, or in pieces)."""
+        return isinstance(self.side, Kept | PieceSides)
+
     def take(self, p: int, col: tuple) -> tuple:
         """Add p to S: record its criterion and the objective; return (V, s_p, c2, V's column sums or None) for the
         update pass (V has one column for LapDOFS, two otherwise; a :class:`~dufs.engine.kept.Kept` vector where the
-        side is kept on a worker, which sends back its column sums)."""
+        side is kept on a worker, or a future of it joined from the pieces, with its column sums)."""
         coef, shift = float(self.coef[p]), float(self.shift[p])
-        if isinstance(self.side, Kept):
+        if isinstance(self.side, PieceSides):
+            V, s_p, c2, crit, obj, vsum = self.side.take(int(p), col, coef, shift)
+        elif isinstance(self.side, Kept):
             (s_p, c2, crit, obj, vsum), (V,) = kept_call(self.client, side_call, self.side, "take", int(p), col, coef,
                                                          shift, keep=1)
         else:
@@ -212,6 +231,8 @@ class GreedyRun:
     def vectors_at(self, t: int) -> tuple:
         """(V, s_p, c2, V's column sums or None) of step t, recomputed from the selection (for a replay after a
         restart or a lost worker)."""
+        if isinstance(self.side, PieceSides):
+            return self.side.vectors_at(int(t))
         if isinstance(self.side, Kept):
             (s_p, c2, _, _, vsum), (V,) = kept_call(self.client, side_call, self.side, "vectors_at", int(t), keep=1)
             return V, s_p, c2, vsum
@@ -290,6 +311,29 @@ class GreedyRun:
         return self.dir is not None and step % self.every == 0
 
 
+def _piece_workers(client: Any, n: int) -> list[str]:
+    """The workers of the side's pieces of rows (``dufs.engine.side-pieces``: auto, the first worker of each machine
+    where they are on several; on, every worker; off): none where it stays whole."""
+    from distributed.comm import get_address_host
+
+    from dufs import config
+
+    setting = str(config.get("engine.side-pieces")).lower()
+    if setting in ("off", "false", "no", "never"):
+        return []
+    try:  # asked now: after a lost worker the cached lists still name it
+        hosts: dict[str, list[str]] = {}
+        for a in sorted(client.nthreads()):
+            hosts.setdefault(get_address_host(a), []).append(a)
+    except Exception:  # a client that cannot say: one side
+        return []
+    if setting in ("on", "true", "yes", "always"):
+        workers = [w for ws in hosts.values() for w in ws]
+    else:
+        workers = [ws[0] for ws in hosts.values()]
+    return workers if 1 < len(workers) <= n else []
+
+
 def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: str) -> list:
     """The block state rebuilt after ``done`` passes, when ``exc`` is the loss of a worker; the rebuild may itself
     meet the same loss (its first pass can start before the scheduler has removed the dead worker), so it is
@@ -300,11 +344,27 @@ def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: 
         run.recoveries += 1
         log.warning("%s: the block state was lost (%s); rebuilding it", verbose_name, type(exc).__name__)
         try:
-            if isinstance(run.side, Kept):  # its worker may be the one lost: the side too, from the selection
+            if run.remote:  # its worker may be the one lost: the side too, from the selection
                 run.renew_side()
             return run.rebuild(done)
         except Exception as e:
             exc = e
+
+
+def _take(run: GreedyRun, p: int, col: Any, verbose_name: str) -> tuple:
+    """``run.take(p, col)``; where the side is kept on the workers and one that keeps it (or a piece) was lost, the
+    side made again from the selection and the step taken again."""
+    while True:
+        try:
+            return run.take(p, col)
+        except Exception as exc:
+            if not (run.remote and recoverable(exc, run.recoveries)):
+                raise
+            run.recoveries += 1
+            log.warning("%s: the selected set kept on the workers was lost (%s); making it again", verbose_name,
+                        type(exc).__name__)
+            run.renew_side()
+            col = run.M.column_future(p)  # its block's worker may be the one lost
 
 
 def _calls_seconds(before: list) -> float | None:
@@ -358,13 +418,13 @@ def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult
                 tp, tc = time.perf_counter() - ts, _calls_seconds(before)
             except Exception as e:
                 props = _rebuild_after(run, e, t, verbose_name)
-                if isinstance(run.side, Kept):  # the pending vectors were the lost side's: made again
+                if run.remote:  # the pending vectors were the lost side's: made again
                     pending = run.vectors_at(t)
                 continue
             done = t + 1
         p, col = run.choose(props)
         td = time.perf_counter()
-        pending = run.take(p, col)
+        pending = _take(run, p, col, verbose_name)
         driver.append(time.perf_counter() - td)
         passes.append(tp)
         calls.append(tc)
@@ -373,7 +433,7 @@ def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult
         log.debug("%s step %d: feature %d, criterion %.6g, objective %.6g", verbose_name, len(run.ids) - 1, p,
                   run.criterion[-1], run.objective[-1])
     release(run.state)
-    if isinstance(run.side, Kept):
+    if run.remote:
         run.side = None
         flush(run.client)
     return GreedyResult(indices=np.asarray(run.ids, dtype=np.int64), criterion=np.asarray(run.criterion),
@@ -382,7 +442,7 @@ def _run_greedy(run: GreedyRun, resume: bool, verbose_name: str) -> GreedyResult
                                      "pass_seconds": passes, "pass_call_seconds": calls,
                                      "select_time": time.perf_counter() - t0,
                                      "recoveries": run.recoveries, "passes_replayed": run.replayed,
-                                     "resumed_steps": run.resumed,
+                                     "resumed_steps": run.resumed, "samples_side": run.side_layout,
                                      "checkpoint": run.dir})
 
 

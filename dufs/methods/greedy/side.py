@@ -54,7 +54,7 @@ class Side:
     products run here: Zh whole), ``wd`` = 1 + lambda1 d for the anchor graph."""
 
     def __init__(self, n: int, mode: int, lam1: float, lam2: float, L: Any, W: Any, Y: Any, dtype: Any,
-                 wd: np.ndarray | None, li: np.ndarray | None):
+                 wd: np.ndarray | None, li: np.ndarray | None, ysq: float | None = None):
         self.n, self.mode, self.lam1, self.lam2, self.L, self.W, self.Y = n, mode, lam1, lam2, L, W, Y
         self.sel = SelectedColumns(n, lam2, dtype)
         self.criterion: list[float] = []
@@ -70,11 +70,14 @@ class Side:
         # Y is float64, or float32 at kddb size (n x c, see jcfs._anchor_embedding): its sums are taken once, in
         # float64, and products with it never make a float64 copy of it
         self.Ysum = None if Y is None else col_sums(Y)
-        self.Ysq = 0.0 if Y is None else float(sum(np.dot(Y[:, j], Y[:, j].astype(np.float64))
-                                                   for j in range(Y.shape[1])))
+        # ||Y||^2 over every sample (``ysq``: given, where this side holds a piece of the rows)
+        self.Ysq = ysq if ysq is not None else 0.0 if Y is None else float(sum(np.dot(Y[:, j], Y[:, j].astype(
+            np.float64)) for j in range(Y.shape[1])))
         self._ybuf: np.ndarray | None = None  # :meth:`_scratch`
         # n-vectors kept between steps, zero but at the rows they hold now (:func:`sparse_z`, :meth:`_at_rows`)
         self._bufs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._pending: tuple | None = None  # what :meth:`partials` leaves for :meth:`finish`
+        self._saved: tuple | None = None  # the side a replay set aside (:meth:`replay_partials`)
 
     def B(self, v: np.ndarray) -> np.ndarray:
         if not self.lam1:
@@ -83,18 +86,37 @@ class Side:
 
     def take(self, p: int, col: tuple, coef: float, shift: float) -> tuple[np.ndarray, float, float]:
         """Add p (its column ``col``, its transform ``coef``, ``shift``) to S: record its criterion and the
-        objective; return (V, s_p, c2) for the update pass (V has one column for LapDOFS, two otherwise)."""
+        objective; return (V, s_p, c2) for the update pass (V has one column for LapDOFS, two otherwise). Two
+        phases: :meth:`partials`, the step's sums over the samples, then :meth:`finish` from those sums, so that
+        sides that each hold a piece of the rows can add their partials between the two (with one side, its own)."""
+        return self.finish(self.partials(p, col, coef, shift))
+
+    def partials(self, p: int, col: tuple, coef: float, shift: float) -> np.ndarray:
+        """The first phase of :meth:`take`: the sums over this side's samples that the step needs, in one float64
+        array (Z_S^T B z_p, z_p^T B z_p, and Zh^T z_p on an anchor graph or Z_p^T Y for JCFS); what the second
+        phase reuses is kept until :meth:`finish`."""
         if self.AS is not None:
-            return self._take_anchor(p, col, coef, shift)
-        S, n = self.sel, self.n
-        z = _dense_z(n, col, coef, shift)
+            return self._anchor_partials(p, col, coef, shift)
+        z = _dense_z(self.n, col, coef, shift)
         Bz = self.B(z)
-        u = S.tapply(Bz)
-        gpp = float(z @ Bz) + self.lam2
+        u = self.sel.tapply(Bz)
+        extra = _ztY(self.Y, col, coef, shift, self.Ysum) if self.mode == JCFS else np.zeros(0)
+        self._pending = (p, col, coef, shift, z, Bz)
+        return np.concatenate([u, [float(z @ Bz)], extra])
+
+    def finish(self, sums: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The second phase of :meth:`take`, from ``sums``: :meth:`partials`' sums over every sample."""
+        if self.AS is not None:
+            return self._anchor_finish(sums)
+        S = self.sel
+        p, col, coef, shift, z, Bz = self._pending
+        self._pending = None
+        k = S.k
+        u, gpp = sums[:k], float(sums[k]) + self.lam2
         c = S.solve(u)
         s_p = gpp - float(u @ c)
         if self.mode == JCFS:
-            Rp = _ztY(self.Y, col, coef, shift, self.Ysum)
+            Rp = sums[k + 1:]
             Ep = Rp - c @ self.RS
             e2 = float(Ep @ Ep)
             self.criterion.append(e2 / (self.lam2 * s_p))
@@ -129,14 +151,15 @@ class Side:
         self.sel.add(p, col, coef, shift, u, gpp)
         return V, s_p, v_p + 1.0
 
-    def _take_anchor(self, p: int, col: tuple, coef: float, shift: float) -> tuple[np.ndarray, float, float]:
-        """:meth:`take` for LapAOFS and LapDOFS on an anchor graph W = Zh Lambda^-1 Zh^T, with A_S = Zh^T Z_S
+    def _anchor_partials(self, p: int, col: tuple, coef: float, shift: float) -> np.ndarray:
+        """:meth:`partials` for LapAOFS and LapDOFS on an anchor graph W = Zh Lambda^-1 Zh^T, with A_S = Zh^T Z_S
         (k x n_anchors, one row added a step) kept here: B y = (1 + lambda1 d) y - lambda1 Zh Lambda^-1 Zh^T y, and
         every y a step applies B to (z_p, Z_S c, Z_S d) has Zh^T y = a_p, A_S c or A_S d with a_p = Zh^T z_p. So
         a step makes one product Zh^T z_p and one Zh P (P: n_anchors x 1 or 2), where B z_p, then B of the other
         columns, made two of each. Where z_p = coef x_p is sparse (no shift) the products with it read its rows
-        only, and z_p is an n-vector kept between steps, zero but at its rows (:func:`sparse_z`)."""
-        S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
+        only, and z_p is an n-vector kept between steps, zero but at its rows (:func:`sparse_z`). The sums: the
+        diagonal part's Z_S^T (1 + lambda1 d) z_p and z_p^T (1 + lambda1 d) z_p, and a_p."""
+        S, n, W = self.sel, self.n, self.W
         Zh = W.Zh if W.products_here else None  # Zh here: its products here, row by row
         if not shift:
             rows = np.asarray(col[0])
@@ -163,6 +186,17 @@ class Side:
             a_p = A.sum(axis=0)
         else:
             a_p = np.asarray(W.zt(z), dtype=np.float64).ravel()
+        self._pending = (p, col, coef, shift, z)
+        return np.concatenate([zbs, [zbz], a_p])
+
+    def _anchor_finish(self, sums: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """:meth:`finish` on an anchor graph (:meth:`_anchor_partials`)."""
+        S, n, W, lam1, li = self.sel, self.n, self.W, self.lam1, self.li
+        p, col, coef, shift, z = self._pending
+        self._pending = None
+        k = S.k
+        zbs, zbz, a_p = sums[:k], float(sums[k]), sums[k + 1:]
+        Zh = W.Zh if W.products_here else None
         lia = li * a_p
         u = zbs - lam1 * (self.AS @ lia)  # Z_S^T B z_p
         gpp = zbz - lam1 * float(a_p @ lia) + self.lam2
@@ -214,23 +248,40 @@ class Side:
 
     def vectors_at(self, t: int) -> tuple[np.ndarray, float, float]:
         """(V, s_p, c2) of step t, recomputed from the selection (for a replay after a restart or a lost worker)."""
+        return self.replay_finish(self.replay_partials(t))
+
+    def replay_partials(self, t: int) -> np.ndarray:
+        """The first phase of :meth:`vectors_at`: step t's sums over this side's samples, the side set back to its
+        first t features until :meth:`replay_finish`."""
         full = self.sel
-        saved = (self.sel, self.criterion, self.objective, self.trace_obj, self.RS, self.AS)
+        self._saved = (self.sel, self.criterion, self.objective, self.trace_obj, self.RS, self.AS)
         self.sel, self.criterion, self.objective, self.RS = full.head(t), [], [], self.RS[:t]
         self.AS = None if self.AS is None else self.AS[:t]
         try:
-            out = self.take(full.ids[t], full.col(t), float(full.coef[t]), float(full.shift[t]))
+            return self.partials(full.ids[t], full.col(t), float(full.coef[t]), float(full.shift[t]))
+        except BaseException:
+            self._restore()
+            raise
+
+    def replay_finish(self, sums: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The second phase of :meth:`vectors_at`, from the sums over every sample; the side as it was after."""
+        try:
+            return self.finish(sums)
         finally:
-            self.sel, self.criterion, self.objective, self.trace_obj, self.RS, self.AS = saved
-        return out
+            self._restore()
+
+    def _restore(self) -> None:
+        self.sel, self.criterion, self.objective, self.trace_obj, self.RS, self.AS = self._saved
+        self._saved = None
 
 
 # ---------------------------------------------------------------------------------------------------- kept on a worker
 def make_side(n: int, mode: int, lam1: float, lam2: float, L: Any, zh: Any, anchors: Any, lam: Any, Y: Any,
-              dtype: Any, wd: Any, li: Any) -> tuple:
-    """A :class:`Side` made on a worker (``kept_call``; kept there): the anchor graph from its Zh whole (``zh``)."""
+              dtype: Any, wd: Any, li: Any, ysq: float | None = None) -> tuple:
+    """A :class:`Side` made on a worker (``kept_call``; kept there): the anchor graph from its Zh (``zh``: whole,
+    or a piece's rows with ``n`` of them, ``ysq`` then ||Y||^2 over every sample)."""
     W = None if zh is None else AnchorGraph(zh, anchors, None, lam)
-    return None, [Side(n, mode, lam1, lam2, L, W, Y, dtype, wd, li)]
+    return None, [Side(n, mode, lam1, lam2, L, W, Y, dtype, wd, li, ysq)]
 
 
 def side_call(side: Side, what: str, *args: Any) -> tuple:

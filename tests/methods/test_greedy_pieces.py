@@ -1,0 +1,113 @@
+"""A greedy selection's work over the samples in row pieces, one a worker (dufs.methods.greedy.pieces, the path
+of workers on several machines; ``dufs.engine.side-pieces: on`` makes a piece a worker process on this machine):
+the picks are the driver's and the criterion and objective equal up to the order of additions; a kNN graph's
+side stays whole; a worker that keeps a piece, killed mid-run, changes nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import dufs
+from dufs.engine import Matrix, as_matrix
+from dufs.methods.greedy.pieces import _column_rows, piece_bounds
+
+K = 12
+_PIECES = {"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "on", "dufs.engine.side-pieces": "on"}
+
+
+def _data(seed=1):
+    return sp.random_array((120, 80), density=0.1, rng=seed, format="csr")
+
+
+def _fit(X, method, client, graph):
+    kw = {"graph": "anchor", "n_anchors": 16, "embed_dim": 8} if graph == "anchor" else {"n_neighbors": 4}
+    if method == "jcfs":
+        kw = {**kw, "n_clusters": 3, "max_iter": 2}
+    return dufs.fit(X, method=method, n_features=K, standardize=None, client=client, **kw)
+
+
+def test_a_column_cut_to_a_piece_of_rows():
+    rows, vals = np.array([0, 3, 4, 9], dtype=np.int32), np.array([1.0, 2.0, 3.0, 4.0])
+    got = [_column_rows((rows, vals), a, b) for a, b in zip(piece_bounds(10, 3)[:-1], piece_bounds(10, 3)[1:],
+                                                             strict=True)]
+    assert piece_bounds(10, 3) == [0, 3, 6, 10]
+    assert [g[0].tolist() for g in got] == [[0], [0, 1], [3]]
+    assert [g[1].tolist() for g in got] == [[1.0], [2.0, 3.0], [4.0]]
+    assert got[0][0].dtype == np.int32
+
+
+@pytest.mark.parametrize("method,graph", [("lapaofs", "anchor"), ("lapdofs", "anchor"), ("jcfs", "anchor"),
+                                          ("lapaofs", "knn")])
+def test_pieces_select_what_the_driver_does(cluster_client, method, graph):
+    import dask
+
+    X = _data()
+    got = {}
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=8, persist=True)
+        for how, cfg in (("driver", {"dufs.engine.kept-vectors": "off"}), ("pieces", _PIECES)):
+            with dask.config.set({"dufs.engine.shared-memory": "off", **cfg}):
+                got[how] = _fit(M, method, cluster_client, graph)
+        M.release()
+    a, b = got["driver"], got["pieces"]
+    assert a.diagnostics["samples_side"] == "driver"
+    # a kNN graph's Laplacian mixes the rows: its side stays whole, on one worker
+    assert b.diagnostics["samples_side"] == ("one worker" if graph == "knn" else "2 pieces")
+    np.testing.assert_array_equal(b.indices, a.indices)
+    for key in ("criterion", "objective"):
+        if key in a.diagnostics:
+            np.testing.assert_allclose(b.diagnostics[key], a.diagnostics[key], rtol=1e-10, atol=1e-12)
+
+
+def _kept_here() -> int:
+    from dufs.engine import kept
+
+    return len(kept._KEPT)
+
+
+@pytest.mark.slow
+def test_a_worker_that_keeps_a_piece_killed_mid_run_changes_nothing(monkeypatch, tmp_path):
+    """(A LocalCluster of its own: one of its two workers is SIGKILLed at the fifth pass of the second run.)"""
+    import dask
+
+    distributed = pytest.importorskip("distributed")
+    path = str(tmp_path / "x.zarr")
+    dufs.write_store(_data(2), path, y=np.zeros(120), feature_block=10)
+
+    def run(client):
+        M = Matrix(path).persist()
+        try:
+            return _fit(M, "lapaofs", client, "anchor")
+        finally:
+            M.release()
+
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                   silence_logs=50) as cluster,
+          distributed.Client(cluster, set_as_default=False) as client, client.as_current(), dask.config.set(_PIECES)):
+        client.wait_for_workers(2)
+        ref = run(client)
+        assert ref.diagnostics["samples_side"] == "2 pieces"
+        client.wait_for_workers(2)
+        real, count, fired = Matrix.map_blocks, [0], []
+
+        def killing(self, *a, **k):
+            count[0] += 1
+            if count[0] == 5 and not fired:
+                pids = client.run(os.getpid)
+                holders = sorted(w for w, n in client.run(_kept_here).items() if n)
+                assert len(holders) == 2, "each worker keeps a piece"
+                fired.append(holders[1])
+                os.kill(pids[holders[1]], signal.SIGKILL)
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(Matrix, "map_blocks", killing)
+        got = run(client)
+    assert fired
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_allclose(got.diagnostics["criterion"], ref.diagnostics["criterion"], rtol=1e-10)
+    assert got.diagnostics["recoveries"] >= 1
