@@ -11,6 +11,7 @@ import pytest
 import scipy.sparse as sp
 
 from dufs.engine import Matrix
+from dufs.testing import patience
 
 
 def _kept_here() -> int:
@@ -49,13 +50,13 @@ def _killing(monkeypatch, cls, name, client, at):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["m3fs", "ufcm"])
-def test_the_worker_that_keeps_the_samples_side_killed_changes_nothing(monkeypatch, tmp_path, method):
-    """(The data in a store, as at scale: the blocks the killed worker held are read again elsewhere.)"""
+def test_the_worker_that_keeps_the_samples_side_killed_changes_nothing(monkeypatch, tmp_path, cluster_client, method):
+    """(The data in a store, as at scale: the blocks the killed worker held are read again elsewhere.) On the
+    session's cluster (its nanny restarts the killed worker; the test waits for it before it ends), not one of its
+    own: a cluster started and its workers' imports made cost more than the runs themselves."""
     import dask
 
     from dufs.data import write_store
-
-    distributed = pytest.importorskip("distributed")
     from dufs.methods.m3fs import alternating as ms
     from dufs.methods.m3fs import kept_scores
     from dufs.methods.ufcm import kept as ukept
@@ -74,10 +75,8 @@ def test_the_worker_that_keeps_the_samples_side_killed_changes_nothing(monkeypat
         finally:
             M.release()
 
-    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                   silence_logs=50) as cluster,
-          distributed.Client(cluster, set_as_default=False) as client, client.as_current(), dask.config.set(cfg)):
-        client.wait_for_workers(2)
+    client = cluster_client
+    with client.as_current(), dask.config.set(cfg):
         ref = run()
         client.wait_for_workers(2)
         with monkeypatch.context() as mp:
@@ -85,6 +84,7 @@ def test_the_worker_that_keeps_the_samples_side_killed_changes_nothing(monkeypat
                 _killing(mp, ukept.KeptY, "u_step", client, 2)
             got = run()
         assert fired
+        client.wait_for_workers(2, timeout=patience(120))  # the restarted worker, for the tests after this one
     if method == "m3fs":
         np.testing.assert_array_equal(np.sort(got.selected), np.sort(ref.selected))
         assert got.objective[-1] == pytest.approx(ref.objective[-1], rel=1e-5)

@@ -89,11 +89,11 @@ def _kept_here() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kept", [False, True], ids=["driver", "kept"])
-def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem, kept):
+def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem, cluster_client, kept):
     """A worker killed after round 1; with ``kept``, the worker that keeps w and its changes (dufs.engine.kept,
-    the path of workers on several machines), so that w is made again from the last alpha."""
-    distributed = pytest.importorskip("distributed")
-
+    the path of workers on several machines), so that w is made again from the last alpha. On the session's
+    cluster (its nanny restarts the killed worker; the test waits for it before it ends), not one of its own: a
+    cluster started and its workers' imports made cost more than the solves themselves."""
     class Killer(logging.Handler):
         fired = False
 
@@ -111,10 +111,8 @@ def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem,
     tol = 1e-6
     lg = logging.getLogger("dufs.methods.mmfs.solver")  # the solver logs its rounds
     cfg = {"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "on"} if kept else {}
-    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                   silence_logs=50) as cluster,
-          distributed.Client(cluster, set_as_default=False) as client, client.as_current(), dask.config.set(cfg)):
-        client.wait_for_workers(2)
+    client = cluster_client
+    with client.as_current(), dask.config.set(cfg):
         M = as_matrix(problem["path"], standardize="scale", persist=True)
         assert M.n_blocks >= 4 and M.residency["mode"] == "persisted"
         ref = mmfs(M, problem["y"], gamma=GAMMA, tol=tol, max_epochs=3000, checkpoint=None)
@@ -137,6 +135,7 @@ def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem,
             lg.removeHandler(handler)
             lg.setLevel(old)
         M.release()
+        client.wait_for_workers(2, timeout=patience(120))  # the restarted worker, for the tests after this one
     assert Killer.fired
     d = res.diagnostics
     _matches(d, problem["fref"], tol)
