@@ -76,10 +76,11 @@ def _local(x: Any) -> Any:
 
 def _run(fn: Any, args: tuple, tokens: list[str], drops: list[str]) -> tuple[Any, str, float]:
     """As a task: the ``drops`` let go, ``fn(*args)`` (kept vectors in place of their tokens), its arrays kept under
-    ``tokens``; (its small result, this worker's address, the seconds it took)."""
+    ``tokens``; (its small result, this worker's address, the CPU seconds it took: its process's, so that calls
+    side by side on processes that share cores, as an emulated cluster's do, count their work, not their wait)."""
     from distributed import get_worker
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for t in drops:
         _KEPT.pop(t, None)
     small, arrays = fn(*(_local(a) for a in args))
@@ -87,7 +88,7 @@ def _run(fn: Any, args: tuple, tokens: list[str], drops: list[str]) -> tuple[Any
         raise ValueError(f"{getattr(fn, '__name__', fn)} returned {len(arrays)} arrays to keep, not {len(tokens)}")
     for t, a in zip(tokens, arrays, strict=True):
         _KEPT[t] = a
-    return small, get_worker().address, time.perf_counter() - t0
+    return small, get_worker().address, time.process_time() - t0
 
 
 def _get(token: str, drops: list[str]) -> np.ndarray:
@@ -120,10 +121,11 @@ def kept_calls(client: Any, fn: Any, calls: list[tuple], keep: int = 0, where: l
     """:func:`kept_call` of ``fn`` with each argument tuple of ``calls``, side by side (one task each, on the
     worker of its kept vectors, or ``where[i]`` for a call that has none); the seconds counted are the slowest
     call's (they run at once, on different workers)."""
-    futs, tokens = [], []
+    futs, tokens, ats = [], [], []
     drops: dict[str, list[str]] = {}
     for i, args in enumerate(calls):
         at = _where(args) or (where[i] if where is not None else None)
+        ats.append(at)
         tok = [uuid.uuid4().hex for _ in range(keep)]
         # a vector kept on another worker (the sum of a pass made elsewhere) comes as a future: Dask moves it here
         call = tuple((_Ref(a.token) if a.address == at else as_future(client, a)) if isinstance(a, Kept) else a
@@ -133,14 +135,21 @@ def kept_calls(client: Any, fn: Any, calls: list[tuple], keep: int = 0, where: l
             drops[at] = _take_drops(at)
         futs.append(client.submit(_run, fn, call, tok, drops.pop(at, []) if at else [], pure=False, **opts))
         tokens.append(tok)
-    got = client.gather(futs)
+    try:
+        got = client.gather(futs)
+    except BaseException:  # what the calls that ran keep is let go (dropped with the next call to their workers)
+        for at, tok in zip(ats, tokens, strict=True):
+            for t in tok if at else ():
+                _let_go(at, t)
+        raise
     del futs
     _SECONDS[0] += max((took for _, _, took in got), default=0.0)
     return [(small, [Kept(t, address) for t in tok]) for (small, address, _), tok in zip(got, tokens, strict=True)]
 
 
 def seconds() -> float:
-    """The seconds :func:`kept_call` s have taken on their workers so far (a bench reads it between passes)."""
+    """The CPU seconds :func:`kept_call` s have taken on their workers so far, the slowest of calls made side by
+    side (a bench reads it between passes)."""
     return _SECONDS[0]
 
 
