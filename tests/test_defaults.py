@@ -71,12 +71,6 @@ WEAK = {
     # D-optimal on raw pixels, 10 features: k-means 0.834 (20 features: 0.992). Only lambda1 = 0.1 reached 0.894,
     # at an equal mean rank over the six sets (lower on Isolet): no setting did better overall than the paper's.
     ("lapdofs", "digits1v7"): "D-optimal design on raw pixels at K = 10",
-    # UFCM's pseudo-labels on raw term counts single out outliers: 2 of 1,943 documents in one cluster under the
-    # default zscore (a rare word's nonzero becomes sqrt(n / its count), so a document with one is far from all),
-    # 3 with standardize=None; alpha (1e-3 .. 1e3) changes nothing. With the rows scaled to unit norm and
-    # standardize=None: 1,633 / 310. Its 20 features still beat random subsets by LinearSVC accuracy, but the
-    # default run now warns that its clustering is degenerate (the fix it names is the one above)
-    ("ufcm", "pcmac"): "UFCM's clusters on raw term counts: 1,941 and 2 documents",
 }
 
 
@@ -225,20 +219,23 @@ def test_a_collapsed_m3fs_run_warns_naming_the_parameter():
 
 
 def test_a_clustering_of_outliers_warns_and_names_the_fix():
-    """UFCM's default on raw term counts (PCMAC) puts all but 2 of 1,943 documents in one cluster: a DufsWarning says
-    so, names what to change, and the diagnostics record it; with that change (rows of unit norm, standardize=None)
-    the clusters are no longer outliers and nothing is said."""
+    """UFCM on the raw values of term counts (PCMAC, values="raw", standardize None) puts all but 3 of 1,943
+    documents in one cluster (2 under zscore, where a rare word's nonzero becomes sqrt(n / its count), so a document
+    with one is far from all): a DufsWarning says so, names what to change, and the diagnostics record it; with that
+    change (values="auto", the default: presence on sparse counts; or rows of unit norm and standardize=None) the
+    clusters are no longer outliers and nothing is said."""
     from sklearn.preprocessing import normalize
 
     X, _, k = DATA["pcmac"]
-    with pytest.warns(dufs.errors.DufsWarning, match="almost every sample fell in one cluster.*standardize=None"):
-        sel = dufs.fit(X, method="ufcm", n_features=k, n_clusters=2)
+    with pytest.warns(dufs.errors.DufsWarning, match="almost every sample fell in one cluster.*values='auto'"):
+        sel = dufs.fit(X, method="ufcm", n_features=k, n_clusters=2, values="raw")
     counts = np.bincount(sel.diagnostics["labels"])
     assert counts.min() * 100 < counts.sum() and "outliers" in sel.diagnostics["degenerate"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", dufs.errors.DufsWarning)
-        sel = dufs.fit(normalize(X), method="ufcm", n_features=k, n_clusters=2, standardize=None)
-    assert np.bincount(sel.diagnostics["labels"]).min() * 100 >= X.shape[0]
+    for fixed in ({}, {"standardize": None, "values": "raw"}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dufs.errors.DufsWarning)
+            sel = dufs.fit(normalize(X) if fixed else X, method="ufcm", n_features=k, n_clusters=2, **fixed)
+        assert np.bincount(sel.diagnostics["labels"]).min() * 100 >= X.shape[0]
 
 
 def test_a_cluster_of_under_one_percent_is_degenerate():

@@ -22,9 +22,10 @@ from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
 from dufs.scheduling import each_in_threads, task_threads
 
-__all__ = ["BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "assemble_columns", "block_columns", "block_matvec",
-           "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block", "local_topk", "map_group", "map_one",
-           "map_state", "materialize", "nnz_of", "partition_rmatvec", "resolve"]
+__all__ = ["VALUES", "BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "ValuedStoreBlock", "assemble_columns",
+           "block_columns", "block_matvec", "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block",
+           "local_topk", "map_group", "map_one", "map_state", "materialize", "nnz_of", "partition_rmatvec", "resolve",
+           "valued_block", "valued_data", "valued_dtype"]
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,65 @@ class StoreBlock:
 
     def load(self) -> FeatureBlock:
         """The block, read once per process and kept in the least-recently-used cache ``_LOADED``."""
-        key = (self.path, self.created, self.index)
+        key = self.cache_key()
         got = _LOADED.get(key)
         if got is None:
             got = self.read()
             _LOADED.put(key, got)
         return got
+
+    def cache_key(self) -> tuple:
+        return (self.path, self.created, self.index)
+
+
+#: what a :class:`~dufs.engine.matrix.Matrix` reads of each stored value (``Matrix(values=...)``)
+VALUES = ("raw", "presence", "log1p", "sqrt")
+
+
+def valued_dtype(dtype: Any) -> np.dtype:
+    """The type of a block's values read as anything but ``"raw"``: float32 stays float32, anything else is
+    float64."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float32 else np.dtype(np.float64)
+
+
+def valued_data(data: np.ndarray, values: str) -> np.ndarray:
+    """The stored values ``data`` as ``values`` reads them: ``"raw"`` as they are (the same array), ``"presence"``
+    1 for every stored value, ``"log1p"`` log(1 + x), ``"sqrt"`` the square root (these two for non-negative
+    data); a new array of :func:`valued_dtype` otherwise."""
+    if values == "raw":
+        return data
+    dt = valued_dtype(data.dtype)
+    if values == "presence":
+        return np.ones(data.shape, dtype=dt)
+    v = np.asarray(data, dtype=dt)
+    if values in ("log1p", "sqrt") and v.size and float(v.min()) < 0:
+        raise ParameterError(f"values={values!r} reads non-negative data; a stored value is {float(v.min()):g}")
+    if values == "log1p":
+        return np.log1p(v)
+    if values == "sqrt":
+        return np.sqrt(v)
+    raise ParameterError(f"values must be one of {', '.join(VALUES)}; got {values!r}")
+
+
+def valued_block(src: Any, values: str) -> FeatureBlock:
+    """A block (any source :func:`resolve` takes) with its values read as ``values`` says (:func:`valued_data`):
+    the same ``indptr`` and ``indices`` arrays, new ``data``."""
+    b = resolve(src)
+    return FeatureBlock(b.start, b.stop, b.indptr, b.indices, valued_data(b.data, values))
+
+
+@dataclass(frozen=True)
+class ValuedStoreBlock(StoreBlock):
+    """A :class:`StoreBlock` read with its values transformed (:func:`valued_block`) where it is loaded, and cached
+    so (beside the raw block, under its own key)."""
+
+    values: str = "raw"
+
+    def read(self) -> FeatureBlock:
+        return valued_block(super().read(), self.values)
+
+    def cache_key(self) -> tuple:
+        return (self.path, self.created, self.index, self.values)
 
 
 @dataclass(frozen=True)

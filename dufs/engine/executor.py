@@ -33,7 +33,7 @@ from dufs.engine.blocks import BlockInfo, PerBlock, nnz_of
 from dufs.engine.buffers import clear as clear_buffers
 from dufs.engine.direct import direct_eligible, flush_drops, release_resident, run_on_holders
 from dufs.engine.dispatch import compute, current_client, delayed, forget, inline_pass, is_inline, scatter_to, track
-from dufs.engine.placement import partition, persist_blocks
+from dufs.engine.placement import partition, persist_blocks, valued_sources
 from dufs.engine.products import ProductPasses
 from dufs.engine.progress import report, run_pass, run_pass_streaming
 from dufs.engine.state import BlockState
@@ -135,11 +135,24 @@ class Executor(ProductPasses, StatePasses):
         if self.residency.get("bytes") is None:
             self.residency["bytes"] = int(sum(nb for _, nb in got))
 
+    def valued(self, values: str) -> Executor:
+        """An executor of its own over these blocks with their values read as ``values`` says
+        (:func:`~dufs.engine.placement.valued_sources`): persisted blocks give persisted blocks beside them, on their
+        workers (which it releases), where both fit; the others (and persisted blocks where the copies would not
+        fit), sources that transform each block where it is loaded, each pass."""
+        client = current_client() if self.residency.get("mode") == "persisted" else None
+        where = self.placement() if client is not None else [None] * self.n_blocks
+        src, residency = valued_sources(self.src, values, self.residency, where, client)
+        return Executor(src, list(self.blocks), residency)
+
     # ------------------------------------------------------------------ residency
     def persist(self, client: Any, fraction: float) -> bool:
         """Load the blocks into ``client``'s workers' memory when they fit in ``fraction`` of it
         (:func:`~dufs.engine.placement.persist_blocks`); whether they were."""
+        values = self.residency.get("values")
         src, self.residency = persist_blocks(client, self.src, self.blocks, self.residency, fraction)
+        if values is not None:  # blocks read with their values transformed (Matrix(values=...)) stay so
+            self.residency["values"] = values
         if src is None:
             log.info("%s", self.residency["reason"])
             return False

@@ -37,7 +37,7 @@ from dufs.errors import ParameterError
 
 __all__ = ["KNN_MAX_SAMPLES", "SPARSE_GRAPH_DENSITY", "SPARSE_GRAPH_VALUES", "AnchorGraph", "anchor_graph",
            "graph_metric", "graph_rows", "graph_values", "knn_graph",
-           "laplacian", "laplacian_operator", "projection_rows", "resolve_graph"]
+           "laplacian", "laplacian_operator", "projection_rows", "resolve_graph", "sparse_counts"]
 
 
 #: ``graph="auto"`` builds the exact kNN graph up to this many samples and the anchor graph above (exact kNN costs
@@ -116,6 +116,19 @@ def graph_values(M: Any) -> str:
         return "raw"
     nonneg = np.dtype(M.dtype).kind in "ub" or (M.stats.n_features == 0 or float(np.min(M.stats.min)) >= 0)
     return SPARSE_GRAPH_VALUES if nonneg else "raw"
+
+
+def sparse_counts(M: Any) -> bool:
+    """Whether the Matrix ``M`` is read as sparse non-negative data (counts, frequencies, presences): at most
+    :data:`SPARSE_GRAPH_DENSITY` of its entries nonzero, unstandardized, no negative value (its column statistics:
+    one pass where they are not made yet, none for an unsigned or boolean type or for dense data). What the
+    methods' ``values="auto"`` reads differently (UFCM: docs/methods.md, "What UFCM reads")."""
+    if not _is_matrix(M) or M.standardize is not None:
+        return False
+    n, d = M.shape
+    if M.nnz > SPARSE_GRAPH_DENSITY * n * d:
+        return False
+    return np.dtype(M.dtype).kind in "ub" or M.stats.n_features == 0 or float(np.min(M.stats.min)) >= 0
 
 
 def resolve_graph(graph: str, n_samples: int, who: str = "graph") -> str:

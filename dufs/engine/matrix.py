@@ -27,12 +27,14 @@ import numpy as np
 
 from dufs import config
 from dufs.engine.blocks import (
+    VALUES,
     BlockInfo,
     block_scores_and_top,
     block_topk,
     gather_block,
     local_topk,
     map_one,
+    valued_dtype,
 )
 from dufs.engine.columns import ColumnAccess
 from dufs.engine.dispatch import current_client, delayed, mark_spread, ship, tree_sum
@@ -45,18 +47,19 @@ from dufs.engine.inputs import (
     check_standardize,
     source_of,
 )
+from dufs.engine.placement import valued_sources
 from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, Transform, transform_of
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 
-__all__ = ["STANDARDIZE", "Matrix", "Transform", "as_matrix", "transform_of"]
+__all__ = ["STANDARDIZE", "VALUES", "Matrix", "Transform", "as_matrix", "transform_of"]
 
 #: the accepted values of ``Matrix(standardize=...)``
 STANDARDIZE = ("zscore", "scale", None)
 
 # what a with_standardize view shares with its origin (besides the executor): the input's description
-_DESCRIPTION = ("shape", "dtype", "store_path", "feature_ids", "identity", "y", "classes")
+_DESCRIPTION = ("shape", "dtype", "store_path", "feature_ids", "identity", "y", "classes", "values")
 
 
 # ---------------------------------------------------------------------------------------------------- the matrix
@@ -79,6 +82,13 @@ class Matrix(ColumnAccess):
         per block. Ignored for a store (its own blocks are used).
     y : array-like, optional
         Labels (n_samples); for a store, its labels by default.
+    values : {"raw", "presence", "log1p", "sqrt"}, optional
+        What every pass reads of each stored value (:data:`VALUES`): the value, 1 (whether the entry is stored:
+        for sparse counts), log(1 + x) or the square root (these two for non-negative data). Applied where a
+        block is loaded or persisted, block by block, before anything else: the column statistics, products,
+        ``map_blocks`` functions and :meth:`to_scipy` all see the values so read, and ``standardize`` transforms
+        them. Default: as a Matrix ``X`` reads them (a view of it; another reading: :meth:`with_values`), raw
+        for any other input.
 
     Attributes
     ----------
@@ -91,8 +101,11 @@ class Matrix(ColumnAccess):
     """
 
     def __init__(self, X: Any, *, standardize: str | None = None, block_width: int | None = None,
-                 y: Any = None):
+                 y: Any = None, values: str | None = None):
         check_standardize(standardize)
+        if values is not None and values not in VALUES:
+            raise ParameterError(f"The 'values' parameter must be one of {', '.join(map(repr, VALUES))}; got "
+                                 f"{values!r}.")
         self.standardize = standardize
         self._transform: tuple | None = None  # (statistics, standardize, Transform) last made
         self._centre_scaled: tuple | None = None
@@ -100,21 +113,35 @@ class Matrix(ColumnAccess):
             if block_width is not None or y is not None:
                 raise ParameterError("a Matrix view takes its blocks and labels from its origin: give neither "
                                      "'block_width' nor 'y'")
-            self.executor = X.executor
             for name in _DESCRIPTION:
                 setattr(self, name, getattr(X, name))
-            self._stats = X.cached_stats
-            self._view = True
+            self._raw = X.raw_matrix  # the matrix of the same blocks read raw, where there is one
+            if values is None or values == X.values:
+                self.executor, self._stats, self._view = X.executor, X.cached_stats, True
+            elif values == "raw" and self._raw is not None:
+                self.executor, self._stats, self._view = self._raw.executor, self._raw.cached_stats, True
+                self.values, self.dtype = "raw", self._raw.dtype
+            elif self._raw is None:
+                raise ParameterError(f"this Matrix was built reading its values as {X.values!r}; build another "
+                                     f"from the input to read them as {values!r}")
+            else:  # the raw blocks' values transformed, in blocks of its own (released with this matrix)
+                self.executor = self._raw.executor.valued(values)
+                self.values, self.dtype = values, valued_dtype(self._raw.dtype)
+                self._stats, self._view = None, False
             self._resolve_auto()
             return
         s = source_of(X, block_width, y)
-        self.executor = Executor(s.src, s.blocks, s.residency)
-        self.shape, self.dtype, self.identity = s.shape, s.dtype, s.identity
+        self.values = "raw" if values is None else values
+        src, residency = valued_sources(s.src, self.values, s.residency, [], None)
+        self.executor = Executor(src, s.blocks, residency)
+        self.shape, self.identity = s.shape, s.identity
+        self.dtype = s.dtype if self.values == "raw" else valued_dtype(s.dtype)
         self.store_path: str | None = s.store_path  # the store the blocks come from (kept when persisted)
         self.feature_ids: np.ndarray | None = s.feature_ids  # a store's feature ids, when it has them
         self.y, self.classes = (None, None) if s.labels is None else check_labels(s.labels, self.shape[0])
         self._stats: ColumnStats | None = None
         self._view = False
+        self._raw: Matrix | None = self if self.values == "raw" else None
         self._resolve_auto()
 
     def _resolve_auto(self) -> None:
@@ -132,8 +159,9 @@ class Matrix(ColumnAccess):
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:
         n, d = self.shape
+        read = "" if self.values == "raw" else f", values={self.values!r}"
         return (f"<dufs.engine.Matrix {n} x {d}, nnz={self.nnz}, {self.n_blocks} feature blocks, "
-                f"standardize={self.standardize!r}, {self.residency['mode']}>")
+                f"standardize={self.standardize!r}{read}, {self.residency['mode']}>")
 
     @property
     def residency(self) -> dict:
@@ -172,6 +200,20 @@ class Matrix(ColumnAccess):
         """The same blocks (shared, not copied), executor and statistics under another standardization."""
         return Matrix(self, standardize=standardize)
 
+    @property
+    def raw_matrix(self) -> Matrix | None:
+        """The matrix of these blocks read raw (itself where it reads them so), None where it was built reading
+        them otherwise (nothing raw to read again)."""
+        return self._raw
+
+    def with_values(self, values: str) -> Matrix:
+        """The matrix with its stored values read as ``values`` says (:data:`VALUES`), under the same
+        standardization: itself where it reads them so already; else, for another reading than ``"raw"``, blocks of
+        its own made from the raw ones where they are, block by block (persisted on the workers that hold the raw
+        ones when those are persisted; transformed where they are loaded otherwise), with their own statistics
+        and passes. Release it when done: that drops its blocks, not the raw ones."""
+        return self if values == self.values else Matrix(self, standardize=self.standardize, values=values)
+
     # ------------------------------------------------------------------ residency
     def persist(self, client: Any = None, *, fraction: float | None = None) -> Matrix:
         """Load the blocks into the workers' memory, balanced by nnz, when they fit in ``fraction`` (default
@@ -204,7 +246,8 @@ class Matrix(ColumnAccess):
             self.executor.release()
 
     def to_scipy(self) -> Any:
-        """X (untransformed) as a SciPy ``csc_array``: for small matrices and tests (it gathers every block)."""
+        """X (unstandardized; its values as :attr:`values` reads them) as a SciPy ``csc_array``: for small matrices
+        and tests (it gathers every block)."""
         import scipy.sparse as sp
 
         n, d = self.shape
@@ -549,7 +592,7 @@ def _name(fn: Any) -> str:
 
 
 def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_width: int | None = None,
-              persist: bool | str = "auto", client: Any = None) -> Matrix:
+              persist: bool | str = "auto", client: Any = None, values: str | None = None) -> Matrix:
     """A :class:`Matrix` from any input.
 
     Parameters
@@ -569,6 +612,8 @@ def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_wi
         (:meth:`Matrix.persist`); ``False`` never does.
     client : distributed.Client, optional
         The client to persist on (default: the active one).
+    values : {"raw", "presence", "log1p", "sqrt"}, optional
+        What the passes read of each stored value (:class:`Matrix`); default: raw, or as a Matrix ``X`` reads them.
 
     Returns
     -------
@@ -576,8 +621,8 @@ def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_wi
         Release it when done (``with as_matrix(X) as M:``), which drops what its passes left on the workers.
     """
     if isinstance(X, Matrix):
-        return X.with_standardize(standardize)
-    M = Matrix(X, standardize=standardize, y=y, block_width=block_width)
+        return Matrix(X, standardize=standardize, values=values)
+    M = Matrix(X, standardize=standardize, y=y, block_width=block_width, values=values)
     if persist not in ("auto", True, False):
         raise ParameterError(f"The 'persist' parameter must be 'auto', True or False; got {persist!r}.")
     if persist:

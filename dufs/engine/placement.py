@@ -9,11 +9,60 @@ from typing import Any
 import numpy as np
 
 from dufs import config
-from dufs.engine.blocks import materialize
+from dufs.engine.blocks import FeatureBlock, StoreBlock, ValuedStoreBlock, materialize, valued_block
 from dufs.engine.dispatch import track
 from dufs.errors import ParameterError
 
-__all__ = ["partition", "persist_blocks", "plan_placement", "runs"]
+__all__ = ["partition", "persist_blocks", "plan_placement", "runs", "valued_sources"]
+
+
+def valued_sources(src: list, values: str, residency: dict, where: list[str | None], client: Any
+                   ) -> tuple[list, dict]:
+    """The blocks' sources ``src`` read with their values transformed (:func:`~dufs.engine.blocks.valued_block`),
+    each made where its block is, one block at a time, and their residency record: an in-memory block's values
+    transformed here (its indices shared), a store block read and transformed where it is loaded
+    (:class:`~dufs.engine.blocks.ValuedStoreBlock`), a Dask array's block transformed after it is computed.
+
+    Persisted blocks (``residency`` "persisted", ``where`` their workers): each transformed on its worker into a
+    persisted block of its own there (new values, the same index arrays in that worker's memory), lost with the
+    worker and made again from the block like any task, when the raw blocks and the copies together (as Dask counts
+    them, whole) fit in ``dufs.engine.persist-fraction`` of the cluster's memory; otherwise each pass transforms
+    each persisted block where it is, for that pass only (residency "source": passes as tasks)."""
+    if values == "raw":
+        return list(src), residency
+    out_res = {**residency, "values": values}
+    if residency.get("mode") == "persisted":
+        import dask
+
+        need = 2 * int(residency.get("bytes") or 0)
+        memory = int(residency.get("cluster_memory") or 0)
+        frac = float(config.get("engine.persist-fraction"))
+        if memory and need > frac * memory:
+            out_res.update(mode="source", reason=f"values read as {values!r} from the persisted blocks each pass: "
+                           f"copies beside them ({need / 2**20:,.0f} MiB with them) exceed {frac:.0%} of the "
+                           f"cluster's {memory / 2**20:,.0f} MiB")
+            return [dask.delayed(valued_block, pure=True)(s, values) for s in src], out_res
+        from distributed import wait
+
+        token = uuid.uuid4().hex[:12]
+        futures = [track(client.submit(valued_block, s, values, key=f"dufs-valued-{token}-{i}",
+                                       workers=None if w is None else [w], allow_other_workers=True, pure=False))
+                   for i, (s, w) in enumerate(zip(src, where, strict=True))]
+        wait(futures)
+        client.sync(client.scheduler.set_restrictions, worker={f.key: None for f in futures})  # as persist_blocks
+        out_res["reason"] = f"values read as {values!r}: persisted beside the raw blocks, on their workers"
+        return futures, out_res
+    out = []
+    for s in src:
+        if isinstance(s, FeatureBlock):
+            out.append(valued_block(s, values))
+        elif isinstance(s, StoreBlock):
+            out.append(ValuedStoreBlock(s.start, s.stop, s.nnz, s.path, s.index, s.created, values))
+        else:  # a Dask array's block: a Delayed
+            import dask
+
+            out.append(dask.delayed(valued_block, pure=True)(s, values))
+    return out, out_res
 
 
 def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fraction: float) -> tuple[list | None,

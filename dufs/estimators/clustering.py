@@ -32,6 +32,9 @@ class UFCM(DufsSelector):
     n_init : int, default 10
         Random restarts of the cluster update.
     random_state : int, default 0
+    values : {"auto", "raw", "presence", "log1p", "sqrt"}, default "auto"
+        What UFCM reads of each stored value; "auto": presence (1 for every stored value) for sparse non-negative
+        data taken unstandardized (counts), raw values otherwise (docs/methods.md, "What UFCM reads").
     standardize : {"zscore", "scale", "auto"} or None, default "auto"
         "auto": None for sparse data (at most 10% nonzeros), "zscore" for dense.
     client : distributed.Client, optional
@@ -48,8 +51,8 @@ class UFCM(DufsSelector):
 
     def __init__(self, n_features: int = 10, *, n_clusters: int | str = "auto", n_components: int | None = None,
                  alpha: float = 1.0, beta: float = 1.0, p: float = 1.0, max_iter: int = 30, n_init: int = 10,
-                 random_state: int = 0, standardize: str | None = METHODS["ufcm"].standardize,
-                 client: Any = None):
+                 random_state: int = 0, values: str = "auto",
+                 standardize: str | None = METHODS["ufcm"].standardize, client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
         self.n_components = n_components
@@ -59,6 +62,7 @@ class UFCM(DufsSelector):
         self.max_iter = max_iter
         self.n_init = n_init
         self.random_state = random_state
+        self.values = values
         self.standardize = standardize
         self.client = client
 

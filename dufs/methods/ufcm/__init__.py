@@ -1,6 +1,9 @@
 """UFCM: unsupervised feature analysis with class margin optimisation (paper 003, Wang et al.), docs/methods.md "UFCM".
 
-With Zc the implicitly transformed data centred by its column means (n_samples x n_features, never formed), the
+UFCM reads the matrix's stored values as ``values`` says (``"auto"``: their presence, 1 for each, on sparse
+non-negative unstandardized data such as counts, where the raw values let a few large counts decide the principal
+directions and the clusters; raw values otherwise: docs/methods.md, "What UFCM reads"). With Zc the implicitly
+transformed data centred by its column means (n_samples x n_features, never formed), the
 objective (eq. (6), with the l2,p term as ||W||_{2,p}^p, docs/methods.md "UFCM") is
 
     f(W, U, G) = Tr(W^T S_t W) - alpha ||Zc W - U G^T||_F^2 - beta sum_i ||w^i||^p,   W^T W = I,
@@ -43,6 +46,6 @@ Wang, Nie, Chang, Yao, Li, Sheng, "Unsupervised Feature Analysis with Class Marg
 eqs. (6)-(14), Algorithm 1, Proposition 1.
 """
 
-from dufs.methods.ufcm.method import UFCM_PARAMS, UFCMResult, ufcm, ufcm_objective
+from dufs.methods.ufcm.method import SPARSE_VALUES, UFCM_PARAMS, UFCMResult, ufcm, ufcm_objective, ufcm_values
 
-__all__ = ["UFCM_PARAMS", "UFCMResult", "ufcm", "ufcm_objective"]
+__all__ = ["SPARSE_VALUES", "UFCM_PARAMS", "UFCMResult", "ufcm", "ufcm_objective", "ufcm_values"]

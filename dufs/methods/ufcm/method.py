@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import Matrix, current_client, kept_vectors
+from dufs.engine import VALUES, Matrix, current_client, kept_vectors, sparse_counts
 from dufs.errors import ParameterError
 from dufs.methods.params import SEED, Interval, Param, StrOptions, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
@@ -33,7 +33,13 @@ UFCM_PARAMS = table(
     Param("tol", 1e-6, (nonnegative(),), "relative objective decrease to stop", estimator=False),
     SEED,
     Param("dense_below", 2000, (integer(0),), "features below which the W step is dense", estimator=False),
+    Param("values", "auto", (StrOptions({"auto", *VALUES}),),
+          "what UFCM reads of each stored value (raw, presence, log1p, sqrt); 'auto': presence for sparse "
+          "non-negative data taken unstandardized (counts), raw otherwise"),
 )
+
+#: what ``values="auto"`` reads of sparse non-negative unstandardized data (docs/methods.md, "What UFCM reads")
+SPARSE_VALUES = "presence"
 
 
 log = get_logger(__name__)
@@ -83,13 +89,14 @@ def _int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
 # ---------------------------------------------------------------------------------------------------- UFCM
 def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, beta: float = 1.0, p: float = 1.0,
          max_iter: int = 30, n_init: int = 10, tol: float = 1e-6, random_state: int = 0,
-         dense_below: int = 2000) -> UFCMResult:
+         dense_below: int = 2000, values: str = "auto") -> UFCMResult:
     """UFCM (Algorithm 1 of paper 003) on the matrix's transformed data, centred implicitly.
 
     Parameters
     ----------
     M : Matrix
-        The data (its ``standardize`` transform is applied, then the columns are centred inside every product).
+        The data (its values read as ``values`` says, its ``standardize`` transform applied, then the columns
+        centred inside every product).
     n_clusters : int
         c, the number of k-means clusters (pseudo classes), in [2, n_samples - 1].
     n_components : int
@@ -108,6 +115,13 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         Seeds k-means and the Lanczos start vectors.
     dense_below : int
         Below this many features the W step is a dense ``eigh`` of the d x d matrix; above, matrix-free Lanczos.
+    values : {"auto", "raw", "presence", "log1p", "sqrt"}
+        What the method reads of each stored value (:meth:`Matrix.with_values`, in blocks of its own released at
+        the end): ``"auto"`` reads as M does where M reads anything but raw values, else ``"presence"`` (1 for
+        every stored value) where M is sparse, non-negative and unstandardized (:func:`dufs.engine.sparse_counts`:
+        counts), else raw values. A departure from the paper, which reads the values: on sparse counts a few large
+        counts decide the principal directions and the clusters (docs/methods.md, "What UFCM reads").
+        ``diagnostics["values"]`` records the reading.
 
     Returns
     -------
@@ -120,6 +134,33 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     c, k, alpha, beta, p, tol, max_iter, n_init, dense_below, seed = _checked(
         M, n_clusters=n_clusters, n_components=n_components, alpha=alpha, beta=beta, p=p, max_iter=max_iter,
         n_init=n_init, tol=tol, random_state=random_state, dense_below=dense_below)
+    check_params(UFCM_PARAMS, {"values": values}, "ufcm")
+    read = ufcm_values(M, values)
+    V = M.with_values(read)
+    try:
+        res = _ufcm(V, c, k, alpha, beta, p, tol, max_iter, n_init, dense_below, seed)
+    finally:
+        if V is not M:  # blocks of its own: dropped; its passes were over M's data
+            M.count_passes(V.passes)
+            V.release()
+    res.diagnostics["values"] = read
+    return res
+
+
+def ufcm_values(M: Matrix, values: str = "auto") -> str:
+    """What :func:`ufcm` reads of each of M's stored values for its ``values`` parameter: ``"auto"`` is M's own
+    reading where it is not raw, :data:`SPARSE_VALUES` for sparse non-negative unstandardized data, raw
+    otherwise."""
+    if values != "auto":
+        return values
+    if M.values != "raw":
+        return M.values
+    return SPARSE_VALUES if sparse_counts(M) else "raw"
+
+
+def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: float, max_iter: int, n_init: int,
+          dense_below: int, seed: int) -> UFCMResult:
+    """Algorithm 1 on M as it reads its values, the parameters checked (:func:`ufcm`)."""
     passes0 = M.passes
     t0 = time.perf_counter()
     run = _Run(M, c, k, alpha, beta, p, n_init, seed, dense_below)
