@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import Kept, as_future, current_client, kept_calls
-from dufs.engine.dispatch import tree_sum_values
+from dufs.engine import Kept, as_future, current_client, kept_calls, tree_sum_values
 from dufs.errors import ParameterError
 from dufs.methods.greedy.side import make_side, step_vectors
 
