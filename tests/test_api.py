@@ -64,12 +64,13 @@ def test_every_input_kind_gives_the_same_selection(text, tmp_path, cluster_clien
 def test_one_and_two_workers_and_two_blockings_agree(text, tmp_path, cluster_client):
     X, y = text
     results = []
-    for block_nnz in (2000, 10**7):
-        with dask.config.set({"dufs.store.feature-block-nnz": block_nnz}):
-            store = dufs.write_store(X, tmp_path / f"b{block_nnz}.zarr", y)
-            results.append(dufs.fit(store, method="laplacian", n_features=40, client=cluster_client))
-            with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                              silence_logs=40) as lc, Client(lc, set_as_default=False) as one:
+    # one 1-worker cluster for both blockings (a cluster started and its worker's imports made cost more than a fit)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=40) as lc, Client(lc, set_as_default=False) as one:
+        for block_nnz in (2000, 10**7):
+            with dask.config.set({"dufs.store.feature-block-nnz": block_nnz}):
+                store = dufs.write_store(X, tmp_path / f"b{block_nnz}.zarr", y)
+                results.append(dufs.fit(store, method="laplacian", n_features=40, client=cluster_client))
                 results.append(dufs.fit(store, method="laplacian", n_features=40, client=one))
     assert results[0].diagnostics["n_workers"] == 2 and results[1].diagnostics["n_workers"] == 1
     for r in results[1:]:

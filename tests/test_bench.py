@@ -10,6 +10,14 @@ from typer.testing import CliRunner
 from dufs.cli import app
 
 
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    """The --dir of the benches on the 2,000 x 3,000 x 5 synthetic store (mmfs, greedy, m3fs, ufcm): the first of
+    them builds the store (on a cluster of its own, which costs more than these benches' runs), the others reuse
+    it; each still runs end to end on it. Building a store and reusing it are test_bench_pass's checks."""
+    return tmp_path_factory.mktemp("bench-shared")
+
+
 @pytest.mark.slow
 def test_bench_pass_prints_the_table_and_reuses_the_store(tmp_path):
     args = ["bench", "pass", "--rows", "3000", "--features", "4000", "--nnz-per-row", "5", "--repeats", "2",
@@ -45,10 +53,10 @@ def test_bench_rejects_an_unknown_benchmark():
 
 
 @pytest.mark.slow
-def test_bench_mmfs_prints_its_figures(tmp_path):
+def test_bench_mmfs_prints_its_figures(shared_dir):
     """``dufs bench mmfs`` at a tiny size: LIBLINEAR against our epoch, the visit orders, 1 and 2 workers, memory."""
     pytest.importorskip("liblinear.liblinearutil", reason="liblinear-official is not installed (dufs[bench])")
-    args = ["bench", "mmfs", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path)]
+    args = ["bench", "mmfs", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(shared_dir)]
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())  # the console wraps lines
@@ -63,10 +71,10 @@ def test_bench_mmfs_prints_its_figures(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_greedy_prints_its_figures(tmp_path):
+def test_bench_greedy_prints_its_figures(shared_dir):
     """``dufs bench greedy`` at a tiny size: LapAOFS and LapDOFS steps against a plain pass with 1 and 2 workers,
     the checkpointed step, peak memory at two k (no timing assertions)."""
-    args = ["bench", "greedy", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path),
+    args = ["bench", "greedy", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(shared_dir),
             "--ks", "8,20", "--repeats", "2"]
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
@@ -128,10 +136,10 @@ def test_bench_ingest_prints_its_figures(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_ufcm_prints_its_figures(tmp_path):
+def test_bench_ufcm_prints_its_figures(shared_dir):
     """``dufs bench ufcm`` at a tiny size: an outer iteration against a plain pass on 1 and 2 workers, split into
     its passes and the method's own algebra (no timing assertions)."""
-    args = ["bench", "ufcm", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path),
+    args = ["bench", "ufcm", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(shared_dir),
             "--repeats", "2"]
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
@@ -144,12 +152,12 @@ def test_bench_ufcm_prints_its_figures(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_m3fs_prints_each_run_against_its_own_passes(tmp_path):
+def test_bench_m3fs_prints_each_run_against_its_own_passes(shared_dir):
     """``dufs bench m3fs`` at a tiny size: each run's outer iteration against the plain passes around it, on 1 and
     2 workers, and the median of the runs (no timing assertions)."""
     import re
 
-    args = ["bench", "m3fs", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(tmp_path),
+    args = ["bench", "m3fs", "--rows", "2000", "--features", "3000", "--nnz-per-row", "5", "--dir", str(shared_dir),
             "--repeats", "2"]
     res = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
