@@ -27,6 +27,11 @@ class InputFormatError(DufsError):
         self.reason = reason
 
 
+class MissingExtraError(DufsError, ImportError):
+    """A feature needs a package that a plain ``pip install dufs`` leaves out; the message names the extra that
+    brings it (``pip install 'dufs[plot]'``)."""
+
+
 class StoreError(DufsError):
     """A sparse store cannot be opened or written."""
 

@@ -5,7 +5,9 @@
 * :func:`plot_scores`: a selection's per-feature scores in decreasing order, or a grouped bar chart of clustering
   scores (as :func:`dufs.evaluate.kmeans_scores` returns them) per method.
 
-matplotlib is imported on the first figure (the Agg backend). Every input check raises
+matplotlib is imported on the first figure (the Agg backend). It is an extra (``pip install 'dufs[plot]'``, in the
+test extra too): a plain install, which it would slow by about a fifth, draws nothing, and asking for a figure
+then raises :class:`dufs.errors.MissingExtraError` naming the extra. Every input check raises
 :class:`dufs.errors.ParameterError` naming the parameter.
 """
 
@@ -19,9 +21,22 @@ from collections.abc import Mapping
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.errors import ParameterError
+from dufs.errors import MissingExtraError, ParameterError
 
-__all__ = ["plot_topk", "plot_scores"]
+__all__ = ["PLOT_EXTRA", "can_plot", "plot_scores", "plot_topk"]
+
+#: how to install what figures need
+PLOT_EXTRA = "pip install 'dufs[plot]'"
+
+
+def can_plot() -> bool:
+    """Whether matplotlib is installed (figures can be drawn)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a broken or stubbed-out install
+        return False
 
 
 def _int(value, name: str, func: str, low: int) -> int:
@@ -66,7 +81,11 @@ def _umask() -> int:
 
 
 def _figure():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtraError(f"figures need matplotlib, which a plain install of dufs leaves out: {PLOT_EXTRA}"
+                                ) from None
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure

@@ -19,6 +19,7 @@ from dufs.cli.app import (
 from dufs.cli.selecting import pass_progress
 from dufs.cli.stores import make_synthetic, print_info
 from dufs.errors import DufsError, ParameterError
+from dufs.plot import PLOT_EXTRA, can_plot
 
 
 @command()
@@ -57,8 +58,9 @@ def demo(
                     for m in ("fisher", "laplacian")}
         syn["fisher"].to_json(out_dir / "fisher-50.json")
         syn["mmfs"].to_json(out_dir / "mmfs-50.json")
-        fig = syn["fisher"].plot(out_dir / "fisher-scores.png")
-        table, fig2 = _demo_evaluate(real, train, test, ks, out_dir / f"{dataset}-accuracy-vs-k.png")
+        drawn = can_plot()  # matplotlib is an extra: without it, the tables alone
+        fig = syn["fisher"].plot(out_dir / "fisher-scores.png") if drawn else None
+        table, fig2 = _demo_evaluate(real, train, test, ks, out_dir / f"{dataset}-accuracy-vs-k.png" if drawn else None)
     except DufsError as exc:
         fail(exc)
     truth = set(st.ground_truth["informative"])
@@ -75,8 +77,9 @@ def demo(
               f"{d['relative_gap']:.1e}, gamma {d['gamma']:g}, {d['support']} features in the support (the rest by "
               f"the dual gradient)", highlight=False, soft_wrap=True)
     out.print(table)
-    out.print(f"selections: {out_dir / 'fisher-50.json'}, {out_dir / 'mmfs-50.json'}; figures: {fig}, {fig2}",
-              highlight=False, soft_wrap=True)
+    figures = f"{fig}, {fig2}" if fig else f"none drawn (they need matplotlib: {PLOT_EXTRA})"
+    out.print(f"selections: {out_dir / 'fisher-50.json'}, {out_dir / 'mmfs-50.json'}; figures: {figures}",
+              highlight=False, soft_wrap=True, markup=False)
 
 
 def _demo_real_stores(dataset: str, out_dir: Path) -> tuple[Any, Any]:
@@ -99,16 +102,18 @@ def _demo_real_stores(dataset: str, out_dir: Path) -> tuple[Any, Any]:
     return a, b
 
 
-def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Path) -> tuple[Table, str]:
-    """Test accuracy of LinearSVC(C=1) on the top K features of each selection, and with all features."""
+def _demo_evaluate(sels: dict, train: Any, test: Any, ks: list[int], figure: Path | None
+                   ) -> tuple[Table, str | None]:
+    """Test accuracy of LinearSVC(C=1) on the top K features of each selection, and with all features (its figure
+    drawn into ``figure``, None: not drawn)."""
     from dufs.evaluate import topk_curve
     from dufs.plot import plot_topk
 
     Xtr, Xte = train.to_scipy("csr"), test.to_scipy("csr")
     curves = {m: topk_curve(Xtr, train.y, s.indices, ks, test=(Xte, test.y)) for m, s in sels.items()}
     full = topk_curve(Xtr, train.y, np.arange(Xtr.shape[1]), [Xtr.shape[1]], test=(Xte, test.y))["accuracy"][0]
-    fig = plot_topk(curves, figure, title=f"LinearSVC(C=1) test accuracy vs K (all {Xtr.shape[1]:,} features: "
-                                          f"{full:.3f})")
+    fig = None if figure is None else plot_topk(
+        curves, figure, title=f"LinearSVC(C=1) test accuracy vs K (all {Xtr.shape[1]:,} features: {full:.3f})")
     t = Table(title=f"{train.provenance.get('source', '')}: test accuracy of LinearSVC(C=1), "
                     f"{Xtr.shape[0]} train / {Xte.shape[0]} test; all {Xtr.shape[1]:,} features: {full:.4f}",
               title_justify="left", min_width=100)

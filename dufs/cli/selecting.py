@@ -162,12 +162,15 @@ def evaluate(
     selection: Path = typer.Argument(..., help="A selection JSON (dufs select -o)."),
     test: str | None = typer.Option(None, "--test", help="A test store (default: 5-fold CV on the store)."),
     ks: str = typer.Option("5,10,20,50,100", "--ks", help="Comma-separated K values (top-K features)."),
-    figure: Path = typer.Option(Path("accuracy-vs-k.png"), "--figure", help="PNG of accuracy vs K."),
+    figure: Path = typer.Option(Path("accuracy-vs-k.png"), "--figure",
+                                help="PNG of accuracy vs K (drawn where matplotlib is installed: dufs[plot])."),
 ) -> None:
     """Accuracy of LinearSVC(C=1) on the top K selected features, vs K (a table and a PNG)."""
     import dufs
     from dufs.evaluate import topk_curve
-    from dufs.plot import plot_topk
+    from dufs.plot import PLOT_EXTRA, can_plot, plot_topk
+
+    drawn = can_plot()  # matplotlib is an extra: without it, the table alone
 
     try:
         kk = _parse_ks(ks)
@@ -188,7 +191,8 @@ def evaluate(
         Xtr = _columns(st, ids)
         tst = None if ts is None else (_columns(ts, ids), ts.y)
         curve = topk_curve(Xtr, st.y, np.arange(len(ids)), kk, test=tst, cv=None if tst else 5)
-        plot_topk({sel.method: curve}, figure, title=f"{sel.method}: LinearSVC(C=1) accuracy vs K")
+        if drawn:
+            plot_topk({sel.method: curve}, figure, title=f"{sel.method}: LinearSVC(C=1) accuracy vs K")
     except DufsError as exc:
         fail(exc)
     t = Table(title=f"{sel.method} on {store}" + (f", tested on {test}" if test else ", 5-fold CV"),
@@ -198,7 +202,8 @@ def evaluate(
     for kv, acc in zip(curve["k"], curve["accuracy"], strict=True):
         t.add_row(str(kv), f"{acc:.4f}")
     out.print(t)
-    console.print(f"figure: {figure}", highlight=False)
+    console.print(f"figure: {figure}" if drawn else f"figure: not drawn (it needs matplotlib: {PLOT_EXTRA})",
+                  highlight=False, markup=False)
 
 
 def _parse_ks(ks: str) -> list[int]:
