@@ -32,7 +32,7 @@ from dufs.engine.graphs import (
     sparse_counts,
 )
 from dufs.engine.inputs import check_finite, check_labels, input_identity
-from dufs.engine.kept import Kept, as_future, fetch, flush, kept_call, kept_calls, kept_vectors
+from dufs.engine.kept import Kept, as_future, fetch, flush, joined, kept_call, kept_calls, kept_vectors
 from dufs.engine.knn import graph_built
 from dufs.engine.matrix import STANDARDIZE, VALUES, Matrix, Transform, as_matrix, transform_of
 from dufs.engine.rows import Rows, max_task_bytes
@@ -44,7 +44,7 @@ __all__ = ["STANDARDIZE", "VALUES", "AnchorGraph", "BlockState", "ColumnStats", 
            "Matrix", "PerBlock", "Receiving", "Rows", "StoreBlock", "Transform", "anchor_graph", "as_future",
            "as_matrix", "block_stats", "buffer", "check_finite", "check_labels", "current_client", "fetch", "flush",
            "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",
-           "input_identity", "is_lost", "kept_call", "kept_calls", "kept_vectors", "knn_graph",
+           "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors", "knn_graph",
            "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "ranked_head", "receiving",
            "resolve_graph", "shipped", "sparse_counts", "thread_runs", "transform_of", "tree_sum_into",
            "tree_sum_values"]

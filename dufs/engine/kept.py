@@ -23,7 +23,7 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["Kept", "as_future", "fetch", "flush", "kept_call", "kept_calls", "kept_vectors"]
+__all__ = ["Kept", "as_future", "fetch", "flush", "joined", "kept_call", "kept_calls", "kept_vectors"]
 
 _KEPT: dict[str, np.ndarray] = {}  # on a worker: its kept vectors by token
 _LOCK = threading.Lock()
@@ -133,14 +133,29 @@ def kept_calls(client: Any, fn: Any, calls: list[tuple], keep: int = 0, where: l
         opts = {"workers": [at], "allow_other_workers": True} if at else {}
         if at and at not in drops:
             drops[at] = _take_drops(at)
-        futs.append(client.submit(_run, fn, call, tok, drops.pop(at, []) if at else [], pure=False, **opts))
+        futs.append((call, tok, drops.pop(at, []) if at else [], opts))
         tokens.append(tok)
+    if len(futs) == 1:
+        call, tok, dr, opts = futs[0]
+        futs = [client.submit(_run, fn, call, tok, dr, pure=False, **opts)]
+    else:  # one graph for all (one message to the scheduler, not one a call: the driver's time a step)
+        import dask
+
+        run = dask.delayed(_run, pure=False)
+        tasks = []
+        for call, tok, dr, opts in futs:
+            with dask.annotate(**opts):
+                tasks.append(run(fn, call, tok, dr))
+        futs = client.compute(tasks)
     try:
         got = client.gather(futs)
     except BaseException:  # what the calls that ran keep is let go (dropped with the next call to their workers)
         for at, tok in zip(ats, tokens, strict=True):
             for t in tok if at else ():
                 _let_go(at, t)
+        for f in futs:  # and their futures, which the traceback would hold on to
+            f.release()
+        futs.clear()
         raise
     del futs
     _SECONDS[0] += max((took for _, _, took in got), default=0.0)
@@ -157,6 +172,21 @@ def as_future(client: Any, v: Kept) -> Any:
     """A future of the kept vector ``v`` on its worker (the same memory: no copy), for a pass's argument."""
     return client.submit(_get, v.token, _take_drops(v.address), workers=[v.address], allow_other_workers=True,
                          pure=False)
+
+
+def joined(client: Any, vs: list[Kept], join: Any, at: str) -> Any:
+    """A future of ``join(*vectors)`` of the kept vectors ``vs`` (each read where it is kept), made on the worker
+    ``at``: one graph of a task a vector and the join."""
+    import dask
+
+    get = dask.delayed(_get, pure=False)
+    parts = []
+    for v in vs:
+        with dask.annotate(workers=[v.address], allow_other_workers=True):
+            parts.append(get(v.token, _take_drops(v.address)))
+    with dask.annotate(workers=[at], allow_other_workers=True):
+        out = dask.delayed(join, pure=False)(*parts)
+    return client.compute(out)
 
 
 def fetch(client: Any, v: Any) -> Any:

@@ -54,12 +54,13 @@ def test_a_call_keeps_its_arrays_on_its_worker_and_brings_back_only_its_result(c
 def test_a_vector_kept_on_another_worker_is_brought_to_the_call(cluster_client):
     client = cluster_client
     w0, w1 = sorted(client.scheduler_info()["workers"])[:2]
-    x = client.scatter(np.ones(6), hash=False, workers=[w0])
-    y = client.scatter(np.full(6, 2.0), hash=False, workers=[w1])
+    # large enough that the scheduler runs each call where its argument is (a few bytes may go anywhere)
+    x = client.scatter(np.ones(1 << 20), hash=False, workers=[w0])
+    y = client.scatter(np.full(1 << 20, 2.0), hash=False, workers=[w1])
     _, (kx,) = kept.kept_call(client, lambda v: (None, [v]), x, keep=1)
     _, (ky,) = kept.kept_call(client, lambda v: (None, [v]), y, keep=1)
     assert (kx.address, ky.address) == (w0, w1)
-    assert kept.kept_call(client, _dot, kx, ky)[0] == 12.0
+    assert kept.kept_call(client, _dot, kx, ky)[0] == 2.0 * (1 << 20)
 
 
 def test_a_lost_vector_says_it_was_lost(cluster_client):

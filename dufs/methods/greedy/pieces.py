@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import Kept, as_future, current_client, kept_calls, tree_sum_values
+from dufs.engine import Kept, current_client, joined, kept_calls, tree_sum_values
 from dufs.errors import ParameterError
 from dufs.methods.greedy.side import make_side, step_vectors
 
@@ -82,8 +82,7 @@ class PieceSides:
         got = self._each(what, sums, keep=1)
         s_p, c2, crit, obj, _ = got[0][0]
         vsum = tree_sum_values([small[4] for small, _ in got])
-        parts = [as_future(self.client, kept[0]) for _, kept in got]
-        V = self.client.submit(_join, *parts, workers=[self.workers[0]], allow_other_workers=True, pure=False)
+        V = joined(self.client, [kept[0] for _, kept in got], _join, self.workers[0])
         return V, s_p, c2, crit, obj, vsum
 
 
