@@ -258,6 +258,13 @@ def _compute_points(datas: list[dict], method: str) -> list[tuple[tuple, float]]
         _points(datas, method, "sched_cpu", "compute"), strict=True)]
 
 
+def _in_pieces(datas: list[dict], method: str) -> bool:
+    """Whether ``method``'s work over the samples ran in pieces of rows in the runs measured (not where
+    ``dufs.engine.side-pieces`` was off)."""
+    return method in KEPT_PIECES and all(str(r.get("side_pieces", "auto")).lower() not in ("off", "false", "no")
+                                         for x in datas for r in x["runs"] if r["method"] == method)
+
+
 def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25e9, efficiency: float = 0.5
                ) -> Params:
     """The parameters from scale benches' measurements (each data set: the store's n, d, nnz, the ``runs`` on W
@@ -278,7 +285,7 @@ def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25
             driver_bytes=fit(shape["driver_bytes"], _points(datas, m, "driver")),
             driver_cpu=fit(shape["driver_cpu"], _points(datas, m, "cpu")),
             tasks=fit(TASKS, _points(datas, m, "transitions")),
-            kept=fit(KEPT_PIECES.get(m, KEPT), _points(datas, m, "kept")))
+            kept=fit(KEPT_PIECES[m] if _in_pieces(datas, m) else KEPT, _points(datas, m, "kept")))
     return params
 
 

@@ -158,6 +158,7 @@ def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], 
                 say: Any, threads: int = 1) -> list[dict]:
     """Each of ``methods`` on an emulated cluster of ``W`` machines of ``procs`` processes of ``threads`` threads:
     its run's record."""
+    from dufs import config
     from dufs.engine import get_client
     from dufs.testing.emulated import EmulatedCluster
 
@@ -171,6 +172,7 @@ def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], 
             f"{16 * (n + d) / W / 2**20:,.1f} MiB an iteration")
         for m in methods:
             got = {"machines": W, "procs": procs, "threads": threads, "method": m,
+                   "side_pieces": str(config.get("engine.side-pieces")),  # the model's kept term follows it
                    **_run_method(cluster, client, st.path, m, n_features)}
             out.append(got)
             kept = f"on kept vectors {got['kept']:.3f} s, " if got["kept"] else ""
