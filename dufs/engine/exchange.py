@@ -23,7 +23,7 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["ExchangePlugin", "WHOLE_BYTES", "ensure_plugin", "reduce_scatter_sum"]
+__all__ = ["ExchangePlugin", "WHOLE_BYTES", "ensure_plugin", "fetch_kept", "reduce_scatter_sum"]
 
 #: partials smaller than this go whole to the root machine's receiver rather than in pieces to every machine
 WHOLE_BYTES = 256 << 10
@@ -40,6 +40,48 @@ def _put(token: str, source: int, data: Any) -> str:
     return "OK"
 
 
+def _kept(token: str) -> Any:
+    """The worker's handler ``dufs_kept``: the vector it keeps under ``token`` (:mod:`dufs.engine.kept`), None
+    where it keeps none."""
+    from distributed.protocol import to_serialize
+
+    from dufs.engine.kept import _KEPT
+
+    v = _KEPT.get(token)
+    return None if v is None else to_serialize(v)
+
+
+def fetch_kept(pairs: list[tuple[str, str]]) -> list[Any]:
+    """In a task: the vectors kept under each (worker address, token) of ``pairs``, this worker's read in place and
+    the others' fetched from their workers side by side (worker to worker, through their ``dufs_kept`` handler);
+    :class:`~dufs.engine.direct.HeldLost` where one is gone."""
+    from distributed import get_worker
+    from distributed.utils import sync
+
+    from dufs.engine.kept import _KEPT
+
+    worker = get_worker()
+    here = worker.address
+    out: list[Any] = [None] * len(pairs)
+    for i, (a, t) in enumerate(pairs):
+        if a == here:
+            out[i] = _KEPT.get(t)
+
+    async def get() -> list:
+        return await asyncio.gather(*(worker.rpc(a).dufs_kept(token=t) for a, t in pairs if a != here))
+
+    away = [i for i, (a, _) in enumerate(pairs) if a != here]
+    if away:
+        try:
+            for i, v in zip(away, sync(worker.loop, get), strict=True):
+                out[i] = v
+        except (OSError, asyncio.TimeoutError) as e:
+            raise HeldLost(f"a vector kept on a worker was lost: its worker left ({e})") from None
+    if any(v is None for v in out):
+        raise HeldLost("a vector kept on a worker was lost: its worker left or restarted")
+    return out
+
+
 try:  # a WorkerPlugin where distributed is installed (it is wherever there are workers)
     from distributed.diagnostics.plugin import WorkerPlugin as _Base
 except ImportError:  # pragma: no cover
@@ -53,6 +95,7 @@ class ExchangePlugin(_Base):  # type: ignore[misc,valid-type]
 
     def setup(self, worker: Any) -> None:
         worker.handlers["dufs_put"] = _put
+        worker.handlers["dufs_kept"] = _kept
 
 
 def ensure_plugin(client: Any) -> None:

@@ -175,18 +175,20 @@ def as_future(client: Any, v: Kept) -> Any:
 
 
 def joined(client: Any, vs: list[Kept], join: Any, at: str) -> Any:
-    """A future of ``join(*vectors)`` of the kept vectors ``vs`` (each read where it is kept), made on the worker
-    ``at``: one graph of a task a vector and the join."""
-    import dask
+    """A future of ``join(*vectors)`` of the kept vectors ``vs``, made by one task on the worker ``at``, which
+    fetches them from their workers itself (:func:`dufs.engine.exchange.fetch_kept`: worker to worker, no task a
+    vector)."""
+    from dufs.engine.exchange import ensure_plugin
 
-    get = dask.delayed(_get, pure=False)
-    parts = []
-    for v in vs:
-        with dask.annotate(workers=[v.address], allow_other_workers=True):
-            parts.append(get(v.token, _take_drops(v.address)))
-    with dask.annotate(workers=[at], allow_other_workers=True):
-        out = dask.delayed(join, pure=False)(*parts)
-    return client.compute(out)
+    ensure_plugin(client)
+    return client.submit(_joined, join, [(v.address, v.token) for v in vs], workers=[at], allow_other_workers=True,
+                         pure=False)
+
+
+def _joined(join: Any, pairs: list[tuple[str, str]]) -> Any:
+    from dufs.engine.exchange import fetch_kept
+
+    return join(*fetch_kept(pairs))
 
 
 def fetch(client: Any, v: Any) -> Any:
