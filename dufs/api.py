@@ -64,7 +64,8 @@ _FIX = {"mmfs": "raise C, or give a smaller fixed gamma (the bias weight)",
         "ufcm": "on term counts or other text keep values='auto' (their presence, with standardize=None) or give "
                 "standardize=None with the rows scaled to unit norm (zscore makes the documents with rare words "
                 "outliers, their large counts too), else lower alpha (the within-cluster weight) or check n_clusters",
-        "jcfs": "lower lambda_ or raise gamma",
+        "jcfs": "lower lambda_ or raise gamma; on term counts keep values='auto' and rows='auto' (their presence, "
+                "rows at unit norm)",
         "lapaofs": "lower lambda1 (the graph weight) or check the graph (n_neighbors)",
         "lapdofs": "lower lambda1 (the graph weight) or check the graph (n_neighbors)",
         "laplacian": "check the graph (n_neighbors, weights) or the standardize setting",
@@ -326,10 +327,11 @@ def _recorded(v: Any) -> Any:
 
 
 def provenance(spec: MethodSpec, run_params: dict, std: Any, n_samples: int, solver_defaults: dict,
-               built: dict | None = None, values: str | None = None) -> dict:
+               built: dict | None = None, values: str | None = None, rows: str | None = None) -> dict:
     """What :attr:`Selection.provenance` records: every parameter in force (the table's defaults, those a solver
     fills in for None, then those given), the standardisation, what the method read of the stored values
-    (``values``, where it says: UFCM's ``values="auto"`` resolved), the sample graph built (``built``: its metric
+    (``values``, where it says: UFCM's and JCFS's ``values="auto"`` resolved; ``rows``, JCFS's ``rows="auto"``
+    resolved), the sample graph built (``built``: its metric
     and the values it read, :func:`dufs.engine.knn.graph_built`) and the versions."""
     from dufs._version import versions
     from dufs.engine import resolve_graph
@@ -348,6 +350,8 @@ def provenance(spec: MethodSpec, run_params: dict, std: Any, n_samples: int, sol
     out = {"params": {k: _recorded(v) for k, v in in_force.items()}, "standardize": std, "graph": graph}
     if values is not None:
         out["values"] = values
+    if rows is not None:
+        out["rows"] = rows
     if graph in ("knn", "anchor") and built is not None:
         out["graph_metric"], out["graph_values"] = built.get("metric"), built.get("values")
     out["versions"] = versions()
@@ -379,7 +383,7 @@ def _selection(method: str, spec: MethodSpec, res: MethodResult, M: Any, *, n_fe
                              **{k: v for k, v in params.items() if k != "W"}},
                      diagnostics=diagnostics, higher_is_better=spec.higher_is_better, source=source,
                      provenance=provenance(spec, run_params, std, int(M.shape[0]), solver_defaults, graph,
-                                           method_diag.get("values")))
+                                           method_diag.get("values"), method_diag.get("rows")))
 
 
 def _compute_small_dask(X: Any, client: Any) -> tuple[Any, dict | None]:

@@ -34,14 +34,14 @@ from dufs.engine.graphs import (
 from dufs.engine.inputs import check_finite, check_labels, input_identity
 from dufs.engine.kept import Kept, as_future, fetch, flush, joined, kept_call, kept_calls, kept_vectors
 from dufs.engine.knn import graph_built
-from dufs.engine.matrix import STANDARDIZE, VALUES, Matrix, Transform, as_matrix, transform_of
+from dufs.engine.matrix import ROWS, STANDARDIZE, VALUES, Matrix, Transform, as_matrix, transform_of
 from dufs.engine.rows import Rows, max_task_bytes
 from dufs.engine.shm import Receiving, receiving
 from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
 
-__all__ = ["STANDARDIZE", "VALUES", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock", "Kept",
-           "Matrix", "PerBlock", "Receiving", "Rows", "StoreBlock", "Transform", "anchor_graph", "as_future",
+__all__ = ["ROWS", "STANDARDIZE", "VALUES", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock",
+           "Kept", "Matrix", "PerBlock", "Receiving", "Rows", "StoreBlock", "Transform", "anchor_graph", "as_future",
            "as_matrix", "block_stats", "buffer", "check_finite", "check_labels", "current_client", "fetch", "flush",
            "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",
            "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors", "knn_graph",

@@ -7,7 +7,7 @@ functions here are what one task of a pass runs on one block (or a partition's b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,10 +22,10 @@ from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
 from dufs.scheduling import each_in_threads, task_threads
 
-__all__ = ["VALUES", "BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "ValuedStoreBlock", "assemble_columns",
-           "block_columns", "block_matvec", "block_rmatvec", "block_scores_and_top", "block_topk", "gather_block",
-           "local_topk", "map_group", "map_one", "map_state", "materialize", "nnz_of", "partition_rmatvec", "resolve",
-           "valued_block", "valued_data", "valued_dtype"]
+__all__ = ["ROWS", "VALUES", "BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "ValuedStoreBlock",
+           "assemble_columns", "block_columns", "block_matvec", "block_rmatvec", "block_scores_and_top", "block_topk",
+           "gather_block", "local_topk", "map_group", "map_one", "map_state", "materialize", "nnz_of",
+           "partition_rmatvec", "resolve", "row_sq_sums", "valued_block", "valued_data", "valued_dtype"]
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,31 @@ def valued_data(data: np.ndarray, values: str) -> np.ndarray:
     raise ParameterError(f"values must be one of {', '.join(VALUES)}; got {values!r}")
 
 
-def valued_block(src: Any, values: str) -> FeatureBlock:
-    """A block (any source :func:`resolve` takes) with its values read as ``values`` says (:func:`valued_data`):
-    the same ``indptr`` and ``indices`` arrays, new ``data``."""
+#: how a :class:`~dufs.engine.matrix.Matrix` reads its rows (``Matrix(rows=...)``): as stored, or each scaled to
+#: unit L2 norm (of its values as ``values`` reads them; an all-zero row stays zero)
+ROWS = ("raw", "unit")
+
+
+def valued_block(src: Any, values: str, row_scale: Any = None) -> FeatureBlock:
+    """A block (any source :func:`resolve` takes) with its values read as ``values`` says (:func:`valued_data`),
+    each then multiplied by ``row_scale`` at its row where given (an n-vector: the inverse row norms of
+    ``Matrix(rows="unit")``): the same ``indptr`` and ``indices`` arrays, new ``data``."""
     b = resolve(src)
-    return FeatureBlock(b.start, b.stop, b.indptr, b.indices, valued_data(b.data, values))
+    data = valued_data(b.data, values)
+    if row_scale is not None:
+        scale = np.asarray(row_scale)
+        dt = valued_dtype(b.data.dtype)
+        data = (np.asarray(data, dtype=np.float64) * scale[b.indices]).astype(dt, copy=False)
+    return FeatureBlock(b.start, b.stop, b.indptr, b.indices, data)
+
+
+def row_sq_sums(src: Any, n: int, values: str) -> np.ndarray:
+    """sum_j v_ij^2 over the block's columns for each of the ``n`` rows, v the stored values as ``values`` reads
+    them (float64): a block's part of the squared row norms, summed over the blocks by
+    :meth:`~dufs.engine.matrix.Matrix.map_blocks`."""
+    b = resolve(src)
+    v = np.asarray(valued_data(b.data, values), dtype=np.float64)
+    return np.bincount(np.asarray(b.indices, dtype=np.int64), weights=v * v, minlength=int(n))
 
 
 @dataclass(frozen=True)
@@ -140,12 +160,16 @@ class ValuedStoreBlock(StoreBlock):
     so (beside the raw block, under its own key)."""
 
     values: str = "raw"
+    #: the inverse row norms where the rows are read at unit norm (``Matrix(rows="unit")``), with ``rows_key``
+    #: naming them in the cache key
+    row_scale: Any = field(default=None, compare=False, repr=False)
+    rows_key: str | None = None
 
     def read(self) -> FeatureBlock:
-        return valued_block(super().read(), self.values)
+        return valued_block(super().read(), self.values, self.row_scale)
 
     def cache_key(self) -> tuple:
-        return (self.path, self.created, self.index, self.values)
+        return (self.path, self.created, self.index, self.values, self.rows_key)
 
 
 @dataclass(frozen=True)

@@ -135,24 +135,27 @@ class Executor(ProductPasses, StatePasses):
         if self.residency.get("bytes") is None:
             self.residency["bytes"] = int(sum(nb for _, nb in got))
 
-    def valued(self, values: str) -> Executor:
-        """An executor of its own over these blocks with their values read as ``values`` says
-        (:func:`~dufs.engine.placement.valued_sources`): persisted blocks give persisted blocks beside them, on their
-        workers (which it releases), where both fit; the others (and persisted blocks where the copies would not
-        fit), sources that transform each block where it is loaded, each pass."""
+    def valued(self, values: str, row_scale: np.ndarray | None = None) -> Executor:
+        """An executor of its own over these blocks with their values read as ``values`` says, and each value
+        multiplied by ``row_scale`` at its row where given (:func:`~dufs.engine.placement.valued_sources`):
+        persisted blocks give persisted blocks beside them, on their workers (which it releases), where both fit;
+        the others (and persisted blocks where the copies would not fit), sources that transform each block where
+        it is loaded, each pass."""
         client = current_client() if self.residency.get("mode") == "persisted" else None
         where = self.placement() if client is not None else [None] * self.n_blocks
-        src, residency = valued_sources(self.src, values, self.residency, where, client)
+        src, residency = valued_sources(self.src, values, self.residency, where, client, row_scale)
         return Executor(src, list(self.blocks), residency)
 
     # ------------------------------------------------------------------ residency
     def persist(self, client: Any, fraction: float) -> bool:
         """Load the blocks into ``client``'s workers' memory when they fit in ``fraction`` of it
         (:func:`~dufs.engine.placement.persist_blocks`); whether they were."""
-        values = self.residency.get("values")
+        values, rows = self.residency.get("values"), self.residency.get("rows")
         src, self.residency = persist_blocks(client, self.src, self.blocks, self.residency, fraction)
         if values is not None:  # blocks read with their values transformed (Matrix(values=...)) stay so
             self.residency["values"] = values
+        if rows is not None:
+            self.residency["rows"] = rows
         if src is None:
             log.info("%s", self.residency["reason"])
             return False

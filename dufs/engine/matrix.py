@@ -27,6 +27,7 @@ import numpy as np
 
 from dufs import config
 from dufs.engine.blocks import (
+    ROWS,
     VALUES,
     BlockInfo,
     block_scores_and_top,
@@ -34,6 +35,7 @@ from dufs.engine.blocks import (
     gather_block,
     local_topk,
     map_one,
+    row_sq_sums,
     valued_dtype,
 )
 from dufs.engine.columns import ColumnAccess
@@ -53,13 +55,13 @@ from dufs.engine.stats import ColumnStats, Transform, transform_of
 from dufs.errors import ParameterError
 from dufs.kernels.blockops import col_sums
 
-__all__ = ["STANDARDIZE", "VALUES", "Matrix", "Transform", "as_matrix", "transform_of"]
+__all__ = ["ROWS", "STANDARDIZE", "VALUES", "Matrix", "Transform", "as_matrix", "transform_of"]
 
 #: the accepted values of ``Matrix(standardize=...)``
 STANDARDIZE = ("zscore", "scale", None)
 
 # what a with_standardize view shares with its origin (besides the executor): the input's description
-_DESCRIPTION = ("shape", "dtype", "store_path", "feature_ids", "identity", "y", "classes", "values")
+_DESCRIPTION = ("shape", "dtype", "store_path", "feature_ids", "identity", "y", "classes", "values", "rows")
 
 
 # ---------------------------------------------------------------------------------------------------- the matrix
@@ -89,6 +91,13 @@ class Matrix(ColumnAccess):
         ``map_blocks`` functions and :meth:`to_scipy` all see the values so read, and ``standardize`` transforms
         them. Default: as a Matrix ``X`` reads them (a view of it; another reading: :meth:`with_values`), raw
         for any other input.
+    rows : {"raw", "unit"}, optional
+        ``"unit"``: each row (sample) scaled to unit L2 norm, of its values as ``values`` reads them (cosine
+        geometry; an all-zero row stays zero). The squared row norms are one pass over the raw blocks (each
+        block's partial sums, summed by a fixed tree: the only thing made on the driver is that n-vector), then
+        each block's values are divided by their rows' norms where the block is loaded or persisted, with the
+        ``values`` reading, so the statistics, products and ``map_blocks`` see the scaled data. Default: as a
+        Matrix ``X`` reads them, raw (as stored) for any other input.
 
     Attributes
     ----------
@@ -101,11 +110,13 @@ class Matrix(ColumnAccess):
     """
 
     def __init__(self, X: Any, *, standardize: str | None = None, block_width: int | None = None,
-                 y: Any = None, values: str | None = None):
+                 y: Any = None, values: str | None = None, rows: str | None = None):
         check_standardize(standardize)
         if values is not None and values not in VALUES:
             raise ParameterError(f"The 'values' parameter must be one of {', '.join(map(repr, VALUES))}; got "
                                  f"{values!r}.")
+        if rows is not None and rows not in ROWS:
+            raise ParameterError(f"The 'rows' parameter must be one of {', '.join(map(repr, ROWS))}; got {rows!r}.")
         self.standardize = standardize
         self._transform: tuple | None = None  # (statistics, standardize, Transform) last made
         self._centre_scaled: tuple | None = None
@@ -116,20 +127,29 @@ class Matrix(ColumnAccess):
             for name in _DESCRIPTION:
                 setattr(self, name, getattr(X, name))
             self._raw = X.raw_matrix  # the matrix of the same blocks read raw, where there is one
-            if values is None or values == X.values:
+            want = (X.values if values is None else values, X.rows if rows is None else rows)
+            if want == (X.values, X.rows):
                 self.executor, self._stats, self._view = X.executor, X.cached_stats, True
-            elif values == "raw" and self._raw is not None:
+            elif want == ("raw", "raw") and self._raw is not None:
                 self.executor, self._stats, self._view = self._raw.executor, self._raw.cached_stats, True
-                self.values, self.dtype = "raw", self._raw.dtype
+                self.values, self.rows, self.dtype = "raw", "raw", self._raw.dtype
             elif self._raw is None:
-                raise ParameterError(f"this Matrix was built reading its values as {X.values!r}; build another "
-                                     f"from the input to read them as {values!r}")
+                raise ParameterError(f"this Matrix was built reading its values as {X.values!r} and its rows as "
+                                     f"{X.rows!r}; build another from the input to read them as {want[0]!r} and "
+                                     f"{want[1]!r}")
             else:  # the raw blocks' values transformed, in blocks of its own (released with this matrix)
-                self.executor = self._raw.executor.valued(values)
-                self.values, self.dtype = values, valued_dtype(self._raw.dtype)
-                self._stats, self._view = None, False
+                self._read_from(self._raw, *want)
             self._resolve_auto()
             return
+        if rows == "unit":  # the raw matrix first: the row norms are a pass over its blocks
+            raw = Matrix(X, block_width=block_width, y=y)
+            for name in _DESCRIPTION:
+                setattr(self, name, getattr(raw, name))
+            self._raw = raw
+            self._read_from(raw, "raw" if values is None else values, "unit")
+            self._resolve_auto()
+            return
+        self.rows = "raw"
         s = source_of(X, block_width, y)
         self.values = "raw" if values is None else values
         src, residency = valued_sources(s.src, self.values, s.residency, [], None)
@@ -143,6 +163,26 @@ class Matrix(ColumnAccess):
         self._view = False
         self._raw: Matrix | None = self if self.values == "raw" else None
         self._resolve_auto()
+
+    def _read_from(self, raw: Matrix, values: str, rows: str) -> None:
+        """Blocks of its own: ``raw``'s blocks with their values read as ``values`` says and, for ``rows="unit"``,
+        divided by their rows' norms (:meth:`row_norms` of ``raw``, one pass)."""
+        scale = None
+        if rows == "unit":
+            norms = raw.row_norms(values)
+            scale = np.zeros_like(norms)
+            np.divide(1.0, norms, out=scale, where=norms > 0)
+        self.executor = raw.executor.valued(values, scale)
+        self.values, self.rows, self.dtype = values, rows, valued_dtype(raw.dtype)
+        self._stats, self._view = None, False
+
+    def row_norms(self, values: str = "raw") -> np.ndarray:
+        """The L2 norm of every row of X as this matrix reads it, unstandardized (float64, n_samples), each value
+        further read as ``values`` says (:data:`VALUES`; ``"raw"``: as the matrix reads it): one pass, each
+        block's partial sums of squares summed by a fixed tree."""
+        n = self.shape[0]
+        sq = self.map_blocks(row_sq_sums, n, values, reduce="sum")
+        return np.sqrt(np.zeros(n) if sq is None else np.asarray(sq, dtype=np.float64))
 
     def _resolve_auto(self) -> None:
         """``standardize="auto"`` made None where the data are sparse (at most
@@ -159,7 +199,8 @@ class Matrix(ColumnAccess):
     # ------------------------------------------------------------------ description
     def __repr__(self) -> str:
         n, d = self.shape
-        read = "" if self.values == "raw" else f", values={self.values!r}"
+        read = ("" if self.values == "raw" else f", values={self.values!r}") + \
+            ("" if self.rows == "raw" else f", rows={self.rows!r}")
         return (f"<dufs.engine.Matrix {n} x {d}, nnz={self.nnz}, {self.n_blocks} feature blocks, "
                 f"standardize={self.standardize!r}{read}, {self.residency['mode']}>")
 
@@ -206,13 +247,16 @@ class Matrix(ColumnAccess):
         them otherwise (nothing raw to read again)."""
         return self._raw
 
-    def with_values(self, values: str) -> Matrix:
+    def with_values(self, values: str, rows: str | None = None) -> Matrix:
         """The matrix with its stored values read as ``values`` says (:data:`VALUES`), under the same
         standardization: itself where it reads them so already; else, for another reading than ``"raw"``, blocks of
         its own made from the raw ones where they are, block by block (persisted on the workers that hold the raw
         ones when those are persisted; transformed where they are loaded otherwise), with their own statistics
-        and passes. Release it when done: that drops its blocks, not the raw ones."""
-        return self if values == self.values else Matrix(self, standardize=self.standardize, values=values)
+        and passes. Release it when done: that drops its blocks, not the raw ones. ``rows`` (:data:`ROWS`, default
+        as this matrix reads them): ``"unit"`` scales each row to unit norm as well (``Matrix(rows=...)``)."""
+        if values == self.values and rows in (None, self.rows):
+            return self
+        return Matrix(self, standardize=self.standardize, values=values, rows=rows)
 
     # ------------------------------------------------------------------ residency
     def persist(self, client: Any = None, *, fraction: float | None = None) -> Matrix:
@@ -592,7 +636,8 @@ def _name(fn: Any) -> str:
 
 
 def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_width: int | None = None,
-              persist: bool | str = "auto", client: Any = None, values: str | None = None) -> Matrix:
+              persist: bool | str = "auto", client: Any = None, values: str | None = None,
+              rows: str | None = None) -> Matrix:
     """A :class:`Matrix` from any input.
 
     Parameters
@@ -614,6 +659,9 @@ def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_wi
         The client to persist on (default: the active one).
     values : {"raw", "presence", "log1p", "sqrt"}, optional
         What the passes read of each stored value (:class:`Matrix`); default: raw, or as a Matrix ``X`` reads them.
+    rows : {"raw", "unit"}, optional
+        ``"unit"``: every row scaled to unit norm (:class:`Matrix`); default: as stored, or as a Matrix ``X`` reads
+        them.
 
     Returns
     -------
@@ -621,8 +669,8 @@ def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_wi
         Release it when done (``with as_matrix(X) as M:``), which drops what its passes left on the workers.
     """
     if isinstance(X, Matrix):
-        return Matrix(X, standardize=standardize, values=values)
-    M = Matrix(X, standardize=standardize, y=y, block_width=block_width, values=values)
+        return Matrix(X, standardize=standardize, values=values, rows=rows)
+    M = Matrix(X, standardize=standardize, y=y, block_width=block_width, values=values, rows=rows)
     if persist not in ("auto", True, False):
         raise ParameterError(f"The 'persist' parameter must be 'auto', True or False; got {persist!r}.")
     if persist:

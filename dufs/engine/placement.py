@@ -16,8 +16,8 @@ from dufs.errors import ParameterError
 __all__ = ["partition", "persist_blocks", "plan_placement", "runs", "valued_sources"]
 
 
-def valued_sources(src: list, values: str, residency: dict, where: list[str | None], client: Any
-                   ) -> tuple[list, dict]:
+def valued_sources(src: list, values: str, residency: dict, where: list[str | None], client: Any,
+                   row_scale: np.ndarray | None = None) -> tuple[list, dict]:
     """The blocks' sources ``src`` read with their values transformed (:func:`~dufs.engine.blocks.valued_block`),
     each made where its block is, one block at a time, and their residency record: an in-memory block's values
     transformed here (its indices shared), a store block read and transformed where it is loaded
@@ -27,10 +27,21 @@ def valued_sources(src: list, values: str, residency: dict, where: list[str | No
     persisted block of its own there (new values, the same index arrays in that worker's memory), lost with the
     worker and made again from the block like any task, when the raw blocks and the copies together (as Dask counts
     them, whole) fit in ``dufs.engine.persist-fraction`` of the cluster's memory; otherwise each pass transforms
-    each persisted block where it is, for that pass only (residency "source": passes as tasks)."""
-    if values == "raw":
+    each persisted block where it is, for that pass only (residency "source": passes as tasks).
+
+    ``row_scale`` (the inverse row norms of ``Matrix(rows="unit")``, an n-vector): each stored value is also
+    multiplied by its row's entry. It travels to the workers once (scattered) for persisted blocks, inside each
+    store block's reference (n floats a task) or the source graph otherwise; residency ``"rows"`` says so."""
+    if values == "raw" and row_scale is None:
         return list(src), residency
     out_res = {**residency, "values": values}
+    rows_key = None
+    if row_scale is not None:
+        row_scale = np.ascontiguousarray(row_scale, dtype=np.float64)
+        from dask.base import tokenize
+
+        rows_key = tokenize(row_scale)
+        out_res["rows"] = "unit"
     if residency.get("mode") == "persisted":
         import dask
 
@@ -41,11 +52,13 @@ def valued_sources(src: list, values: str, residency: dict, where: list[str | No
             out_res.update(mode="source", reason=f"values read as {values!r} from the persisted blocks each pass: "
                            f"copies beside them ({need / 2**20:,.0f} MiB with them) exceed {frac:.0%} of the "
                            f"cluster's {memory / 2**20:,.0f} MiB")
-            return [dask.delayed(valued_block, pure=True)(s, values) for s in src], out_res
+            sc = None if row_scale is None else dask.delayed(row_scale, name=f"dufs-rows-{rows_key}")
+            return [dask.delayed(valued_block, pure=True)(s, values, sc) for s in src], out_res
         from distributed import wait
 
         token = uuid.uuid4().hex[:12]
-        futures = [track(client.submit(valued_block, s, values, key=f"dufs-valued-{token}-{i}",
+        scale_arg = None if row_scale is None else track(client.scatter(row_scale, broadcast=True))
+        futures = [track(client.submit(valued_block, s, values, scale_arg, key=f"dufs-valued-{token}-{i}",
                                        workers=None if w is None else [w], allow_other_workers=True, pure=False))
                    for i, (s, w) in enumerate(zip(src, where, strict=True))]
         wait(futures)
@@ -53,15 +66,19 @@ def valued_sources(src: list, values: str, residency: dict, where: list[str | No
         out_res["reason"] = f"values read as {values!r}: persisted beside the raw blocks, on their workers"
         return futures, out_res
     out = []
+    sc = None
     for s in src:
         if isinstance(s, FeatureBlock):
-            out.append(valued_block(s, values))
+            out.append(valued_block(s, values, row_scale))
         elif isinstance(s, StoreBlock):
-            out.append(ValuedStoreBlock(s.start, s.stop, s.nnz, s.path, s.index, s.created, values))
+            out.append(ValuedStoreBlock(s.start, s.stop, s.nnz, s.path, s.index, s.created, values, row_scale,
+                                        rows_key))
         else:  # a Dask array's block: a Delayed
             import dask
 
-            out.append(dask.delayed(valued_block, pure=True)(s, values))
+            if sc is None and row_scale is not None:
+                sc = dask.delayed(row_scale, name=f"dufs-rows-{rows_key}")
+            out.append(dask.delayed(valued_block, pure=True)(s, values, sc))
     return out, out_res
 
 

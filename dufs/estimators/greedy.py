@@ -102,6 +102,10 @@ class JCFS(GreedySelector):
     W, graph, n_neighbors (default 5), weights, t, n_anchors, anchor_neighbors, embed_dim, random_state
         The sample graph, as :class:`LapAOFS`.
     max_iter : int, default 10
+    values : {"auto", "raw", "presence", "log1p", "sqrt"}, default "auto"
+    rows : {"auto", "raw", "unit"}, default "auto"
+        What JCFS reads; "auto": sparse non-negative data (counts) as presence with every row at unit norm (then
+        standardized), anything else as it is (docs/methods.md, "What JCFS reads").
     standardize : {"zscore", "scale"} or None, default "zscore"
         JCFS's Fisher criterion assumes centred features; on features of one scale (pixels) None did 1-3 points
         better, on mixed scales (breast cancer) "zscore" 0.90 against 0.76 k-means accuracy.
@@ -126,8 +130,8 @@ class JCFS(GreedySelector):
     def __init__(self, n_features: int = 10, *, n_clusters: int | str = "auto", lambda_: float = 1e-6,
                  gamma: float = 1e-4, W: Any = None, graph: str = "auto", n_neighbors: int = 5, weights: str = "binary",
                  t: float | None = None, n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64,
-                 max_iter: int = 10, random_state: int = 0, standardize: str | None = METHODS["jcfs"].standardize,
-                 client: Any = None):
+                 max_iter: int = 10, random_state: int = 0, values: str = "auto", rows: str = "auto",
+                 standardize: str | None = METHODS["jcfs"].standardize, client: Any = None):
         self.n_features = n_features
         self.n_clusters = n_clusters
         self.lambda_ = lambda_
@@ -142,6 +146,8 @@ class JCFS(GreedySelector):
         self.embed_dim = embed_dim
         self.max_iter = max_iter
         self.random_state = random_state
+        self.values = values
+        self.rows = rows
         self.standardize = standardize
         self.client = client
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import AnchorGraph, Matrix, graph_rows, laplacian_operator
+from dufs.engine import ROWS, VALUES, AnchorGraph, Matrix, graph_rows, laplacian_operator, sparse_counts
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import JCFS
 from dufs.methods.graph import sample_graph
@@ -37,7 +37,17 @@ JCFS_PARAMS = table(
     Param("max_iter", 10, (integer(1),), "alternations"),
     Param("dense_below", 3000, (integer(0),), "samples below which the Y-step is dense", estimator=False),
     Param("select_gamma", None, (None, positive()), "ridge of the greedy step (None: gamma)", estimator=False),
+    Param("values", "auto", (StrOptions({"auto", *VALUES}),),
+          "what JCFS reads of each stored value (raw, presence, log1p, sqrt); 'auto': presence for sparse "
+          "non-negative stored data (counts), raw otherwise"),
+    Param("rows", "auto", (StrOptions({"auto", *ROWS}),),
+          "'unit': every row scaled to unit norm before the standardization; 'auto': unit for sparse non-negative "
+          "stored data (counts), raw otherwise"),
 )
+
+#: what ``values="auto"`` and ``rows="auto"`` read of sparse non-negative stored data (docs/methods.md, "What JCFS
+#: reads")
+SPARSE_READING = ("presence", "unit")
 
 
 def jcfs_select(M: Matrix, Y: np.ndarray, n_features: int, gamma: float = 1e-4, *, checkpoint: Any = None,
@@ -186,10 +196,28 @@ def anchor_spectral_embedding(G: AnchorGraph, c: int) -> tuple[np.ndarray, np.nd
     return _anchor_embedding(G, [], np.zeros(0), np.zeros(0), None, int(c), 0.0, 1.0)
 
 
+def jcfs_reading(M: Matrix, values: str = "auto", rows: str = "auto") -> tuple[str, str]:
+    """What :func:`jcfs` reads of M for its ``values`` and ``rows`` parameters: each ``"auto"`` is M's own reading
+    where M reads anything but raw values and rows, else :data:`SPARSE_READING` (presence, rows at unit norm) where
+    M's stored values are sparse and non-negative (:func:`dufs.engine.sparse_counts` of M unstandardized: counts;
+    the standardization, JCFS's z-score by default, applies after), else raw."""
+    if "auto" not in (values, rows):
+        return values, rows
+    if (M.values, M.rows) != ("raw", "raw"):
+        auto = (M.values, M.rows)
+    else:
+        if M.standardize is not None:
+            M.stats  # noqa: B018 -- made once on M (the view below shares them; the run reads them after)
+        counts = sparse_counts(M if M.standardize is None else M.with_standardize(None))
+        auto = SPARSE_READING if counts else ("raw", "raw")
+    return (auto[0] if values == "auto" else values, auto[1] if rows == "auto" else rows)
+
+
 def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, gamma: float = 1e-4, W: Any = None,
          graph: str = "auto", n_neighbors: int = 5, weights: str = "binary", t: float | None = None,
          n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, max_iter: int = 10,
-         random_state: int = 0, dense_below: int = 3000, select_gamma: float | None = None) -> GreedyResult:
+         random_state: int = 0, dense_below: int = 3000, select_gamma: float | None = None, values: str = "auto",
+         rows: str = "auto") -> GreedyResult:
     """JCFS (Du, Shen): alternate the spectral step (:func:`jcfs_embedding`, normalised Laplacian of the kNN
     graph with binary weights, k = 5, as the paper; of the unstandardized rows when M is sparse,
     :func:`~dufs.engine.graphs.graph_rows`) and the greedy Fisher step (:func:`jcfs_select`), starting
@@ -206,13 +234,37 @@ def jcfs(M: Matrix, *, n_features: int, n_clusters: int, lambda_: float = 1e-6, 
     weight of the term that pulls Y into the span of the selected features. At 1 (lambda_ = gamma = 1e-4, the
     default before) the first selection locks Y in (digits 1 vs 7, 10 features: k-means 0.73); at 0.01
     (lambda_ = 1e-6, the paper's smallest) Y stays spectral (0.97) and the mean rank over the six sets was the
-    best of the (standardize, lambda_, gamma) grid."""
+    best of the (standardize, lambda_, gamma) grid.
+
+    ``values`` and ``rows``: what JCFS reads of M (:func:`jcfs_reading`; :meth:`Matrix.with_values`, in blocks of
+    its own released at the end). ``"auto"`` reads sparse non-negative stored data (counts) as presence with every
+    row at unit norm, then standardizes; anything else as it is. A departure from the paper, which reads the values:
+    on sparse counts the documents' lengths and a few large counts decide the graph, the embedding and the Fisher
+    step, and JCFS found fewer planted features than ranking by variance (docs/methods.md, "What JCFS reads").
+    ``diagnostics["values"]`` and ``diagnostics["rows"]`` record the reading."""
     check_params(JCFS_PARAMS, {"n_clusters": n_clusters, "lambda_": lambda_, "gamma": gamma, "graph": graph,
                                 "n_neighbors": n_neighbors, "weights": weights, "t": t, "n_anchors": n_anchors,
                                 "anchor_neighbors": anchor_neighbors, "embed_dim": embed_dim, "max_iter": max_iter,
                                 "random_state": random_state, "dense_below": dense_below,
-                                "select_gamma": select_gamma}, "jcfs")
+                                "select_gamma": select_gamma, "values": values, "rows": rows}, "jcfs")
     k = check_k(M, n_features)
+    read = jcfs_reading(M, values, rows)
+    V = M.with_values(*read)
+    try:
+        res = _jcfs(V, k, n_clusters, lambda_, gamma, W, graph, n_neighbors, weights, t, n_anchors,
+                    anchor_neighbors, embed_dim, max_iter, random_state, dense_below, select_gamma)
+    finally:
+        if V is not M:  # blocks of its own: dropped; its passes were over M's data
+            M.count_passes(V.passes)
+            V.release()
+    res.diagnostics.update(values=read[0], rows=read[1])
+    return res
+
+
+def _jcfs(M: Matrix, k: int, n_clusters: int, lambda_: float, gamma: float, W: Any, graph: str, n_neighbors: int,
+          weights: str, t: float | None, n_anchors: int, anchor_neighbors: int, embed_dim: int, max_iter: int,
+          random_state: int, dense_below: int, select_gamma: float | None) -> GreedyResult:
+    """The alternation of :func:`jcfs` on M as it reads its values, the parameters checked."""
     t0 = time.perf_counter()
     # the kNN graph of sparse data too on its unstandardized rows (graph_rows says why)
     Wg = sample_graph(graph_rows(M), W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t,

@@ -320,7 +320,8 @@ def test_jcfs_matches_algorithm_1(name, m, c, lam):
     X = _data(name)
     W = knn_affinity(_dense(X), 5)
     ref = jcfs_paper(_dense(X), W, m, c, lam, 1e-4, max_iter=10)
-    sel = _fit_jcfs(X, sp.csr_array(W), m, c, lam)
+    # the paper reads the values as they are (sparse non-negative data read by default as presence at unit norm)
+    sel = _fit_jcfs(X, sp.csr_array(W), m, c, lam, values="raw", rows="raw")
     np.testing.assert_array_equal(np.asarray(sel.indices), ref.order)
     assert sel.diagnostics["iterations"] == ref.iterations
 
