@@ -141,8 +141,9 @@ class Executor(ProductPasses, StatePasses):
         persisted blocks give persisted blocks beside them, on their workers (which it releases), where both fit;
         the others (and persisted blocks where the copies would not fit), sources that transform each block where
         it is loaded, each pass."""
-        client = current_client() if self.residency.get("mode") == "persisted" else None
-        where = self.placement() if client is not None else [None] * self.n_blocks
+        client = current_client()  # persisted blocks' copies are made there; store blocks' row scale goes there
+        persisted = client is not None and self.residency.get("mode") == "persisted"
+        where = self.placement() if persisted else [None] * self.n_blocks
         src, residency = valued_sources(self.src, values, self.residency, where, client, row_scale)
         return Executor(src, list(self.blocks), residency)
 
