@@ -19,7 +19,6 @@ from dufs.errors import ParameterError
 from dufs.methods import greedy
 from dufs.methods import jcfs as jcfs_module
 from dufs.methods.greedy import partition
-from dufs.testing import patience
 from tests._threads import task_threads_used
 from tests.methods.greedy_paper import (
     jcfs_embedding_dense,
@@ -433,15 +432,13 @@ def _kept_here() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kept", [False, True], ids=["driver", "kept"])
-def test_a_worker_killed_mid_run_changes_nothing(monkeypatch, cluster_client, kept):
+def test_a_worker_killed_mid_run_changes_nothing(monkeypatch, kept):
     """A LapAOFS run counts its engine calls, a second run SIGKILLs a worker halfway (``run`` takes "jcfs" too;
     left out to keep the file fast); with ``kept``, the worker that keeps the selected set and the step's vectors
-    (dufs.engine.kept, the path of workers on several machines), which are then made again from the selection.
-    On the session's cluster (its nanny restarts the killed worker; the test waits for it before it ends), not one
-    of its own: a cluster started and its workers' imports made cost more than the run itself."""
+    (dufs.engine.kept, the path of workers on several machines), which are then made again from the selection."""
     import dask
 
-    client = cluster_client
+    distributed = pytest.importorskip("distributed")
     cfg = {"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "on"} if kept else {}
     X = _data("dense")
     W = sp.csr_array(knn_affinity(X, 5))
@@ -453,7 +450,9 @@ def test_a_worker_killed_mid_run_changes_nothing(monkeypatch, cluster_client, ke
             return _fit_lap(M, method, W=W, client=client)
         return _fit_jcfs(M, W, 20, 3, 1e-3, client=client, max_iter=2)
 
-    with client.as_current(), dask.config.set(cfg):
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                   silence_logs=50) as cluster,
+          distributed.Client(cluster, set_as_default=False) as client, client.as_current(), dask.config.set(cfg)):
         for method in ("lapaofs",):
             client.wait_for_workers(2)
             with monkeypatch.context() as mp:
@@ -475,7 +474,6 @@ def test_a_worker_killed_mid_run_changes_nothing(monkeypatch, cluster_client, ke
                 _count_engine_calls(mp, kill)
                 sel = run(method, client)
             assert fired, method
-            client.wait_for_workers(2, timeout=patience(120))  # the restarted worker, for the tests after this one
             np.testing.assert_array_equal(sel.indices, ref.indices)
             if method == "lapaofs":
                 _close(sel.diagnostics["criterion"], ref.diagnostics["criterion"], 1e-10)
