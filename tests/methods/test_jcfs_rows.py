@@ -14,6 +14,7 @@ import dufs
 from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.jcfs import jcfs, jcfs_reading
+from tests._planted import planted_counts, planted_dense
 
 SCIPY = {"raw": lambda v: v, "presence": lambda v: np.ones_like(v), "log1p": np.log1p}
 
@@ -21,15 +22,7 @@ SCIPY = {"raw": lambda v: v, "presence": lambda v: np.ones_like(v), "log1p": np.
 def _counts(n=150, d=90, seed=1):
     """Sparse non-negative counts (about 8% nonzero), 3 groups of rows sharing 6 features each, documents of varying
     length (rows scaled by 1-6), a few large counts and one empty row (7)."""
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, d, density=0.05, random_state=seed, format="lil") * 3.0
-    for g in range(3):
-        rows = np.arange(g, n, 3)
-        for j in range(6 * g, 6 * g + 6):
-            hit = rows[rng.random(rows.size) < 0.35]
-            X[hit, j] = 1.0 + rng.poisson(0.3, hit.size)
-    big = rng.choice(n * d, 10, replace=False)
-    X[big // d, big % d] = 30.0
+    X, rng = planted_counts(n, d, seed, 0.05, 10, 30.0)
     X = sp.csr_array(X)
     X = sp.csr_array(sp.diags(rng.integers(1, 7, n).astype(np.float64)) @ X)
     X = sp.lil_array(X)
@@ -136,17 +129,7 @@ def test_auto_reads_presence_at_unit_norm_on_sparse_non_negative_data_only():
     assert jcfs_reading(Matrix(sp.csc_array(D))) == ("raw", "raw")  # dense values in a sparse container
 
 
-def _planted_dense(seed=0, n=240, d=60):
-    """Dense data, 3 groups of rows shifted on 4 features each (0-11), the rest noise."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    g = np.arange(n) % 3
-    for k in range(3):
-        X[g == k, 4 * k:4 * k + 4] += 3.0
-    return X
-
-
-@pytest.mark.parametrize("X", [_planted_dense(), np.abs(_planted_dense(1))], ids=["signed", "non-negative"])
+@pytest.mark.parametrize("X", [planted_dense(), np.abs(planted_dense(1))], ids=["signed", "non-negative"])
 def test_dense_data_select_what_they_did(X):
     """On dense data "auto" reads the raw values and rows: the selection is the raw one, and it finds the planted
     features."""

@@ -13,21 +13,14 @@ import dufs
 from dufs.engine import Matrix, as_matrix
 from dufs.errors import ParameterError
 from dufs.methods.ufcm import ufcm, ufcm_values
+from tests._planted import planted_counts, planted_dense
 
 SCIPY = {"presence": lambda v: np.ones_like(v), "log1p": np.log1p, "sqrt": np.sqrt}
 
 
 def _counts(n=200, d=120, seed=1):
     """Sparse non-negative counts (8% nonzero) with a few large ones, 3 groups of rows sharing 6 features each."""
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, d, density=0.06, random_state=seed, format="lil") * 3.0
-    for g in range(3):
-        rows = np.arange(g, n, 3)
-        for j in range(6 * g, 6 * g + 6):
-            hit = rows[rng.random(rows.size) < 0.35]
-            X[hit, j] = 1.0 + rng.poisson(0.3, hit.size)
-    big = rng.choice(n * d, 12, replace=False)
-    X[big // d, big % d] = 40.0  # a few large counts
+    X, _ = planted_counts(n, d, seed, 0.06, 12, 40.0)  # a few large counts
     return sp.csc_array(X)
 
 
@@ -128,17 +121,7 @@ def test_auto_reads_presence_on_sparse_non_negative_data_and_raw_otherwise():
     np.testing.assert_array_equal(a.scores, b.scores)
 
 
-def _planted_dense(seed=0, n=240, d=60):
-    """Dense data, 3 groups of rows shifted on 4 features each (0-11), the rest noise."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    g = np.arange(n) % 3
-    for k in range(3):
-        X[g == k, 4 * k:4 * k + 4] += 3.0
-    return X
-
-
-@pytest.mark.parametrize("X", [_planted_dense(), np.abs(_planted_dense(1))], ids=["signed", "non-negative"])
+@pytest.mark.parametrize("X", [planted_dense(), np.abs(planted_dense(1))], ids=["signed", "non-negative"])
 def test_dense_data_select_what_they_did(X):
     """On dense data "auto" reads the raw values: the selection is the raw one, and it finds the planted features."""
     a = dufs.fit(X, method="ufcm", n_features=12, n_clusters=3, client=False)

@@ -1,0 +1,32 @@
+"""Small planted data sets shared by tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def planted_dense(seed=0, n=240, d=60):
+    """Dense data, 3 groups of rows shifted on 4 features each (0-11), the rest noise."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    g = np.arange(n) % 3
+    for k in range(3):
+        X[g == k, 4 * k:4 * k + 4] += 3.0
+    return X
+
+
+def planted_counts(n, d, seed, density, n_big, big):
+    """Sparse non-negative counts (lil): background at ``density`` times 3, 3 groups of rows sharing 6 features each
+    (counts 1 + Poisson(0.3) on 35% of the group's rows), and ``n_big`` counts of ``big``."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, d, density=density, random_state=seed, format="lil") * 3.0
+    for g in range(3):
+        rows = np.arange(g, n, 3)
+        for j in range(6 * g, 6 * g + 6):
+            hit = rows[rng.random(rows.size) < 0.35]
+            X[hit, j] = 1.0 + rng.poisson(0.3, hit.size)
+    hits = rng.choice(n * d, n_big, replace=False)
+    X[hits // d, hits % d] = big
+    return X, rng
