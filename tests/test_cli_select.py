@@ -61,23 +61,19 @@ def test_select_on_bad_method_exits_2(tmp_path):
 
 
 def test_select_says_a_degenerate_result_as_a_warning_line(tmp_path):
-    """UFCM's default on raw term counts (PCMAC) singles out 2 documents as a cluster: `dufs select` says so on a
-    line of its own, naming the fix, and still writes the selection; with that fix (rows of unit norm in the store,
-    `--standardize none`) it says nothing."""
-    from sklearn.preprocessing import normalize
-
+    """UFCM on PCMAC's raw term counts (``-p values=raw``) singles out 2 documents as a cluster: `dufs select` says
+    so on a line of its own, naming the fix, and still writes the selection; with its default (the counts' presence,
+    ``values="auto"``) it says nothing."""
     X, y = load("pcmac")
     dufs.write_store(sp.csr_array(X), tmp_path / "s.zarr", y)
-    dufs.write_store(sp.csr_array(normalize(X)), tmp_path / "unit.zarr", y)
     args = ["--method", "ufcm", "-k", "10", "--workers", "0"]
-    r = CliRunner().invoke(app, ["select", str(tmp_path / "s.zarr"), *args, "-o", str(tmp_path / "sel.json")],
-                           env={"COLUMNS": "400"})
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "s.zarr"), *args, "-p", "values=raw", "-o",
+                                 str(tmp_path / "sel.json")], env={"COLUMNS": "400"})
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if x.startswith("warning: ufcm: almost every sample"))
-    assert "standardize=None" in line and "DufsWarning" not in r.output
+    assert "values='auto'" in line and "DufsWarning" not in r.output
     assert dufs.Selection.from_json(tmp_path / "sel.json").n_selected == 10
-    r = CliRunner().invoke(app, ["select", str(tmp_path / "unit.zarr"), *args, "--standardize", "none"],
-                           env={"COLUMNS": "400"})
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "s.zarr"), *args], env={"COLUMNS": "400"})
     assert r.exit_code == 0 and "warning" not in r.output, r.output
 
 
