@@ -121,7 +121,7 @@ def kept_calls(client: Any, fn: Any, calls: list[tuple], keep: int = 0, where: l
     """:func:`kept_call` of ``fn`` with each argument tuple of ``calls``, side by side (one task each, on the
     worker of its kept vectors, or ``where[i]`` for a call that has none); the seconds counted are the slowest
     call's (they run at once, on different workers)."""
-    futs, tokens, ats = [], [], []
+    specs, tokens, ats = [], [], []
     drops: dict[str, list[str]] = {}
     for i, args in enumerate(calls):
         at = _where(args) or (where[i] if where is not None else None)
@@ -133,17 +133,17 @@ def kept_calls(client: Any, fn: Any, calls: list[tuple], keep: int = 0, where: l
         opts = {"workers": [at], "allow_other_workers": True} if at else {}
         if at and at not in drops:
             drops[at] = _take_drops(at)
-        futs.append((call, tok, drops.pop(at, []) if at else [], opts))
+        specs.append((call, tok, drops.pop(at, []) if at else [], opts))
         tokens.append(tok)
-    if len(futs) == 1:
-        call, tok, dr, opts = futs[0]
+    if len(specs) == 1:
+        call, tok, dr, opts = specs[0]
         futs = [client.submit(_run, fn, call, tok, dr, pure=False, **opts)]
     else:  # one graph for all (one message to the scheduler, not one a call: the driver's time a step)
         import dask
 
         run = dask.delayed(_run, pure=False)
         tasks = []
-        for call, tok, dr, opts in futs:
+        for call, tok, dr, opts in specs:
             with dask.annotate(**opts):
                 tasks.append(run(fn, call, tok, dr))
         futs = client.compute(tasks)
