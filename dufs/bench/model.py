@@ -71,7 +71,7 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
 TASKS = ("1", "WP")
 KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
 #: the methods whose work over the samples is in a piece of the rows a machine (dufs.methods.greedy.pieces): the
-#: slowest piece's seconds, a cost a sample of its n / W and a fixed one (two calls a step)
+#: slowest piece's seconds, a cost a sample of its n / W and a fixed one (one call a step)
 KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W", "1")}
 COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a nonzero and a fixed one
 

@@ -19,6 +19,7 @@ from dufs.engine.dispatch import (
     tree_sum_into,
     tree_sum_values,
 )
+from dufs.engine.exchange import abort_exchange, allreduce_sum, ensure_plugin
 from dufs.engine.executor import Executor
 from dufs.engine.graphs import (
     AnchorGraph,
@@ -41,10 +42,10 @@ from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
 
 __all__ = ["ROWS", "STANDARDIZE", "VALUES", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock",
-           "Kept", "Matrix", "PerBlock", "Receiving", "Rows", "StoreBlock", "Transform", "anchor_graph", "as_future",
-           "as_matrix", "block_stats", "buffer", "check_finite", "check_labels", "current_client", "fetch", "flush",
-           "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",
-           "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors", "knn_graph",
-           "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "ranked_head", "receiving",
-           "resolve_graph", "shipped", "sparse_counts", "thread_runs", "transform_of", "tree_sum_into",
-           "tree_sum_values"]
+           "Kept", "Matrix", "PerBlock", "Receiving", "Rows", "StoreBlock", "Transform", "abort_exchange",
+           "allreduce_sum", "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer", "check_finite",
+           "check_labels", "current_client", "ensure_plugin", "fetch", "flush", "get_client", "graph_built",
+           "graph_metric", "graph_rows", "graph_values", "in_shared_memory", "input_identity", "is_lost", "joined",
+           "kept_call", "kept_calls", "kept_vectors", "knn_graph", "laplacian_operator", "last_timeline", "mark_spread",
+           "max_task_bytes", "ranked_head", "receiving", "resolve_graph", "shipped", "sparse_counts", "thread_runs",
+           "transform_of", "tree_sum_into", "tree_sum_values"]

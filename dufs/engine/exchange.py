@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -23,20 +24,27 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["ExchangePlugin", "WHOLE_BYTES", "ensure_plugin", "fetch_kept", "reduce_scatter_sum"]
+__all__ = ["ALLREDUCE_TIMEOUT", "ExchangePlugin", "WHOLE_BYTES", "abort_exchange", "allreduce_sum", "ensure_plugin",
+           "fetch_kept", "reduce_scatter_sum"]
 
 #: partials smaller than this go whole to the root machine's receiver rather than in pieces to every machine
 WHOLE_BYTES = 256 << 10
 
+#: seconds a task of :func:`allreduce_sum` waits for a peer's message before it gives the sum up as lost
+ALLREDUCE_TIMEOUT = 600.0
+
 _BOX: dict[str, dict[int, Any]] = {}  # on a worker: the pieces received, by exchange token, by source machine
 _LOCK = threading.Lock()
+_ARRIVED = threading.Condition(_LOCK)  # notified as a message arrives or an exchange is given up
+_ABORTED: set[str] = set()  # on a worker: the all-reduces given up (:func:`abort_exchange`)
 _PLUGGED: set[str] = set()  # on the driver: the clients whose workers have the handler
 
 
 def _put(token: str, source: int, data: Any) -> str:
     """The worker's handler ``dufs_put``: a piece of ``source``'s partial for the exchange ``token``."""
-    with _LOCK:
+    with _ARRIVED:
         _BOX.setdefault(token, {})[int(source)] = data
+        _ARRIVED.notify_all()
     return "OK"
 
 
@@ -195,3 +203,89 @@ def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any) -> A
             sums.append(reduce(acks, j, token))
     with dask.annotate(workers=[receivers[0]], allow_other_workers=True):
         return dask.delayed(_concat, pure=False)(sums)
+
+
+# ---------------------------------------------------------------------------------------------------- all-reduce
+def _send(worker: Any, address: str, token: str, source: int, data: Any) -> None:
+    """From a task: ``data`` to the worker at ``address`` under (``token``, ``source``), in place where it is this
+    worker; :class:`~dufs.engine.direct.HeldLost` where that worker is gone."""
+    from distributed.protocol import to_serialize
+    from distributed.utils import sync
+
+    if address == worker.address:
+        _put(token, source, data)
+        return
+    try:
+        sync(worker.loop, worker.rpc(address).dufs_put, token=token, source=source, data=to_serialize(data))
+    except (OSError, asyncio.TimeoutError) as e:
+        raise HeldLost(f"a sum among the workers was lost: a worker taking part left ({e})") from None
+
+
+def _await(token: str, source: int, base: str, timeout: float) -> Any:
+    """From a task: the message (``token``, ``source``) once it has arrived; HeldLost where the exchange ``base``
+    was given up (:func:`abort_exchange`) or nothing came within ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    with _ARRIVED:
+        while True:
+            box = _BOX.get(token)
+            if box is not None and source in box:
+                data = box.pop(source)
+                if not box:
+                    del _BOX[token]
+                return data
+            if base in _ABORTED:
+                raise HeldLost("a sum among the workers was lost: another worker taking part failed or left")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise HeldLost(f"a sum among the workers was lost: no message from rank {source} in {timeout:.0f} s")
+            _ARRIVED.wait(left)
+
+
+def allreduce_sum(value: np.ndarray, token: str, rank: int, peers: list[str],
+                  timeout: float = ALLREDUCE_TIMEOUT) -> np.ndarray:
+    """In one of ``len(peers)`` tasks running at once, the task of ``rank`` on the worker ``peers[rank]``: the sum
+    of every rank's ``value`` (small arrays of one shape), the same bits on every rank. The values are added up a
+    binary tree to rank 0 in the pairs and order of :func:`~dufs.engine.dispatch.tree_sum_values` (rank i adds
+    rank i + s at stride s), and the sum sent back down the same tree: 2 log2 W messages' latency, at most log2 W
+    sent by a rank, worker to worker through the ``dufs_put`` handler (no task, the scheduler or the driver
+    between them)."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    W = len(peers)
+    x = value
+    stride = 1
+    while stride < W:  # up: received from the subtree's ranks, then sent to the parent
+        if rank % (2 * stride):
+            _send(worker, peers[rank - stride], f"{token}:up", rank, x)
+            break
+        if rank + stride < W:
+            x = x + _await(f"{token}:up", rank + stride, token, timeout)
+        stride *= 2
+    low = stride  # rank 0: the tree's height as a power of two; another: its lowest set bit
+    if rank:
+        x = _await(f"{token}:down", rank - low, token, timeout)
+    step = low // 2
+    while step >= 1:  # down: to the ranks it received from
+        if rank + step < W:
+            _send(worker, peers[rank + step], f"{token}:down", rank, x)
+        step //= 2
+    return x
+
+
+def _abort(token: str) -> None:
+    """On a worker: the all-reduce ``token`` given up (its waiting tasks raise), its messages dropped."""
+    with _ARRIVED:
+        _ABORTED.add(token)
+        for key in [k for k in _BOX if k.startswith(token + ":")]:
+            del _BOX[key]
+        _ARRIVED.notify_all()
+
+
+def abort_exchange(client: Any, token: str, workers: list[str]) -> None:
+    """The all-reduce ``token`` given up on ``workers`` (after one of its tasks failed: the others stop waiting);
+    workers gone are skipped."""
+    try:
+        client.run(_abort, token, workers=list(workers), on_error="ignore")
+    except Exception:  # a scheduler or workers gone: nothing waits there
+        pass

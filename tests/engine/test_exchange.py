@@ -1,6 +1,7 @@
 """Sums over machines in pieces, peer to peer (:mod:`dufs.engine.exchange`): the pieces added where they arrive
 equal the fixed tree's sum of the whole partials, bit for bit, for arrays and for MMFS's partition results; a
-receiver that lost its pieces says so."""
+receiver that lost its pieces says so. An all-reduce among tasks running at once gives every rank the tree's sum,
+bit for bit, and a rank that fails or never comes makes the others give up rather than wait."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from dufs.engine.direct import HeldLost
 from dufs.engine.dispatch import tree_sum_values
-from dufs.engine.exchange import WHOLE_BYTES, _reduce, reduce_scatter_sum
+from dufs.engine.exchange import WHOLE_BYTES, _reduce, abort_exchange, allreduce_sum, ensure_plugin, reduce_scatter_sum
 from dufs.methods.mmfs.records import PartitionResult, RoundTotals
 
 
@@ -18,8 +19,9 @@ from dufs.methods.mmfs.records import PartitionResult, RoundTotals
 def client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+    with LocalCluster(n_workers=3, threads_per_worker=2, processes=True, dashboard_address=None) as lc, \
             Client(lc) as c:
+        ensure_plugin(c)
         yield c
 
 
@@ -68,3 +70,48 @@ def test_mmfs_partition_results_sum_as_the_tree_does(client, m):
 def test_a_receiver_without_its_pieces_says_they_were_lost():
     with pytest.raises(HeldLost, match="was lost"):
         _reduce([(0, False), (1, False), (2, False)], 1, "no-such-exchange")
+
+
+def _rank(value, token, rank, peers, fail, timeout):
+    if fail:
+        raise RuntimeError("this rank failed before it sent")
+    return allreduce_sum(value, token, rank, peers, timeout=timeout)
+
+
+def _allreduce(client, values, peers, token, fail=(), timeout=60.0):
+    return [client.submit(_rank, v, token, r, peers, r in fail, timeout, workers=[peers[r]], pure=False)
+            for r, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5, 6])
+def test_an_allreduce_gives_every_rank_the_tree_sum(client, W):
+    """Ranks on three processes (two a process from W = 4: sent in place there): every rank gets the sum of
+    :func:`tree_sum_values`, the same bits; values of mixed magnitudes, so that another order would differ."""
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    peers = [workers[r % len(workers)] for r in range(W)]
+    rng = np.random.default_rng(W)
+    values = [rng.standard_normal(9) * 10.0 ** rng.integers(-12, 12, 9) for _ in range(W)]
+    got = client.gather(_allreduce(client, values, peers, f"t{W}"))
+    want = tree_sum_values(values)
+    for g in got:
+        np.testing.assert_array_equal(g, want)
+    if W >= 5:
+        assert not np.array_equal(want, values[0] + tree_sum_values(values[1:]))
+
+
+def test_the_other_ranks_give_up_when_one_fails_or_never_comes(client):
+    from distributed import wait
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    values = [np.full(3, float(r)) for r in range(3)]
+    futs = _allreduce(client, values, workers, "failed", fail={2})
+    wait(futs[2])
+    abort_exchange(client, "failed", workers)
+    for f in futs:
+        with pytest.raises((HeldLost, RuntimeError)) as e:
+            f.result(timeout=30)
+        assert isinstance(e.value, RuntimeError if f is futs[2] else HeldLost)
+    # a rank that never comes, and nobody says so: its partners wait their timeout, then say it was lost
+    futs = _allreduce(client, values[:2], workers[:3], "absent", timeout=0.5)
+    with pytest.raises(HeldLost, match="no message from rank 2"):
+        futs[0].result(timeout=30)

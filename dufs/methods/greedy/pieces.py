@@ -1,24 +1,35 @@
 """A greedy selection's work over the samples in row pieces, one a machine (docs/scaling.md, "First of them: a
-greedy step in two phases").
+greedy step in pieces of rows").
 
 Kept on one worker (:func:`~dufs.methods.greedy.side.make_side`), a step's work over the samples is O(n) on one
 process whatever the number of machines: the term every greedy selector's weak scaling misses on. Here each
 machine's worker keeps a :class:`~dufs.methods.greedy.side.Side` over its rows [a_j, b_j) (its pieces of the
-selected columns, of the anchor graph's Zh or of JCFS's Y), and a step runs in two rounds of one task a machine:
-:meth:`Side.partials` (the step's sums over the piece's samples, a few hundred numbers), added here in a fixed
-order, then :meth:`Side.finish` from the sums over every sample, which makes the same H, criterion and objective on
-every piece and V's rows of the piece. V is joined from its pieces by one task on the first machine, from where the
-pass sends it on to the machines of the blocks, as the one side's V went. The sums are made by pieces, so the
+selected columns, of the anchor graph's Zh or of JCFS's Y), and a step is one task a machine, side by side:
+:meth:`Side.partials` (the step's sums over the piece's samples, a few hundred numbers), their all-reduce among
+the pieces' workers (:func:`~dufs.engine.exchange.allreduce_sum`: worker to worker, in a fixed tree), then
+:meth:`Side.finish` from the sums over every sample, which makes the same H, criterion and objective on every
+piece and V's rows of the piece. V is joined from its pieces by one task on the first machine, from where the pass
+sends it on to the machines of the blocks, as the one side's V went. The sums are made by pieces, so the
 selections are the one side's up to the order of additions. Only where B is local to the rows: an anchor graph's
 (whose Zh^T z is one of the sums) or no graph term; a kNN graph's Laplacian mixes the rows."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import numpy as np
 
-from dufs.engine import Kept, current_client, joined, kept_calls, tree_sum_values
+from dufs.engine import (
+    Kept,
+    abort_exchange,
+    allreduce_sum,
+    current_client,
+    ensure_plugin,
+    joined,
+    kept_calls,
+    tree_sum_values,
+)
 from dufs.errors import ParameterError
 from dufs.methods.greedy.side import make_side, step_vectors
 
@@ -69,20 +80,29 @@ class PieceSides:
 
     def take(self, p: int, col: Any, coef: float, shift: float) -> tuple:
         """A step (:meth:`Side.take` in pieces): (V, s_p, c2, criterion, objective, V's column sums)."""
-        sums = tree_sum_values([small for small, _ in self._each("partials", int(p), col, coef, shift)])
-        return self._finish("finish", sums)
+        return self._step("step", int(p), col, coef, shift)
 
     def vectors_at(self, t: int) -> tuple:
         """A replay's step t (:meth:`Side.vectors_at` in pieces): (V, s_p, c2, V's column sums)."""
-        sums = tree_sum_values([small for small, _ in self._each("replay_partials", int(t))])
-        V, s_p, c2, _, _, vsum = self._finish("replay_finish", sums)
+        V, s_p, c2, _, _, vsum = self._step("replay_step", int(t))
         return V, s_p, c2, vsum
 
-    def _finish(self, what: str, sums: np.ndarray) -> tuple:
-        got = self._each(what, sums, keep=1)
+    def _step(self, what: str, *args: Any) -> tuple:
+        """One task a piece, side by side: its sums, their all-reduce among the pieces' workers, the second phase
+        (the module docstring); V joined on the first machine."""
+        c = self.client
+        ensure_plugin(c)
+        token = uuid.uuid4().hex
+        peers = [s.address for s in self.sides]
+        try:
+            got = kept_calls(c, piece_call, [(s, what, self.bounds[j], token, j, peers, *args)
+                                             for j, s in enumerate(self.sides)], keep=1)
+        except BaseException:  # the other pieces stop waiting for the one that failed
+            abort_exchange(c, token, peers)
+            raise
         s_p, c2, crit, obj, _ = got[0][0]
         vsum = tree_sum_values([small[4] for small, _ in got])
-        V = joined(self.client, [kept[0] for _, kept in got], _join, self.workers[0])
+        V = joined(c, [kept[0] for _, kept in got], _join, self.workers[0])
         return V, s_p, c2, crit, obj, vsum
 
 
@@ -109,18 +129,23 @@ def _column_rows(col: tuple, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
     return (rows[keep] - a).astype(rows.dtype, copy=False), vals[keep]
 
 
-def piece_call(side: Any, what: str, a: int, *args: Any) -> tuple:
-    """On the worker that keeps a piece's ``side`` (rows from ``a``): the first phase of a step (``partials``: p,
-    its column, coef, shift) or of a replay (``replay_partials``: t), their sums back; or the second
-    (``finish``/``replay_finish``: the sums over every sample), V's piece kept, (s_p, c2, the criterion, the
-    objective, V's piece's column sums) back."""
-    if what == "partials":
+def piece_call(side: Any, what: str, a: int, token: str, rank: int, peers: list[str], *args: Any) -> tuple:
+    """On the worker that keeps a piece's ``side`` (rows from ``a``), the task of piece ``rank`` among ``peers``
+    (their workers): the first phase of a step (``step``: p, its column, coef, shift) or of a replay
+    (``replay_step``: t), its sums all-reduced with the other pieces' (exchange ``token``), then the second phase
+    from the sums over every sample; V's piece kept, (s_p, c2, the criterion, the objective, V's piece's column
+    sums) back (the criterion and objective None in a replay)."""
+    if what == "step":
         p, col, coef, shift = args
-        return side.partials(p, _column_rows(col, a, a + side.n), coef, shift), []
-    if what == "replay_partials":
-        return side.replay_partials(*args), []
-    if what in ("finish", "replay_finish"):
-        V, s_p, c2 = side.finish(*args) if what == "finish" else side.replay_finish(*args)
-        crit, obj = (side.criterion[-1], side.objective[-1]) if what == "finish" else (None, None)
-        return step_vectors(V, (s_p, c2, crit, obj), mode=side.mode)
-    raise ParameterError(f"piece_call: unknown call {what!r}")
+        part = side.partials(p, _column_rows(col, a, a + side.n), coef, shift)
+    elif what == "replay_step":
+        part = side.replay_partials(*args)
+    else:
+        raise ParameterError(f"piece_call: unknown call {what!r}")
+    sums = allreduce_sum(part, token, rank, peers)
+    if what == "step":
+        V, s_p, c2 = side.finish(sums)
+        crit, obj = side.criterion[-1], side.objective[-1]
+    else:
+        (V, s_p, c2), crit, obj = side.replay_finish(sums), None, None
+    return step_vectors(V, (s_p, c2, crit, obj), mode=side.mode)
