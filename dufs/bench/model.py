@@ -73,6 +73,9 @@ KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
 #: the methods whose work over the samples is in a piece of the rows a machine (dufs.methods.greedy.pieces): the
 #: slowest piece's seconds, a cost a sample of its n / W and a fixed one (one call a step)
 KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W", "1")}
+#: their driver's CPU then: a fixed cost a step and one a worker (the blocks' proposals, a task a piece), nothing
+#: over the samples (a term in n fitted to the noise between two store sizes projected to 10x kddb as real)
+PIECES_DRIVER_CPU = ("1", "WP")
 COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a nonzero and a fixed one
 
 #: the driver's resident bytes: (bytes a row, a feature, a row per partition, what they are), read from the code
@@ -283,7 +286,8 @@ def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25
             c_nz=coef.get("nnz", 0.0), c_fixed=coef.get("1", 0.0),
             machine_in=fit(shape["machine_in"], _points(datas, m, "machine_in")),
             driver_bytes=fit(shape["driver_bytes"], _points(datas, m, "driver")),
-            driver_cpu=fit(shape["driver_cpu"], _points(datas, m, "cpu")),
+            driver_cpu=fit(PIECES_DRIVER_CPU if _in_pieces(datas, m) else shape["driver_cpu"],
+                           _points(datas, m, "cpu")),
             tasks=fit(TASKS, _points(datas, m, "transitions")),
             kept=fit(KEPT_PIECES[m] if _in_pieces(datas, m) else KEPT, _points(datas, m, "kept")))
     return params
