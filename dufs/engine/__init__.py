@@ -19,7 +19,7 @@ from dufs.engine.dispatch import (
     tree_sum_into,
     tree_sum_values,
 )
-from dufs.engine.exchange import abort_exchange, allreduce_sum, ensure_plugin
+from dufs.engine.exchange import abort_exchange, allreduce_sum, ensure_plugin, fetch_kept, piece_bounds
 from dufs.engine.executor import Executor
 from dufs.engine.graphs import (
     AnchorGraph,
@@ -33,7 +33,7 @@ from dufs.engine.graphs import (
     sparse_counts,
 )
 from dufs.engine.inputs import check_finite, check_labels, input_identity
-from dufs.engine.kept import Kept, as_future, fetch, flush, joined, kept_call, kept_calls, kept_vectors
+from dufs.engine.kept import Kept, as_future, fetch, flush, joined, kept_call, kept_calls, kept_vectors, piece_workers
 from dufs.engine.knn import graph_built
 from dufs.engine.matrix import ROWS, STANDARDIZE, VALUES, Matrix, Transform, as_matrix, transform_of
 from dufs.engine.rows import Rows, max_task_bytes
@@ -41,11 +41,11 @@ from dufs.engine.shm import Receiving, receiving
 from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
 
-__all__ = ["ROWS", "STANDARDIZE", "VALUES", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock",
-           "Kept", "Matrix", "PerBlock", "Receiving", "Rows", "StoreBlock", "Transform", "abort_exchange",
-           "allreduce_sum", "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer", "check_finite",
-           "check_labels", "current_client", "ensure_plugin", "fetch", "flush", "get_client", "graph_built",
+__all__ = ["AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock", "Kept", "Matrix", "PerBlock", "ROWS",
+           "Receiving", "Rows", "STANDARDIZE", "StoreBlock", "Transform", "VALUES", "abort_exchange", "allreduce_sum",
+           "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer", "check_finite", "check_labels",
+           "current_client", "ensure_plugin", "fetch", "fetch_kept", "flush", "get_client", "graph_built",
            "graph_metric", "graph_rows", "graph_values", "in_shared_memory", "input_identity", "is_lost", "joined",
            "kept_call", "kept_calls", "kept_vectors", "knn_graph", "laplacian_operator", "last_timeline", "mark_spread",
-           "max_task_bytes", "ranked_head", "receiving", "resolve_graph", "shipped", "sparse_counts", "thread_runs",
-           "transform_of", "tree_sum_into", "tree_sum_values"]
+           "max_task_bytes", "piece_bounds", "piece_workers", "ranked_head", "receiving", "resolve_graph", "shipped",
+           "sparse_counts", "thread_runs", "transform_of", "tree_sum_into", "tree_sum_values"]

@@ -25,7 +25,7 @@ import numpy as np
 from dufs.engine.direct import HeldLost
 
 __all__ = ["ALLREDUCE_TIMEOUT", "ExchangePlugin", "WHOLE_BYTES", "abort_exchange", "allreduce_sum", "ensure_plugin",
-           "fetch_kept", "reduce_scatter_sum"]
+           "fetch_kept", "piece_bounds", "reduce_scatter_sum"]
 
 #: partials smaller than this go whole to the root machine's receiver rather than in pieces to every machine
 WHOLE_BYTES = 256 << 10
@@ -48,20 +48,23 @@ def _put(token: str, source: int, data: Any) -> str:
     return "OK"
 
 
-def _kept(token: str) -> Any:
-    """The worker's handler ``dufs_kept``: the vector it keeps under ``token`` (:mod:`dufs.engine.kept`), None
-    where it keeps none."""
+def _kept(token: str, start: int | None = None, stop: int | None = None) -> Any:
+    """The worker's handler ``dufs_kept``: the vector it keeps under ``token`` (:mod:`dufs.engine.kept`), or its
+    rows [start, stop); None where it keeps none."""
     from distributed.protocol import to_serialize
 
     from dufs.engine.kept import _KEPT
 
     v = _KEPT.get(token)
+    if v is not None and start is not None:
+        v = v[start:stop]
     return None if v is None else to_serialize(v)
 
 
-def fetch_kept(pairs: list[tuple[str, str]]) -> list[Any]:
-    """In a task: the vectors kept under each (worker address, token) of ``pairs``, this worker's read in place and
-    the others' fetched from their workers side by side (worker to worker, through their ``dufs_kept`` handler);
+def fetch_kept(pairs: list[tuple]) -> list[Any]:
+    """In a task: the vectors kept under each (worker address, token) of ``pairs``, or their rows [start, stop) for
+    a (worker address, token, start, stop), this worker's read in place (a view) and the others' fetched from their
+    workers side by side (worker to worker, through their ``dufs_kept`` handler);
     :class:`~dufs.engine.direct.HeldLost` where one is gone."""
     from distributed import get_worker
     from distributed.utils import sync
@@ -71,14 +74,17 @@ def fetch_kept(pairs: list[tuple[str, str]]) -> list[Any]:
     worker = get_worker()
     here = worker.address
     out: list[Any] = [None] * len(pairs)
-    for i, (a, t) in enumerate(pairs):
+    for i, (a, t, *rows) in enumerate(pairs):
         if a == here:
-            out[i] = _KEPT.get(t)
+            v = _KEPT.get(t)
+            out[i] = v[rows[0]:rows[1]] if v is not None and rows else v
 
     async def get() -> list:
-        return await asyncio.gather(*(worker.rpc(a).dufs_kept(token=t) for a, t in pairs if a != here))
+        return await asyncio.gather(*(worker.rpc(a).dufs_kept(token=t, start=rows[0] if rows else None,
+                                                              stop=rows[1] if rows else None)
+                                      for a, t, *rows in pairs if a != here))
 
-    away = [i for i, (a, _) in enumerate(pairs) if a != here]
+    away = [i for i, (a, *_) in enumerate(pairs) if a != here]
     if away:
         try:
             for i, v in zip(away, sync(worker.loop, get), strict=True):
@@ -114,7 +120,8 @@ def ensure_plugin(client: Any) -> None:
     _PLUGGED.add(client.id)
 
 
-def _bounds(rows: int, k: int) -> list[int]:
+def piece_bounds(rows: int, k: int) -> list[int]:
+    """Row bounds of ``k`` near-equal pieces of ``rows`` rows."""
     return [rows * j // k for j in range(k + 1)]
 
 
@@ -125,11 +132,11 @@ def _pieces(part: Any, k: int) -> list | None:
     if isinstance(part, np.ndarray):
         if part.ndim == 0 or part.nbytes < WHOLE_BYTES:
             return None
-        b = _bounds(part.shape[0], k)
+        b = piece_bounds(part.shape[0], k)
         return [np.ascontiguousarray(part[b[j]:b[j + 1]]) for j in range(k)]
     if 8 * getattr(part, "dufs_rows", 0) < WHOLE_BYTES:
         return None
-    return part.dufs_pieces(_bounds(part.dufs_rows, k))
+    return part.dufs_pieces(piece_bounds(part.dufs_rows, k))
 
 
 def _push(part: Any, source: int, token: str, receivers: list[str]) -> tuple[int, bool]:
@@ -242,15 +249,17 @@ def _await(token: str, source: int, base: str, timeout: float) -> Any:
 
 
 def allreduce_sum(value: np.ndarray, token: str, rank: int, peers: list[str],
-                  timeout: float = ALLREDUCE_TIMEOUT) -> np.ndarray:
+                  timeout: float = ALLREDUCE_TIMEOUT, base: str | None = None) -> np.ndarray:
     """In one of ``len(peers)`` tasks running at once, the task of ``rank`` on the worker ``peers[rank]``: the sum
     of every rank's ``value`` (small arrays of one shape), the same bits on every rank. The values are added up a
     binary tree to rank 0 in the pairs and order of :func:`~dufs.engine.dispatch.tree_sum_values` (rank i adds
     rank i + s at stride s), and the sum sent back down the same tree: 2 log2 W messages' latency, at most log2 W
     sent by a rank, worker to worker through the ``dufs_put`` handler (no task, the scheduler or the driver
-    between them)."""
+    between them). ``base``: the exchange that :func:`abort_exchange` gives up to stop it (``token`` itself, or a
+    prefix of it shared by the all-reduces of one call)."""
     from distributed import get_worker
 
+    base = token if base is None else base
     worker = get_worker()
     W = len(peers)
     x = value
@@ -260,11 +269,11 @@ def allreduce_sum(value: np.ndarray, token: str, rank: int, peers: list[str],
             _send(worker, peers[rank - stride], f"{token}:up", rank, x)
             break
         if rank + stride < W:
-            x = x + _await(f"{token}:up", rank + stride, token, timeout)
+            x = x + _await(f"{token}:up", rank + stride, base, timeout)
         stride *= 2
     low = stride  # rank 0: the tree's height as a power of two; another: its lowest set bit
     if rank:
-        x = _await(f"{token}:down", rank - low, token, timeout)
+        x = _await(f"{token}:down", rank - low, base, timeout)
     step = low // 2
     while step >= 1:  # down: to the ranks it received from
         if rank + step < W:
@@ -277,7 +286,7 @@ def _abort(token: str) -> None:
     """On a worker: the all-reduce ``token`` given up (its waiting tasks raise), its messages dropped."""
     with _ARRIVED:
         _ABORTED.add(token)
-        for key in [k for k in _BOX if k.startswith(token + ":")]:
+        for key in [k for k in _BOX if k.startswith(token)]:
             del _BOX[key]
         _ARRIVED.notify_all()
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["Kept", "as_future", "fetch", "flush", "joined", "kept_call", "kept_calls", "kept_vectors"]
+__all__ = ["Kept", "as_future", "fetch", "flush", "joined", "kept_call", "kept_calls", "kept_vectors", "piece_workers"]
 
 _KEPT: dict[str, np.ndarray] = {}  # on a worker: its kept vectors by token
 _LOCK = threading.Lock()
@@ -239,3 +239,27 @@ def kept_vectors(client: Any) -> bool:
         return len(machines(client)) > 1
     except Exception:  # a client that cannot say: the driver's way
         return False
+
+
+def piece_workers(client: Any, n: int) -> list[str]:
+    """The workers of a solver's vectors over the samples kept in pieces of rows, one a worker
+    (``dufs.engine.side-pieces``: auto, the first worker of each machine where they are on several; on, every
+    worker; off): none where they stay whole (a greedy selection's side, M3FS's scores)."""
+    from distributed.comm import get_address_host
+
+    from dufs import config
+
+    setting = str(config.get("engine.side-pieces")).lower()
+    if setting in ("off", "false", "no", "never"):
+        return []
+    try:  # asked now: after a lost worker the cached lists still name it
+        hosts: dict[str, list[str]] = {}
+        for a in sorted(client.nthreads()):
+            hosts.setdefault(get_address_host(a), []).append(a)
+    except Exception:  # a client that cannot say: one side
+        return []
+    if setting in ("on", "true", "yes", "always"):
+        workers = [w for ws in hosts.values() for w in ws]
+    else:
+        workers = [ws[0] for ws in hosts.values()]
+    return workers if 1 < len(workers) <= n else []

@@ -13,8 +13,8 @@ import pytest
 import scipy.sparse as sp
 
 import dufs
-from dufs.engine import Matrix, as_matrix
-from dufs.methods.greedy.pieces import _column_rows, piece_bounds
+from dufs.engine import Matrix, as_matrix, piece_bounds
+from dufs.methods.greedy.pieces import _column_rows
 
 K = 12
 _PIECES = {"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "on", "dufs.engine.side-pieces": "on"}

@@ -28,17 +28,13 @@ from dufs.engine import (
     ensure_plugin,
     joined,
     kept_calls,
+    piece_bounds,
     tree_sum_values,
 )
 from dufs.errors import ParameterError
 from dufs.methods.greedy.side import make_side, step_vectors
 
-__all__ = ["PieceSides", "piece_bounds"]
-
-
-def piece_bounds(n: int, k: int) -> list[int]:
-    """Row bounds of ``k`` near-equal pieces of ``n`` rows."""
-    return [n * j // k for j in range(k + 1)]
+__all__ = ["PieceSides"]
 
 
 class PieceSides:

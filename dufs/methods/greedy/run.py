@@ -26,6 +26,7 @@ from dufs.engine import (
     kept_vectors,
     last_timeline,
     mark_spread,
+    piece_workers,
     shipped,
 )
 from dufs.errors import ParameterError
@@ -113,7 +114,7 @@ class GreedyRun:
         if not self.kept:
             return Side(n, mode, lam1, lam2, L, W, Y, dtype, wd, li)
         c = self.client
-        workers = _piece_workers(c, n) if L is None else []
+        workers = piece_workers(c, n) if L is None else []
         if len(workers) > 1:
             return PieceSides(workers, n, mode, lam1, lam2, W, Y, dtype, wd, li)
         big = [None if a is None else c.scatter(a, hash=False) for a in (Y, wd)]
@@ -309,29 +310,6 @@ class GreedyRun:
 
     def save_at(self, step: int) -> bool:
         return self.dir is not None and step % self.every == 0
-
-
-def _piece_workers(client: Any, n: int) -> list[str]:
-    """The workers of the side's pieces of rows (``dufs.engine.side-pieces``: auto, the first worker of each machine
-    where they are on several; on, every worker; off): none where it stays whole."""
-    from distributed.comm import get_address_host
-
-    from dufs import config
-
-    setting = str(config.get("engine.side-pieces")).lower()
-    if setting in ("off", "false", "no", "never"):
-        return []
-    try:  # asked now: after a lost worker the cached lists still name it
-        hosts: dict[str, list[str]] = {}
-        for a in sorted(client.nthreads()):
-            hosts.setdefault(get_address_host(a), []).append(a)
-    except Exception:  # a client that cannot say: one side
-        return []
-    if setting in ("on", "true", "yes", "always"):
-        workers = [w for ws in hosts.values() for w in ws]
-    else:
-        workers = [ws[0] for ws in hosts.values()]
-    return workers if 1 < len(workers) <= n else []
 
 
 def _rebuild_after(run: GreedyRun, exc: BaseException, done: int, verbose_name: str) -> list:

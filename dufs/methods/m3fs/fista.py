@@ -176,12 +176,12 @@ def momentum_scores(prob: _VProblem, xF: np.ndarray, xpF: np.ndarray, xLF: np.nd
     """The momentum point's scores and L F extrapolated from x's and x_prev's, its best bias and the majoriser's
     value there: (yb, yF, L yF, value, gradient in F). The work over the samples alone (u's part given: ``yU``,
     a^T y, ||y||^2), so that a worker that keeps the scores makes it too (:mod:`dufs.methods.m3fs.kept`)."""
-    yF = np.empty((prob.n, 1))
+    yF = np.empty((xF.shape[0], 1))
     yFu = yF[:, 0]
     fista_extrapolate(xF[:, 0], xpF[:, 0], beta, yb, _NONE, yFu)  # its scores less the extrapolated bias
     LFu = None
     if xLF is not None:  # L yFu = L xF + beta (L xF - L xpF) - yb L 1
-        LFu = np.empty(prob.n)
+        LFu = np.empty(xF.shape[0])
         fista_extrapolate(xLF[:, 0], xpLF[:, 0], beta, yb, prob.L1v, LFu)
     yb, yF, LF = prob.settle(yU, yFu, yb, aY, LFu)
     Fy, R = prob.value(yU, yb, yF, LF, uuY)

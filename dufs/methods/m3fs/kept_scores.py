@@ -115,10 +115,10 @@ class _Samples:
     (:class:`~dufs.methods.m3fs.vstep._VProblem` without the data and the vectors over the features), x's and
     x_prev's scores and L F, the momentum point's and the trial's."""
 
-    def __init__(self, F, LF, yy, L1v, L, consts):
+    def __init__(self, F, LF, yy, L1v, L, consts, n=None):
         from dufs.methods.m3fs.vstep import _VProblem
 
-        self.prob = _VProblem.samples(yy, L1v, L, **consts)
+        self.prob = _VProblem.samples(yy, L1v, L, n=n, **consts)
         self.xF = self.xpF = F
         self.xLF = self.xpLF = LF
         self.y = self.new = None
@@ -148,7 +148,10 @@ def _momentum(s: _Samples, decision, beta, yb, aY):
     s.decide(decision)
     yb, yF, LF, Fy, R = momentum_scores(s.prob, s.xF, s.xpF, s.xLF, s.xpLF, beta, yb, None, aY, 0.0)
     s.y = (yb, yF, LF, Fy)
-    return (yb, Fy, float(R.sum())), [R[:, 0]]
+    gb = float(R.sum())
+    if s.prob.allsum is not None:  # a piece of the rows (dufs.methods.m3fs.piece_scores): over every sample
+        gb = float(s.prob.allsum(np.array([gb]))[0])
+    return (yb, Fy, gb), [R[:, 0]]
 
 
 class _Trials:

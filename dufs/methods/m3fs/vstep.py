@@ -24,7 +24,7 @@ from dufs.kernels.vstep import (
     weighted_norm2,
 )
 from dufs.methods.m3fs.fista import _State, fista
-from dufs.methods.m3fs.kept_scores import KeptScores
+from dufs.methods.m3fs.piece_scores import kept_side
 from dufs.methods.m3fs.resident import ResidentU, resident_partitions
 
 log = get_logger(__name__)
@@ -164,24 +164,33 @@ class _Balance:
 
 
 def _best_bias(Fu: np.ndarray, y: np.ndarray, LG: np.ndarray | None, L1: np.ndarray | None, lam: float, c: float,
-               mu: float, lo: float, hi: float, b: float) -> float:
+               mu: float, lo: float, hi: float, b: float, allsum: Any = None, n: int | None = None) -> float:
     """The bias b in [lo, hi] minimising c sum_i hinge_mu(y_i (Fu_i + b)) + lam (Fu + b 1)^T L (Fu + b 1), given
     ``LG`` = L Fu and ``L1`` = L 1 (None when lam = 0): a convex piecewise-quadratic function of one variable,
     minimised by safeguarded Newton from ``b`` on its derivative (exact on each piece: a few sweeps over the n
-    scores, no pass over the data)."""
-    q1 = 2.0 * lam * float(L1 @ Fu) if lam != 0.0 else 0.0  # 2 lam 1^T L Fu (L symmetric)
-    # 2 lam 1^T L 1, at least 0 (L is positive semidefinite): an anchor graph's L 1 is 0 but for rounding, and a
-    # negative q2 of -1e-16 made the function concave
-    q2 = max(2.0 * lam * float(L1.sum()), 0.0) if lam != 0.0 else 0.0
+    scores, no pass over the data). ``allsum``: where the scores are a piece of the rows (of ``n``), the sums over
+    the samples all-reduced with the other pieces' (:mod:`dufs.methods.m3fs.piece_scores`), so that every piece
+    takes the same steps to the same bias."""
+    q1 = q2 = 0.0
+    if lam != 0.0:
+        u1, l1 = float(L1 @ Fu), float(L1.sum())
+        if allsum is not None:
+            u1, l1 = allsum(np.array([u1, l1]))
+        q1 = 2.0 * lam * u1  # 2 lam 1^T L Fu (L symmetric)
+        # 2 lam 1^T L 1, at least 0 (L is positive semidefinite): an anchor graph's L 1 is 0 but for rounding, and
+        # a negative q2 of -1e-16 made the function concave
+        q2 = max(2.0 * lam * l1, 0.0)
     # a derivative within rounding of its terms is 0: with balanced labels and scores near 0 (a first v-step) the
     # function is flat in b, and the rounding of 1^T L Fu alone (1e-21) walked b to the balance bound, which put
     # every score, and so every label, on one side (a 100,000-row store: one cluster at lambda_ = 1e-12, the
     # planted two at 0)
-    noise = 1e-12 * (c * Fu.shape[0] + abs(q1))
+    noise = 1e-12 * (c * (Fu.shape[0] if n is None else n) + abs(q1))
     a_, b_ = float(lo), float(hi)
     b = min(max(float(b), a_), b_)
     for _ in range(200):
         ya, inside = hinge_bias_slope(Fu, y, b, mu)
+        if allsum is not None:
+            ya, inside = allsum(np.array([ya, inside], dtype=np.float64))
         g = -c * ya + q1 + q2 * b
         if abs(g) <= noise + 1e-12 * abs(q2 * b):
             g = 0.0
@@ -254,15 +263,18 @@ class _VProblem:
         if binary and a.lambda_ != 0.0:
             self.L1v = np.asarray(a.L1 if a.L1 is not None else L @ np.ones((n, 1)), dtype=np.float64).ravel()
         self.a_vec = np.zeros(0) if self.bal.a is None else np.ascontiguousarray(self.bal.a, dtype=np.float64)
+        self.allsum: Any = None  # the all-reduce of sums over the samples, where the scores are a piece of the rows
 
     @classmethod
     def samples(cls, yy: np.ndarray, L1v: np.ndarray | None, L: Any, *, c: float, lambda_: float, smoothing: float,
-                l: float) -> _VProblem:
+                l: float, n: int | None = None) -> _VProblem:
         """The two-cluster problem's side over the samples alone (no data, no vectors over the features): what
         :meth:`settle` and :meth:`value` need given a^T u, ||u||^2 and the scores, on the worker that keeps them
-        (:mod:`dufs.methods.m3fs.kept_scores`)."""
+        (:mod:`dufs.methods.m3fs.kept_scores`), or on each of the workers that keep a piece of their rows (``n``
+        the samples of all pieces; :attr:`allsum` then set for each call: :mod:`dufs.methods.m3fs.piece_scores`)."""
         self = cls.__new__(cls)
-        n = yy.shape[0]
+        n = yy.shape[0] if n is None else int(n)
+        self.allsum = None
         self.M, self.L, self.n, self.d, self.binary, self.p, self.yy = None, L, n, 0, True, 1, yy
         self.s_half, self.bal, self.a_vec, self.LZs, self.L1v = None, _Balance(None, n, l, True), _NONE, None, L1v
         self.c, self.lambda_, self.smoothing = c, lambda_, smoothing
@@ -292,7 +304,7 @@ class _VProblem:
         if aU is None:
             aU = 0.0 if bal.a is None else float(bal.a @ U[:, 0])
         b = _best_bias(Fu, self.yy, LG, self.L1v, lambda_, self.c, self.smoothing, (-bal.l - aU) / n,
-                       (bal.l - aU) / n, b)
+                       (bal.l - aU) / n, b, self.allsum, n)
         if not Fu.flags.writeable:  # a result as it came back from the cluster
             Fu = Fu.copy()
         Fu += b  # Fu is the caller's own array: it becomes F
@@ -307,14 +319,18 @@ class _VProblem:
         up); ``uu`` = ||U||^2 when the caller has it."""
         lambda_ = self.lambda_
         if self.binary and LF is not None and lambda_ != 0.0:  # two clusters: one sweep (dufs.kernels.vstep)
-            G = np.empty((self.n, 1)) if grad else None
+            G = np.empty((F.shape[0], 1)) if grad else None
             lv, fl = hinge_manifold(F[:, 0], self.yy, float(self.smoothing), float(self.c), LF.reshape(-1),
                                     float(lambda_), _NONE if G is None else G[:, 0])
+            if self.allsum is not None:
+                lv, fl = self.allsum(np.array([lv, fl]))
             return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + lambda_ * fl, G
         lv, G = _loss(F, self.yy, self.smoothing, self.c)
         if LF is None and self.LZs is not None:  # M clusters (two clusters always come with L F: settle makes it)
             LF = self.LZs @ U
         mv, G2 = _manifold(self.L, F, lambda_, LF)
+        if self.allsum is not None:
+            lv, mv = self.allsum(np.array([lv, mv]))
         G += G2  # _loss returns a fresh array; in place keeps one n x p array alive, not three
         return 0.5 * (float(np.vdot(U, U)) if uu is None else uu) + lv + mv, G
 
@@ -383,7 +399,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
     passes0 = M.passes
     U, b, F, LF, value, aU0 = _first_point(prob, a, parts, renew)
     rd = _place(prob, U, a.colsum, parts, keep, renew)
-    side = KeptScores(prob, F, LF, graph) if rd is not None and kept_vectors(current_client()) else None
+    side = kept_side(prob, F, LF, graph) if rd is not None and kept_vectors(current_client()) else None
     st = _State(U, b, F, LF, value, a.lipschitz, rd, aU0, prob.binary, side)
     del F, LF
     try:
