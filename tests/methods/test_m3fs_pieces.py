@@ -51,7 +51,7 @@ def test_scores_in_pieces_solve_as_the_driver_does(both_paths, monkeypatch, grap
     with dask.config.set(_PIECES):
         got = both_paths(lambda: Matrix(_data(), standardize="scale", block_width=10),
                          lambda M: ms.m3fs_alternating(M, n_features=5, graph=graph, n_anchors=16, n_neighbors=5,
-                                                       lambda_=lam, max_iter=2, polish=0))
+                                                       lambda_=lam, max_iter=1, polish=0))
     a, b = got["off"], got["on"]
     if graph == "knn":  # its Laplacian mixes the rows: the scores stay whole, on one worker
         assert seen["whole"] and not seen["calls"]
