@@ -89,7 +89,8 @@ def _assert_same(sel, ref, rel=REL, X=None, W=None, lambda1=0.01, lambda2=0.01):
 
 
 def _fit_lap(X, method, W, client=False, **kw):
-    params = {"lambda1": 0.01, "lambda2": 0.01, **kw}
+    # the paper's reading of the data (sparse counts are read otherwise by default: tests/methods/test_lapofs_smooth.py)
+    params = {"lambda1": 0.01, "lambda2": 0.01, "columns": "raw", **kw}
     if W is not None:
         params["W"] = W
     return dufs.fit(X, method=method, n_features=K, standardize=None, client=client, **params)
