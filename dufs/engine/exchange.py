@@ -10,7 +10,11 @@ every worker: peer to peer, not through the scheduler or the driver); each recei
 added over the machines in the order and pairs of the tree (:func:`~dufs.engine.dispatch.tree_sum_values`), so
 the sum is the tree's, bit for bit. Partials smaller than :data:`WHOLE_BYTES` go whole to the root (one hop, not
 log2 W). A receiver that left, or a reduction run on another worker, raises
-:class:`~dufs.engine.direct.HeldLost` ("was lost"), from which the solvers rebuild their state."""
+:class:`~dufs.engine.direct.HeldLost` ("was lost"), from which the solvers rebuild their state.
+
+Small sums among tasks that run at once, one a worker (the pieces of rows of a greedy step's or M3FS's vectors
+over the samples), go by :func:`allreduce_sum`: up a binary tree in the tree's pairs and back down it, through the
+same handler; a task that fails has the driver give the others up (:func:`abort_exchange`) rather than wait."""
 
 from __future__ import annotations
 
@@ -43,8 +47,9 @@ _PLUGGED: set[str] = set()  # on the driver: the clients whose workers have the 
 def _put(token: str, source: int, data: Any) -> str:
     """The worker's handler ``dufs_put``: a piece of ``source``'s partial for the exchange ``token``."""
     with _ARRIVED:
-        _BOX.setdefault(token, {})[int(source)] = data
-        _ARRIVED.notify_all()
+        if not any(token.startswith(a) for a in _ABORTED):  # a late message of an exchange given up: dropped
+            _BOX.setdefault(token, {})[int(source)] = data
+            _ARRIVED.notify_all()
     return "OK"
 
 
