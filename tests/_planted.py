@@ -30,3 +30,15 @@ def planted_counts(n, d, seed, density, n_big, big):
     hits = rng.choice(n * d, n_big, replace=False)
     X[hits // d, hits % d] = big
     return X, rng
+
+
+def two_groups_sparse(n, d, seed, shifted):
+    """n x d standard normal, the first half of the rows shifted by 2 on the first ``shifted`` columns, half the
+    entries zeroed at random; CSC."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    X[: n // 2, :shifted] += 2.0
+    X[rng.random((n, d)) < 0.5] = 0.0
+    return sp.csc_array(X)

@@ -8,10 +8,10 @@ import signal
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 from dufs.engine import Matrix
 from dufs.testing import patience
+from tests._planted import two_groups_sparse
 
 
 def _kept_here() -> int:
@@ -21,11 +21,7 @@ def _kept_here() -> int:
 
 
 def _data(n=160, d=60, seed=3):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    X[: n // 2, :4] += 2.0
-    X[rng.random((n, d)) < 0.5] = 0.0
-    return sp.csc_array(X)
+    return two_groups_sparse(n, d, seed, 4)
 
 
 def _killing(monkeypatch, cls, name, client, at):

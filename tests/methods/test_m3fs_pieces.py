@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 from dufs.engine import Matrix
 from dufs.methods.m3fs import alternating as ms
 from dufs.methods.m3fs import piece_scores
+from tests._planted import two_groups_sparse
 
 _PIECES = {"dufs.engine.side-pieces": "on"}
 
 
 def _data(n=160, d=30, seed=1):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    X[: n // 2, :3] += 2.0
-    X[rng.random((n, d)) < 0.5] = 0.0
-    return sp.csc_array(X)
+    return two_groups_sparse(n, d, seed, 3)
 
 
 def _spy(monkeypatch):

@@ -25,7 +25,19 @@ from dufs.methods.m3fs.resident import retrial_point, step_result
 __all__ = ["KeptScores"]
 
 
-class KeptScores:
+class Decisions:
+    """What FISTA made of the last trial point (:meth:`accept` / :meth:`restart`), applied with the next call."""
+
+    decision: str | None = None
+
+    def accept(self) -> None:
+        self.decision = "accept"
+
+    def restart(self) -> None:
+        self.decision = "restart"
+
+
+class KeptScores(Decisions):
     """The scores of a v-step's iterates kept on one worker (see the module docstring): :meth:`momentum` makes the
     momentum point there and keeps its gradient R for the pass (:meth:`gradient`), :meth:`trial` backtracks there
     from the pass's held sum, :meth:`accept` / :meth:`restart` say what FISTA made of the trial (applied with the
@@ -62,12 +74,6 @@ class KeptScores:
             both = self.client.scatter(both, hash=False)
         (Fn, nb, dd, aN, Lip, tried), _ = kept_call(self.client, _trial, self.h, both, centred, step, Lip)
         return (Fn, None, nb, None, None, dd, aN), Lip, tried
-
-    def accept(self) -> None:
-        self.decision = "accept"
-
-    def restart(self) -> None:
-        self.decision = "restart"
 
     def final(self) -> tuple[np.ndarray, np.ndarray | None]:
         """x's scores F and L F (None without a manifold term), the last decision applied."""

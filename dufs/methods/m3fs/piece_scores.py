@@ -36,7 +36,7 @@ from dufs.engine import (
     piece_workers,
 )
 from dufs.errors import ParameterError
-from dufs.methods.m3fs.kept_scores import KeptScores, _final, _momentum, _Samples, _trial
+from dufs.methods.m3fs.kept_scores import Decisions, KeptScores, _final, _momentum, _Samples, _trial
 
 __all__ = ["PieceScores", "kept_side"]
 
@@ -52,7 +52,7 @@ def kept_side(prob: Any, F: np.ndarray, LF: np.ndarray | None, graph: Any) -> An
     return KeptScores(prob, F, LF, graph)
 
 
-class PieceScores:
+class PieceScores(Decisions):
     """:class:`~dufs.methods.m3fs.kept_scores.KeptScores` 's calls, the scores in a piece of rows on each of
     ``workers`` (the module docstring)."""
 
@@ -117,12 +117,6 @@ class PieceScores:
         got = self._call("trial", (held.address, held.token), centred, step, Lip)
         Fn, nb, dd, aN, Lip, tried = got[0][0]
         return (Fn, None, nb, None, None, dd, aN), Lip, tried
-
-    def accept(self) -> None:
-        self.decision = "accept"
-
-    def restart(self) -> None:
-        self.decision = "restart"
 
     def final(self) -> tuple[np.ndarray, np.ndarray | None]:
         """x's scores F and L F (None without a manifold term), joined here from the pieces."""
