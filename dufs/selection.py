@@ -277,10 +277,12 @@ HTML_TOP = 10
 
 def stop_reason(diag: dict) -> str:
     """How a run ended, from its diagnostics: the solver's own reason, convergence, greedy steps, or a one-off
-    score."""
+    score; then, where the method records them, how close it was to converging (``diagnostics["convergence"]``:
+    its measure against its tolerance) and its budget of passes (``diagnostics["budget"]``)."""
+    conv = diag.get("convergence") if isinstance(diag.get("convergence"), dict) else None
     details = [f"{k.replace('_', ' ')} {diag[k]:.3g}" if isinstance(diag[k], float) else f"{k} {diag[k]}"
                for k in ("iterations", "rounds", "relative_gap") if isinstance(diag.get(k), int | float)
-               and not isinstance(diag.get(k), bool)]
+               and not isinstance(diag.get(k), bool) and not (conv and k == "relative_gap")]
     if diag.get("stopped"):
         why = str(diag["stopped"])
     elif "converged" in diag:
@@ -289,7 +291,37 @@ def stop_reason(diag: dict) -> str:
         why = f"{diag['steps']} greedy steps, one a feature"
     else:
         why = "scored in closed form (no iterations)"
-    return why + (f" ({', '.join(details)})" if details else "")
+    out = why + (f" ({', '.join(details)})" if details else "")
+    if conv:
+        out += "; " + closeness(conv)
+    if isinstance(diag.get("budget"), dict):
+        out += "; " + budget_text(diag["budget"])
+    return out
+
+
+def _g(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, int | float) and not isinstance(v, bool) else "n/a"
+
+
+def closeness(conv: dict) -> str:
+    """A method's ``diagnostics["convergence"]`` in words: its measure at the end against its tolerance."""
+    text = f"{conv.get('measure', 'convergence measure')} {_g(conv.get('value'))} against tol {_g(conv.get('tol'))}"
+    if isinstance(conv.get("labels_changed"), int):
+        text += f", {conv['labels_changed']:,} labels changed in the last iteration"
+    return text
+
+
+def budget_text(budget: dict) -> str:
+    """A method's ``diagnostics["budget"]`` (its budget of passes over the data) in words."""
+    rule, limit = budget.get("rule"), budget.get("max_passes")
+    if rule == "none":
+        return "no pass budget (max_passes=None)"
+    if rule == "given":
+        return f"pass budget {limit:,} (given)"
+    if limit is None:
+        return f"pass budget auto, unset: {budget.get('note') or 'the run ended before its speed was measured'}"
+    return (f"pass budget {limit:,} (auto: {budget.get('time_budget'):g} s at {_g(budget.get('seconds_per_pass'))} "
+            f"s a pass, at least {budget.get('min_passes')})")
 
 
 def _html(sel: Selection) -> str:

@@ -94,6 +94,11 @@ def select(
     console.print(f"{d['wall_time']:.2f} s {where}, {d['n_blocks']} feature blocks "
                   f"({d.get('blocks', {}).get('mode', '?')}), {d['passes']} passes"
                   + (f"; written to {output}" if output else ""), highlight=False, soft_wrap=True)
+    from dufs.cli.stores import stop_summary
+
+    stop = stop_summary(d, degenerate=False)  # a degenerate result was said above, as a warning
+    if stop:
+        console.print(f"stopped: {stop}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _check_select(store: str, method: str, k: int, standardize: str | None, params: dict) -> None:

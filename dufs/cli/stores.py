@@ -312,7 +312,7 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
          "params_in_force": prov.get("params"),
          "standardize": prov.get("standardize", (raw.get("params") or {}).get("standardize")),
          "graph": prov.get("graph"), "graph_metric": prov.get("graph_metric"),
-         "graph_values": prov.get("graph_values"), "versions": prov.get("versions"), "stop": _stop_reason(diag),
+         "graph_values": prov.get("graph_values"), "versions": prov.get("versions"), "stop": stop_summary(diag),
          "best": [[int(i), None if scores is None else float(s)] for i, s in
                   zip(sel.indices[:k], scores[:k] if scores is not None else [None] * k, strict=True)],
          "source": raw.get("source"), "sidecars": sidecars,
@@ -354,17 +354,19 @@ def _selection_info(path: Path, as_json: bool, top: int) -> None:
     out.print(t)
 
 
-def _stop_reason(diag: dict) -> str | None:
-    """Why the method stopped, from its diagnostics (None for a filter, which makes its passes and stops)."""
+def stop_summary(diag: dict, degenerate: bool = True) -> str | None:
+    """Why the method stopped, from its diagnostics (:func:`dufs.selection.stop_reason`: what stopped it, how close
+    to converging it was, its pass budget), with a degenerate result's note unless ``degenerate`` is False; None for
+    a filter or a greedy method, which make their passes or steps and stop."""
+    from dufs.selection import stop_reason
+
     parts = []
-    if diag.get("stopped") is not None:
-        parts.append(str(diag["stopped"]))
-    elif diag.get("converged") is not None:
-        parts.append("converged" if diag["converged"] else "not converged")
-    for key in ("rounds", "gap", "relative_gap"):
+    if diag.get("stopped") is not None or diag.get("converged") is not None:
+        parts.append(stop_reason(diag))
+    for key in ("gap",) if parts else ("rounds", "gap", "relative_gap"):
         if isinstance(diag.get(key), int | float) and not isinstance(diag.get(key), bool):
             parts.append(f"{key} {diag[key]:.4g}" if isinstance(diag[key], float) else f"{key} {diag[key]}")
-    if diag.get("degenerate"):
+    if degenerate and diag.get("degenerate"):
         parts.append(f"degenerate: {diag['degenerate']}")
     return ", ".join(parts) or None
 

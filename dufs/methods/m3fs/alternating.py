@@ -63,6 +63,7 @@ import scipy.sparse as sp
 from dufs._logging import get_logger
 from dufs.engine import AnchorGraph, Matrix, current_client, flush, graph_rows, laplacian_operator, ranked_head
 from dufs.errors import ParameterError
+from dufs.methods.m3fs.budget import TIME_BUDGET, PassBudget
 from dufs.methods.m3fs.problem import sigma_step
 from dufs.methods.m3fs.vstep import _objectives, v_step
 from dufs.scheduling import one_blas_thread
@@ -229,7 +230,7 @@ def _colsum(M: Matrix) -> np.ndarray | None:
 
 
 def _checked(n: int, d: int, *, n_features: Any, n_clusters: Any, max_iter: Any, inner_max_iter: Any, polish: Any,
-             C: Any, lambda_: Any, tol: Any, smoothing: Any, inner_tol: Any, max_passes: Any,
+             C: Any, lambda_: Any, tol: Any, smoothing: Any, inner_tol: Any, max_passes: Any, time_budget: Any,
              l: Any) -> tuple[float, float, float, float, float, float]:
     """:func:`m3fs_alternating`'s parameters checked; (C, lambda_, tol, smoothing, inner_tol, l) as floats, lambda_
     None made min(_LAMBDA, _LAMBDA_N / n) and l None 0.1 n."""
@@ -251,10 +252,11 @@ def _checked(n: int, d: int, *, n_features: Any, n_clusters: Any, max_iter: Any,
     tol = _check("tol", tol)
     mu = _check("smoothing", smoothing)
     inner_tol = _check("inner_tol", inner_tol)
-    if max_passes is not None and (not isinstance(max_passes, int | np.integer) or isinstance(max_passes, bool)
-                                   or max_passes < 1):
-        raise ParameterError(f"The 'max_passes' parameter of m3fs_alternating must be an int >= 1 or None; "
+    if max_passes is not None and max_passes != "auto" and (
+            not isinstance(max_passes, int | np.integer) or isinstance(max_passes, bool) or max_passes < 1):
+        raise ParameterError(f"The 'max_passes' parameter of m3fs_alternating must be an int >= 1, 'auto' or None; "
                              f"got {max_passes!r}.")
+    _check("time_budget", time_budget, strict=True)
     lam = min(_LAMBDA, _LAMBDA_N / n) if lambda_ is None else lam
     ll = 0.1 * n if l is None else _check("l", l)
     return C, lam, tol, mu, inner_tol, ll
@@ -295,10 +297,11 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
                      max_iter: int = 50, tol: float = 1e-4, smoothing: float = 1e-2, inner_tol: float = 1e-3,
                      inner_max_iter: int = 500, random_state: int = 0, init: Any = "spectral",
                      alternations: int = 10, dense_below: int = 3000, callback: Any = None,
-                     polish: Any = "auto", max_passes: int | None = None) -> M3FSAlternatingResult:
+                     polish: Any = "auto", max_passes: int | str | None = "auto",
+                     time_budget: float = TIME_BUDGET) -> M3FSAlternatingResult:
     """M3FS by alternation (see the module docstring): labels, the v-step, the closed-form sigma-step, until the
     relative decrease of J_mu is below ``tol`` with the labels unchanged, ``max_iter`` iterations, or
-    ``max_passes`` passes over the data.
+    ``max_passes`` passes over the data (by default a budget from the data and the machine).
 
     Parameters
     ----------
@@ -337,11 +340,16 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
         samples, Lanczos above).
     callback : callable, optional
         ``callback(iteration, result_so_far_dict)`` after each iteration.
-    max_passes : int, optional
-        A budget of passes over the data (each v-solver iteration makes two or three): once it is spent the
+    max_passes : int, "auto" or None
+        A budget of passes over the data (each v-solver iteration makes one to three): once it is spent the
         v-step under way returns its best point, the sigma-step runs, and the solver stops with
         ``diagnostics["converged"]`` False and ``diagnostics["stopped"]`` = "max_passes" (the selection is the
-        current sigma's). None: no budget. A pass's time at kddb size: docs/measurements.md, "M3FS's alternation".
+        current sigma's). ``"auto"`` (the default): ``time_budget`` seconds of passes at the speed measured over
+        the solver's first passes, at least 50 (:mod:`dufs.methods.m3fs.budget`; ``diagnostics["budget"]``
+        records the number chosen and why). None: no budget. A pass's time at kddb size: docs/measurements.md,
+        "M3FS's alternation".
+    time_budget : float
+        Seconds of passes ``max_passes="auto"`` allows (the graph and the spectral start are outside it).
     polish : int or "auto"
         After the alternation, up to this many label flips are tried, each on the untried sample of smallest
         margin (|f_i|; multi-class: the gap between its two best scores, flipped to the runner-up), the alternation
@@ -356,7 +364,7 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     C, lam, tol, mu, inner_tol, ll = _checked(
         n, d, n_features=n_features, n_clusters=n_clusters, max_iter=max_iter, inner_max_iter=inner_max_iter,
         polish=polish, C=C, lambda_=lambda_, tol=tol, smoothing=smoothing, inner_tol=inner_tol, max_passes=max_passes,
-        l=l)
+        time_budget=time_budget, l=l)
     k = int(n_clusters)
     passes0, t0 = M.passes, time.perf_counter()
     Wg, Lop = _graph(M, L, W, graph=graph, n_neighbors=n_neighbors, weights=weights, n_anchors=n_anchors,
@@ -364,7 +372,8 @@ def m3fs_alternating(M: Matrix, *, n_features: int, C: float = 1.0, lambda_: flo
     timings = {"graph": time.perf_counter() - t0}
     t0 = time.perf_counter()
     run = _Alternation(M, Lop, n_features, k, C, lam, ll, mu, tol, inner_tol, inner_max_iter, alternations, max_iter,
-                       max_passes, callback, _colsum(M), *_products(M, Lop, lam, k), graph=Wg)
+                       PassBudget(M, max_passes, time_budget), callback, _colsum(M), *_products(M, Lop, lam, k),
+                       graph=Wg)
     lab = _init_labels(M, Lop, init, k, random_state, int(dense_below), Wg)
     timings["init"] = time.perf_counter() - t0
     return run.result(*run.solve(lab, polish), timings, passes0, Wg)
@@ -405,13 +414,12 @@ class _Alternation:
     inner_max_iter: int
     alternations: int
     max_iter: int
-    max_passes: int | None
+    budget: PassBudget
     callback: Any
     colsum: np.ndarray | None
     LZ: np.ndarray | None
     L1: np.ndarray | None
     graph: Any = None
-    solve0: int = 0
     keep: dict = field(default_factory=dict)
     hist: list = field(default_factory=list)
     exact: list = field(default_factory=list)
@@ -419,13 +427,15 @@ class _Alternation:
     inner: list = field(default_factory=list)
     it_s: list = field(default_factory=list)
     it_passes: list = field(default_factory=list)
+    # the main alternation's last iteration: the relative decrease of J_mu ("value") and the labels it changed
+    last: dict = field(default_factory=dict)
 
     @property
     def binary(self) -> bool:
         return self.k == 2
 
     def spent(self) -> bool:
-        return self.max_passes is not None and self.M.passes - self.solve0 >= int(self.max_passes)
+        return self.budget.spent()
 
     def solve(self, lab: np.ndarray, polish: Any) -> tuple[_Point, list[dict]]:
         """The alternation from labels ``lab``, sigma = m / d and v = 0, then the label polishing; the v-step's
@@ -434,7 +444,7 @@ class _Alternation:
         p = 1 if self.binary else self.k
         with one_blas_thread():
             try:
-                self.solve0 = self.M.passes
+                self.budget.start()
                 point, _ = self.alternate(lab, np.full(d, min(1.0, self.n_features / d)), np.zeros((d, p)), 0.0,
                                           np.zeros((n, p)), 1.0, 0)
                 n_polish = (_POLISH if n <= _POLISH_MAX_N else 0) if polish == "auto" else int(polish)
@@ -466,6 +476,9 @@ class _Alternation:
             changed = int((new != lab).sum())
             lab = new
             self._record(H, max(it0, 0) + it, J, Je, changed, n_inner, t1, p1)
+            decrease = None if it == 0 else (H[0][-2] - J) / max(abs(J), 1e-300)
+            if it0 >= 0:
+                self.last = {"value": decrease, "labels_changed": changed}
             if changed == 0 and (it == 0 or H[0][-2] - J <= self.tol * max(abs(J), 1e-300)):
                 converged = True
                 break
@@ -481,10 +494,9 @@ class _Alternation:
         for _ in range(int(self.alternations)):
             if n_inner and self.spent():
                 break
-            left = None if self.max_passes is None else max(1, int(self.max_passes) - (M.passes - self.solve0))
             vs = v_step(M, sigma, y, self.L, C=self.C, lambda_=self.lam, l=self.l, smoothing=self.mu,
                         n_clusters=self.k, V0=V, b0=b, colsum=self.colsum, tol=self.inner_tol,
-                        max_iter=int(self.inner_max_iter), lipschitz=Lip, LZ=self.LZ, L1=self.L1, max_passes=left,
+                        max_iter=int(self.inner_max_iter), lipschitz=Lip, LZ=self.LZ, L1=self.L1, stop=self.spent,
                         F0=F, value_rtol=_VALUE_RTOL * self.tol, keep=self.keep, LF0=LF, graph=self.graph)
             V, b, F, Lip, LF = vs["V"], vs["b"], vs["F"], vs["lipschitz"], vs["LF"]
             n_inner += vs["iterations"]
@@ -554,10 +566,22 @@ class _Alternation:
                 "smoothing": self.mu, "l": self.l,
                 "graph": "given L" if Wg is None else "anchor" if isinstance(Wg, AnchorGraph) else "knn",
                 "n_clusters": self.k, "polish": polished, "lambda_": self.lam,
-                "stopped": "converged" if converged else "max_passes" if self.spent() else "max_iter"}
-        if not converged and self.spent():
-            log.warning("m3fs_alternating: stopped after its budget of max_passes = %d passes before converging; the "
-                        "selection is the current saliencies'", int(self.max_passes))
+                "stopped": "converged" if converged else "max_passes" if self.spent() else "max_iter",
+                "budget": self.budget.record(),
+                "convergence": {"measure": "relative decrease of J_mu", "value": None, "tol": self.tol,
+                                "labels_changed": None, **self.last}}
+        c = diag["convergence"]
+        if converged:
+            log.info("m3fs_alternating: converged after %d iterations and %d passes (relative decrease of J_mu %s "
+                     "against tol %g; pass budget %s)", len(self.iters), diag["passes"],
+                     "n/a" if c["value"] is None else f"{c['value']:.3g}", self.tol,
+                     self.budget.limit if self.budget.limit is not None else "none")
+        else:
+            log.warning("m3fs_alternating: stopped by %s before converging (relative decrease of J_mu %s against tol "
+                        "%g, %s labels changed in the last iteration; %s); the selection is the current "
+                        "saliencies'", diag["stopped"], "n/a" if c["value"] is None else f"{c['value']:.3g}",
+                        self.tol, c["labels_changed"],
+                        f"{self.budget.limit} passes" if self.budget.limit is not None else "no pass budget")
         return M3FSAlternatingResult(sigma=sigma, labels=point.lab, selected=sel,
                                      v=point.V[:, 0] if binary else point.V, b=float(point.b), f=point.F,
                                      objective=np.array(self.hist), objective_exact=np.array(self.exact),

@@ -329,7 +329,8 @@ def m3fs_faithful(X: Any, *, n_features: int, C: float = 1.0, lambda_: float = 1
     M3FSResult
         ``diagnostics``: ``cutting_planes``, ``cccp_iterations`` (per master problem), ``objectives`` (per master
         problem), ``violations`` (of each newly found constraint), ``prop4_violation`` (the final most violated
-        constraint's excess over xi + epsilon, <= 0 when Proposition 4 holds), ``converged``, ``init_labels``,
+        constraint's excess over xi + epsilon, <= 0 when Proposition 4 holds), ``converged``, ``stopped``
+        ("converged" or "max_cutting_planes"), ``convergence`` (the last violation against epsilon), ``init_labels``,
         ``working_set`` (Omega: rows c, 0/1 two-class, r_i or -1 multi-class), ``last_z`` (the CCCP signs/labels of
         the last SOCP), ``cccp_capped`` / ``cccp_cycles`` (master problems whose CCCP hit ``max_cccp`` / revisited
         a sign pattern, which the held indicator term of (17) allows), ``inaccurate_socps``, ``socp_sigma``,
@@ -478,6 +479,9 @@ class _Faithful:
         diag["last_z"] = self.z_used if omega else None
         diag["prop4_violation"] = loss - (xi + eps)
         diag["converged"] = self.converged
+        diag["stopped"] = "converged" if self.converged else "max_cutting_planes"
+        diag["convergence"] = {"measure": "most violated constraint's excess over xi",
+                               "value": float(diag["violations"][-1]), "tol": float(eps)}
         diag["socp_sigma"] = self.sigma
         diag["seconds"] = time.perf_counter() - t0
         sal = sigma_step(v, self.m)

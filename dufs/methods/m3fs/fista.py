@@ -6,6 +6,7 @@ an iteration) or, two clusters, by the workers that keep u beside their blocks (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -85,12 +86,13 @@ class _State:
 
 
 def fista(prob: _VProblem, st: _State, *, tol: float, max_iter: int, value_rtol: float, max_passes: int | None,
-          passes0: int) -> int:
+          passes0: int, stop: Callable[[], bool] | None = None) -> int:
     """FISTA from ``st`` until the gradient mapping's norm G is at most ``tol`` times its first value, or G^2 / 2
     (a bound on how far the value is above the optimum: the problem is 1-strongly convex in u) is at most
     ``value_rtol`` times the value, or the step changes nothing, or :data:`_STALL` steps in a row have not lowered
-    the best value, after ``max_iter`` iterations at most or once the data's passes since ``passes0`` reach
-    ``max_passes``; returns the iterations made (the best point is ``st.best``)."""
+    the best value, after ``max_iter`` iterations at most, once the data's passes since ``passes0`` reach
+    ``max_passes`` or once ``stop()`` (the caller's budget, asked after each iteration) says so; returns the
+    iterations made (the best point is ``st.best``)."""
     it = 0
     for it in range(1, int(max_iter) + 1):  # noqa: B007 (the count is returned)
         trial = _iteration(prob, st)
@@ -102,6 +104,8 @@ def fista(prob: _VProblem, st: _State, *, tol: float, max_iter: int, value_rtol:
                 0.5 * gm * gm <= value_rtol * abs(st.best[0]):
             break
         if max_passes is not None and prob.M.passes - passes0 >= max_passes:
+            break
+        if stop is not None and stop():
             break
     return it
 

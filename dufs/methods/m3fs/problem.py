@@ -29,8 +29,11 @@ M3FS_PARAMS = table(
     Param("n_neighbors", None, (None, integer(1)), f"k of the graph ({_NONE_IS_THE_SOLVERS})"),
     Param("max_iter", None, (None, integer(1)), f"outer iterations, alternating ({_NONE_IS_THE_SOLVERS})"),
     Param("polish", None, (None, StrOptions({"auto"}), integer(0)), "label flips tried, alternating"),
-    Param("max_passes", None, (None, integer(1)), "budget of passes over the data, alternating (None: none)",
-          estimator=False),
+    Param("max_passes", "auto", (None, integer(1), StrOptions({"auto"})),
+          "budget of passes over the data, alternating ('auto': time_budget seconds of passes at the measured "
+          "speed, at least 50; None: none)", estimator=False),
+    Param("time_budget", None, (None, positive()), f"seconds of passes max_passes='auto' allows, alternating "
+          f"({_NONE_IS_THE_SOLVERS}: 1200)", estimator=False),
     SEED,
     Param("sigma_width", None, (None, positive()), "Gaussian graph width, faithful", estimator=False),
     Param("L", None, ("no_validation",), "a precomputed Laplacian", estimator=False),

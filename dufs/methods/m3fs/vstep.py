@@ -6,6 +6,7 @@ over the features here or on the workers); the accelerated projected gradient th
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,6 +239,7 @@ class _VArgs:
     F0: np.ndarray | None
     value_rtol: float
     LF0: np.ndarray | None
+    stop: Callable[[], bool] | None = None
 
 
 class _VProblem:
@@ -341,7 +343,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
            lipschitz: float = 1.0, LZ: np.ndarray | None = None, L1: np.ndarray | None = None,
            max_passes: int | None = None, F0: np.ndarray | None = None, value_rtol: float = 0.0,
            resident: bool = True, keep: dict | None = None, LF0: np.ndarray | None = None,
-           graph: Any = None) -> dict:
+           graph: Any = None, stop: Callable[[], bool] | None = None) -> dict:
     """The v-step: min over (v, b) of 1/2 sum_k ||v_k||^2 / sigma_k + C/n sum_i hinge_mu(y; f) +
     lambda sum_p f_p^T L f_p under the class balance, sigma and labels ``y`` fixed ({-1, +1} for
     ``n_clusters`` = 2, 0..M-1 otherwise), from ``V0`` ((d,) or (d, M)) and ``b0``.
@@ -351,9 +353,9 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     runs on u alone); stops when the gradient mapping's norm G is at most ``tol`` times its first value, or when
     G^2 / 2, which bounds how far the value is above the optimum (the problem is 1-strongly convex in u), is at most
     ``value_rtol`` times the value (or the step changes nothing, or ten steps in a row have not lowered the best
-    value), after ``max_iter``
-    iterations at most, or once it has made ``max_passes`` passes over the data (the iteration under way finishes;
-    its best point is returned). Returns a dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``,
+    value), after ``max_iter`` iterations at most, or once it has made ``max_passes`` passes over the data or
+    ``stop()`` (asked after each iteration: the caller's budget) says so (the iteration under way finishes; its
+    best point is returned). Returns a dict with V (d, p), b, F = Z v + b, the majoriser's value ``value``,
     ``iterations``, ``passes``, the final ``lipschitz``, ``resident`` (whether the vectors over the features
     stayed on the workers) and ``LF`` = L F (two clusters with a manifold term; else None).
 
@@ -373,7 +375,7 @@ def v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, *, C: float, lam
     ``L`` itself is sent)."""
     a = _VArgs(C=C, lambda_=lambda_, l=l, smoothing=smoothing, n_clusters=n_clusters, V0=V0, b0=b0, colsum=colsum,
                tol=tol, max_iter=max_iter, lipschitz=lipschitz, LZ=LZ, L1=L1, max_passes=max_passes, F0=F0,
-               value_rtol=value_rtol, LF0=LF0)
+               value_rtol=value_rtol, LF0=LF0, stop=stop)
     parts = resident_partitions(M) if resident and int(n_clusters) == 2 and (LZ is None or lambda_ == 0) \
         else None
     if parts is not None:
@@ -404,7 +406,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
     del F, LF
     try:
         it = fista(prob, st, tol=a.tol, max_iter=a.max_iter, value_rtol=a.value_rtol, max_passes=a.max_passes,
-                   passes0=passes0)
+                   passes0=passes0, stop=a.stop)
     except BaseException:  # what the workers keep goes with the v-step that failed
         if rd is not None:
             with contextlib.suppress(Exception):

@@ -189,7 +189,7 @@ def mmfs(M: Matrix, y: Any, *, n_features: int | None = None, C: float = 1.0, th
                           fresh=fresh, **kw)
     release(out["state"])
     diagnostics = _diagnostics(out, gk, auto, trace, recovery, ck, resumed_from, t0, n_features,
-                               len(partitions), M.n_blocks)
+                               len(partitions), M.n_blocks, float(tol))
     # w = ws + t 1: ws itself where t is 0 (every step folds it in; a copy of 8 bytes a sample saved); kept on a
     # worker while the path went on (dufs.engine.kept), brought here once
     client = current_client()
@@ -262,12 +262,17 @@ def _gamma_path(M: Matrix, rho: Any, geo: Any, gammas: list[float], first: int, 
 
 def _diagnostics(out: dict, gk: float, auto: bool, trace: list, recovery: dict, ck: Checkpoint | None,
                  resumed_from: int | None, t0: float, n_features: int | None, n_partitions: int,
-                 n_blocks: int) -> dict:
-    """:class:`MMFSResult`'s diagnostics from the last solve's output ``out`` (at gamma ``gk``)."""
+                 n_blocks: int, tol: float) -> dict:
+    """:class:`MMFSResult`'s diagnostics from the last solve's output ``out`` (at gamma ``gk``): what stopped it
+    (``stopped``: "converged", the relative duality gap within ``tol``, or "max_epochs") and how close it was
+    (``convergence``: that gap against ``tol``)."""
     support = out["support"]
+    rel = out["gap"] / max(abs(out["objective"]), 1e-300)
     diagnostics = {
         "objective": out["objective"], "duality_gap": out["gap"],
-        "relative_gap": out["gap"] / max(abs(out["objective"]), 1e-300), "converged": out["converged"],
+        "relative_gap": rel, "converged": out["converged"],
+        "stopped": "converged" if out["converged"] else "max_epochs",
+        "convergence": {"measure": "relative duality gap", "value": rel, "tol": tol},
         "rounds": len(trace), "gamma": gk, "gamma_path": auto, "support": support, "n_partitions": n_partitions,
         "n_blocks": n_blocks, "cocoa_rounds": sum(t.get("rule") == "cocoa+" for t in trace),
         "trace": trace, "solve_time": time.perf_counter() - t0,
@@ -275,6 +280,9 @@ def _diagnostics(out: dict, gk: float, auto: bool, trace: list, recovery: dict, 
         "checkpoint": None if ck is None else ck.path, "checkpoint_writes": 0 if ck is None else ck.writes,
         "resumed_from_round": resumed_from, "workers_lost": int(recovery.get("workers_lost", 0)),
     }
+    if not out["converged"]:
+        log.warning("mmfs: stopped by max_epochs at gamma %.3g before converging (relative duality gap %.3g against "
+                    "tol %g)", gk, rel, tol)
     if recovery.get("errors"):
         diagnostics["recovery_errors"] = recovery["errors"]
     if n_features is not None and support < n_features:

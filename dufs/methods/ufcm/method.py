@@ -169,6 +169,7 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
     objective = [f]
     history: list[dict] = []
     converged = False
+    change = None  # the last iteration's |rise| / max(1, |f|), against tol
     # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its threads
     with one_blas_thread() if not run.dense else contextlib.nullcontext():
         for it in range(max_iter):
@@ -180,6 +181,7 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
                      entry["u_candidate"], entry["seconds"])
             rise = f_new - f
             f = f_new
+            change = abs(rise) / max(1.0, abs(f))
             if abs(rise) <= tol * max(1.0, abs(f)):
                 converged = True
                 break
@@ -187,7 +189,13 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
     if run.side is not None:  # the labels, kept on a worker, brought here once
         labels = run.side.result()
     scores = np.sqrt(np.einsum("ij,ij->i", W, W))
-    diagnostics = {"iterations": len(history), "converged": converged, "timings": run.timings,
+    if not converged:
+        log.warning("ufcm: stopped at max_iter = %d before converging (relative change of the objective %.3g "
+                    "against tol %g)", max_iter, change, tol)
+    diagnostics = {"iterations": len(history), "converged": converged,
+                   "stopped": "converged" if converged else "max_iter",
+                   "convergence": {"measure": "relative change of the objective", "value": change, "tol": tol},
+                   "timings": run.timings,
                    "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": run.dense,
                    "pca_converged": pca_converged,
                    "operator_products": products, "history": history}
