@@ -53,6 +53,8 @@ def test_scores_in_pieces_solve_as_the_driver_does(both_paths, monkeypatch, grap
         assert seen["whole"] and not seen["calls"]
     else:
         assert not seen["whole"] and {"_make", "momentum", "trial", "final"} <= set(seen["calls"])
+    assert a.diagnostics["samples_side"] == "driver"
+    assert b.diagnostics["samples_side"] == ("one worker" if graph == "knn" else "2 pieces")
     assert sum(a.diagnostics["inner_iterations"]) > 10
     np.testing.assert_array_equal(b.selected, a.selected)
     np.testing.assert_array_equal(b.labels, a.labels)

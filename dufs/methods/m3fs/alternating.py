@@ -429,6 +429,8 @@ class _Alternation:
     it_passes: list = field(default_factory=list)
     # the main alternation's last iteration: the relative decrease of J_mu ("value") and the labels it changed
     last: dict = field(default_factory=dict)
+    # where the last v-step kept its scores: "driver", "one worker" or "N pieces" (dufs.methods.m3fs.piece_scores)
+    samples_side: str = "driver"
 
     @property
     def binary(self) -> bool:
@@ -499,6 +501,7 @@ class _Alternation:
                         max_iter=int(self.inner_max_iter), lipschitz=Lip, LZ=self.LZ, L1=self.L1, stop=self.spent,
                         F0=F, value_rtol=_VALUE_RTOL * self.tol, keep=self.keep, LF0=LF, graph=self.graph)
             V, b, F, Lip, LF = vs["V"], vs["b"], vs["F"], vs["lipschitz"], vs["LF"]
+            self.samples_side = vs["samples_side"]
             n_inner += vs["iterations"]
             sigma = np.asarray(sigma_step(V[:, 0] if binary else V.T, self.n_features), dtype=np.float64)
             J, Je = _objectives(F, V, sigma, self.L, C=self.C, lambda_=self.lam, smoothings=(self.mu, 0.0), LF=LF)
@@ -566,6 +569,7 @@ class _Alternation:
                 "smoothing": self.mu, "l": self.l,
                 "graph": "given L" if Wg is None else "anchor" if isinstance(Wg, AnchorGraph) else "knn",
                 "n_clusters": self.k, "polish": polished, "lambda_": self.lam,
+                "samples_side": self.samples_side,
                 "stopped": "converged" if converged else "max_passes" if self.spent() else "max_iter",
                 "budget": self.budget.record(),
                 "convergence": {"measure": "relative decrease of J_mu", "value": None, "tol": self.tol,

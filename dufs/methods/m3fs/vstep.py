@@ -426,7 +426,15 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
             rd.release()
     # x is the best point: xLF = L F at the F returned
     return {"V": V, "b": b, "F": F, "value": Fbest, "iterations": it, "passes": M.passes - passes0,
-            "lipschitz": st.Lip, "resident": rd is not None, "LF": LF}
+            "lipschitz": st.Lip, "resident": rd is not None, "LF": LF, "samples_side": _side_name(side)}
+
+
+def _side_name(side: Any) -> str:
+    """Where a v-step's scores were kept: "driver", "one worker" or "N pieces" (the diagnostics' ``samples_side``)."""
+    if side is None:
+        return "driver"
+    pieces = getattr(side, "pieces", None)
+    return "one worker" if pieces is None else f"{len(pieces)} pieces"
 
 
 def _first_point(prob: _VProblem, a: _VArgs, parts: list | None, renew: bool) -> tuple:
