@@ -36,10 +36,10 @@ class LapAOFS(GreedySelector):
     n_anchors, anchor_neighbors, embed_dim : int
         Anchor graph settings (``graph="anchor"``).
     random_state : int, default 0
-    columns : {"auto", "raw", "smooth"}, default "auto"
+    columns : {"raw", "smooth"}, default "raw"
         What the design is made of: "raw", the columns as stored (the paper's); "smooth", each centred and scaled
-        to its smoothness on the graph, B on the normalised graph; "auto", smooth on sparse non-negative data
-        (counts) with a kNN graph, raw otherwise (docs/methods.md, "What the design is made of").
+        to its smoothness on the graph, B on the normalised graph, for sparse counts whose kNN graph follows their
+        clusters (docs/methods.md, "What the design is made of").
     standardize : {"zscore", "scale"} or None, default None
     client : distributed.Client, optional
 
@@ -61,7 +61,7 @@ class LapAOFS(GreedySelector):
     def __init__(self, n_features: int = 10, *, lambda1: float = 0.01, lambda2: float = 0.01, W: Any = None,
                  graph: str = "auto", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
                  n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
-                 columns: str = "auto", standardize: str | None = None, client: Any = None):
+                 columns: str = "raw", standardize: str | None = None, client: Any = None):
         self.n_features = n_features
         self.lambda1 = lambda1
         self.lambda2 = lambda2

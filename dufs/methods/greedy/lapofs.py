@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dufs.engine import AnchorGraph, Matrix, Transform, laplacian_operator, sparse_counts
+from dufs.engine import AnchorGraph, Matrix, Transform, laplacian_operator
 from dufs.errors import ParameterError
 from dufs.kernels.greedy import (
     A_OPTIMAL,
@@ -40,11 +40,10 @@ LAPOFS_PARAMS = table(
     Param("lambda2", 0.01, (positive(),), "ridge"),
     GRAPH_PARAMS.values(),
     Param("n_neighbors", 4, (integer(1),), "k of the kNN graph"),
-    Param("columns", "auto", (StrOptions({"auto", *COLUMNS}),),
-          "'smooth': every candidate column centred and scaled so that its squared norm is its smoothness on the "
-          "graph (f~^T W f~ / f^T L f = 1 / its Laplacian score - 1), B on the graph D^-1/2 W D^-1/2; 'raw': the "
-          "columns as read (the paper's); 'auto': smooth for sparse non-negative stored data (counts) on a kNN "
-          "graph, raw otherwise"),
+    Param("columns", "raw", (StrOptions(set(COLUMNS)),),
+          "'raw': the columns as read (the paper's); 'smooth': every candidate column centred and scaled so that "
+          "its squared norm is its smoothness on the graph (f~^T W f~ / f^T L f = 1 / its Laplacian score - 1), B "
+          "on the graph D^-1/2 W D^-1/2: for sparse counts whose kNN graph follows their clusters"),
     CHECKPOINT_PARAMS.values(),
     Param("checkpoint_every", 1, (integer(1),), "steps between the blocks' checkpoints", estimator=False),
 )
@@ -54,19 +53,20 @@ LAPOFS_PARAMS = table(
 def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float = 0.01, lambda2: float = 0.01,
            W: Any = None, graph: str = "auto", n_neighbors: int = 4, weights: str = "binary", t: float | None = None,
            n_anchors: int = 256, anchor_neighbors: int = 3, embed_dim: int = 64, random_state: int = 0,
-           columns: str = "auto", checkpoint: Any = "auto", checkpoint_every: int = 1,
+           columns: str = "raw", checkpoint: Any = "auto", checkpoint_every: int = 1,
            resume: bool = False) -> GreedyResult:
     """LapAOFS (``criterion="A"``) or LapDOFS (``"D"``) of He, Ji, Zhang, Bao (TPAMI 2011), sequential scheme:
     ``n_features`` features chosen one at a time in feature space (see the module docstring). The sample graph is
     ``W`` or built from ``graph``, ``n_neighbors``, ``weights`` ("binary" or "heat"), ``t`` (the paper: kNN with
     k = 4); L = D - W.
 
-    ``columns`` (:func:`lapofs_columns`): what the design is made of. ``"auto"`` on sparse non-negative data
-    (counts) and a kNN graph is ``"smooth"``: every column centred and scaled to its smoothness on the graph
-    (:func:`smooth_columns`), with B = I + lambda1 L of the symmetrically normalised graph (:func:`normalized_graph`);
-    ``"raw"`` (anything else) is the paper's. A departure from the paper: on counts its criterion ranks by a
-    column's energy, so the most frequent features come first and the graph term hardly counts (docs/methods.md,
-    "What the design is made of"). ``diagnostics["columns"]`` records the choice."""
+    ``columns``: what the design is made of. ``"raw"`` (the default) is the paper's; ``"smooth"``: every column
+    centred and scaled to its smoothness on the graph (:func:`smooth_columns`), with B = I + lambda1 L of the
+    symmetrically normalised graph (:func:`normalized_graph`), a departure from the paper for sparse counts whose
+    kNN graph follows their clusters: there the paper's criterion ranks by a column's energy, so the most frequent
+    features come first and the graph term hardly counts; where the graph does not follow the classes (real text
+    sets) the smooth columns are at chance, hence not the default (docs/methods.md, "What the design is made of").
+    ``diagnostics["columns"]`` records the choice."""
     name = "lapaofs" if criterion == "A" else "lapdofs"
     check_params(LAPOFS_PARAMS, {"criterion": criterion, "lambda1": lambda1, "lambda2": lambda2, "graph": graph,
                                  "n_neighbors": n_neighbors, "weights": weights, "t": t, "n_anchors": n_anchors,
@@ -79,7 +79,7 @@ def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float =
     Wg = sample_graph(M, W, graph=graph, n_neighbors=n_neighbors, weights=weights, t=t, n_anchors=n_anchors,
                       anchor_neighbors=anchor_neighbors, embed_dim=embed_dim, random_state=random_state)
     graph_s = time.perf_counter() - t0
-    read = lapofs_columns(M, columns, anchor=isinstance(Wg, AnchorGraph))
+    read = columns
     D, Wb = M, Wg
     if read == "smooth":
         centre, coef = smooth_columns(M, Wg)
@@ -99,16 +99,6 @@ def lapofs(M: Matrix, *, n_features: int, criterion: str = "A", lambda1: float =
                            checkpoint_kept=directory is not None and finish_checkpoint(directory, checkpoint),
                            columns=read)
     return res
-
-
-def lapofs_columns(M: Matrix, columns: str = "auto", *, anchor: bool = False) -> str:
-    """What :func:`lapofs`'s design is made of for its ``columns`` parameter: ``"auto"`` is ``"smooth"`` where M's
-    values are sparse, non-negative and unstandardized (:func:`dufs.engine.sparse_counts`: counts) and the graph a
-    kNN graph (``anchor`` False), else ``"raw"`` (the paper's). The smooth columns are as good as the graph's
-    clusters, and the anchor graph of a few thousand rows carried too little of them (docs/methods.md)."""
-    if columns != "auto":
-        return columns
-    return "smooth" if not anchor and sparse_counts(M) else "raw"
 
 
 # ---------------------------------------------------------------------------------------------------- smooth columns
