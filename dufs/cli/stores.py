@@ -291,8 +291,8 @@ def _verify(store: str, max_damage: int = 100) -> dict:
 def _selection_info(path: Path, as_json: bool, top: int) -> None:
     import warnings
 
+    from dufs._sidecars import sidecar_path
     from dufs.cli.selecting import load_selection_file
-    from dufs.selection import sidecar_path
 
     try:
         with warnings.catch_warnings():
