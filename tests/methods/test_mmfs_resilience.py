@@ -106,7 +106,13 @@ def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem,
             # fixture above reaches no further than this process)
             if not self.fired and record.getMessage().startswith("round 1:"):
                 Killer.fired = True
-                os.kill(self.pick(), signal.SIGKILL)
+                addr, pid = self.pick()
+                os.kill(pid, signal.SIGKILL)
+                # until the scheduler has seen it go: the solve may otherwise finish its last round before it
+                # does, and count no lost worker
+                deadline = time.monotonic() + patience(60)
+                while addr in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
 
     tol = 1e-6
     lg = logging.getLogger("dufs.methods.mmfs.solver")  # the solver logs its rounds
@@ -122,8 +128,8 @@ def test_sigkill_of_a_worker_mid_solve_finishes_with_the_same_objective(problem,
             if kept:  # the worker keeping the vectors
                 holders = [a for a, k in client.run(_kept_here).items() if k]
                 assert holders, "no worker keeps w"
-                return pids[holders[0]]
-            return sorted(pids.values())[0]
+                return holders[0], pids[holders[0]]
+            return min(pids.items(), key=lambda kv: kv[1])
 
         handler = Killer(pick)
         old = lg.level
