@@ -70,6 +70,32 @@ _BIN_RATIO = 1.02
 _BIN_TERMS = 9
 
 
+def _bin_centres(floor: float, top: float) -> np.ndarray:
+    """D_b - D_(k) of :class:`_SecularMoments`' bins: their geometric centres from ``floor`` up to ``top``."""
+    lr = np.log(_BIN_RATIO)
+    n_bins = int(np.floor(np.log(top / floor) / lr)) + 1 if top > floor else 0
+    return floor * np.exp(lr * (np.arange(n_bins) + 0.5))
+
+
+def moment_sums(Q: np.ndarray, D: np.ndarray, d_k: float, floor: float, top: float) -> tuple[np.ndarray, np.ndarray]:
+    """The bins' packed moments and row counts of :class:`_SecularMoments` over the rows (``Q``, ``D``) given: one
+    sweep (in threads, :func:`_over_pieces`); sums, so that pieces of the rows add theirs (``top``: the largest D
+    less d_k over all the rows, which sets the bins)."""
+    centre = _bin_centres(floor, top)
+    Qc, Dc = np.ascontiguousarray(Q), np.ascontiguousarray(D, dtype=np.float64)
+    lr = np.log(_BIN_RATIO)
+    parts = _over_pieces(lambda a, b: bin_moments(Qc[a:b], Dc[a:b], d_k, floor, lr, d_k + centre, _BIN_TERMS),
+                         Q.shape[0])
+    if not parts:
+        c = Q.shape[1]
+        return np.zeros((centre.size, _BIN_TERMS, c * (c + 1) // 2)), np.zeros(centre.size, dtype=np.int64)
+    packed, count = parts[0]
+    for more, n_more in parts[1:]:
+        packed += more
+        count += n_more
+    return packed, count
+
+
 class _SecularMoments:
     """M(t) = B^T Q^T (t I + D)^-1 Q B and P(t) = -dM/dt for any t >= -D_(k), without a sweep over Q: the rows
     with D_i within ``floor`` of D_(k) exact (a handful), every other row through its bin's moments
@@ -80,20 +106,24 @@ class _SecularMoments:
 
     def __init__(self, Q: np.ndarray, D: np.ndarray, B: np.ndarray, d_k: float, floor: float):
         ex = np.flatnonzero(D - d_k <= floor)  # a few rows (no temporary over all of them beyond this test)
-        self.XE, self.DE = Q[ex] @ B, D[ex]
-        lr = np.log(_BIN_RATIO)
         top = float(D.max()) - d_k if D.size else 0.0
-        n_bins = int(np.floor(np.log(top / floor) / lr)) + 1 if top > floor else 0
-        centre = floor * np.exp(lr * (np.arange(n_bins) + 0.5))  # D_b - D_(k): the bins' geometric centres
-        Qc, Dc = np.ascontiguousarray(Q), np.ascontiguousarray(D, dtype=np.float64)
-        parts = _over_pieces(lambda a, b: bin_moments(Qc[a:b], Dc[a:b], d_k, floor, lr, d_k + centre, _BIN_TERMS),
-                             Q.shape[0])
-        packed, count = parts[0]
-        for more, n_more in parts[1:]:
-            packed += more
-            count += n_more
+        packed, count = moment_sums(Q, D, d_k, floor, top)
+        self._assemble(Q[ex] @ B, D[ex], packed, count, Q.shape[1], B, d_k, floor, top)
+
+    @classmethod
+    def from_sums(cls, XE: np.ndarray, DE: np.ndarray, packed: np.ndarray, count: np.ndarray, c: int,
+                  B: np.ndarray, d_k: float, floor: float, top: float) -> _SecularMoments:
+        """The moments from their sums over pieces of the rows (:func:`moment_sums` of each, added; ``XE``, ``DE``
+        every piece's exact rows in the basis B; ``top`` the largest D less d_k over all of them)."""
+        self = cls.__new__(cls)
+        self._assemble(XE, DE, packed, count, c, B, d_k, floor, top)
+        return self
+
+    def _assemble(self, XE: np.ndarray, DE: np.ndarray, packed: np.ndarray, count: np.ndarray, c: int,
+                  B: np.ndarray, d_k: float, floor: float, top: float) -> None:
+        self.XE, self.DE = XE, DE
+        centre = _bin_centres(floor, top)
         keep = np.flatnonzero(count)
-        c = Q.shape[1]
         iu = np.triu_indices(c)
         full = np.zeros((keep.shape[0], _BIN_TERMS, c, c))
         full[:, :, iu[0], iu[1]] = packed[keep]

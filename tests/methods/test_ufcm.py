@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import dask
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -499,8 +500,9 @@ def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(both_paths, kept_c
     from dufs.methods.ufcm import kept
 
     calls = kept_calls(kept)
-    got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=200),
-                     lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
+    with dask.config.set({"dufs.engine.side-pieces": "off"}):  # W on the driver (in pieces: test_ufcm_features)
+        got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=200),
+                         lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     a, b = got["off"], got["on"]
     assert b.diagnostics["iterations"] == a.diagnostics["iterations"] >= 2
     np.testing.assert_array_equal(b.objective, a.objective)
@@ -520,9 +522,10 @@ def test_y_and_labels_lost_with_their_worker_are_made_again(both_paths, forget_k
 
     calls: list = []
     caplog.set_level("WARNING", logger="dufs.methods.ufcm.kept")
-    got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
-                     lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
-                     lambda: calls.append(forget_kept(ukept.KeptY, when, 2)))  # the second call
+    with dask.config.set({"dufs.engine.side-pieces": "off"}):  # W on the driver (in pieces: test_ufcm_features)
+        got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+                         lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
+                         lambda: calls.append(forget_kept(ukept.KeptY, when, 2)))  # the second call
     assert len(calls[0]) >= 2 and "made again on another worker" in caplog.text
     b = got["on"]
     assert np.all(np.diff(b.objective) >= -1e-9 * np.abs(b.objective[1:]))

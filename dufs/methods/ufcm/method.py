@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import VALUES, Matrix, current_client, kept_vectors, sparse_counts
+from dufs.engine import VALUES, Matrix, current_client, is_lost, kept_vectors, sparse_counts
 from dufs.errors import ParameterError
 from dufs.methods.params import SEED, Interval, Param, StrOptions, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
+from dufs.methods.ufcm.features import FeatureSide, feature_pieces
 from dufs.methods.ufcm.kept import KeptY
 from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
 from dufs.scheduling import one_blas_thread
@@ -78,6 +79,14 @@ def _objective(yy: Any, km: float, W: np.ndarray, alpha: float, beta: float, p: 
 
 
 # ---------------------------------------------------------------------------------------------------- validation
+def _transform_row(M: Matrix, W: np.ndarray) -> np.ndarray | None:
+    """The transform's centring row times W (as :meth:`Matrix.matvec` with ``hold`` returns it), or None."""
+    mu, inv = M.transform
+    if mu is None:
+        return None
+    return ((mu * inv) if inv is not None else np.asarray(mu, dtype=np.float64)) @ W
+
+
 def _int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
             high is not None and value > high):
@@ -164,27 +173,46 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
     passes0 = M.passes
     t0 = time.perf_counter()
     run = _Run(M, c, k, alpha, beta, p, n_init, seed, dense_below)
-    W, Y, labels, C, f, products, pca_converged = run.start()
-    run.timings["setup"] = time.perf_counter() - t0
-    objective = [f]
-    history: list[dict] = []
-    converged = False
-    change = None  # the last iteration's |rise| / max(1, |f|), against tol
-    # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its threads
-    with one_blas_thread() if not run.dense else contextlib.nullcontext():
-        for it in range(max_iter):
-            W, Y, labels, C, f_new, entry, nprod = run.iteration(W, Y, labels, C, it)
-            products += nprod
-            objective.append(f_new)
-            history.append(entry)
-            log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new,
-                     entry["u_candidate"], entry["seconds"])
-            rise = f_new - f
-            f = f_new
-            change = abs(rise) / max(1.0, abs(f))
-            if abs(rise) <= tol * max(1.0, abs(f)):
-                converged = True
-                break
+    restarts = 0
+    while True:
+        try:
+            W, Y, labels, C, f, products, pca_converged = run.start()
+            run.timings["setup"] = time.perf_counter() - t0
+            objective = [f]
+            history: list[dict] = []
+            converged = False
+            change = None  # the last iteration's |rise| / max(1, |f|), against tol
+            # matrix-free, the workers make the passes (one_blas_thread); the dense path's d x d eigh keeps its
+            # threads
+            with one_blas_thread() if not run.dense else contextlib.nullcontext():
+                for it in range(max_iter):
+                    W, Y, labels, C, f_new, entry, nprod = run.iteration(W, Y, labels, C, it)
+                    products += nprod
+                    objective.append(f_new)
+                    history.append(entry)
+                    log.info("ufcm iteration %d: objective %.10g (U candidate %d, %.1f s)", it + 1, f_new,
+                             entry["u_candidate"], entry["seconds"])
+                    rise = f_new - f
+                    f = f_new
+                    change = abs(rise) / max(1.0, abs(f))
+                    if abs(rise) <= tol * max(1.0, abs(f)):
+                        converged = True
+                        break
+            if run.fside is not None:  # W, kept in pieces beside the blocks, brought here once
+                W = run.fside.result()
+                run.fside.release()
+            break
+        except Exception as e:
+            if run.fside is None or not is_lost(e) or restarts:
+                raise
+            # W's rows on a worker that left are gone with it: the alternation again from its start, W on the
+            # driver (docs/methods.md, "UFCM beside the blocks")
+            log.warning("ufcm: %s; W's pieces were lost: the iterations start again, W on the driver", e)
+            restarts += 1
+            with contextlib.suppress(Exception):
+                run.fside.release()
+            run.fside, run.pieces, run.w_side = None, None, "driver"
+            run.rng = np.random.default_rng(seed)  # the same seeds as a run that kept W on the driver
     G = C.T
     if run.side is not None:  # the labels, kept on a worker, brought here once
         labels = run.side.result()
@@ -197,7 +225,7 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
                    "convergence": {"measure": "relative change of the objective", "value": change, "tol": tol},
                    "timings": run.timings,
                    "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": run.dense,
-                   "pca_converged": pca_converged,
+                   "pca_converged": pca_converged, "w_side": run.w_side, "restarts": restarts,
                    "operator_products": products, "history": history}
     return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)
 
@@ -242,8 +270,13 @@ class _Run:
         self.dense = self.d < dense_below
         self.St = self.Zc.scatter() if self.dense else None
         self.everyone = np.ones(self.d, dtype=bool)
-        # Y and the labels kept on a worker where the workers are on several machines (dufs.engine.kept)
+        # Y and the labels kept on a worker where the workers are on several machines (dufs.engine.kept), and
+        # there W's rows in pieces beside the blocks where the W step makes no pass (alpha = 1: features.py)
         self.side = KeptY() if kept_vectors(current_client()) else None
+        self.pieces = feature_pieces(M) if self.side is not None and alpha == 1.0 and not self.dense else None
+        self.fside: FeatureSide | None = None
+        self.w_side = "driver"
+        self.centring: tuple = (None, None)  # (m^T W, the transform's row times W) of the kept W
 
     def seeds(self, m: int) -> list[int]:
         return [int(s) for s in self.rng.integers(0, 2**31 - 1, size=m)]
@@ -273,7 +306,13 @@ class _Run:
                 return (yy, *self.side.start(c, starts, self.seed))
 
             yy, C, counts, km = self.side.again(first)
-            return W, None, None, C, _objective(yy, km, W, self.alpha, self.beta, self.p), nprod, pca_converged
+            f = _objective(yy, km, W, self.alpha, self.beta, self.p)
+            if self.pieces is not None:  # W's rows to the pieces; none of it kept here
+                self.fside = FeatureSide(M, Zc.m, W, *self.pieces)
+                self.w_side = f"{len(self.pieces[0])} pieces"
+                self.centring = (None if Zc.m is None else Zc.m @ W, _transform_row(M, W))
+                W = None
+            return W, None, None, C, f, nprod, pca_converged
         Y = Zc.matvec(W)
         labels, _, _ = _choose(Y, c, [], self.seeds(max(1, self.n_init)), self.seed)
         C, counts = _centroids(Y, labels, c)
@@ -283,6 +322,8 @@ class _Run:
     def iteration(self, W: np.ndarray, Y: np.ndarray, labels: np.ndarray, C: np.ndarray, it: int) -> tuple:
         """Steps 6-9 of iteration ``it``: D, U, W (written into ``W``'s memory), G; (W, Y, labels, centroids, the
         objective, the iteration's record, operator products)."""
+        if self.fside is not None:
+            return self.iteration_pieces(C, it)
         t_it = time.perf_counter()
         Zc, c, k, p, timings = self.Zc, self.c, self.k, self.p, self.timings
         # step 6: D (eq. (7)); rows at zero stay there
@@ -331,3 +372,36 @@ class _Run:
                  "eigenvalues": vals.tolist(), "active_features": int(active.sum()),
                  "seconds": time.perf_counter() - t_it}
         return W, Y, labels, C, f_new, entry, nprod
+
+    def _y_held(self) -> tuple:
+        """Zc W of the kept W, as :meth:`_Centred.matvec_held` gives it."""
+        return (self.fside.y_held(), self.centring[1]), self.centring[0]
+
+    def iteration_pieces(self, C: np.ndarray, it: int) -> tuple:
+        """:meth:`iteration` with Y and the labels kept on a worker and W's rows in pieces beside the blocks
+        (:mod:`dufs.methods.ufcm.features`): the driver holds the centroids and the iteration's sums."""
+        t_it = time.perf_counter()
+        c, timings, side = self.c, self.timings, self.side
+        s1, ss = self.seeds(1)[0], self.seeds(self.n_init)
+
+        def step() -> tuple:  # step 7 where Y is kept, then steps 6 and 8 with step 7's product on the pieces
+            t1 = time.perf_counter()
+            km, chosen, counts = side.u_step(c, C, s1, ss)
+            t2 = time.perf_counter()
+            timings["u_step"] += t2 - t1
+            got = self.fside.iterate(side.codes(), counts, c, self.beta, self.p, _EPS)
+            timings["w_step"] += time.perf_counter() - t2
+            return km, chosen, counts, got
+
+        km, chosen, counts, got = side.again(step, lambda: side.rebuild(*self._y_held(), C))
+        t1 = time.perf_counter()
+        G = got["WtQ"] / np.sqrt(counts)[None, :]
+        self.centring = (got["mW"], got["shift"])
+        yy, km_g = side.again(lambda: side.new_y(*self._y_held(), G),
+                              lambda: side.rebuild(*self._y_held(), G.T), rerun=False)
+        timings["g_step"] += time.perf_counter() - t1
+        f_new = float(yy - self.alpha * km_g - self.beta * got["penalty"])
+        entry = {"iteration": it + 1, "objective": f_new, "kmeans_term": km, "u_candidate": chosen,
+                 "eigenvalues": np.asarray(got["vals"]).tolist(), "active_features": got["active"],
+                 "seconds": time.perf_counter() - t_it}
+        return None, None, None, G.T, f_new, entry, 0

@@ -1,0 +1,524 @@
+"""UFCM's vectors over the features kept beside the blocks, one piece a worker process (docs/scaling.md, "UFCM's W
+step beside the blocks").
+
+On the driver an iteration brings Q = Zc^T U (d x c) back from the workers, solves the W step there (the largest
+eigenvectors of Q diag(1/n_k) Q^T - beta D: a diagonal plus rank c, :mod:`dufs.methods.lowrank`) and sends W (d x
+k) out for Y = Zc W: 8 (c + k) d bytes through the driver, O(d) of its CPU and memory an iteration, whatever the
+number of machines. Here each worker that holds blocks keeps its features' rows of W (and of Q), and one task a
+worker makes an iteration's feature side: its rows of Q from the labels (read from the worker that keeps them),
+the D step, and the W step by the same secular equation, every sum over the features (c x c Gram matrices, the
+bins' moments, M(t) where the moments do not reach, the eigenvectors' Gram matrices and residuals) all-reduced
+among the tasks worker to worker (:func:`~dufs.engine.allreduce_sum`), the few rows the search needs whole (the
+smallest diagonal values' rows) gathered by the same means. Every task then takes the same decisions from the same
+bits; the driver gets the eigenvalues, G (k x c) and the objective's sums. A second call makes each piece's part of
+Zc W, summed over the machines and left on the worker that keeps Y. The W step is the driver's up to the order of
+additions over the features. Only for the default alpha = 1 (the W step without passes over the data); a W step
+the secular equation cannot finish (a residual above rounding) is run on the driver from the pieces' Q, once."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+
+from dufs._logging import get_logger
+from dufs.engine import PerBlock, abort_exchange, allreduce_sum, current_client, ensure_plugin, thread_runs
+from dufs.kernels.affine import standardize_rows
+from dufs.kernels.blockops import csc_label_sums, csc_matvec
+from dufs.methods.lowrank import (
+    _BIN_TERMS,
+    _DEFLATE_MAX,
+    _MODEL_ROWS,
+    _secular_m_and_slope,
+    _secular_roots,
+    _SecularMoments,
+    moment_sums,
+)
+from dufs.scheduling import each_in_threads, task_threads
+
+__all__ = ["FeatureSide", "feature_pieces"]
+
+log = get_logger(__name__)
+
+
+def feature_pieces(M: Any) -> tuple[list[list[int]], list[str]] | None:
+    """The blocks in one piece a worker process that holds them, and those workers, where M's blocks are persisted
+    on workers of a distributed client, each worker's blocks in one piece of its own (the pieces' tasks all-reduce
+    among themselves, so each must run on its own worker at once); None otherwise, or where
+    ``dufs.engine.side-pieces`` is off."""
+    from dufs import config
+
+    client = current_client()
+    if client is None or M.residency.get("mode") != "persisted" or M.n_blocks < 2 or \
+            str(config.get("engine.side-pieces")).lower() in ("off", "false", "no", "never"):
+        return None
+    where = M.placement()
+    if any(a is None for a in where):
+        return None
+    parts: dict[str, list[int]] = {}
+    for i, a in enumerate(where):
+        parts.setdefault(a, []).append(i)
+    if len(parts) < 2:
+        return None
+    peers = sorted(parts, key=lambda a: parts[a][0])
+    return [parts[a] for a in peers], peers
+
+
+class FeatureSide:
+    """W's rows (and Q's) kept in pieces beside the blocks (the module docstring): :meth:`iterate` runs an
+    iteration's Q, D and W steps there, :meth:`y_held` makes Zc W for the worker that keeps Y, :meth:`result`
+    brings W back once."""
+
+    def __init__(self, M: Any, m: np.ndarray | None, W0: np.ndarray, parts: list[list[int]], peers: list[str]):
+        self.M, self.parts, self.peers, self.k = M, parts, peers, int(W0.shape[1])
+        self.client = current_client()
+        ensure_plugin(self.client)
+        mu, inv = M.transform
+        rank = [0] * M.n_blocks
+        for r, part in enumerate(parts):
+            for i in part:
+                rank[i] = r
+        per = [None if v is None else PerBlock(np.asarray(v, dtype=np.float64)) for v in (mu, inv, m)]
+        _, self.state = M.map_blocks(_init, PerBlock(np.ascontiguousarray(W0, dtype=np.float64)), *per,
+                                     PerBlock(rank), state=[None] * len(parts), partitions=parts)
+        M.count_passes(-1)  # it sweeps no nonzeros
+        self.centred = mu is not None
+        self.fallbacks = 0
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """``fn`` on every piece at once, its all-reduces under a fresh token (given up on the others where one
+        fails, so that none waits); the results of the first piece (every piece returns the same)."""
+        token = uuid.uuid4().hex
+        try:
+            got, self.state = self.M.map_blocks(fn, *args, token, self.peers, state=self.state,
+                                                partitions=self.parts)
+        except BaseException:
+            abort_exchange(self.client, token, self.peers)
+            raise
+        self.M.count_passes(-1)
+        return got[0]
+
+    def iterate(self, labels: Any, counts: np.ndarray, c: int, beta: float, p: float, eps: float) -> dict:
+        """Steps 6 to 9 of an iteration on the features (Q from the labels' future, D from W, the W step): the W
+        step's eigenvalues, G = W^T Q diag(1/n_k) (k x c), the l2,p penalty of the new W and its centring rows
+        (m^T W, and centre diag(inv) W where the transform centres), the features active."""
+        got = self._call(_iterate, labels, np.asarray(counts, dtype=np.float64), int(c), self.k, float(beta),
+                         float(p), float(eps))
+        if got["vals"] is None:  # the secular equation did not finish: the W step on the driver, once
+            self.fallbacks += 1
+            got = self._driver_w_step(got, beta)
+        self.M.count_passes(1)  # Zc^T U
+        return got
+
+    def _driver_w_step(self, got: dict, beta: float) -> dict:
+        from dufs.methods.ufcm.scatter import _w_step
+
+        log.warning("ufcm: the W step in pieces did not finish; made on the driver from the pieces' Q")
+        d, bounds = self.M.shape[1], self.M.bounds
+        Q, Dd, W0, active = np.zeros((d, got["c"])), np.zeros(d), np.zeros((d, self.k)), np.zeros(d, dtype=bool)
+        pieces, self.state = self.M.map_blocks(_gather, state=self.state, partitions=self.parts)
+        for part, (q, dd, w, act) in zip(self.parts, pieces, strict=True):
+            o = 0
+            for i in part:
+                a, b = bounds[i], bounds[i + 1]
+                Q[a:b], Dd[a:b], W0[a:b], active[a:b] = q[o:o + b - a], dd[o:o + b - a], w[o:o + b - a], \
+                    act[o:o + b - a]
+                o += b - a
+
+        class _Plain:  # the W step reads only the features' count from its operator (alpha = 1 makes no pass)
+            pass
+
+        op = _Plain()
+        op.d = d
+        vals, W, _ = _w_step(op, None, Q, np.ones(got["c"]), Dd, active, self.k, 1.0, beta, X0=W0, q_scaled=True)
+        del Q, W0
+        _, self.state = self.M.map_blocks(_set_w, PerBlock(W), state=self.state, partitions=self.parts)
+        return self._call(_finish_w, np.asarray(vals, dtype=np.float64), float(got["p"]))
+
+    def y_held(self) -> tuple:
+        """(Zc W's sum over the pieces left where it was made (its future), the transform's centring row or None),
+        as :meth:`Matrix.matvec` with ``hold`` gives it."""
+        got, self.state = self.M.map_blocks(_matvec, self.M.shape[0], state=self.state, partitions=self.parts,
+                                            reduce="sum", hold=True)
+        return got
+
+    def result(self) -> np.ndarray:
+        """W (d x k), brought here once."""
+        bounds = self.M.bounds
+        W = np.empty((self.M.shape[1], self.k))
+        pieces, self.state = self.M.map_blocks(_result, state=self.state, partitions=self.parts)
+        self.M.count_passes(-1)
+        for part, w in zip(self.parts, pieces, strict=True):
+            o = 0
+            for i in part:
+                a, b = bounds[i], bounds[i + 1]
+                W[a:b] = w[o:o + b - a]
+                o += b - a
+        return W
+
+    def release(self) -> None:
+        self.state.release()
+
+
+# ---------------------------------------------------------------------------------------------------- on a worker
+class _AllSum:
+    """A call's collective operations among the pieces, the i-th under ``token``.i on every piece (the pieces run
+    the same code, so their i-th operations are the same ones)."""
+
+    def __init__(self, token: str, rank: int, peers: list[str]):
+        self.token, self.rank, self.peers, self.i = token, rank, peers, 0
+
+    def __call__(self, x: Any) -> np.ndarray:
+        self.i += 1
+        return allreduce_sum(np.asarray(x, dtype=np.float64), f"{self.token}.{self.i}", self.rank, self.peers,
+                             base=self.token)
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """Every piece's ``rows`` (r_i x w, float64), stacked in the pieces' order, on every piece: two sums (the
+        counts, then the rows placed in a zero array: adding zeros is exact)."""
+        rows = np.asarray(rows, dtype=np.float64)
+        rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
+        n = np.zeros(len(self.peers))
+        n[self.rank] = rows.shape[0]
+        n = self(n).astype(np.int64)
+        at = np.concatenate([[0], np.cumsum(n)])
+        out = np.zeros((int(at[-1]), rows.shape[1]))
+        out[at[self.rank]:at[self.rank + 1]] = rows
+        return self(out) if out.size else out
+
+    def max(self, x: float) -> float:
+        v = np.zeros(len(self.peers))
+        v[self.rank] = x
+        return float(np.max(self(v)))
+
+
+def _cat(vs: list) -> np.ndarray | None:
+    return None if vs[0] is None else np.ascontiguousarray(np.concatenate(vs), dtype=np.float64)
+
+
+def _init(blks, st, W0, mu, inv, m, rank):
+    """A piece's state: its blocks' rows of W's start and of the transform and centring, its features' numbers."""
+    gidx = np.concatenate([np.arange(b.start, b.stop, dtype=np.int64) for b in blks])
+    st = {"W": _cat(W0), "mu": _cat(mu) if mu is not None else None, "inv": _cat(inv) if inv is not None else None,
+          "m": _cat(m) if m is not None else None, "rank": int(rank[0]), "gidx": gidx,
+          "widths": [b.stop - b.start for b in blks], "Q": None, "Dd": None, "active": None}
+    return st, None
+
+
+def _iterate(blks, st, labels, counts, c, k, beta, p, eps, token, peers):
+    """On a piece, steps 6-9 of an iteration over its features (:meth:`FeatureSide.iterate`)."""
+    allsum = _AllSum(token, st["rank"], peers)
+    W = st["W"]
+    # step 7's product: Q = Zc^T U diag(1/sqrt(n_k)) on these features (as Matrix.label_rmatvec and _Centred make it)
+    Q = st["Q"] if st["Q"] is not None and st["Q"].shape == (W.shape[0], c) else np.empty((W.shape[0], c))
+    vsum = counts if st["mu"] is not None else None
+    o = 0
+    for b, w in zip(blks, st["widths"], strict=True):
+        out = Q[o:o + w]
+        csc_label_sums(b.indptr, b.indices, b.data, labels, out)
+        mu = None if st["mu"] is None else st["mu"][o:o + w]
+        inv = None if st["inv"] is None else st["inv"][o:o + w]
+        standardize_rows(out, mu, vsum, inv)
+        o += w
+    if st["m"] is not None:
+        standardize_rows(Q, st["m"], np.ascontiguousarray(counts), None)
+    Q /= np.sqrt(counts)[None, :]
+    st["Q"] = Q
+    # step 6: D (eq. (7)) from W's rows; rows at zero stay there (unless no more than k are left)
+    r = np.sqrt(np.einsum("ij,ij->i", W, W))
+    active = r > eps
+    if allsum([float(active.sum())])[0] <= k:
+        active = np.ones(W.shape[0], dtype=bool)
+    Dd = np.zeros(W.shape[0])
+    Dd[active] = p / (2.0 * np.maximum(r[active], eps) ** (2.0 - p))
+    st["Dd"], st["active"] = Dd, active
+    idx = np.flatnonzero(active)
+    Qa = Q if idx.size == Q.shape[0] else Q[idx]
+    got = top_lowrank_pieces(Qa, beta * Dd[idx], st["gidx"][idx], k, allsum)
+    if got is None:
+        return st, {"vals": None, "c": c, "p": p}
+    vals, V = got
+    if idx.size == W.shape[0]:
+        W[:] = V
+    else:
+        W.fill(0.0)
+        W[idx] = V
+    return st, _after_w(st, vals, p, allsum)
+
+
+def _after_w(st: dict, vals: np.ndarray, p: float, allsum: _AllSum) -> dict:
+    """G, the penalty and the centring rows of the new W (all-reduced)."""
+    W, Q = st["W"], st["Q"]
+    r = np.sqrt(np.einsum("ij,ij->i", W, W))
+    pen = float(np.sum(r[r > 0] ** p))
+    k = W.shape[1]
+    parts = [(W.T @ Q).ravel(), [pen]]
+    parts.append(np.zeros(k) if st["m"] is None else st["m"] @ W)
+    if st["mu"] is not None:
+        parts.append((st["mu"] * st["inv"]) @ W if st["inv"] is not None else st["mu"] @ W)
+    tot = allsum(np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in parts]))
+    c = Q.shape[1]
+    WtQ = tot[:k * c].reshape(k, c)
+    out = {"vals": vals, "WtQ": WtQ, "penalty": float(tot[k * c]),
+           "mW": None if st["m"] is None else tot[k * c + 1:k * c + 1 + k],
+           "shift": None if st["mu"] is None else tot[k * c + 1 + k:], "active": int(allsum([float(
+               np.count_nonzero(st["active"]))])[0])}
+    return out
+
+
+def _finish_w(blks, st, vals, p, token, peers):
+    return st, _after_w(st, vals, p, _AllSum(token, st["rank"], peers))
+
+
+def _gather(blks, st):
+    return st, (st["Q"], st["Dd"], st["W"], st["active"])
+
+
+def _set_w(blks, st, W):
+    st["W"][:] = np.concatenate(W)
+    return st, None
+
+
+def _result(blks, st):
+    return st, st["W"]
+
+
+def _matvec(blks, st, n):
+    """This piece's X diag(inv) W (n x k): its blocks cut into a run a thread, each run's sum in a buffer of its
+    own, the runs added in order (as a partition's product, :meth:`Matrix.matvec`)."""
+    W, inv = st["W"], st["inv"]
+    starts = np.concatenate([[0], np.cumsum(st["widths"])])
+    runs = thread_runs(blks, task_threads())
+
+    def run(j: int) -> np.ndarray:
+        out = np.zeros((n, W.shape[1]))
+        for i in runs[j]:
+            a, b = starts[i], starts[i + 1]
+            csc_matvec(blks[i].indptr, blks[i].indices, blks[i].data, W[a:b], out,
+                       None if inv is None else inv[a:b])
+        return out
+
+    if len(runs) == 1:
+        return st, run(0)
+    sums = each_in_threads(run, len(runs), len(runs))
+    total = sums[0]
+    for s in sums[1:]:
+        total += s
+    return st, total
+
+
+# ---------------------------------------------------------------------------------------------------- the W step
+class _Beyond(Exception):
+    """The search asked for a diagonal value past the smallest ones gathered: the W step goes to the driver."""
+
+
+class _Head:
+    """The smallest diagonal values over every piece, ascending (as ``np.sort(D)`` over them all would begin), the
+    number of values in all, and counts below a value past them made by an all-reduce."""
+
+    def __init__(self, local: np.ndarray, head: int, allsum: _AllSum):
+        self.local = np.sort(local)
+        self.allsum = allsum
+        self.size = int(allsum([float(local.size)])[0])
+        mine = self.local[:head]
+        self.vals = np.sort(allsum.gather(mine[:, None])[:, 0])[:head]
+
+    def __getitem__(self, i: int) -> float:
+        if i < self.vals.size:
+            return float(self.vals[i])
+        raise _Beyond(f"diagonal value {i} of {self.size}")
+
+    def below(self, x: float) -> int:
+        """#{D_i < x} over every piece."""
+        if self.vals.size == self.size or (self.vals.size and x <= self.vals[-1]):
+            return int(np.searchsorted(self.vals, x, side="left"))
+        return int(self.allsum([float(np.searchsorted(self.local, x, side="left"))])[0])
+
+    def holds(self, x: float) -> bool:
+        """Whether some D_i == x."""
+        if self.vals.size == self.size or (self.vals.size and x <= self.vals[-1]):
+            i = int(np.searchsorted(self.vals, x, side="left"))
+            return i < self.vals.size and self.vals[i] == x
+        i = int(np.searchsorted(self.local, x, side="left"))
+        return self.allsum([float(i < self.local.size and self.local[i] == x)])[0] > 0
+
+
+class _PieceSecular:
+    """:class:`dufs.methods.lowrank._Secular` over a piece's rows, every sum all-reduced among the pieces."""
+
+    def __init__(self, Ql: np.ndarray, Dl: np.ndarray, B: np.ndarray, kk: int, scale: float, dmax: float,
+                 allsum: _AllSum):
+        self.Ql, self.Dl, self.B, self.c, self.allsum = Ql, Dl, B, B.shape[1], allsum
+        nn = kk + 1 + _MODEL_ROWS
+        self.asc = _Head(Dl, nn + 64, allsum)
+        self.cache: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        d_k, floor = self.asc[kk - 1], 1e-9 * scale
+        top = dmax - d_k if self.asc.size else 0.0
+        ex = np.flatnonzero(Dl - d_k <= floor)
+        E = allsum.gather(np.hstack([Dl[ex, None], Ql[ex] @ B]))
+        packed, count = moment_sums(Ql, Dl, d_k, floor, top)
+        tot = allsum(np.concatenate([packed.ravel(), count.astype(np.float64)]))
+        packed = tot[:packed.size].reshape(packed.shape)
+        count = np.rint(tot[packed.size:]).astype(np.int64)
+        self.moments = _SecularMoments.from_sums(E[:, 1:], E[:, 0], packed, count, Ql.shape[1], B, d_k, floor, top)
+        # the rows of the smallest diagonal values over every piece, in the basis B (the model's exact terms)
+        nn = min(self.asc.size, nn)
+        near = np.argsort(Dl, kind="stable")[:nn]
+        N = allsum.gather(np.hstack([Dl[near, None], Ql[near] @ B]))
+        N = N[np.argsort(N[:, 0], kind="stable")[:nn]]
+        self.QnB, self.Dn = np.ascontiguousarray(N[:, 1:]), N[:, 0].copy()
+
+    def poles(self, t: float) -> int:
+        return self.asc.below(-t)
+
+    def on_pole(self, t: float) -> bool:
+        return self.asc.holds(-t)
+
+    def m_at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        got = self.cache.get(t)
+        if got is None:
+            got = self.moments.at(t)
+            if got is None:
+                Mt, Pt = _secular_m_and_slope(self.Ql, self.Dl, t)
+                both = self.allsum(np.stack([Mt, Pt]))
+                got = (self.B.T @ both[0] @ self.B, self.B.T @ both[1] @ self.B)
+            self.cache[t] = got
+        return got
+
+    def mus(self, t: float) -> np.ndarray:
+        return np.linalg.eigvalsh(self.m_at(t)[0])[::-1]
+
+    def count(self, t: float) -> int:
+        return self.poles(t) + int(np.sum(self.mus(t) > 1.0))
+
+    def near_terms(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        r = self.QnB / (t + self.Dn)[:, None]
+        return r.T @ self.QnB, r.T @ r
+
+    def model(self, t0: float) -> Any:
+        M0, P0 = self.m_at(t0)
+        Mn, Pn = self.near_terms(t0)
+        Mf, Pf = M0 - Mn, P0 - Pn
+
+        def at(s: float) -> np.ndarray:
+            return Mf - (s - t0) * Pf + self.near_terms(s)[0]
+        return at
+
+
+def _deflate_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, head: int, allsum: _AllSum) -> list:
+    """:func:`dufs.methods.lowrank._deflate` over the pieces: the groups of equal diagonal values among the
+    ``head`` smallest of all, deflated in place on the rows this piece holds. Returns [(the group's features, U,
+    this piece's rows of it as they were, their positions here)]."""
+    local = Da if Da.size <= head else Da[Da <= np.partition(Da, head - 1)[head - 1]]
+    sel = np.flatnonzero(Da <= (local.max() if local.size else -np.inf))
+    C = allsum.gather(np.hstack([Da[sel, None], gidx[sel, None].astype(np.float64), Qa[sel]]))
+    if C.shape[0] > head:
+        C = C[C[:, 0] <= np.partition(C[:, 0], head - 1)[head - 1]]
+    C = C[np.argsort(C[:, 1], kind="stable")]  # by feature: the driver's order of the rows
+    vals, inv, counts = np.unique(C[:, 0], return_inverse=True, return_counts=True)
+    out = []
+    for g in np.flatnonzero((counts > 1) & (counts <= _DEFLATE_MAX)):
+        rows = np.flatnonzero(inv == g)
+        G = C[rows, 2:]
+        U, sv, Wt = np.linalg.svd(G, full_matrices=True)
+        r = int(np.sum(sv > 1e-13 * max(float(sv[0]) if sv.size else 0.0, np.finfo(float).tiny)))
+        if r >= rows.shape[0]:
+            continue
+        new = np.zeros_like(G)
+        new[:r] = sv[:r, None] * Wt[:r]
+        feats = C[rows, 1].astype(np.int64)
+        here = np.searchsorted(gidx, feats)
+        mine = (here < gidx.size) & (gidx[np.minimum(here, gidx.size - 1)] == feats)
+        pos = here[mine]
+        old = Qa[pos].copy()
+        Qa[pos] = new[mine]
+        out.append((feats, U, old, pos, mine))
+    return out
+
+
+def top_lowrank_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, allsum: _AllSum
+                       ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`dufs.methods.lowrank._top_lowrank` of the rows of Qa and Da over every piece (this piece's rows,
+    features ``gidx`` ascending): the largest ``k`` eigenvalues of Qa Qa^T - diag(Da) over all of them and this
+    piece's rows of their eigenvectors; None (on every piece alike) where the driver's solver is needed."""
+    m = int(allsum([float(Qa.shape[0])])[0])
+    c = Qa.shape[1]
+    groups = _deflate_pieces(Qa, Da, gidx, k + c + 1, allsum) if m > k else []
+    try:
+        got = _top_deflated(Qa, Da, gidx, k, m, allsum)
+    except _Beyond:
+        got = None
+    finally:
+        for _, _, old, pos, _ in groups:
+            Qa[pos] = old
+    if got is not None:
+        V = got[1]
+        for feats, U, _, pos, mine in groups:  # v[rows] = U v[rows], the group's rows over every piece
+            rows = np.zeros((feats.size, V.shape[1]))
+            rows[mine] = V[pos]
+            rows = allsum(rows)
+            V[pos] = (U @ rows)[mine]
+    return got
+
+
+def _top_deflated(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, m: int, allsum: _AllSum
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`dufs.methods.lowrank._top_lowrank_deflated` over the pieces (m rows in all)."""
+    c = Qa.shape[1]
+    if m <= k:
+        return None
+    zero = ~np.any(Qa != 0.0, axis=1)
+    live = np.flatnonzero(~zero)
+    Ql, Dl = (Qa, Da) if live.size == Qa.shape[0] else (Qa[live], Da[live])
+    n_live = int(allsum([float(live.size)])[0])
+    g_ev, B = np.linalg.eigh(allsum(Ql.T @ Ql)) if n_live else (np.zeros(c), np.eye(c))
+    top = float(g_ev[-1]) if n_live else 0.0
+    B = B[:, g_ev > 1e-13 * c * top] if top > 0.0 else B
+    dmax = allsum.max(float(Da.max()) if Da.size else -np.inf)
+    scale = max(top, dmax, np.finfo(float).tiny)
+    cand_vals: list[float] = []
+    cand_ys: list[Any] = []
+    if n_live and top > 0.0:
+        sec = _PieceSecular(Ql, Dl, B, min(k, n_live), scale, allsum.max(float(Dl.max()) if Dl.size else -np.inf),
+                            allsum)
+        cand_vals, cand_ys = _secular_roots(sec, min(k, n_live), top, scale)
+    # the rows exactly zero: eigenvectors e_i (eigenvalue -D_i), the k smallest D_i over every piece
+    zi = np.flatnonzero(zero)
+    zi = zi[np.argsort(Da[zi], kind="stable")[:k]]
+    Z = allsum.gather(np.column_stack([Da[zi], gidx[zi].astype(np.float64)]))
+    Z = Z[np.lexsort((Z[:, 1], Z[:, 0]))][:k]
+    for dz, f in Z:
+        cand_vals.append(-float(dz))
+        cand_ys.append(int(f))
+    if len(cand_vals) < k:
+        return None
+    order = np.argsort(-np.asarray(cand_vals), kind="stable")[:k]
+    vals = np.asarray(cand_vals)[order]
+    V = np.zeros((Qa.shape[0], k))
+    cols = [j for j, i in enumerate(order) if not isinstance(cand_ys[i], int)]
+    if cols:
+        Yk = np.column_stack([cand_ys[order[j]] for j in cols])
+        V[np.ix_(live, cols)] = (Ql @ Yk) / (vals[cols][None, :] + Dl[:, None])
+    for j, i in enumerate(order):
+        if isinstance(cand_ys[i], int):
+            at = np.searchsorted(gidx, cand_ys[i])
+            if at < gidx.size and gidx[at] == cand_ys[i]:
+                V[at, j] = 1.0
+    for _ in range(2):  # orthonormal: Cholesky QR twice, the Gram matrix all-reduced
+        G = allsum(V.T @ V)
+        try:
+            Lc = np.linalg.cholesky(0.5 * (G + G.T))
+        except np.linalg.LinAlgError:
+            return None
+        V = V @ np.linalg.inv(Lc).T
+    QtV = allsum(Qa.T @ V)
+    R = Qa @ QtV - (Da[:, None] + vals[None, :]) * V
+    res = np.sqrt(allsum(np.einsum("ij,ij->j", R, R)))
+    if not np.all(np.isfinite(res)) or np.any(res > 1e-8 * scale):
+        return None
+    return vals, V
+
+
+__all__ += ["top_lowrank_pieces"]
+_ = _BIN_TERMS  # (the moments' layout is lowrank's)

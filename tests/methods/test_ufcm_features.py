@@ -1,0 +1,164 @@
+"""UFCM's W step in pieces of features (dufs.methods.ufcm.features): the secular solve over pieces whose sums are
+all-reduced gives numpy's eigenpairs of the whole matrix; on a cluster, W's rows kept beside the blocks give the
+driver's run up to the order of additions, and a lost piece makes the run start again with W on the driver."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dufs.engine import Matrix
+from dufs.methods.ufcm import features as UF
+from dufs.methods.ufcm import ufcm
+
+
+class _ThreadSum(UF._AllSum):
+    """The all-reduce of W threads, each a piece: every sum added in rank order from the same slots (the same bits
+    on every rank, as the workers' tree gives)."""
+
+    def __init__(self, hub: dict, rank: int, W: int):
+        super().__init__("t", rank, list(range(W)))
+        self.hub = hub
+
+    def __call__(self, x):
+        self.i += 1
+        x = np.asarray(x, dtype=np.float64)
+        with self.hub["lock"]:
+            self.hub.setdefault(self.i, [None] * len(self.peers))[self.rank] = x
+        self.hub["barrier"].wait(timeout=60)
+        parts = self.hub[self.i]
+        total = parts[0].copy()
+        for p in parts[1:]:
+            total = total + p
+        return total
+
+
+def _in_pieces(Qa, Da, k, W):
+    """top_lowrank_pieces on W pieces of the rows (rank j: rows j, j + W, ...) run in threads; (vals, V whole)."""
+    hub = {"lock": threading.Lock(), "barrier": threading.Barrier(W)}
+    rows = [np.arange(j, Qa.shape[0], W) for j in range(W)]
+    out: list = [None] * W
+    errors: list = []
+    Q0 = Qa.copy()
+
+    def run(j):
+        try:
+            q = Qa[rows[j]].copy()
+            out[j] = UF.top_lowrank_pieces(q, Da[rows[j]].copy(), rows[j].astype(np.int64), k, _ThreadSum(hub, j, W))
+            np.testing.assert_array_equal(q, Q0[rows[j]])  # given back as it was
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            hub["barrier"].abort()
+
+    ts = [threading.Thread(target=run, args=(j,)) for j in range(W)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    assert all(o is not None for o in out)
+    for o in out[1:]:
+        np.testing.assert_array_equal(o[0], out[0][0])  # every piece found the same eigenvalues, bit for bit
+    V = np.empty((Qa.shape[0], k))
+    for j in range(W):
+        V[rows[j]] = out[j][1]
+    return out[0][0], V
+
+
+def _assert_eigh(Qa, Da, k, W):
+    vals, V = _in_pieces(Qa, Da, k, W)
+    A = Qa @ Qa.T - np.diag(Da)
+    ref = np.linalg.eigvalsh(A)[::-1][:k]
+    scale = max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
+    np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
+
+
+@pytest.mark.parametrize("W", [1, 2, 3])
+def test_eigenpairs_in_pieces_are_eigh(W):
+    """Roots far above the poles and among them (a Q of rank c - 1, diagonal values over 4.8 decades)."""
+    rng = np.random.default_rng(11)
+    m, c, k = 2500, 6, 6
+    Qa = rng.standard_normal((m, c)) * 30.0
+    Qa[:, -1] = -Qa[:, :-1].sum(axis=1)
+    _assert_eigh(Qa, 10.0 ** rng.uniform(-0.3, 4.5, m), k, W)
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_eigenpairs_in_pieces_with_duplicated_rows_across_pieces_are_eigh(c):
+    """Groups of equal rows at equal diagonal values among the smallest, their rows on different pieces (deflated
+    over the pieces), and rows exactly zero (eigenvectors e_i)."""
+    rng = np.random.default_rng(c)
+    m, k = 300, c + 2
+    Qa = rng.standard_normal((m, c)) * 10.0
+    Qa[:, -1] = -Qa[:, :-1].sum(axis=1)
+    Da = rng.uniform(2.0, 50.0, m)
+    Da[:6], Qa[:6] = 1.25, Qa[0]
+    Da[6:11], Qa[6:11] = 1.5, Qa[6]
+    Da[11:15] = 1.75
+    Qa[20:23] = 0.0
+    Da[20:23] = [0.5, 0.75, 60.0]  # zero rows: -0.5 and -0.75 are eigenvalues among the top
+    _assert_eigh(Qa, Da, k, 3)
+
+
+def _planted(n=300, d=800):
+    D = sp.random(n, d, density=0.03, random_state=1).toarray()
+    D[:100, :10] += 0.5
+    D[100:200, 10:20] += 0.5
+    return sp.csc_array(D)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("standardize", ["scale", "zscore"])
+def test_w_in_pieces_beside_the_blocks_runs_as_the_driver_does(both_paths, standardize):
+    """Workers on several machines (kept vectors on): W's rows in a piece a worker, the iteration's Q, D and W steps
+    there. The same iterations, labels and selection as the driver's run; objective and W up to the order of the
+    sums over the features."""
+    got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=200),
+                     lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
+    a, b = got["off"], got["on"]
+    assert a.diagnostics["w_side"] == "driver" and b.diagnostics["w_side"] == "2 pieces"
+    assert b.diagnostics["iterations"] == a.diagnostics["iterations"] >= 2
+    np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
+    np.testing.assert_allclose(b.W, a.W, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(b.labels, a.labels)
+    np.testing.assert_array_equal(np.argsort(-b.scores)[:20], np.argsort(-a.scores)[:20])
+
+
+@pytest.mark.slow
+def test_lost_w_pieces_start_the_run_again_on_the_driver(both_paths, monkeypatch, caplog):
+    """A worker that loses its piece of W (it left or restarted) makes the next iteration say so; the run starts
+    again with W on the driver and selects what the driver's run selects."""
+    from dufs.engine import direct
+
+    calls: list = []
+    real = UF.FeatureSide.iterate
+
+    def iterate(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:  # every worker forgets the state it keeps
+            self.client.run(lambda: direct._RESIDENT.clear())
+        return real(self, *a, **k)
+
+    caplog.set_level("WARNING", logger="dufs.methods.ufcm.method")
+    got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+                     lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
+                     lambda: monkeypatch.setattr(UF.FeatureSide, "iterate", iterate))
+    b = got["on"]
+    assert len(calls) == 2 and "start again" in caplog.text
+    assert b.diagnostics["restarts"] == 1 and b.diagnostics["w_side"] == "driver"
+    np.testing.assert_allclose(b.objective, got["off"].objective, rtol=1e-9)
+    np.testing.assert_array_equal(np.argsort(-b.scores)[:20], np.argsort(-got["off"].scores)[:20])
+
+
+def test_no_pieces_without_a_cluster_or_with_side_pieces_off():
+    M = Matrix(_planted(), standardize="scale", block_width=200)
+    assert UF.feature_pieces(M) is None
+    with dask.config.set({"dufs.engine.side-pieces": "off"}):
+        assert UF.feature_pieces(M) is None
