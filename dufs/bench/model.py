@@ -78,6 +78,10 @@ KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W",
 #: v-steps, not in the median iteration), where a term in n fitted to the noise between two store sizes was
 #: projected to 10x kddb as real
 PIECES_DRIVER_CPU = ("1", "WP")
+#: the methods whose vectors over the features are in a piece a worker beside the blocks (UFCM's W and Q,
+#: dufs.methods.ufcm.features): the driver's bytes and CPU an iteration then have no term in d
+FEATURE_PIECES: dict[str, dict[str, tuple[str, ...]]] = {"ufcm": {"driver_bytes": ("WP", "1"),
+                                                                   "driver_cpu": PIECES_DRIVER_CPU}}
 COMPUTE = ("nnz", "1")  # one process's compute seconds an iteration: a cost a nonzero and a fixed one
 
 #: the driver's resident bytes: (bytes a row, a feature, a row per partition, what they are), read from the code
@@ -263,11 +267,12 @@ def _compute_points(datas: list[dict], method: str) -> list[tuple[tuple, float]]
         _points(datas, method, "sched_cpu", "compute"), strict=True)]
 
 
-def _in_pieces(datas: list[dict], method: str) -> bool:
-    """Whether ``method``'s work over the samples ran in pieces of rows in the runs measured (not where
-    ``dufs.engine.side-pieces`` was off)."""
-    return method in KEPT_PIECES and all(str(r.get("side_pieces", "auto")).lower() not in ("off", "false", "no")
-                                         for x in datas for r in x["runs"] if r["method"] == method)
+def _in_pieces(datas: list[dict], method: str, kinds: Any = None) -> bool:
+    """Whether ``method``'s work over the samples (or, with ``kinds`` = :data:`FEATURE_PIECES`, over the features)
+    ran in pieces in the runs measured (not where ``dufs.engine.side-pieces`` was off)."""
+    return method in (KEPT_PIECES if kinds is None else kinds) and all(
+        str(r.get("side_pieces", "auto")).lower() not in ("off", "false", "no")
+        for x in datas for r in x["runs"] if r["method"] == method)
 
 
 def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25e9, efficiency: float = 0.5
@@ -281,14 +286,15 @@ def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25
     trans, sched = sum(float(r["transitions"]) for r in runs), sum(float(r["sched_cpu"]) for r in runs)
     params = Params(P=P, T=T, link=link, efficiency=efficiency, t_task=sched / trans if trans > 0 else 0.0)
     for m in sorted({r["method"] for x in datas for r in x["runs"]}, key=list(SHAPES).index):
-        shape = SHAPES[m]
+        shape = {**SHAPES[m], **(FEATURE_PIECES[m] if _in_pieces(datas, m, FEATURE_PIECES) else {})}
         comp = fit(COMPUTE, _compute_points(datas, m))
         coef = dict(zip(comp.terms, comp.coefs, strict=True))
         params.methods[m] = MethodModel(
             c_nz=coef.get("nnz", 0.0), c_fixed=coef.get("1", 0.0),
             machine_in=fit(shape["machine_in"], _points(datas, m, "machine_in")),
             driver_bytes=fit(shape["driver_bytes"], _points(datas, m, "driver")),
-            driver_cpu=fit(PIECES_DRIVER_CPU if _in_pieces(datas, m) else shape["driver_cpu"],
+            driver_cpu=fit(PIECES_DRIVER_CPU if _in_pieces(datas, m) or _in_pieces(datas, m, FEATURE_PIECES)
+                           else shape["driver_cpu"],
                            _points(datas, m, "cpu")),
             tasks=fit(TASKS, _points(datas, m, "transitions")),
             kept=fit(KEPT_PIECES[m] if _in_pieces(datas, m) else KEPT, _points(datas, m, "kept")))

@@ -33,6 +33,12 @@ RUNS: dict[str, dict[str, Any]] = {
 }
 
 
+#: the passes that end an iteration of the methods whose set-up makes more passes than their iterations (UFCM's
+#: PCA start: its subspace iteration's passes were most of the passes, and the medians were theirs): Y = Zc W, on
+#: the driver's path and in pieces beside the blocks (dufs.methods.ufcm.features)
+ITERATION_ENDS: dict[str, tuple[str, ...]] = {"ufcm": ("Z U", "zc w")}
+
+
 def _driver_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -75,15 +81,17 @@ class PassMeter:
 
     def __call__(self, name: str, done: int, total: int) -> None:
         if done == total:
-            self.marks.append(self.read())
+            self.marks.append({**self.read(), "name": name})
 
-    def iterations(self, skip: int) -> list[dict]:
-        """Per iteration (between consecutive pass ends, the first ``skip`` passes left out as set-up): the most
-        bytes into one machine, the driver's bytes in and out, the scheduler's, the tasks' transitions, the
-        driver's CPU seconds, the seconds of the work on vectors kept on a worker (:mod:`dufs.engine.kept`) and the
-        wall time."""
+    def iterations(self, skip: int, ends: tuple[str, ...] = (), last: int = 0) -> list[dict]:
+        """Per iteration (between consecutive pass ends, the first ``skip`` passes left out as set-up; with
+        ``ends``, between the ends of the ``last`` + 1 last passes of those names): the most bytes into one
+        machine, the driver's bytes in and out, the scheduler's, the tasks' transitions, the driver's CPU seconds,
+        the seconds of the work on vectors kept on a worker (:mod:`dufs.engine.kept`) and the wall time."""
         out = []
         marks = self.marks[skip:]
+        if ends:
+            marks = [m for m in self.marks if m.get("name") in ends][-(last + 1):] if last > 0 else []
         for a, b in zip(marks, marks[1:], strict=False):
             out.append({"machine_in": max(y.into - x.into for x, y in zip(a["links"], b["links"], strict=True)),
                         "driver": (b["driver"].into - a["driver"].into) + (b["driver"].out_of - a["driver"].out_of),
@@ -115,7 +123,10 @@ def _run_method(cluster: Any, client: Any, path: str, method: str, n_features: i
     wall = time.perf_counter() - t0
     # set-up passes: the statistics, and for the graph methods the graph's; half the passes at most
     passes = len(meter.marks) - 1
-    its = meter.iterations(skip=min(passes // 2, 3))
+    if method in ITERATION_ENDS:  # its iterations, not the set-up's many passes
+        its = meter.iterations(0, ITERATION_ENDS[method], int(sel.diagnostics.get("iterations", 0)))
+    else:
+        its = meter.iterations(skip=min(passes // 2, 3))
     out: dict[str, Any] = {"passes": passes, "wall_s": wall, "iterations": len(its),
                            "indices": sel.indices[:n_features].tolist(), "rss_growth": max(0, peak.peak_max - rss0)}
     for key in ("machine_in", "driver", "scheduler", "transitions", "cpu", "sched_cpu", "kept", "wall"):

@@ -139,7 +139,7 @@ class FeatureSide:
     def y_held(self) -> tuple:
         """(Zc W's sum over the pieces left where it was made (its future), the transform's centring row or None),
         as :meth:`Matrix.matvec` with ``hold`` gives it."""
-        got, self.state = self.M.map_blocks(_matvec, self.M.shape[0], state=self.state, partitions=self.parts,
+        got, self.state = self.M.map_blocks(_zc_w, self.M.shape[0], state=self.state, partitions=self.parts,
                                             reduce="sum", hold=True)
         return got
 
@@ -284,7 +284,7 @@ def _result(blks, st):
     return st, st["W"]
 
 
-def _matvec(blks, st, n):
+def _zc_w(blks, st, n):
     """This piece's X diag(inv) W (n x k): its blocks cut into a run a thread, each run's sum in a buffer of its
     own, the runs added in order (as a partition's product, :meth:`Matrix.matvec`)."""
     W, inv = st["W"], st["inv"]
