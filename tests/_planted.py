@@ -42,3 +42,15 @@ def two_groups_sparse(n, d, seed, shifted):
     X[: n // 2, :shifted] += 2.0
     X[rng.random((n, d)) < 0.5] = 0.0
     return sp.csc_array(X)
+
+
+def near_pole_problem(seed=0, m=300):
+    """A rank-one Q (two clusters, centred) whose second root lies within 1e-9 of the smallest pole, with diagonal
+    values over eight decades (the search's eps, relative to the largest, is 4e-8: the root was left at its
+    bracket's end, 3e-8 away, and the W step went to LOBPCG; a 40,000 x 80,000 store's W step did so every
+    iteration)."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(m) * 5.0
+    u[0] = 2e-5  # the smallest diagonal value's row nearly out of Q
+    Da = np.concatenate([[0.5 + 8e-10, 0.50007], 10.0 ** rng.uniform(2, 7.7, m - 2)])
+    return np.column_stack([u, -u]), Da

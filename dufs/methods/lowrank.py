@@ -447,7 +447,7 @@ def _root(sec: _Secular, j: int, lo: float, hi: float, prev: float | None, eps: 
     that crosses 1 there."""
     asc, c = sec.asc, sec.c
     t = None
-    while hi - lo > eps:
+    while True:
         P = sec.poles(hi)
         inside = sec.poles(lo) - P - (1 if sec.on_pole(lo) else 0)  # diagonal values strictly inside (lo, hi)
         if inside <= 0 and 1 <= j - P <= c:
@@ -463,6 +463,12 @@ def _root(sec: _Secular, j: int, lo: float, hi: float, prev: float | None, eps: 
                 up = -float(asc[P - 1]) if P >= 1 else None  # and above
                 t = _secular_root(sec.m_at, i, lo, hi, eps, pole, up, sec.model) if glo > 0.0 else lo
                 break
+        # a bracket narrower than eps ends the search only with no diagonal value inside: a root closer to a pole
+        # than eps (eps is relative to the largest of D, which may be 1e8 times the smallest) is isolated from it
+        # first, then found by _secular_root to within its distance to the pole (a root 1e-9 from one was left at
+        # the bracket's end, 3e-8 away, its residual 8 times the bound: the W step went to LOBPCG)
+        if hi - lo <= eps and inside <= 0 or hi - lo <= 4.0 * np.finfo(float).eps * max(abs(lo), abs(hi)):
+            break
         mid, hi = _split(sec, j, lo, hi, P, inside)
         if mid in (lo, hi):
             break

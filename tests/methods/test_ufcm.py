@@ -20,6 +20,7 @@ from dufs.methods.ufcm import clusters as UC
 from dufs.methods.ufcm import method as UM
 from dufs.methods.ufcm import scatter as US
 from dufs.methods.ufcm import ufcm
+from tests._planted import near_pole_problem
 
 RISE_TOL = 1e-10  # relative: rounding only
 
@@ -448,9 +449,14 @@ def test_secular_eigenpairs_with_duplicated_rows_at_the_smallest_diagonal_values
     _assert_top_eigenpairs_are_eigh(Qa, Da, k)
 
 
-def _assert_top_eigenpairs_are_eigh(Qa, Da, k):
+def test_secular_root_closer_to_a_pole_than_eps_is_eigh():
+    Qa, Da = near_pole_problem()
+    _assert_top_eigenpairs_are_eigh(Qa, Da, 2, scale=Da.max())  # residuals at the rounding of ||A||
+
+
+def _assert_top_eigenpairs_are_eigh(Qa, Da, k, scale=None):
     """The secular solve's k largest eigenpairs of Qa Qa^T - diag(Da) against numpy's eigh, orthonormal, with
-    residuals at rounding level; ``Qa`` given back unchanged."""
+    residuals at rounding level (of ``scale``, by default the largest eigenvalue); ``Qa`` given back unchanged."""
     Q0 = Qa.copy()
     got = LR._top_lowrank(Qa, Da, k)
     assert got is not None
@@ -458,8 +464,8 @@ def _assert_top_eigenpairs_are_eigh(Qa, Da, k):
     vals, V = got
     A = Q0 @ Q0.T - np.diag(Da)
     ref = np.linalg.eigvalsh(A)[::-1][:k]
-    scale = max(1.0, np.abs(ref).max())
-    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * max(1.0, np.abs(ref).max()))
+    scale = max(1.0, np.abs(ref).max()) if scale is None else scale
     np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
     np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
 

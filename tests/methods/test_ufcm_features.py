@@ -14,6 +14,7 @@ import scipy.sparse as sp
 from dufs.engine import Matrix
 from dufs.methods.ufcm import features as UF
 from dufs.methods.ufcm import ufcm
+from tests._planted import near_pole_problem
 
 
 class _ThreadSum(UF._AllSum):
@@ -70,12 +71,12 @@ def _in_pieces(Qa, Da, k, W):
     return out[0][0], V
 
 
-def _assert_eigh(Qa, Da, k, W):
+def _assert_eigh(Qa, Da, k, W, scale=None):
     vals, V = _in_pieces(Qa, Da, k, W)
     A = Qa @ Qa.T - np.diag(Da)
     ref = np.linalg.eigvalsh(A)[::-1][:k]
-    scale = max(1.0, np.abs(ref).max())
-    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(vals, ref, rtol=0, atol=1e-10 * max(1.0, np.abs(ref).max()))
+    scale = max(1.0, np.abs(ref).max()) if scale is None else scale
     np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-10)
     np.testing.assert_allclose(A @ V, V * vals, atol=1e-8 * scale)
 
@@ -105,6 +106,11 @@ def test_eigenpairs_in_pieces_with_duplicated_rows_across_pieces_are_eigh(c):
     Qa[20:23] = 0.0
     Da[20:23] = [0.5, 0.75, 60.0]  # zero rows: -0.5 and -0.75 are eigenvalues among the top
     _assert_eigh(Qa, Da, k, 3)
+
+
+def test_eigenpairs_in_pieces_of_a_root_closer_to_a_pole_than_eps_are_eigh():
+    Qa, Da = near_pole_problem()
+    _assert_eigh(Qa, Da, 2, 2, scale=Da.max())
 
 
 def _planted(n=300, d=800):
