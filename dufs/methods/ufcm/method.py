@@ -206,7 +206,7 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
             if run.fside is None or not is_lost(e) or restarts:
                 raise
             # W's rows on a worker that left are gone with it: the alternation again from its start, W on the
-            # driver (docs/methods.md, "UFCM beside the blocks")
+            # driver (docs/scaling.md, "UFCM's W step beside the blocks")
             log.warning("ufcm: %s; W's pieces were lost: the iterations start again, W on the driver", e)
             restarts += 1
             with contextlib.suppress(Exception):
