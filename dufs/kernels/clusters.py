@@ -8,7 +8,22 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["bin_moments", "cluster_means", "kmeans_term", "nearest"]
+__all__ = ["bin_moments", "cluster_means", "cluster_sums", "kmeans_term", "nearest"]
+
+
+@numba.njit(nogil=True, cache=True)
+def cluster_sums(Y, labels, c):
+    """(S, counts): the sum of the rows of each cluster (c x p) and the cluster sizes (float64), in row order:
+    pieces of the rows add theirs. ``labels`` must lie in [0, c)."""
+    n, p = Y.shape
+    S = np.zeros((c, p), dtype=np.float64)
+    counts = np.zeros(c, dtype=np.float64)
+    for i in range(n):
+        k = labels[i]
+        counts[k] += 1.0
+        for j in range(p):
+            S[k, j] += Y[i, j]
+    return S, counts
 
 
 @numba.njit(nogil=True, cache=True)

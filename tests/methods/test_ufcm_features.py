@@ -1,6 +1,7 @@
-"""UFCM's W step in pieces of features (dufs.methods.ufcm.features): the secular solve over pieces whose sums are
-all-reduced gives numpy's eigenpairs of the whole matrix; on a cluster, W's rows kept beside the blocks give the
-driver's run up to the order of additions, and a lost piece makes the run start again with W on the driver."""
+"""UFCM in pieces: its W step in pieces of features (dufs.methods.ufcm.features), whose secular solve over pieces
+with all-reduced sums gives numpy's eigenpairs of the whole matrix, and its Y and labels in pieces of rows
+(dufs.methods.ufcm.pieces). On a cluster both give the driver's run up to the order of additions; a lost piece of
+W makes the run start again with W on the driver, a lost piece of Y is made again from W."""
 
 from __future__ import annotations
 
@@ -168,3 +169,57 @@ def test_no_pieces_without_a_cluster_or_with_side_pieces_off():
     assert UF.feature_pieces(M) is None
     with dask.config.set({"dufs.engine.side-pieces": "off"}):
         assert UF.feature_pieces(M) is None
+
+
+def _set_sample(above, size):
+    from dufs.methods.ufcm import clusters
+
+    clusters._KMEANS_SAMPLE_ABOVE, clusters._KMEANS_SAMPLE = above, size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True], ids=["whole", "sampled"])
+def test_y_in_row_pieces_runs_as_the_driver_does(both_paths, cluster_client, sampled):
+    """Y and the labels in a piece of rows a worker (dufs.engine.side-pieces on), W in pieces beside the blocks:
+    the U step's candidates on the pieces (at or below the sampling size Y gathered whole and the driver's step
+    run as it is; above it, the random starts on the same sample of rows, Lloyd's steps from all-reduced sums).
+    The same labels and selection as the driver's run, the objective up to the order of the sums."""
+    from dufs.methods.ufcm import clusters
+
+    default = (clusters._KMEANS_SAMPLE_ABOVE, clusters._KMEANS_SAMPLE)
+    if sampled:  # here and on the workers, where the U step runs
+        cluster_client.run(_set_sample, 100, 64)
+        _set_sample(100, 64)
+    try:
+        with dask.config.set({"dufs.engine.side-pieces": "on"}):
+            got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+                             lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
+    finally:
+        cluster_client.run(_set_sample, *default)
+        _set_sample(*default)
+    a, b = got["off"], got["on"]
+    assert a.diagnostics["y_side"] == "driver" and b.diagnostics["y_side"] == "2 pieces"
+    assert b.diagnostics["w_side"] == "2 pieces"
+    assert b.diagnostics["iterations"] == a.diagnostics["iterations"] >= 2
+    np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
+    np.testing.assert_array_equal(b.labels, a.labels)
+    np.testing.assert_array_equal(np.argsort(-b.scores)[:20], np.argsort(-a.scores)[:20])
+
+
+@pytest.mark.slow
+def test_y_pieces_lost_are_made_again(both_paths, forget_kept, caplog):
+    """A worker that loses its piece of Y (it left or restarted) makes the U step say so; the pieces are made again
+    from W (one pass) and the labels from the last centroids; the run goes on to the driver's selection."""
+    from dufs.methods.ufcm import pieces
+
+    caplog.set_level("WARNING", logger="dufs.methods.ufcm.kept")
+    calls: list = []
+    with dask.config.set({"dufs.engine.side-pieces": "on"}):
+        got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+                         lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
+                         lambda: calls.append(forget_kept(pieces.PieceY, "u_step", 2)))
+    b = got["on"]
+    assert len(calls[0]) >= 2 and "made again on another worker" in caplog.text
+    assert b.diagnostics["y_side"] == "2 pieces"
+    assert np.all(np.diff(b.objective) >= -1e-9 * np.abs(b.objective[1:]))
+    np.testing.assert_array_equal(np.argsort(-b.scores)[:5], np.argsort(-got["off"].scores)[:5])

@@ -44,15 +44,32 @@ def _kmeans(Y: np.ndarray, c: int, init: Any, seed: int, *, refine: bool = True)
     # one thread: on an n x d' problem this small OpenMP's spin-waits cost more than they give (docs/measurements.md,
     # "UFCM's k-means"). OpenMP's thread count is per calling thread, so this holds in a pool's thread too
     with thread_limits(1, "openmp"):
-        if isinstance(init, str) and Y.shape[0] > _KMEANS_SAMPLE_ABOVE:
-            pick = np.random.default_rng(seed).choice(Y.shape[0], size=_KMEANS_SAMPLE, replace=False)
-            init = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd").fit(
-                Y[np.sort(pick)]).cluster_centers_
+        if isinstance(init, str) and _sampled(Y.shape[0]):
+            init = _sample_centres(Y[_sample_rows(Y.shape[0], seed)], c, seed)
             if not refine:
                 return nearest(np.ascontiguousarray(Y, dtype=np.float64), np.ascontiguousarray(init, dtype=np.float64))
         km = KMeans(n_clusters=c, init=init, n_init=1, random_state=seed, algorithm="lloyd")
         km.fit(Y)
     return km.labels_.astype(np.int64)
+
+
+def _sampled(n: int) -> bool:
+    """Whether a random start on ``n`` rows is fitted on a sample of them (:func:`_kmeans`)."""
+    return n > _KMEANS_SAMPLE_ABOVE
+
+
+def _sample_rows(n: int, seed: int) -> np.ndarray:
+    """The rows (sorted) that a random start seeded by ``seed`` is fitted on."""
+    return np.sort(np.random.default_rng(seed).choice(n, size=_KMEANS_SAMPLE, replace=False))
+
+
+def _sample_centres(Ys: np.ndarray, c: int, seed: int) -> np.ndarray:
+    """k-means++ and Lloyd on the sample's rows ``Ys``: the start's centres (one OpenMP thread)."""
+    from sklearn.cluster import KMeans
+
+    with thread_limits(1, "openmp"):
+        return KMeans(n_clusters=c, init="k-means++", n_init=1, random_state=seed, algorithm="lloyd").fit(
+            Ys).cluster_centers_
 
 
 def _choose(Y: np.ndarray, c: int, fixed: list[Any], starts: list[int], seed: int) -> tuple[np.ndarray, float, int]:
@@ -65,7 +82,7 @@ def _choose(Y: np.ndarray, c: int, fixed: list[Any], starts: list[int], seed: in
     from its own centroids (kept when it lowers the term, which it does not raise in theory). The term only falls
     from the judged one, so the step never increases it, and one Lloyd run on all rows is made instead of one a
     start (docs/measurements.md, "UFCM's k-means")."""
-    sampled = Y.shape[0] > _KMEANS_SAMPLE_ABOVE
+    sampled = _sampled(Y.shape[0])
     calls = [f if callable(f) else (lambda f=f: f) for f in fixed] + [
         functools.partial(_kmeans, Y, c, "k-means++", s, refine=not sampled) for s in starts]
     labels, km, j = _best_partition(Y, c, results_in_threads([functools.partial(_judged, Y, c, f) for f in calls]))

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import VALUES, Matrix, current_client, is_lost, kept_vectors, sparse_counts
+from dufs.engine import VALUES, Matrix, current_client, is_lost, kept_vectors, piece_workers, sparse_counts
 from dufs.errors import ParameterError
 from dufs.methods.params import SEED, Interval, Param, StrOptions, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
 from dufs.methods.ufcm.features import FeatureSide, feature_pieces
 from dufs.methods.ufcm.kept import KeptY
+from dufs.methods.ufcm.pieces import PieceY
 from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
 from dufs.scheduling import one_blas_thread
 
@@ -225,7 +226,8 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
                    "convergence": {"measure": "relative change of the objective", "value": change, "tol": tol},
                    "timings": run.timings,
                    "seconds": time.perf_counter() - t0, "passes": M.passes - passes0, "dense": run.dense,
-                   "pca_converged": pca_converged, "w_side": run.w_side, "restarts": restarts,
+                   "pca_converged": pca_converged, "w_side": run.w_side, "y_side": run.y_side,
+                   "restarts": restarts,
                    "operator_products": products, "history": history}
     return UFCMResult(W=W, labels=labels, G=G, scores=scores, objective=np.asarray(objective), diagnostics=diagnostics)
 
@@ -273,6 +275,8 @@ class _Run:
         # Y and the labels kept on a worker where the workers are on several machines (dufs.engine.kept), and
         # there W's rows in pieces beside the blocks where the W step makes no pass (alpha = 1: features.py)
         self.side = KeptY() if kept_vectors(current_client()) else None
+        self.pca_side = self.side  # the PCA start's n x block array on that worker
+        self.y_side = "driver" if self.side is None else "one worker"
         self.pieces = feature_pieces(M) if self.side is not None and alpha == 1.0 and not self.dense else None
         self.fside: FeatureSide | None = None
         self.w_side = "driver"
@@ -291,15 +295,19 @@ class _Run:
             _, W, nprod = _w_step(Zc, self.St, np.zeros((d, c)), np.ones(c), np.zeros(d), self.everyone, k, 0.0, 0.0)
         else:
             if M.shape[0] > _PCA_SAMPLE_ABOVE:  # on a sample of rows, then refined on all
-                _, W, nprod, pca_converged = _sample_pca_start(M, Zc, k, self.seed, self.rng, side=self.side)
+                _, W, nprod, pca_converged = _sample_pca_start(M, Zc, k, self.seed, self.rng, side=self.pca_side)
             else:
-                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng, side=self.side)
+                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng, side=self.pca_side)
             if not pca_converged and M.shape[0] <= _PCA_SAMPLE_ABOVE:
                 log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
                             "the subspace reached", _PCA_MAXITER)
         W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here (_on_features)
         if self.side is not None:  # on the worker that keeps Y: nothing over the samples here
             starts = self.seeds(max(1, self.n_init))
+            # Y and the labels in a piece of rows a machine where the workers are on several (pieces.py)
+            workers = piece_workers(current_client(), M.shape[0])
+            self.side = PieceY(workers, M.shape[0]) if len(workers) > 1 else self.pca_side
+            self.y_side = f"{len(workers)} pieces" if len(workers) > 1 else "one worker"
 
             def first() -> tuple:
                 yy, _ = self.side.new_y(*Zc.matvec_held(W))
