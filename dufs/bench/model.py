@@ -71,8 +71,10 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
 TASKS = ("1", "WP")
 KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
 #: the methods whose work over the samples is in a piece of the rows a machine (dufs.methods.greedy.pieces,
-#: dufs.methods.m3fs.piece_scores): the slowest piece's seconds, a cost a sample of its n / W and a fixed one
-KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W", "1"), "m3fs": ("n/W", "1")}
+#: dufs.methods.m3fs.piece_scores, dufs.methods.ufcm.pieces): the slowest piece's seconds, a cost a sample of its
+#: n / W and a fixed one
+KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W", "1"), "m3fs": ("n/W", "1"),
+               "ufcm": ("n/W", "1")}
 #: their driver's CPU an iteration then: a fixed cost and one a worker (the blocks' proposals, a task a piece),
 #: nothing over the samples (its iterations hand it scalars; M3FS's alternation works over the samples between
 #: v-steps, not in the median iteration), where a term in n fitted to the noise between two store sizes was

@@ -1,18 +1,19 @@
-"""UFCM's Y = Zc W and labels in a piece of rows a machine (docs/scaling.md, "UFCM's U step in pieces of rows"),
-where :mod:`dufs.methods.ufcm.kept` keeps them on one worker.
+"""UFCM's Y = Zc W and labels in a piece of rows a machine (docs/scaling.md, "UFCM's U step in pieces of rows"), where
+:mod:`dufs.methods.ufcm.kept` keeps them on one worker.
 
 Kept on one worker, the U step (k-means candidates on Y: the current labels, Lloyd from the current centroids,
 ``n_init`` random restarts, each judged by its k-means term with its own centroids) is O(n) on one process whatever
 the number of machines: what UFCM's scaling misses on once its W step is beside the blocks. Here each machine's
-first worker keeps its rows [a_j, b_j) of Y and of the labels, reads them from the Zc W pass's sum where it is
-held, and each call runs on every piece at once, its sums over the samples (the clusters' sums and sizes, the
-k-means terms, ||Y||^2, the Lloyd steps' changes) all-reduced among the pieces (:func:`~dufs.engine.allreduce_sum`,
-worker to worker), so that every piece takes the same decisions from the same bits. A random restart above
+first worker keeps its rows [a_j, b_j) of Y and of the labels, reads them from the Zc W pass's sum where it is held,
+and each call runs on every piece at once, its sums over the samples (the clusters' sums and sizes, the k-means
+terms, ||Y||^2, the Lloyd steps' changes) all-reduced among the pieces (:func:`~dufs.engine.allreduce_sum`, worker
+to worker), so that every piece takes the same decisions from the same bits. A random restart above
 ``_KMEANS_SAMPLE_ABOVE`` samples is fitted on a sample of rows, which every piece draws alike and gathers (the
-driver's sample, row for row), then assigns its rows; Lloyd on all rows (from the current centroids, and from a
-winning restart's) runs as sklearn's Lloyd does, each step's centroids from the all-reduced sums (an empty cluster
-keeps its centroid, where sklearn moves it to a far sample). At or below that size Y is gathered whole on every
-piece and the driver's U step is run as it is. The labels go to the pass Zc^T U joined on the first machine."""
+driver's sample, row for row), by one piece (the restarts dealt round them), then every piece assigns its rows;
+Lloyd on all rows (from the current centroids, and from a winning restart's) runs as sklearn's Lloyd does, each
+step's centroids from the all-reduced sums (an empty cluster keeps its centroid, where sklearn moves it to a far
+sample). At or below that size Y is gathered whole on every piece and the driver's U step is run as it is. The
+labels go to the pass Zc^T U joined on the first machine."""
 
 from __future__ import annotations
 
@@ -226,7 +227,7 @@ def _choose(s: _Piece, k: int, fixed: list, starts: list[int], seed: int) -> tup
         return km, j
     best, best_v, best_j, best_C = None, np.inf, -1, None
     cands = [(lambda f=f: f) if not isinstance(f, tuple) else (lambda f=f: _lloyd(s, f[1], k)) for f in fixed]
-    cands += [lambda st=st: _sampled_start(s, k, st) for st in starts]
+    cands += [lambda C=C: nearest(s.Y, C).astype(np.int64) for C in _sampled_centres(s, k, starts)]
     for j, make in enumerate(cands):
         lab = make()
         v, C = _own_term(s, lab, k)
@@ -244,14 +245,20 @@ def _choose(s: _Piece, k: int, fixed: list, starts: list[int], seed: int) -> tup
     return best_v, best_j
 
 
-def _sampled_start(s: _Piece, k: int, seed: int) -> np.ndarray:
-    """:func:`dufs.methods.ufcm.clusters._kmeans` 's sampled random start: the same sample of rows (drawn alike on
-    every piece, gathered in row order), its k-means++ and Lloyd, then one assignment of this piece's rows."""
+def _sampled_centres(s: _Piece, k: int, starts: list[int]) -> list[np.ndarray]:
+    """The centres of :func:`dufs.methods.ufcm.clusters._kmeans` 's sampled random starts: each start's sample of
+    rows (drawn alike on every piece, gathered in row order: the driver's sample), its k-means++ and Lloyd run by
+    one piece (the starts dealt round the pieces), the centres then all-reduced to every piece."""
     a, b = s.rows
-    pick = _sample_rows(s.n, seed)
-    mine = pick[(pick >= a) & (pick < b)] - a
-    init = _sample_centres(s.allsum.gather(s.Y[mine]), k, seed)
-    return nearest(s.Y, np.ascontiguousarray(init, dtype=np.float64)).astype(np.int64)
+    W, p = len(s.allsum.peers), s.Y.shape[1]
+    out = np.zeros((len(starts), k, p))
+    for i, seed in enumerate(starts):
+        pick = _sample_rows(s.n, seed)
+        Ys = s.allsum.gather(s.Y[pick[(pick >= a) & (pick < b)] - a])
+        if i % W == s.allsum.rank:
+            out[i] = _sample_centres(Ys, k, seed)
+    out = s.allsum(out) if len(starts) else out
+    return [np.ascontiguousarray(C) for C in out]
 
 
 def _lloyd(s: _Piece, C0: np.ndarray, k: int) -> np.ndarray:
