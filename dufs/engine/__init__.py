@@ -19,7 +19,14 @@ from dufs.engine.dispatch import (
     tree_sum_into,
     tree_sum_values,
 )
-from dufs.engine.exchange import abort_exchange, allreduce_sum, ensure_plugin, fetch_kept, piece_bounds
+from dufs.engine.exchange import (
+    HeldPieces,
+    abort_exchange,
+    allreduce_sum,
+    ensure_plugin,
+    fetch_kept,
+    piece_bounds,
+)
 from dufs.engine.executor import Executor
 from dufs.engine.graphs import (
     AnchorGraph,
@@ -41,11 +48,12 @@ from dufs.engine.shm import Receiving, receiving
 from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
 
-__all__ = ["AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock", "Kept", "Matrix", "PerBlock", "ROWS",
-           "Receiving", "Rows", "STANDARDIZE", "StoreBlock", "Transform", "VALUES", "abort_exchange", "allreduce_sum",
-           "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer", "check_finite", "check_labels",
-           "current_client", "ensure_plugin", "fetch", "fetch_kept", "flush", "get_client", "graph_built",
-           "graph_metric", "graph_rows", "graph_values", "in_shared_memory", "input_identity", "is_lost", "joined",
-           "kept_call", "kept_calls", "kept_vectors", "knn_graph", "laplacian_operator", "last_timeline", "mark_spread",
-           "max_task_bytes", "piece_bounds", "piece_workers", "ranked_head", "receiving", "resolve_graph", "shipped",
-           "sparse_counts", "thread_runs", "transform_of", "tree_sum_into", "tree_sum_values"]
+__all__ = ["AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock", "HeldPieces", "Kept", "Matrix",
+           "PerBlock", "ROWS", "Receiving", "Rows", "STANDARDIZE", "StoreBlock", "Transform", "VALUES",
+           "abort_exchange", "allreduce_sum", "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer",
+           "check_finite", "check_labels", "current_client", "ensure_plugin", "fetch", "fetch_kept", "flush",
+           "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",
+           "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors", "knn_graph",
+           "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "piece_bounds", "piece_workers",
+           "ranked_head", "receiving", "resolve_graph", "shipped", "sparse_counts", "thread_runs", "transform_of",
+           "tree_sum_into", "tree_sum_values"]

@@ -28,8 +28,8 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["ALLREDUCE_TIMEOUT", "ExchangePlugin", "WHOLE_BYTES", "abort_exchange", "allreduce_sum", "ensure_plugin",
-           "fetch_kept", "piece_bounds", "reduce_scatter_sum"]
+__all__ = ["ALLREDUCE_TIMEOUT", "ExchangePlugin", "HeldPieces", "ScatteredSum", "WHOLE_BYTES", "abort_exchange",
+           "allreduce_sum", "ensure_plugin", "fetch_kept", "piece_bounds", "reduce_scatter_sum"]
 
 #: partials smaller than this go whole to the root machine's receiver rather than in pieces to every machine
 WHOLE_BYTES = 256 << 10
@@ -195,10 +195,38 @@ def _concat(pieces: list) -> Any:
     return join(pieces) if join is not None else np.concatenate(pieces, axis=0)
 
 
-def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any) -> Any:
+class ScatteredSum:
+    """A sum over machines left in the pieces of its rows, each on its receiver (:func:`reduce_scatter_sum` with
+    ``pieces``): ``sums`` (delayed values, piece j the rows ``piece_bounds(rows, W)[j:j + 2]`` of the sum, or, where
+    the partials went whole, the sum on ``receivers[0]`` and None on the others) and ``receivers``."""
+
+    def __init__(self, sums: list[Any], receivers: list[str]):
+        self.sums, self.receivers = sums, receivers
+
+
+class HeldPieces:
+    """A pass's sum left in pieces of its rows on the machines' receivers (``Matrix.map_blocks(hold="pieces")``):
+    ``futures`` (one a receiver, in ``receivers``' order) and the receivers; :meth:`in_pieces` says whether a sum
+    of that many bytes was cut (else the first future holds it whole), :meth:`whole` joins it on the first."""
+
+    def __init__(self, futures: list[Any], receivers: list[str]):
+        self.futures, self.receivers = futures, receivers
+
+    @staticmethod
+    def in_pieces(nbytes: int) -> bool:
+        return nbytes >= WHOLE_BYTES
+
+    def whole(self, client: Any) -> Any:
+        """A future of the whole sum, joined on the first receiver."""
+        return client.submit(_concat, self.futures, workers=[self.receivers[0]], allow_other_workers=True,
+                             pure=False)
+
+
+def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any, pieces: bool = False) -> Any:
     """The sum of ``level`` (delayed partials, one a machine, in the tree's order) as a delayed value on
     ``receivers[0]``: pushed in pieces to ``receivers`` (one worker a machine, in the same order), added there,
-    gathered at the root (the module docstring)."""
+    gathered at the root (the module docstring); with ``pieces``, left where they were added (a
+    :class:`ScatteredSum`)."""
     import dask
 
     ensure_plugin(client)
@@ -213,6 +241,8 @@ def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any) -> A
     for j, r in enumerate(receivers):
         with dask.annotate(workers=[r], allow_other_workers=True):
             sums.append(reduce(acks, j, token))
+    if pieces:
+        return ScatteredSum(sums, list(receivers))
     with dask.annotate(workers=[receivers[0]], allow_other_workers=True):
         return dask.delayed(_concat, pure=False)(sums)
 

@@ -126,7 +126,7 @@ class Passes:
     # ------------------------------------------------------------------ functions over the blocks
     @inline_when_small
     def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
-                   partitions: list | None = None, hold: bool = False, **kwargs: Any) -> Any:
+                   partitions: list | None = None, hold: bool | str = False, **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
 
         ``block`` is a :class:`FeatureBlock`. Arguments wrapped in :class:`PerBlock` are given block by block;
@@ -145,7 +145,9 @@ class Passes:
         ``hold`` (with ``reduce="sum"``): where the pass runs as tasks on a distributed client, the sum is left on
         the worker that made it and its ``distributed.Future`` returned in its place (the pass has completed; a
         failed one raises here), for work that goes on from it there (:mod:`dufs.engine.held`); elsewhere the
-        value, as without it.
+        value, as without it. ``hold="pieces"``: where the machines' partials are added by a reduce-scatter, the
+        sum is left in the pieces of its rows on the machines' receivers (a :class:`HeldPieces`), for work kept in
+        pieces of rows beside them; elsewhere as ``hold=True``.
         """
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
@@ -157,7 +159,8 @@ class Passes:
             if len(items) != n:
                 raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
                                      f"{'blocks' if parts is None else 'partitions'}")
-        return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn), hold=hold and reduce == "sum")
+        return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn),
+                                 hold=hold if reduce == "sum" else False)
 
     @inline_when_small
     def map_sums(self, fn: Any, keys: list, *args: Any, then: Any = None, then_args: tuple = ()) -> list:

@@ -32,6 +32,7 @@ from dufs.engine.dispatch import (
     tree_sum_machines,
     tree_sum_values,
 )
+from dufs.engine.exchange import HeldPieces, ScatteredSum
 from dufs.engine.progress import report
 from dufs.engine.state import BlockState
 
@@ -117,8 +118,13 @@ class StatePasses:
             got = compute(new + res)
             report(name, n, n)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
-        futs = track(client.compute(new + ([tree_sum_machines(res, home, client)] if reduce == "sum" else res)))
-        out = _held(client, futs[n:]) if hold else client.gather(futs[n:])
+        total = _total(res, home, client, reduce, hold)
+        futs = track(client.compute(new + total.sums if isinstance(total, ScatteredSum) else new + (
+            [total] if reduce == "sum" else res)))
+        if isinstance(total, ScatteredSum):
+            out = [HeldPieces(_held(client, futs[n:]), total.receivers)]
+        else:
+            out = _held(client, futs[n:]) if hold else client.gather(futs[n:])
         report(name, n, n)
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
@@ -166,9 +172,14 @@ class StatePasses:
                 res.append(f(fn, s, items[u], a, kw, tokens[u], drops.pop(home[u], [])))
         self.passes += 1
         report(name, 0, n)
-        futs = track(client.compute([tree_sum_machines(res, home, client)] if reduce == "sum" else res))
+        total = _total(res, home, client, reduce, hold)
+        futs = track(client.compute(total.sums if isinstance(total, ScatteredSum) else [total] if reduce == "sum"
+                                    else res))
         try:
-            out = _held(client, futs) if hold else client.gather(futs)
+            if isinstance(total, ScatteredSum):
+                out = [HeldPieces(_held(client, futs), total.receivers)]
+            else:
+                out = _held(client, futs) if hold else client.gather(futs)
         except Exception:  # the new items (some may be kept) and the released ones (perhaps not dropped) again
             release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)] + taken)
             # asked again next pass: after a lost worker the cached placement names it, and a rebuilt state would
@@ -269,6 +280,14 @@ class StatePasses:
                 dargs = [_by_value(a, values) for a in dargs]
                 dkw = {k: _by_value(v, values) for k, v in dkw.items()}
         return dargs, dkw
+
+
+def _total(res: list, home: list, client: Any, reduce: str | None, hold: Any) -> Any:
+    """The sum of the tasks' results over the machines (``reduce="sum"``; ``hold="pieces"``: a reduce-scatter's
+    left in its pieces), or None."""
+    if reduce != "sum":
+        return None
+    return tree_sum_machines(res, home, client, pieces=hold == "pieces")
 
 
 def _held(client: Any, futs: list) -> list:

@@ -137,10 +137,11 @@ class FeatureSide:
         return self._call(_finish_w, np.asarray(vals, dtype=np.float64), float(got["p"]))
 
     def y_held(self) -> tuple:
-        """(Zc W's sum over the pieces left where it was made (its future), the transform's centring row or None),
+        """(Zc W's sum over the pieces left where it was made (its future, or its pieces of rows on the machines
+        where a reduce-scatter made it: a :class:`~dufs.engine.HeldPieces`), the transform's centring row or None),
         as :meth:`Matrix.matvec` with ``hold`` gives it."""
         got, self.state = self.M.map_blocks(_zc_w, self.M.shape[0], state=self.state, partitions=self.parts,
-                                            reduce="sum", hold=True)
+                                            reduce="sum", hold="pieces")
         return got
 
     def result(self) -> np.ndarray:

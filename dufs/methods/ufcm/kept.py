@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import as_future, current_client, fetch, is_lost, kept_call
+from dufs.engine import HeldPieces, as_future, current_client, fetch, is_lost, kept_call
 from dufs.kernels.blockops import col_sums, tall_gram
 from dufs.kernels.clusters import nearest
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
@@ -38,6 +38,8 @@ class KeptY:
     def _future(self, held: tuple) -> tuple:
         """A held pass's (sum, transform's row) with the sum a future (sent from here where the pass ran inline)."""
         out, shift = held
+        if isinstance(out, HeldPieces):  # left in pieces over the machines: joined on the first
+            return out.whole(self.client), shift
         return (out if hasattr(out, "key") else self.client.scatter(out, hash=False)), shift
 
     def new_y(self, held: tuple, mW: np.ndarray | None, G: np.ndarray | None = None) -> tuple:

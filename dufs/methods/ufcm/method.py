@@ -306,7 +306,7 @@ class _Run:
             starts = self.seeds(max(1, self.n_init))
             # Y and the labels in a piece of rows a machine where the workers are on several (pieces.py)
             workers = piece_workers(current_client(), M.shape[0])
-            self.side = PieceY(workers, M.shape[0]) if len(workers) > 1 else self.pca_side
+            self.side = PieceY(workers, M.shape[0], k) if len(workers) > 1 else self.pca_side
             self.y_side = f"{len(workers)} pieces" if len(workers) > 1 else "one worker"
 
             def first() -> tuple:

@@ -22,7 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from dufs.engine import abort_exchange, ensure_plugin, fetch_kept, joined, kept_call, kept_calls, piece_bounds
+from dufs.engine import (
+    HeldPieces,
+    abort_exchange,
+    ensure_plugin,
+    fetch_kept,
+    joined,
+    kept_call,
+    kept_calls,
+    piece_bounds,
+)
 from dufs.errors import ParameterError
 from dufs.kernels.clusters import cluster_sums, kmeans_term, nearest
 from dufs.methods.ufcm.clusters import _choose as _choose_whole
@@ -40,33 +49,46 @@ class PieceY(KeptY):
     """:class:`~dufs.methods.ufcm.kept.KeptY`'s calls with Y and the labels in a piece of rows on each of
     ``workers`` (the module docstring)."""
 
-    def __init__(self, workers: list[str], n: int):
+    def __init__(self, workers: list[str], n: int, width: int):
         super().__init__()
         ensure_plugin(self.client)
-        self.workers, self.n = list(workers), int(n)
+        self.workers, self.n, self.width = list(workers), int(n), int(width)
         self.bounds = piece_bounds(self.n, len(self.workers))
         self.pieces: list | None = None
         self.peers: list[str] = []
         self.kept_codes: list | None = None
 
     def _held(self, held: tuple) -> tuple:
-        """The pass's sum kept on its worker: (address, token) for the pieces to read their rows from."""
+        """Where each piece reads its rows of the pass's sum: the piece of a reduce-scatter on its own worker (a
+        future each, where the pass left its sum in pieces on the pieces' workers), else the sum kept on its
+        worker ((address, token) for every piece); (that, the transform's row, what to keep until the call ends)."""
         out, shift = held
+        if isinstance(out, HeldPieces):
+            if self.pieces is None and set(out.receivers) == set(self.workers):  # the pieces where the sums are
+                self.workers = list(out.receivers)
+                self._make()
+            if out.receivers == self.peers and out.in_pieces(8 * self.n * self.width):
+                return list(out.futures), shift, out
+            out = out.whole(self.client)
+        if self.pieces is None:
+            self._make()
         if not hasattr(out, "key"):  # made here after all (a pass run inline)
             out = self.client.scatter(out, hash=False, workers=[self.workers[0]])
         _, (h,) = kept_call(self.client, _hold, out, keep=1)
-        return (h.address, h.token), shift, h
+        return [(h.address, h.token)] * len(self.pieces), shift, h
 
     def _make(self) -> None:
+        self.bounds = piece_bounds(self.n, len(self.workers))
         calls = [(j, (self.bounds[j], self.bounds[j + 1]), self.n) for j in range(len(self.workers))]
         self.pieces = [h[0] for _, h in kept_calls(self.client, _make, calls, keep=1, where=self.workers)]
         self.peers = [p.address for p in self.pieces]
 
-    def _call(self, what: str, *args: Any, keep: int = 0) -> list:
+    def _call(self, what: str, *args: Any, keep: int = 0, each: list | None = None) -> list:
         """``what`` on every piece at once, its all-reduces under a fresh token (given up on the others where one
-        fails, so that none waits)."""
+        fails, so that none waits); ``each``: a first argument of each piece's own."""
         token = uuid.uuid4().hex
-        calls = [(p, what, token, j, self.peers, *args) for j, p in enumerate(self.pieces)]
+        calls = [(p, what, token, j, self.peers, *([] if each is None else [each[j]]), *args)
+                 for j, p in enumerate(self.pieces)]
         try:
             return kept_calls(self.client, _run, calls, keep=keep)
         except BaseException:
@@ -78,10 +100,8 @@ class PieceY(KeptY):
         return got[0][0]
 
     def new_y(self, held: tuple, mW: np.ndarray | None, G: np.ndarray | None = None) -> tuple:
-        if self.pieces is None:
-            self._make()
         at, shift, h = self._held(held)
-        got = self._call("new_y", at, shift, mW, G)
+        got = self._call("new_y", shift, mW, G, each=at)
         del h
         return got[0][0]
 
@@ -99,10 +119,10 @@ class PieceY(KeptY):
         workers = piece_workers(self.client, self.n)
         if len(workers) > 1:
             self.workers, self.bounds = workers, piece_bounds(self.n, len(workers))
-        self._make()
+        self.pieces = None
         at, shift, h = self._held(held)
-        got = self._with_codes(self._call("rebuild", at, shift, mW, np.ascontiguousarray(C, dtype=np.float64),
-                                          keep=1))
+        got = self._with_codes(self._call("rebuild", shift, mW, np.ascontiguousarray(C, dtype=np.float64), keep=1,
+                                          each=at))
         del h
         return got
 
@@ -140,9 +160,14 @@ def _make(rank, rows, n):
     return None, [_Piece(rank, rows, n)]
 
 
-def _read(s: _Piece, at: tuple, shift: Any, mW: Any) -> None:
-    a, b = s.rows
-    (rows,) = fetch_kept([(at[0], at[1], a, b)])
+def _read(s: _Piece, at: Any, shift: Any, mW: Any) -> None:
+    """Y's rows of this piece: its piece of the pass's sum (made here by the reduce-scatter), or its rows of the
+    sum kept under ``at`` = (address, token)."""
+    if isinstance(at, np.ndarray):
+        rows = at
+    else:
+        a, b = s.rows
+        (rows,) = fetch_kept([(at[0], at[1], a, b)])
     s.Y = _finish(rows, shift, mW)
 
 
