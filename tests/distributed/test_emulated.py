@@ -254,3 +254,42 @@ def test_every_iterative_method_selects_on_machines_what_it_selects_on_one(store
             continue
         np.testing.assert_array_equal(got[m].indices, want[m].indices, err_msg=m)
         np.testing.assert_allclose(got[m].scores, want[m].scores, rtol=1e-9, atol=1e-12, err_msg=m)
+
+
+def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_path, monkeypatch):
+    """UFCM on three machines: W in pieces beside the blocks, Y and the labels in a piece of rows a machine, each
+    piece reading its rows of Zc W where the pass's reduce-scatter added them (no gather at the root). It selects
+    what a LocalCluster of as many worker processes selects, the scores equal but for the order of the sums."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dufs.methods.ufcm import pieces
+
+    rng = np.random.default_rng(5)
+    n = 20_000  # Y (n x 2) above the size a sum over machines goes whole
+    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)  # W step matrix-free
+    X[: n // 2, :8] = rng.random((n // 2, 8))  # two clusters of rows, eight features mark the first
+    path = tmp_path / "u.zarr"
+    dufs.write_store(X.tocsr(), path, feature_block=400)
+    kw = {"max_iter": 3, "n_clusters": 2, "n_components": 2}
+    with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
+            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            Client(lc) as client:
+        want = dufs.fit(str(path), method="ufcm", n_features=8, client=client, **kw)
+    reads: list = []
+    real = pieces.PieceY._held
+
+    def held(self, h):
+        got = real(self, h)
+        reads.append(hasattr(got[0][0], "key"))  # a future of the piece's own rows, not (address, token)
+        return got
+
+    monkeypatch.setattr(pieces.PieceY, "_held", held)
+    with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
+        got = dufs.fit(str(path), method="ufcm", n_features=8, client=client, **kw)
+    d = got.diagnostics
+    assert d["y_side"] == "3 pieces" and d["w_side"] == "3 pieces", d
+    assert reads and all(reads), reads
+    np.testing.assert_array_equal(got.indices, want.indices)
+    assert set(got.indices[:8]) == set(range(8))
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-9, atol=1e-12)

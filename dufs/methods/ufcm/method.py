@@ -309,17 +309,19 @@ class _Run:
             self.side = PieceY(workers, M.shape[0], k) if len(workers) > 1 else self.pca_side
             self.y_side = f"{len(workers)} pieces" if len(workers) > 1 else "one worker"
 
-            def first() -> tuple:
-                yy, _ = self.side.new_y(*Zc.matvec_held(W))
-                return (yy, *self.side.start(c, starts, self.seed))
-
-            yy, C, counts, km = self.side.again(first)
-            f = _objective(yy, km, W, self.alpha, self.beta, self.p)
+            f_pen = _penalty(W, self.p)
             if self.pieces is not None:  # W's rows to the pieces; none of it kept here
                 self.fside = FeatureSide(M, Zc.m, W, *self.pieces)
                 self.w_side = f"{len(self.pieces[0])} pieces"
                 self.centring = (None if Zc.m is None else Zc.m @ W, _transform_row(M, W))
                 W = None
+
+            def first() -> tuple:  # (Zc W from the pieces: summed where the pieces of Y are made, pieces.py)
+                yy, _ = self.side.new_y(*(Zc.matvec_held(W) if W is not None else self._y_held()))
+                return (yy, *self.side.start(c, starts, self.seed))
+
+            yy, C, counts, km = self.side.again(first)
+            f = float(yy - self.alpha * km - self.beta * f_pen)
             return W, None, None, C, f, nprod, pca_converged
         Y = Zc.matvec(W)
         labels, _, _ = _choose(Y, c, [], self.seeds(max(1, self.n_init)), self.seed)
