@@ -96,10 +96,12 @@ DRIVER_MEMORY: dict[str, tuple[float, float, float, str]] = {
     "m3fs": (8 * (7 + 16), 8 * 10, 0.0, "seven n-vectors (the alternation's labels, y, F and L F, a v-step's start's "
              "scores and L F, L 1) and the n x 16 anchor embedding; ten d-vectors (sigma, V, the v-step's start "
              "and weights)"),
-    # Y, the labels and the k-means candidates kept on a worker (ufcm.kept): the labels come back once, at the end
-    "ufcm": (8, 8 * (2 * 2 + 2 * 2 + 2 + 9 * 2) + 2, 0.0,
-             "the labels (the result); W and LOBPCG's start (d x k), Q and G (d x c), D and the row norms, "
-             "LOBPCG's nine d x k blocks, two masks"),
+    # on workers of several machines W and Q in pieces beside the blocks (ufcm.features), Y and the labels in
+    # pieces of rows (ufcm.pieces): an iteration holds nothing over the samples or the features here; the PCA start
+    # (its block of 6 columns) and the result do
+    "ufcm": (8, 8 * (3 * 6 + 2 + 1), 0.0,
+             "the labels (the result); the PCA start's d x 6 blocks (V, S = Zc^T T R, the Ritz vectors V R); W "
+             "(d x 2) and the scores (the result)"),
 }
 MEMORY_LIMIT = 4e9  # bytes: the driver's resident memory M3FS and UFCM must stay under at 10x kddb
 
