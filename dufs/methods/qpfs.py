@@ -181,7 +181,13 @@ def qpfs(M: Matrix, y: Any, *, alpha_mix: float = 0.5, kernel: str = "linear", r
                    "converged": out["converged"], "rounds": out["rounds"], "support": int((x > 0).sum()),
                    "kernel": kernel, "rbf_gamma": out["columns"].rbf_gamma, "columns_fetched": out["columns_fetched"],
                    "passes": out["passes"], "trace": out["trace"], "solve_time": out["solve_time"],
-                   "n_partitions": M.n_blocks}
+                   "n_partitions": M.n_blocks,
+                   "stopped": "converged" if out["converged"] else "max_epochs",
+                   "convergence": {"measure": "relative Frank-Wolfe gap", "value": out["relative_gap"],
+                                   "tol": float(tol)}}
+    if not out["converged"]:
+        log.warning("qpfs: stopped by max_epochs before converging (relative Frank-Wolfe gap %.3g against tol %g)",
+                    out["relative_gap"], tol)
     log.info("qpfs: %d features with weight > 0, FW gap %.3g after %d rounds", diagnostics["support"], out["gap"],
              out["rounds"])
     return QPFSResult(x=x, r=r, g=out["g"], alpha_mix=float(alpha_mix), diagnostics=diagnostics)

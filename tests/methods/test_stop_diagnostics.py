@@ -172,6 +172,24 @@ def test_mmfs_says_what_stopped_it_and_how_close():
     assert stop_reason(cut).startswith("max_epochs (rounds ") and "relative duality gap" in stop_reason(cut)
 
 
+@pytest.mark.parametrize("method,measure,extra", [
+    ("qpfs", "relative Frank-Wolfe gap", {}),
+    ("mmfs", "relative duality gap", {"kernel": "poly2"}),
+])
+def test_qpfs_and_kernel_mmfs_say_what_stopped_them_and_how_close(method, measure, extra):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 30))
+    y = (X[:, 2] - X[:, 7] + 0.3 * rng.standard_normal(120) > 0).astype(int)
+    d = dufs.fit(X, y, method=method, n_features=5, **extra).diagnostics
+    tol = d["convergence"]["tol"]
+    assert d["stopped"] == "converged" and d["converged"] is True
+    assert d["convergence"] == {"measure": measure, "value": d["relative_gap"], "tol": tol} and d["relative_gap"] <= tol
+    cut = dufs.fit(X, y, method=method, n_features=5, tol=1e-300, max_epochs=1, **extra).diagnostics
+    assert cut["stopped"] == "max_epochs" and cut["converged"] is False
+    assert cut["convergence"]["value"] == cut["relative_gap"] > 1e-300
+    assert stop_reason(cut).startswith("max_epochs (rounds ") and measure in stop_reason(cut)
+
+
 # ---------------------------------------------------------------------------------------------------- the words
 def test_stop_reason_words():
     diag = {"stopped": "max_passes", "iterations": 7,

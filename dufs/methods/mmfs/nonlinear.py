@@ -305,7 +305,12 @@ def mmfs_kernel(M: Matrix, y: Any, *, kernel: str = "poly2", n_features: int | N
         "converged": out["converged"], "rounds": len(trace), "gamma": gk, "gamma_path": auto, "support": support,
         "kernel": kernel, "rbf_gamma": out["rbf_gamma"], "columns_fetched": cols.fetched, "trace": trace,
         "n_partitions": M.n_blocks, "solve_time": time.perf_counter() - t0,
+        "stopped": "converged" if out["converged"] else "max_epochs",
+        "convergence": {"measure": "relative duality gap", "value": out["relative_gap"], "tol": float(tol)},
     }
+    if not out["converged"]:
+        log.warning("mmfs (kernel %s): stopped by max_epochs before converging (relative duality gap %.3g against "
+                    "tol %g)", kernel, out["relative_gap"], tol)
     if n_features is not None and support < n_features:
         diagnostics["filled_by_gradient"] = int(n_features - support)
     return MMFSResult(alpha=alpha, w=np.zeros(0), b=b, gamma=gk, r=r, rho=rho, g=out["Ka"] + b,
