@@ -223,3 +223,30 @@ def test_y_pieces_lost_are_made_again(both_paths, forget_kept, caplog):
     assert b.diagnostics["y_side"] == "2 pieces"
     assert np.all(np.diff(b.objective) >= -1e-9 * np.abs(b.objective[1:]))
     np.testing.assert_array_equal(np.argsort(-b.scores)[:5], np.argsort(-got["off"].scores)[:5])
+
+
+def _no_secular_in_pieces(on: bool):
+    from dufs.methods.ufcm import features
+
+    if on:
+        features._real_top = getattr(features, "_real_top", features.top_lowrank_pieces)
+        features.top_lowrank_pieces = lambda *a, **k: None
+    elif hasattr(features, "_real_top"):
+        features.top_lowrank_pieces = features._real_top
+
+
+@pytest.mark.slow
+def test_a_w_step_the_pieces_cannot_finish_is_made_on_the_driver(both_paths, cluster_client, caplog):
+    """Where the secular solve in pieces gives up (None on every piece), the W step is made on the driver from the
+    pieces' Q and D, and W goes back to them: the driver's run."""
+    caplog.set_level("WARNING", logger="dufs.methods.ufcm.features")
+    cluster_client.run(_no_secular_in_pieces, True)
+    try:
+        got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+                         lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
+    finally:
+        cluster_client.run(_no_secular_in_pieces, False)
+    a, b = got["off"], got["on"]
+    assert b.diagnostics["w_side"] == "2 pieces" and "made on the driver" in caplog.text
+    np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
+    np.testing.assert_array_equal(b.labels, a.labels)
