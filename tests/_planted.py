@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 
 def planted_dense(seed=0, n=240, d=60):
@@ -54,3 +55,14 @@ def near_pole_problem(seed=0, m=300):
     u[0] = 2e-5  # the smallest diagonal value's row nearly out of Q
     Da = np.concatenate([[0.5 + 8e-10, 0.50007], 10.0 ** rng.uniform(2, 7.7, m - 2)])
     return np.column_stack([u, -u]), Da
+
+
+def three_groups_sparse(n=300, d=800):
+    """Three groups of 100 samples, two of them shifted on 10 features of their own: the PCA start's two components
+    stand out of the noise, so its subspace iteration ends in about 25 iterations (one group shifted on 5
+    features left no gap after the first component: 52 iterations, 104 of the run's 112 passes); UFCM then runs
+    3 iterations, as it did on that data."""
+    D = sp.random(n, d, density=0.03, random_state=1).toarray()
+    D[:100, :10] += 0.5
+    D[100:200, 10:20] += 0.5
+    return sp.csc_array(D)

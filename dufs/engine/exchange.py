@@ -28,8 +28,8 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["ALLREDUCE_TIMEOUT", "ExchangePlugin", "HeldPieces", "ScatteredSum", "WHOLE_BYTES", "abort_exchange",
-           "allreduce_sum", "ensure_plugin", "fetch_kept", "piece_bounds", "reduce_scatter_sum"]
+__all__ = ["ALLREDUCE_TIMEOUT", "AllSum", "ExchangePlugin", "HeldPieces", "ScatteredSum", "WHOLE_BYTES",
+           "abort_exchange", "allreduce_sum", "ensure_plugin", "fetch_kept", "piece_bounds", "reduce_scatter_sum"]
 
 #: partials smaller than this go whole to the root machine's receiver rather than in pieces to every machine
 WHOLE_BYTES = 256 << 10
@@ -315,6 +315,40 @@ def allreduce_sum(value: np.ndarray, token: str, rank: int, peers: list[str],
             _send(worker, peers[rank + step], f"{token}:down", rank, x)
         step //= 2
     return x
+
+
+class AllSum:
+    """In one of the tasks of a call that run at once, one a worker (pieces of rows or of features): the call's
+    collective operations, the i-th under ``token``.i on every task (the tasks run the same code, so their i-th
+    operations are the same ones; ``token`` is the base :func:`abort_exchange` gives up)."""
+
+    def __init__(self, token: str, rank: int, peers: list[str]):
+        self.token, self.rank, self.peers, self.i = token, rank, peers, 0
+
+    def __call__(self, x: Any) -> np.ndarray:
+        """The sum of every task's ``x`` (:func:`allreduce_sum`)."""
+        self.i += 1
+        return allreduce_sum(np.asarray(x, dtype=np.float64), f"{self.token}.{self.i}", self.rank, self.peers,
+                             base=self.token)
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """Every task's ``rows`` (r_i x w, float64), stacked in rank order, on every task: two sums (the counts,
+        then the rows placed in a zero array: adding zeros is exact)."""
+        rows = np.asarray(rows, dtype=np.float64)
+        rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
+        n = np.zeros(len(self.peers))
+        n[self.rank] = rows.shape[0]
+        n = self(n).astype(np.int64)
+        at = np.concatenate([[0], np.cumsum(n)])
+        out = np.zeros((int(at[-1]), rows.shape[1]))
+        out[at[self.rank]:at[self.rank + 1]] = rows
+        return self(out) if out.size else out
+
+    def max(self, x: float) -> float:
+        """The largest of every task's ``x``."""
+        v = np.zeros(len(self.peers))
+        v[self.rank] = x
+        return float(np.max(self(v)))
 
 
 def _abort(token: str) -> None:

@@ -30,16 +30,9 @@ def cluster_sums(Y, labels, c):
 def cluster_means(Y, labels, c):
     """(C, counts): the mean of the rows of each cluster (c x p; NaN rows for an empty cluster) and the cluster
     sizes (float64). ``labels`` must lie in [0, c)."""
-    n, p = Y.shape
-    S = np.zeros((c, p), dtype=np.float64)
-    counts = np.zeros(c, dtype=np.float64)
-    for i in range(n):
-        k = labels[i]
-        counts[k] += 1.0
-        for j in range(p):
-            S[k, j] += Y[i, j]
+    S, counts = cluster_sums(Y, labels, c)
     for k in range(c):
-        for j in range(p):
+        for j in range(S.shape[1]):
             S[k, j] = S[k, j] / counts[k] if counts[k] > 0.0 else np.nan
     return S, counts
 

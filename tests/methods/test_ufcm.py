@@ -20,7 +20,7 @@ from dufs.methods.ufcm import clusters as UC
 from dufs.methods.ufcm import method as UM
 from dufs.methods.ufcm import scatter as US
 from dufs.methods.ufcm import ufcm
-from tests._planted import near_pole_problem
+from tests._planted import near_pole_problem, three_groups_sparse
 
 RISE_TOL = 1e-10  # relative: rounding only
 
@@ -485,17 +485,6 @@ def test_alpha_one_w_step_falls_back_to_lobpcg_without_passes(monkeypatch):
     assert np.all(W[~active] == 0.0)
 
 
-def _planted(n=300, d=800):
-    """Three groups of 100 samples, two of them shifted on 10 features of their own: the PCA start's two components
-    stand out of the noise, so its subspace iteration ends in about 25 iterations (one group shifted on 5
-    features left no gap after the first component: 52 iterations, 104 of the run's 112 passes); UFCM then runs
-    3 iterations, as it did on that data."""
-    D = sp.random(n, d, density=0.03, random_state=1).toarray()
-    D[:100, :10] += 0.5
-    D[100:200, 10:20] += 0.5
-    return sp.csc_array(D)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("standardize", ["scale", "zscore"])
 def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(both_paths, kept_calls, standardize):
@@ -507,7 +496,7 @@ def test_y_and_labels_kept_on_a_worker_run_as_the_driver_does(both_paths, kept_c
 
     calls = kept_calls(kept)
     with dask.config.set({"dufs.engine.side-pieces": "off"}):  # W on the driver (in pieces: test_ufcm_features)
-        got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=200),
+        got = both_paths(lambda: Matrix(three_groups_sparse(), standardize=standardize, block_width=200),
                          lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     a, b = got["off"], got["on"]
     assert b.diagnostics["iterations"] == a.diagnostics["iterations"] >= 2
@@ -529,7 +518,7 @@ def test_y_and_labels_lost_with_their_worker_are_made_again(both_paths, forget_k
     calls: list = []
     caplog.set_level("WARNING", logger="dufs.methods.ufcm.kept")
     with dask.config.set({"dufs.engine.side-pieces": "off"}):  # W on the driver (in pieces: test_ufcm_features)
-        got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+        got = both_paths(lambda: Matrix(three_groups_sparse(), standardize="scale", block_width=200),
                          lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
                          lambda: calls.append(forget_kept(ukept.KeptY, when, 2)))  # the second call
     assert len(calls[0]) >= 2 and "made again on another worker" in caplog.text

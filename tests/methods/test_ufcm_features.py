@@ -10,15 +10,14 @@ import threading
 import dask
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
-from dufs.engine import Matrix
+from dufs.engine import AllSum, Matrix
 from dufs.methods.ufcm import features as UF
 from dufs.methods.ufcm import ufcm
-from tests._planted import near_pole_problem
+from tests._planted import near_pole_problem, three_groups_sparse
 
 
-class _ThreadSum(UF._AllSum):
+class _ThreadSum(AllSum):
     """The all-reduce of W threads, each a piece: every sum added in rank order from the same slots (the same bits
     on every rank, as the workers' tree gives)."""
 
@@ -114,20 +113,13 @@ def test_eigenpairs_in_pieces_of_a_root_closer_to_a_pole_than_eps_are_eigh():
     _assert_eigh(Qa, Da, 2, 2, scale=Da.max())
 
 
-def _planted(n=300, d=800):
-    D = sp.random(n, d, density=0.03, random_state=1).toarray()
-    D[:100, :10] += 0.5
-    D[100:200, 10:20] += 0.5
-    return sp.csc_array(D)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("standardize", ["scale", "zscore"])
 def test_w_in_pieces_beside_the_blocks_runs_as_the_driver_does(both_paths, standardize):
     """Workers on several machines (kept vectors on): W's rows in a piece a worker, the iteration's Q, D and W steps
     there. The same iterations, labels and selection as the driver's run; objective and W up to the order of the
     sums over the features."""
-    got = both_paths(lambda: Matrix(_planted(), standardize=standardize, block_width=200),
+    got = both_paths(lambda: Matrix(three_groups_sparse(), standardize=standardize, block_width=200),
                      lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     a, b = got["off"], got["on"]
     assert a.diagnostics["w_side"] == "driver" and b.diagnostics["w_side"] == "2 pieces"
@@ -154,7 +146,7 @@ def test_lost_w_pieces_start_the_run_again_on_the_driver(both_paths, monkeypatch
         return real(self, *a, **k)
 
     caplog.set_level("WARNING", logger="dufs.methods.ufcm.method")
-    got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+    got = both_paths(lambda: Matrix(three_groups_sparse(), standardize="scale", block_width=200),
                      lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
                      lambda: monkeypatch.setattr(UF.FeatureSide, "iterate", iterate))
     b = got["on"]
@@ -165,7 +157,7 @@ def test_lost_w_pieces_start_the_run_again_on_the_driver(both_paths, monkeypatch
 
 
 def test_no_pieces_without_a_cluster_or_with_side_pieces_off():
-    M = Matrix(_planted(), standardize="scale", block_width=200)
+    M = Matrix(three_groups_sparse(), standardize="scale", block_width=200)
     assert UF.feature_pieces(M) is None
     with dask.config.set({"dufs.engine.side-pieces": "off"}):
         assert UF.feature_pieces(M) is None
@@ -192,7 +184,7 @@ def test_y_in_row_pieces_runs_as_the_driver_does(both_paths, cluster_client, sam
         _set_sample(100, 64)
     try:
         with dask.config.set({"dufs.engine.side-pieces": "on"}):
-            got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+            got = both_paths(lambda: Matrix(three_groups_sparse(), standardize="scale", block_width=200),
                              lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     finally:
         cluster_client.run(_set_sample, *default)
@@ -215,7 +207,7 @@ def test_y_pieces_lost_are_made_again(both_paths, forget_kept, caplog):
     caplog.set_level("WARNING", logger="dufs.methods.ufcm.kept")
     calls: list = []
     with dask.config.set({"dufs.engine.side-pieces": "on"}):
-        got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+        got = both_paths(lambda: Matrix(three_groups_sparse(), standardize="scale", block_width=200),
                          lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100),
                          lambda: calls.append(forget_kept(pieces.PieceY, "u_step", 2)))
     b = got["on"]
@@ -242,7 +234,7 @@ def test_a_w_step_the_pieces_cannot_finish_is_made_on_the_driver(both_paths, clu
     caplog.set_level("WARNING", logger="dufs.methods.ufcm.features")
     cluster_client.run(_no_secular_in_pieces, True)
     try:
-        got = both_paths(lambda: Matrix(_planted(), standardize="scale", block_width=200),
+        got = both_paths(lambda: Matrix(three_groups_sparse(), standardize="scale", block_width=200),
                          lambda M: ufcm(M, n_clusters=3, n_components=2, max_iter=4, dense_below=100))
     finally:
         cluster_client.run(_no_secular_in_pieces, False)

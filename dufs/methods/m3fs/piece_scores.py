@@ -23,9 +23,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dufs.engine import (
+    AllSum,
     AnchorGraph,
     abort_exchange,
-    allreduce_sum,
     current_client,
     ensure_plugin,
     fetch_kept,
@@ -135,19 +135,6 @@ def _scatter(client: Any, x: Any, worker: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------- on a worker
-class _AllSum:
-    """A call's all-reduces over the pieces: the i-th of the call under ``token``.i on every piece (the pieces run
-    the same code, so their i-th sums are the same sums)."""
-
-    def __init__(self, token: str, rank: int, peers: list[str]):
-        self.token, self.rank, self.peers, self.i = token, rank, peers, 0
-
-    def __call__(self, x: Any) -> np.ndarray:
-        self.i += 1
-        return allreduce_sum(np.asarray(x, dtype=np.float64), f"{self.token}.{self.i}", self.rank, self.peers,
-                             base=self.token)
-
-
 class _PieceLaplacian:
     """The normalised anchor Laplacian I - D^-1/2 Zh Lambda^-1 Zh^T D^-1/2 on a piece's rows of Zh: its degrees
     Zh (Lambda^-1 lam) are its own rows' (lam = Zh^T 1 over every sample), and Zh^T D^-1/2 x, a sum over the
@@ -211,7 +198,7 @@ def _run(s: _Samples, what: str, token: str, rank: int, peers: list[str], *args:
     fn = _CALLS.get(what)
     if fn is None:
         raise ParameterError(f"m3fs piece scores: unknown call {what!r}")
-    s.prob.allsum = _AllSum(token, rank, peers)
+    s.prob.allsum = AllSum(token, rank, peers)
     try:
         return fn(s, *args)
     finally:

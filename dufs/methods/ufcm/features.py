@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import PerBlock, abort_exchange, allreduce_sum, current_client, ensure_plugin, thread_runs
+from dufs.engine import AllSum, PerBlock, abort_exchange, current_client, ensure_plugin, thread_runs
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import csc_label_sums, csc_matvec
 from dufs.methods.lowrank import (
-    _BIN_TERMS,
     _DEFLATE_MAX,
     _MODEL_ROWS,
+    _Secular,
     _secular_m_and_slope,
     _secular_roots,
     _SecularMoments,
@@ -163,37 +163,6 @@ class FeatureSide:
 
 
 # ---------------------------------------------------------------------------------------------------- on a worker
-class _AllSum:
-    """A call's collective operations among the pieces, the i-th under ``token``.i on every piece (the pieces run
-    the same code, so their i-th operations are the same ones)."""
-
-    def __init__(self, token: str, rank: int, peers: list[str]):
-        self.token, self.rank, self.peers, self.i = token, rank, peers, 0
-
-    def __call__(self, x: Any) -> np.ndarray:
-        self.i += 1
-        return allreduce_sum(np.asarray(x, dtype=np.float64), f"{self.token}.{self.i}", self.rank, self.peers,
-                             base=self.token)
-
-    def gather(self, rows: np.ndarray) -> np.ndarray:
-        """Every piece's ``rows`` (r_i x w, float64), stacked in the pieces' order, on every piece: two sums (the
-        counts, then the rows placed in a zero array: adding zeros is exact)."""
-        rows = np.asarray(rows, dtype=np.float64)
-        rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
-        n = np.zeros(len(self.peers))
-        n[self.rank] = rows.shape[0]
-        n = self(n).astype(np.int64)
-        at = np.concatenate([[0], np.cumsum(n)])
-        out = np.zeros((int(at[-1]), rows.shape[1]))
-        out[at[self.rank]:at[self.rank + 1]] = rows
-        return self(out) if out.size else out
-
-    def max(self, x: float) -> float:
-        v = np.zeros(len(self.peers))
-        v[self.rank] = x
-        return float(np.max(self(v)))
-
-
 def _cat(vs: list) -> np.ndarray | None:
     return None if vs[0] is None else np.ascontiguousarray(np.concatenate(vs), dtype=np.float64)
 
@@ -209,7 +178,7 @@ def _init(blks, st, W0, mu, inv, m, rank):
 
 def _iterate(blks, st, labels, counts, c, k, beta, p, eps, token, peers):
     """On a piece, steps 6-9 of an iteration over its features (:meth:`FeatureSide.iterate`)."""
-    allsum = _AllSum(token, st["rank"], peers)
+    allsum = AllSum(token, st["rank"], peers)
     W = st["W"]
     # step 7's product: Q = Zc^T U diag(1/sqrt(n_k)) on these features (as Matrix.label_rmatvec and _Centred make it)
     Q = st["Q"] if st["Q"] is not None and st["Q"].shape == (W.shape[0], c) else np.empty((W.shape[0], c))
@@ -248,7 +217,7 @@ def _iterate(blks, st, labels, counts, c, k, beta, p, eps, token, peers):
     return st, _after_w(st, vals, p, allsum)
 
 
-def _after_w(st: dict, vals: np.ndarray, p: float, allsum: _AllSum) -> dict:
+def _after_w(st: dict, vals: np.ndarray, p: float, allsum: AllSum) -> dict:
     """G, the penalty and the centring rows of the new W (all-reduced)."""
     W, Q = st["W"], st["Q"]
     r = np.sqrt(np.einsum("ij,ij->i", W, W))
@@ -269,7 +238,7 @@ def _after_w(st: dict, vals: np.ndarray, p: float, allsum: _AllSum) -> dict:
 
 
 def _finish_w(blks, st, vals, p, token, peers):
-    return st, _after_w(st, vals, p, _AllSum(token, st["rank"], peers))
+    return st, _after_w(st, vals, p, AllSum(token, st["rank"], peers))
 
 
 def _gather(blks, st):
@@ -318,7 +287,7 @@ class _Head:
     """The smallest diagonal values over every piece, ascending (as ``np.sort(D)`` over them all would begin), the
     number of values in all, and counts below a value past them made by an all-reduce."""
 
-    def __init__(self, local: np.ndarray, head: int, allsum: _AllSum):
+    def __init__(self, local: np.ndarray, head: int, allsum: AllSum):
         self.local = np.sort(local)
         self.allsum = allsum
         self.size = int(allsum([float(local.size)])[0])
@@ -345,11 +314,11 @@ class _Head:
         return self.allsum([float(i < self.local.size and self.local[i] == x)])[0] > 0
 
 
-class _PieceSecular:
+class _PieceSecular(_Secular):
     """:class:`dufs.methods.lowrank._Secular` over a piece's rows, every sum all-reduced among the pieces."""
 
     def __init__(self, Ql: np.ndarray, Dl: np.ndarray, B: np.ndarray, kk: int, scale: float, dmax: float,
-                 allsum: _AllSum):
+                 allsum: AllSum):
         self.Ql, self.Dl, self.B, self.c, self.allsum = Ql, Dl, B, B.shape[1], allsum
         nn = kk + 1 + _MODEL_ROWS
         self.asc = _Head(Dl, nn + 64, allsum)
@@ -387,27 +356,8 @@ class _PieceSecular:
             self.cache[t] = got
         return got
 
-    def mus(self, t: float) -> np.ndarray:
-        return np.linalg.eigvalsh(self.m_at(t)[0])[::-1]
 
-    def count(self, t: float) -> int:
-        return self.poles(t) + int(np.sum(self.mus(t) > 1.0))
-
-    def near_terms(self, t: float) -> tuple[np.ndarray, np.ndarray]:
-        r = self.QnB / (t + self.Dn)[:, None]
-        return r.T @ self.QnB, r.T @ r
-
-    def model(self, t0: float) -> Any:
-        M0, P0 = self.m_at(t0)
-        Mn, Pn = self.near_terms(t0)
-        Mf, Pf = M0 - Mn, P0 - Pn
-
-        def at(s: float) -> np.ndarray:
-            return Mf - (s - t0) * Pf + self.near_terms(s)[0]
-        return at
-
-
-def _deflate_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, head: int, allsum: _AllSum) -> list:
+def _deflate_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, head: int, allsum: AllSum) -> list:
     """:func:`dufs.methods.lowrank._deflate` over the pieces: the groups of equal diagonal values among the
     ``head`` smallest of all, deflated in place on the rows this piece holds. Returns [(the group's features, U,
     this piece's rows of it as they were, their positions here)]."""
@@ -438,7 +388,7 @@ def _deflate_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, head: int,
     return out
 
 
-def top_lowrank_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, allsum: _AllSum
+def top_lowrank_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, allsum: AllSum
                        ) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`dufs.methods.lowrank._top_lowrank` of the rows of Qa and Da over every piece (this piece's rows,
     features ``gidx`` ascending): the largest ``k`` eigenvalues of Qa Qa^T - diag(Da) over all of them and this
@@ -463,7 +413,7 @@ def top_lowrank_pieces(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int,
     return got
 
 
-def _top_deflated(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, m: int, allsum: _AllSum
+def _top_deflated(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, m: int, allsum: AllSum
                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`dufs.methods.lowrank._top_lowrank_deflated` over the pieces (m rows in all)."""
     c = Qa.shape[1]
@@ -522,4 +472,3 @@ def _top_deflated(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, m: i
 
 
 __all__ += ["top_lowrank_pieces"]
-_ = _BIN_TERMS  # (the moments' layout is lowrank's)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dufs.engine import (
+    AllSum,
     HeldPieces,
     abort_exchange,
     ensure_plugin,
@@ -36,7 +37,6 @@ from dufs.errors import ParameterError
 from dufs.kernels.clusters import cluster_sums, kmeans_term, nearest
 from dufs.methods.ufcm.clusters import _choose as _choose_whole
 from dufs.methods.ufcm.clusters import _kmeans, _sample_centres, _sample_rows, _sampled
-from dufs.methods.ufcm.features import _AllSum
 from dufs.methods.ufcm.kept import KeptY, _codes, _finish
 
 __all__ = ["PieceY"]
@@ -153,7 +153,7 @@ class _Piece:
         self.rank, self.rows, self.n = rank, rows, n
         self.Y: np.ndarray | None = None
         self.labels: np.ndarray | None = None
-        self.allsum: _AllSum | None = None
+        self.allsum: AllSum | None = None
 
 
 def _make(rank, rows, n):
@@ -210,7 +210,7 @@ def _run(s: _Piece, what: str, token: str, rank: int, peers: list[str], *args: A
     fn = _CALLS.get(what)
     if fn is None:
         raise ParameterError(f"ufcm piece of Y: unknown call {what!r}")
-    s.allsum = _AllSum(token, rank, peers)
+    s.allsum = AllSum(token, rank, peers)
     try:
         return fn(s, *args)
     finally:
