@@ -288,7 +288,8 @@ def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_p
     with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
         got = dufs.fit(str(path), method="ufcm", n_features=8, client=client, **kw)
     d = got.diagnostics
-    assert d["y_side"] == "3 pieces" and d["w_side"] == "3 pieces", d
+    # W in a piece a worker that holds blocks when it starts (a block may have moved to another machine by then)
+    assert d["y_side"] == "3 pieces" and d["w_side"] in ("2 pieces", "3 pieces"), d
     assert reads and all(reads), reads
     np.testing.assert_array_equal(got.indices, want.indices)
     assert set(got.indices[:8]) == set(range(8))

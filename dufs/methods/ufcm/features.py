@@ -37,7 +37,7 @@ from dufs.methods.lowrank import (
 )
 from dufs.scheduling import each_in_threads, task_threads
 
-__all__ = ["FeatureSide", "feature_pieces"]
+__all__ = ["FeatureSide", "NoPieces", "feature_pieces"]
 
 log = get_logger(__name__)
 
@@ -65,6 +65,10 @@ def feature_pieces(M: Any) -> tuple[list[list[int]], list[str]] | None:
     return [parts[a] for a in peers], peers
 
 
+class NoPieces(Exception):
+    """W cannot be kept in pieces, one a worker (:class:`FeatureSide`): it stays on the driver."""
+
+
 class FeatureSide:
     """W's rows (and Q's) kept in pieces beside the blocks (the module docstring): :meth:`iterate` runs an
     iteration's Q, D and W steps there, :meth:`y_held` makes Zc W for the worker that keeps Y, :meth:`result`
@@ -83,6 +87,14 @@ class FeatureSide:
         _, self.state = M.map_blocks(_init, PerBlock(np.ascontiguousarray(W0, dtype=np.float64)), *per,
                                      PerBlock(rank), state=[None] * len(parts), partitions=parts)
         M.count_passes(-1)  # it sweeps no nonzeros
+        # the pieces' tasks run where their state is kept, and all-reduce among those workers: the blocks may have
+        # moved since ``peers`` was read from their placement (a task that needed one elsewhere, and the memory
+        # manager dropping the first copy), so the workers are the state's, one a piece, or no pieces at all
+        homes = [getattr(it, "address", None) for it in self.state.items]
+        if None in homes or len(set(homes)) != len(homes):
+            self.state.release()
+            raise NoPieces(f"ufcm: W's pieces would share workers ({homes}); W stays on the driver")
+        self.peers = homes
         self.centred = mu is not None
         self.fallbacks = 0
 

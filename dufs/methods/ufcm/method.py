@@ -16,7 +16,7 @@ from dufs.engine import VALUES, Matrix, current_client, is_lost, kept_vectors, p
 from dufs.errors import ParameterError
 from dufs.methods.params import SEED, Interval, Param, StrOptions, check_params, integer, nonnegative, table
 from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
-from dufs.methods.ufcm.features import FeatureSide, feature_pieces
+from dufs.methods.ufcm.features import FeatureSide, NoPieces, feature_pieces
 from dufs.methods.ufcm.kept import KeptY
 from dufs.methods.ufcm.pieces import PieceY
 from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
@@ -212,7 +212,7 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
             restarts += 1
             with contextlib.suppress(Exception):
                 run.fside.release()
-            run.fside, run.pieces, run.w_side = None, None, "driver"
+            run.fside, run.pieces, run.want_pieces, run.w_side = None, None, False, "driver"
             run.rng = np.random.default_rng(seed)  # the same seeds as a run that kept W on the driver
     G = C.T
     if run.side is not None:  # the labels, kept on a worker, brought here once
@@ -277,7 +277,8 @@ class _Run:
         self.side = KeptY() if kept_vectors(current_client()) else None
         self.pca_side = self.side  # the PCA start's n x block array on that worker
         self.y_side = "driver" if self.side is None else "one worker"
-        self.pieces = feature_pieces(M) if self.side is not None and alpha == 1.0 and not self.dense else None
+        self.want_pieces = self.side is not None and alpha == 1.0 and not self.dense
+        self.pieces = None  # (blocks, workers) of W's pieces: read at the start, where the blocks are then
         self.fside: FeatureSide | None = None
         self.w_side = "driver"
         self.centring: tuple = (None, None)  # (m^T W, the transform's row times W) of the kept W
@@ -310,8 +311,14 @@ class _Run:
             self.y_side = f"{len(workers)} pieces" if len(workers) > 1 else "one worker"
 
             f_pen = _penalty(W, self.p)
+            self.pieces = feature_pieces(M) if self.want_pieces else None
             if self.pieces is not None:  # W's rows to the pieces; none of it kept here
-                self.fside = FeatureSide(M, Zc.m, W, *self.pieces)
+                try:
+                    self.fside = FeatureSide(M, Zc.m, W, *self.pieces)
+                except NoPieces as e:
+                    log.info("%s", e)
+                    self.pieces = None
+            if self.fside is not None:
                 self.w_side = f"{len(self.pieces[0])} pieces"
                 self.centring = (None if Zc.m is None else Zc.m @ W, _transform_row(M, W))
                 W = None
