@@ -119,12 +119,8 @@ class StatePasses:
             report(name, n, n)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
         total = _total(res, home, client, reduce, hold)
-        futs = track(client.compute(new + total.sums if isinstance(total, ScatteredSum) else new + (
-            [total] if reduce == "sum" else res)))
-        if isinstance(total, ScatteredSum):
-            out = [HeldPieces(_held(client, futs[n:]), total.receivers)]
-        else:
-            out = _held(client, futs[n:]) if hold else client.gather(futs[n:])
+        futs = track(client.compute(new + _wanted(total, res)))
+        out = _results(client, futs[n:], total, hold)
         report(name, n, n)
         return (out[0] if reduce == "sum" else out), BlockState(futs[:n], client)
 
@@ -173,13 +169,9 @@ class StatePasses:
         self.passes += 1
         report(name, 0, n)
         total = _total(res, home, client, reduce, hold)
-        futs = track(client.compute(total.sums if isinstance(total, ScatteredSum) else [total] if reduce == "sum"
-                                    else res))
+        futs = track(client.compute(_wanted(total, res)))
         try:
-            if isinstance(total, ScatteredSum):
-                out = [HeldPieces(_held(client, futs), total.receivers)]
-            else:
-                out = _held(client, futs) if hold else client.gather(futs)
+            out = _results(client, futs, total, hold)
         except Exception:  # the new items (some may be kept) and the released ones (perhaps not dropped) again
             release_resident([Resident(t, a) for t, a in zip(tokens, home, strict=True)] + taken)
             # asked again next pass: after a lost worker the cached placement names it, and a rebuilt state would
@@ -288,6 +280,21 @@ def _total(res: list, home: list, client: Any, reduce: str | None, hold: Any) ->
     if reduce != "sum":
         return None
     return tree_sum_machines(res, home, client, pieces=hold == "pieces")
+
+
+def _wanted(total: Any, res: list) -> list:
+    """What a pass computes: the sum's pieces, the sum, or every task's result (``total`` None)."""
+    if isinstance(total, ScatteredSum):
+        return total.sums
+    return res if total is None else [total]
+
+
+def _results(client: Any, futs: list, total: Any, hold: Any) -> list:
+    """The pass's results from its futures: a :class:`HeldPieces` of a sum left in pieces, the futures left where
+    they are (``hold``), or their values."""
+    if isinstance(total, ScatteredSum):
+        return [HeldPieces(_held(client, futs), total.receivers)]
+    return _held(client, futs) if hold else client.gather(futs)
 
 
 def _held(client: Any, futs: list) -> list:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import AllSum, PerBlock, abort_exchange, current_client, ensure_plugin, thread_runs
+from dufs.engine import AllSum, PerBlock, abort_exchange, current_client, ensure_plugin, partition_matvec
 from dufs.kernels.affine import standardize_rows
-from dufs.kernels.blockops import csc_label_sums, csc_matvec
+from dufs.kernels.blockops import csc_label_sums
 from dufs.methods.lowrank import (
     _DEFLATE_MAX,
     _MODEL_ROWS,
@@ -35,7 +35,6 @@ from dufs.methods.lowrank import (
     _SecularMoments,
     moment_sums,
 )
-from dufs.scheduling import each_in_threads, task_threads
 
 __all__ = ["FeatureSide", "NoPieces", "feature_pieces"]
 
@@ -95,7 +94,6 @@ class FeatureSide:
             self.state.release()
             raise NoPieces(f"ufcm: W's pieces would share workers ({homes}); W stays on the driver")
         self.peers = homes
-        self.centred = mu is not None
         self.fallbacks = 0
 
     def _call(self, fn: Any, *args: Any) -> Any:
@@ -267,27 +265,12 @@ def _result(blks, st):
 
 
 def _zc_w(blks, st, n):
-    """This piece's X diag(inv) W (n x k): its blocks cut into a run a thread, each run's sum in a buffer of its
-    own, the runs added in order (as a partition's product, :meth:`Matrix.matvec`)."""
+    """This piece's X diag(inv) W (n x k), as a partition's part of :meth:`Matrix.matvec` makes it (its rows of W
+    scaled by inv, the blocks in a run a thread, the runs added by the fixed tree)."""
     W, inv = st["W"], st["inv"]
     starts = np.concatenate([[0], np.cumsum(st["widths"])])
-    runs = thread_runs(blks, task_threads())
-
-    def run(j: int) -> np.ndarray:
-        out = np.zeros((n, W.shape[1]))
-        for i in runs[j]:
-            a, b = starts[i], starts[i + 1]
-            csc_matvec(blks[i].indptr, blks[i].indices, blks[i].data, W[a:b], out,
-                       None if inv is None else inv[a:b])
-        return out
-
-    if len(runs) == 1:
-        return st, run(0)
-    sums = each_in_threads(run, len(runs), len(runs))
-    total = sums[0]
-    for s in sums[1:]:
-        total += s
-    return st, total
+    Ws = [W[a:b] if inv is None else W[a:b] * inv[a:b, None] for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    return st, partition_matvec(blks, Ws, n)
 
 
 # ---------------------------------------------------------------------------------------------------- the W step
