@@ -93,15 +93,15 @@ DRIVER_MEMORY: dict[str, tuple[float, float, float, str]] = {
     # rise with the partitions), so no term in n K
     # on workers of several machines a v-step's iterates' scores are kept on a worker (m3fs.kept_scores): the
     # alternation still holds its labels and scores between v-steps
-    "m3fs": (8 * (7 + 16), 8 * 10, 0.0, "seven n-vectors (the alternation's labels, y, F and L F, a v-step's start's "
-             "scores and L F, L 1) and the n x 16 anchor embedding; ten d-vectors (sigma, V, the v-step's start "
-             "and weights)"),
-    # on workers of several machines W and Q in pieces beside the blocks (ufcm.features), Y and the labels in
-    # pieces of rows (ufcm.pieces): an iteration holds nothing over the samples or the features here; the PCA start
-    # (its block of 6 columns) and the result do
-    "ufcm": (8, 8 * (3 * 6 + 2 + 1), 0.0,
-             "the labels (the result); the PCA start's d x 6 blocks (V, S = Zc^T T R, the Ritz vectors V R); W "
-             "(d x 2) and the scores (the result)"),
+    "m3fs": (8 * (7 + 16), 8 * (10 + 6), 0.0, "seven n-vectors (the alternation's labels, y, F and L F, a v-step's "
+             "start's scores and L F, L 1) and the n x 16 anchor embedding; ten d-vectors (sigma, V, the v-step's "
+             "start and weights); the column statistics (six d-vectors, dufs.engine.ColumnStats)"),
+    # on workers of several machines W and Q in pieces beside the blocks (ufcm.features), the PCA start's block
+    # too, Y and the labels in pieces of rows (ufcm.pieces): the driver holds the result (the labels as int32, the
+    # scores) and, as every method does, the column statistics
+    "ufcm": (4, 8 * (1 + 1 + 6), 0.0,
+             "the labels (int32) and the scores (the result); the centring m; the column statistics (six "
+             "d-vectors, dufs.engine.ColumnStats)"),
 }
 MEMORY_LIMIT = 4e9  # bytes: the driver's resident memory M3FS and UFCM must stay under at 10x kddb
 

@@ -7,7 +7,15 @@ an array to the workers (:func:`shipped`, :func:`in_shared_memory`), have result
 (:func:`receiving`), take a pooled output array (:func:`buffer`).
 """
 
-from dufs.engine.blocks import FeatureBlock, PerBlock, StoreBlock, partition_matvec, ranked_head, thread_runs
+from dufs.engine.blocks import (
+    FeatureBlock,
+    PerBlock,
+    StoreBlock,
+    partition_matvec,
+    partition_rmatvec,
+    ranked_head,
+    thread_runs,
+)
 from dufs.engine.buffers import buffer
 from dufs.engine.cluster import get_client, is_lost
 from dufs.engine.direct import last_timeline
@@ -55,6 +63,6 @@ __all__ = ["AllSum", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "Fe
            "check_finite", "check_labels", "current_client", "ensure_plugin", "fetch", "fetch_kept", "flush",
            "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",
            "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors", "knn_graph",
-           "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "partition_matvec", "piece_bounds",
-           "piece_workers", "ranked_head", "receiving", "resolve_graph", "shipped", "sparse_counts", "thread_runs",
-           "transform_of", "tree_sum_into", "tree_sum_values"]
+           "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "partition_matvec",
+           "partition_rmatvec", "piece_bounds", "piece_workers", "ranked_head", "receiving", "resolve_graph", "shipped",
+           "sparse_counts", "thread_runs", "transform_of", "tree_sum_into", "tree_sum_values"]

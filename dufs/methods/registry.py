@@ -163,9 +163,9 @@ def _ufcm(M: Any, y: Any, *, n_features: int, n_clusters: Any = UFCM_PARAMS["n_c
     if n_components is None:  # d' = the number of clusters, at most n_features - 1
         n_components = min(int(n_clusters), max(1, M.shape[1] - 1)) if isinstance(n_clusters, int | np.integer) \
             else n_clusters
-    res = ufcm(M, n_clusters=n_clusters, n_components=n_components, **p)
+    res = ufcm(M, n_clusters=n_clusters, n_components=n_components, keep_w=False, **p)
     diag = dict(res.diagnostics)
-    diag.update(objective=np.asarray(res.objective).tolist(), labels=np.asarray(res.labels, dtype=np.int64))
+    diag.update(objective=np.asarray(res.objective).tolist(), labels=res.labels)
     return _with_estimate(MethodResult(res.scores, None, diag), n_clusters, est)
 
 

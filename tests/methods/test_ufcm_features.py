@@ -156,6 +156,60 @@ def test_lost_w_pieces_start_the_run_again_on_the_driver(both_paths, monkeypatch
     np.testing.assert_array_equal(np.argsort(-b.scores)[:20], np.argsort(-got["off"].scores)[:20])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True], ids=["random", "sampled"])
+def test_pca_start_in_pieces_runs_as_the_driver_does(both_paths, monkeypatch, sampled):
+    """The PCA start with its block's rows in the pieces beside the blocks (from a random start, and, above the
+    row bound, from a sample's directions refined on all rows): the driver's subspace iteration is not run, W
+    and the objective are the driver's up to the order of the sums over the features; ``keep_w=False`` leaves W
+    out and gives the same scores."""
+    from dufs.methods.ufcm import method as UM
+
+    if sampled:
+        monkeypatch.setattr(UM, "_PCA_SAMPLE_ABOVE", 1000)
+    calls: list = []
+    real = UM._top_scatter
+
+    def driver_pca(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(UM, "_top_scatter", driver_pca)
+    got = both_paths(lambda: Matrix(three_groups_sparse(), standardize="scale", block_width=200),
+                     lambda M: (ufcm(M, n_clusters=3, n_components=2, max_iter=3, dense_below=100, tol=0.0),
+                                ufcm(M, n_clusters=3, n_components=2, max_iter=3, dense_below=100, tol=0.0,
+                                     keep_w=False), len(calls)))
+    (a, _, n_off), (b, c, n_on) = got["off"], got["on"]
+    assert n_off == 2 and n_on == 2  # the driver's PCA in the driver's runs alone
+    assert b.diagnostics["w_side"] == "2 pieces"
+    np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
+    np.testing.assert_allclose(b.W, a.W, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(b.labels, a.labels)
+    assert c.W is None and c.labels.dtype == np.int32
+    np.testing.assert_allclose(c.scores, np.linalg.norm(a.W, axis=1), rtol=0, atol=1e-12)
+
+
+def test_a_start_made_by_pieces_of_features_is_made_whole():
+    """The PCA start's rows made for any range of features (a piece's blocks) are the whole start's rows:
+    across the random streams' chunk boundaries, with a sample's directions on some features."""
+    from dufs.methods.ufcm.scatter import _NORMAL_CHUNK, Start
+
+    d = 2 * _NORMAL_CHUNK + 1234
+    rng = np.random.default_rng(4)
+    cols = np.sort(rng.choice(d, 500, replace=False)).astype(np.int64)
+    for kk in (0, 2):
+        st = Start(11, 5, cols if kk else cols[:0], rng.standard_normal((500, kk)) if kk else np.zeros((0, 0)))
+        whole = st.rows(0, d)
+        assert whole.shape == (d, 5) and np.all(np.isfinite(whole))
+        if kk:
+            np.testing.assert_array_equal(whole[cols, :kk], st.E)
+            assert not np.any(whole[np.setdiff1d(np.arange(d), cols), :kk])
+        cuts = np.sort(np.r_[0, d, rng.integers(0, d, 7), _NORMAL_CHUNK, _NORMAL_CHUNK + 1])
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            np.testing.assert_array_equal(st.block(lo, hi).rows(lo, hi), whole[lo:hi])
+        assert abs(whole[:, kk:].std() - 1.0) < 0.01 and abs(whole[:, kk:].mean()) < 0.01
+
+
 def test_no_pieces_without_a_cluster_or_with_side_pieces_off():
     M = Matrix(three_groups_sparse(), standardize="scale", block_width=200)
     assert UF.feature_pieces(M) is None

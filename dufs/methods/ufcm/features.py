@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from dufs._logging import get_logger
-from dufs.engine import AllSum, PerBlock, abort_exchange, current_client, ensure_plugin, partition_matvec
+from dufs.engine import (
+    AllSum,
+    PerBlock,
+    abort_exchange,
+    current_client,
+    ensure_plugin,
+    partition_matvec,
+    partition_rmatvec,
+)
 from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import csc_label_sums
 from dufs.methods.lowrank import (
@@ -35,6 +43,7 @@ from dufs.methods.lowrank import (
     _SecularMoments,
     moment_sums,
 )
+from dufs.methods.ufcm.scatter import Start
 
 __all__ = ["FeatureSide", "NoPieces", "feature_pieces"]
 
@@ -73,8 +82,17 @@ class FeatureSide:
     iteration's Q, D and W steps there, :meth:`y_held` makes Zc W for the worker that keeps Y, :meth:`result`
     brings W back once."""
 
-    def __init__(self, M: Any, m: np.ndarray | None, W0: np.ndarray, parts: list[list[int]], peers: list[str]):
-        self.M, self.parts, self.peers, self.k = M, parts, peers, int(W0.shape[1])
+    def __init__(self, M: Any, m: np.ndarray | None, W0: np.ndarray | Start, parts: list[list[int]],
+                 peers: list[str]):
+        """``W0``: W's start (d x k), or the PCA start's first block (:meth:`pca` then makes W)."""
+        self.M, self.parts, self.peers = M, parts, peers
+        if isinstance(W0, Start):  # each block makes its rows of it
+            self.k = W0.b
+            bounds = M.bounds
+            start = PerBlock([W0.block(int(bounds[i]), int(bounds[i + 1])) for i in range(M.n_blocks)])
+        else:
+            self.k = int(W0.shape[1])
+            start = PerBlock(np.ascontiguousarray(W0, dtype=np.float64))
         self.client = current_client()
         ensure_plugin(self.client)
         mu, inv = M.transform
@@ -83,8 +101,8 @@ class FeatureSide:
             for i in part:
                 rank[i] = r
         per = [None if v is None else PerBlock(np.asarray(v, dtype=np.float64)) for v in (mu, inv, m)]
-        _, self.state = M.map_blocks(_init, PerBlock(np.ascontiguousarray(W0, dtype=np.float64)), *per,
-                                     PerBlock(rank), state=[None] * len(parts), partitions=parts)
+        _, self.state = M.map_blocks(_init, start, *per, PerBlock(rank), state=[None] * len(parts),
+                                     partitions=parts)
         M.count_passes(-1)  # it sweeps no nonzeros
         # the pieces' tasks run where their state is kept, and all-reduce among those workers: the blocks may have
         # moved since ``peers`` was read from their placement (a task that needed one elsewhere, and the memory
@@ -108,6 +126,42 @@ class FeatureSide:
             raise
         self.M.count_passes(-1)
         return got[0]
+
+    def pca(self, side: Any, k: int, p: float, max_iter: int, tol: float) -> dict:
+        """The PCA start's block subspace iteration (:func:`~dufs.methods.ufcm.scatter._top_scatter`) with V's
+        rows here, from the start given: T = Zc V summed where ``side`` (a
+        :class:`~dufs.methods.ufcm.kept.KeptY`) keeps it, its Gram matrix's Rayleigh-Ritz step on the driver
+        (b x b), then on every piece V R, S = Zc^T (T R) from T R's future, the residuals and the Cholesky QR of S
+        all-reduced; W is then the first k columns. The driver holds nothing over the features. Returns W's
+        l2,p penalty and centring rows, the operator products and whether it converged; raises
+        :class:`NoPieces` (nothing changed on the driver) where S is not of full rank, as the driver's QR
+        would then take over."""
+        from dufs.methods.ufcm.scatter import pca_done, ritz
+
+        b = self.k
+        got = self._call(_pca_orth)
+        products, converged = 0, False
+        for _ in range(max_iter):
+            if not got["ok"]:
+                raise NoPieces("ufcm: the PCA start's block is not of full rank in pieces; made on the driver")
+            mv = got["mV"], got["shift"]
+
+            def held(mv: tuple = mv) -> tuple:
+                return (self.y_held(), mv[1]), mv[0]
+
+            G = side.again(lambda: side.gram(*held()))
+            theta, R = ritz(G)
+            TR, sums = side.again(lambda R=R: side.times(R), lambda: side.gram(*held()))
+            got = self._call(_pca_step, TR, sums, R, theta, int(k), float(tol))
+            self.M.count_passes(1)  # Zc^T (T R)
+            products += b
+            if pca_done(got["res"], theta, tol, products // b):
+                converged = True
+                break
+        self.k = int(k)
+        out = self._call(_pca_finish, int(k), float(p))
+        out.update(products=products, converged=converged)
+        return out
 
     def iterate(self, labels: Any, counts: np.ndarray, c: int, beta: float, p: float, eps: float) -> dict:
         """Steps 6 to 9 of an iteration on the features (Q from the labels' future, D from W, the W step): the W
@@ -156,17 +210,26 @@ class FeatureSide:
 
     def result(self) -> np.ndarray:
         """W (d x k), brought here once."""
-        bounds = self.M.bounds
-        W = np.empty((self.M.shape[1], self.k))
         pieces, self.state = self.M.map_blocks(_result, state=self.state, partitions=self.parts)
         self.M.count_passes(-1)
+        return self._assemble(pieces, np.empty((self.M.shape[1], self.k)))
+
+    def scores(self) -> np.ndarray:
+        """W's row norms (d), brought here once: the scores."""
+        pieces, self.state = self.M.map_blocks(_row_norms, state=self.state, partitions=self.parts)
+        self.M.count_passes(-1)
+        return self._assemble(pieces, np.empty(self.M.shape[1]))
+
+    def _assemble(self, pieces: list, out: np.ndarray) -> np.ndarray:
+        """The pieces' rows placed at their blocks' features in ``out``."""
+        bounds = self.M.bounds
         for part, w in zip(self.parts, pieces, strict=True):
             o = 0
             for i in part:
                 a, b = bounds[i], bounds[i + 1]
-                W[a:b] = w[o:o + b - a]
+                out[a:b] = w[o:o + b - a]
                 o += b - a
-        return W
+        return out
 
     def release(self) -> None:
         self.state.release()
@@ -180,6 +243,8 @@ def _cat(vs: list) -> np.ndarray | None:
 def _init(blks, st, W0, mu, inv, m, rank):
     """A piece's state: its blocks' rows of W's start and of the transform and centring, its features' numbers."""
     gidx = np.concatenate([np.arange(b.start, b.stop, dtype=np.int64) for b in blks])
+    if isinstance(W0[0], Start):
+        W0 = [s.rows(b.start, b.stop) for s, b in zip(W0, blks, strict=True)]
     st = {"W": _cat(W0), "mu": _cat(mu) if mu is not None else None, "inv": _cat(inv) if inv is not None else None,
           "m": _cat(m) if m is not None else None, "rank": int(rank[0]), "gidx": gidx,
           "widths": [b.stop - b.start for b in blks], "Q": None, "Dd": None, "active": None}
@@ -247,6 +312,77 @@ def _after_w(st: dict, vals: np.ndarray, p: float, allsum: AllSum) -> dict:
     return out
 
 
+def _centring(st: dict, V: np.ndarray, allsum: AllSum) -> tuple:
+    """V's centring rows (m^T V, and the transform's centre times diag(inv) V), all-reduced; None where absent."""
+    b = V.shape[1]
+    parts = [np.zeros(b) if st["m"] is None else st["m"] @ V]
+    if st["mu"] is not None:
+        parts.append((st["mu"] * st["inv"]) @ V if st["inv"] is not None else st["mu"] @ V)
+    tot = allsum(np.concatenate(parts))
+    return None if st["m"] is None else tot[:b], None if st["mu"] is None else tot[b:]
+
+
+def _orth_pieces(S: np.ndarray, allsum: AllSum) -> np.ndarray | None:
+    """:func:`~dufs.methods.lowrank._orth` of the rows of S over every piece (Cholesky QR twice, the Gram matrix
+    all-reduced); None where it is not positive definite."""
+    for _ in range(2):
+        G = allsum(S.T @ S)
+        try:
+            Lc = np.linalg.cholesky(0.5 * (G + G.T))
+        except np.linalg.LinAlgError:
+            return None
+        S = S @ np.linalg.inv(Lc).T
+    return S
+
+
+def _pca_orth(blks, st, token, peers):
+    """The PCA start's first block made orthonormal over the pieces, and its centring rows."""
+    allsum = AllSum(token, st["rank"], peers)
+    V = _orth_pieces(st["W"], allsum)
+    if V is None:
+        return st, {"ok": False}
+    st["W"] = V
+    mV, shift = _centring(st, V, allsum)
+    return st, {"ok": True, "mV": mV, "shift": shift}
+
+
+def _pca_step(blks, st, TR, sums, R, theta, k, tol, token, peers):
+    """An iteration of the PCA start on a piece after the driver's Rayleigh-Ritz step: S = Zc^T (T R) on its
+    features (as :meth:`_Centred.rmatvec_kept` makes it), V R, the residuals all-reduced, and where they do not
+    all meet ``tol`` V = S made orthonormal over the pieces (:func:`_top_scatter`'s order)."""
+    allsum = AllSum(token, st["rank"], peers)
+    starts = np.concatenate([[0], np.cumsum(st["widths"])])
+    tfs = [(None if st["mu"] is None else st["mu"][a:z], None if st["inv"] is None else st["inv"][a:z])
+           for a, z in zip(starts[:-1], starts[1:], strict=True)]
+    S = np.array(partition_rmatvec(blks, TR, sums if st["mu"] is not None else None, tfs))  # (a pooled buffer)
+    if st["m"] is not None:
+        standardize_rows(S, st["m"], np.ascontiguousarray(sums, dtype=np.float64), None)
+    V = st["W"] @ R  # the Ritz vectors
+    Rk = S[:, :k] - theta[None, :k] * V[:, :k]
+    res = np.sqrt(allsum(np.einsum("ij,ij->j", Rk, Rk)))
+    top = max(abs(theta[0]), np.finfo(float).tiny)
+    if np.all(res <= tol * top):
+        st["W"] = V
+        return st, {"res": res, "ok": True}
+    del V
+    V = _orth_pieces(S, allsum)
+    if V is None:
+        return st, {"res": res, "ok": False}
+    st["W"] = V
+    mV, shift = _centring(st, V, allsum)
+    return st, {"res": res, "ok": True, "mV": mV, "shift": shift}
+
+
+def _pca_finish(blks, st, k, p, token, peers):
+    """W = the PCA start's first k columns; its l2,p penalty and centring rows."""
+    allsum = AllSum(token, st["rank"], peers)
+    W = st["W"] = np.ascontiguousarray(st["W"][:, :k])
+    r = np.sqrt(np.einsum("ij,ij->i", W, W))
+    pen = float(allsum([float(np.sum(r[r > 0] ** p))])[0])
+    mW, shift = _centring(st, W, allsum)
+    return st, {"penalty": pen, "mW": mW, "shift": shift}
+
+
 def _finish_w(blks, st, vals, p, token, peers):
     return st, _after_w(st, vals, p, AllSum(token, st["rank"], peers))
 
@@ -262,6 +398,11 @@ def _set_w(blks, st, W):
 
 def _result(blks, st):
     return st, st["W"]
+
+
+def _row_norms(blks, st):
+    W = st["W"]
+    return st, np.sqrt(np.einsum("ij,ij->i", W, W))
 
 
 def _zc_w(blks, st, n):

@@ -19,7 +19,16 @@ from dufs.methods.ufcm.clusters import _centroids, _choose, _km_term, _kmeans
 from dufs.methods.ufcm.features import FeatureSide, NoPieces, feature_pieces
 from dufs.methods.ufcm.kept import KeptY
 from dufs.methods.ufcm.pieces import PieceY
-from dufs.methods.ufcm.scatter import _PCA_MAXITER, _Centred, _sample_pca_start, _top_scatter, _w_step
+from dufs.methods.ufcm.scatter import (
+    _PCA_MAXITER,
+    _PCA_REFINE,
+    _PCA_TOL,
+    _Centred,
+    _top_scatter,
+    _w_step,
+    random_start,
+    sample_start,
+)
 from dufs.scheduling import one_blas_thread
 
 #: UFCM's parameters (``n_components`` None: the number of clusters, at most n_features - 1)
@@ -51,11 +60,12 @@ _EPS = 1e-10  # a row of W (norms are <= 1 since W^T W = I) below this is held a
 
 @dataclass
 class UFCMResult:
-    """``W`` (n_features x n_components), the cluster ``labels`` (n_samples), the centroids ``G``
+    """``W`` (n_features x n_components; None where ``keep_w`` left it out), the cluster ``labels`` (n_samples,
+    int32), the centroids ``G``
     (n_components x n_clusters), ``scores`` = the row norms of W (larger is better), the ``objective`` (eq. (6))
     at the start and after every iteration, and ``diagnostics`` (iterations, timings, converged, ...)."""
 
-    W: np.ndarray
+    W: np.ndarray | None
     labels: np.ndarray
     G: np.ndarray
     scores: np.ndarray
@@ -99,7 +109,7 @@ def _int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
 # ---------------------------------------------------------------------------------------------------- UFCM
 def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, beta: float = 1.0, p: float = 1.0,
          max_iter: int = 30, n_init: int = 10, tol: float = 1e-6, random_state: int = 0,
-         dense_below: int = 2000, values: str = "auto") -> UFCMResult:
+         dense_below: int = 2000, values: str = "auto", keep_w: bool = True) -> UFCMResult:
     """UFCM (Algorithm 1 of paper 003) on the matrix's transformed data, centred implicitly.
 
     Parameters
@@ -132,6 +142,9 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
         counts), else raw values. A departure from the paper, which reads the values: on sparse counts a few large
         counts decide the principal directions and the clusters (docs/methods.md, "What UFCM reads").
         ``diagnostics["values"]`` records the reading.
+    keep_w : bool
+        False: ``W`` is left out of the result (None) where its rows are kept in pieces beside the blocks (workers
+        on several machines): at kddb size it is n_components d-vectors, where the scores are one.
 
     Returns
     -------
@@ -148,7 +161,7 @@ def ufcm(M: Matrix, *, n_clusters: int, n_components: int, alpha: float = 1.0, b
     read = ufcm_values(M, values)
     V = M.with_values(read)
     try:
-        res = _ufcm(V, c, k, alpha, beta, p, tol, max_iter, n_init, dense_below, seed)
+        res = _ufcm(V, c, k, alpha, beta, p, tol, max_iter, n_init, dense_below, seed, keep_w=keep_w)
     finally:
         if V is not M:  # blocks of its own: dropped; its passes were over M's data
             M.count_passes(V.passes)
@@ -169,7 +182,7 @@ def ufcm_values(M: Matrix, values: str = "auto") -> str:
 
 
 def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: float, max_iter: int, n_init: int,
-          dense_below: int, seed: int) -> UFCMResult:
+          dense_below: int, seed: int, *, keep_w: bool = True) -> UFCMResult:
     """Algorithm 1 on M as it reads its values, the parameters checked (:func:`ufcm`)."""
     passes0 = M.passes
     t0 = time.perf_counter()
@@ -199,8 +212,10 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
                     if abs(rise) <= tol * max(1.0, abs(f)):
                         converged = True
                         break
-            if run.fside is not None:  # W, kept in pieces beside the blocks, brought here once
-                W = run.fside.result()
+            scores = None
+            if run.fside is not None:  # W, kept in pieces beside the blocks: its row norms, W where asked for
+                scores = run.fside.scores()
+                W = run.fside.result() if keep_w else None
                 run.fside.release()
             break
         except Exception as e:
@@ -217,7 +232,9 @@ def _ufcm(M: Matrix, c: int, k: int, alpha: float, beta: float, p: float, tol: f
     G = C.T
     if run.side is not None:  # the labels, kept on a worker, brought here once
         labels = run.side.result()
-    scores = np.sqrt(np.einsum("ij,ij->i", W, W))
+    labels = np.asarray(labels).astype(np.int32, copy=False)  # (as scikit-learn's KMeans gives them)
+    if scores is None:
+        scores = np.sqrt(np.einsum("ij,ij->i", W, W))
     if not converged:
         log.warning("ufcm: stopped at max_iter = %d before converging (relative change of the objective %.3g "
                     "against tol %g)", max_iter, change, tol)
@@ -292,36 +309,44 @@ class _Run:
         whether the PCA start converged)."""
         M, Zc, c, k, d = self.M, self.Zc, self.c, self.k, self.d
         pca_converged = True
+        f_pen = None
         if self.dense:
             _, W, nprod = _w_step(Zc, self.St, np.zeros((d, c)), np.ones(c), np.zeros(d), self.everyone, k, 0.0, 0.0)
         else:
             if M.shape[0] > _PCA_SAMPLE_ABOVE:  # on a sample of rows, then refined on all
-                _, W, nprod, pca_converged = _sample_pca_start(M, Zc, k, self.seed, self.rng, side=self.pca_side)
+                start, max_iter = sample_start(M, Zc, k, self.seed, self.rng), _PCA_REFINE
             else:
-                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng, side=self.pca_side)
+                start, max_iter = random_start(self.rng, d, min(d, k + max(4, k))), _PCA_MAXITER
+            W = None
+            self.pieces = feature_pieces(M) if self.want_pieces else None
+            if self.pieces is not None:  # W's rows (and the PCA start's block) in pieces; none of it kept here
+                try:
+                    self.fside = FeatureSide(M, Zc.m, start, *self.pieces)
+                    got = self.fside.pca(self.pca_side, k, self.p, max_iter, _PCA_TOL)
+                    nprod, pca_converged, f_pen = got["products"], got["converged"], got["penalty"]
+                    self.centring = (got["mW"], got["shift"])
+                    self.w_side = f"{len(self.pieces[0])} pieces"
+                except NoPieces as e:
+                    log.info("%s", e)
+                    if self.fside is not None:
+                        self.fside.release()
+                    self.fside, self.pieces = None, None
+            if self.fside is None:
+                _, W, nprod, pca_converged = _top_scatter(Zc, k, self.rng, max_iter=max_iter, V0=start,
+                                                          side=self.pca_side)
             if not pca_converged and M.shape[0] <= _PCA_SAMPLE_ABOVE:
                 log.warning("ufcm: the PCA start did not converge in %d block iterations; the iterations start from "
                             "the subspace reached", _PCA_MAXITER)
-        W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here (_on_features)
+        if W is not None:
+            W = np.ascontiguousarray(W, dtype=np.float64)  # C order: the first W step writes its W here
         if self.side is not None:  # on the worker that keeps Y: nothing over the samples here
             starts = self.seeds(max(1, self.n_init))
             # Y and the labels in a piece of rows a machine where the workers are on several (pieces.py)
             workers = piece_workers(current_client(), M.shape[0])
             self.side = PieceY(workers, M.shape[0], k) if len(workers) > 1 else self.pca_side
             self.y_side = f"{len(workers)} pieces" if len(workers) > 1 else "one worker"
-
-            f_pen = _penalty(W, self.p)
-            self.pieces = feature_pieces(M) if self.want_pieces else None
-            if self.pieces is not None:  # W's rows to the pieces; none of it kept here
-                try:
-                    self.fside = FeatureSide(M, Zc.m, W, *self.pieces)
-                except NoPieces as e:
-                    log.info("%s", e)
-                    self.pieces = None
-            if self.fside is not None:
-                self.w_side = f"{len(self.pieces[0])} pieces"
-                self.centring = (None if Zc.m is None else Zc.m @ W, _transform_row(M, W))
-                W = None
+            if f_pen is None:
+                f_pen = _penalty(W, self.p)
 
             def first() -> tuple:  # (Zc W from the pieces: summed where the pieces of Y are made, pieces.py)
                 yy, _ = self.side.new_y(*(Zc.matvec_held(W) if W is not None else self._y_held()))

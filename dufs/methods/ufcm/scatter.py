@@ -3,6 +3,7 @@ its top directions by subspace iteration, and the largest eigenvectors of S_t - 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -103,7 +104,7 @@ class _Centred:
 
 
 def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float = _PCA_TOL,
-                 max_iter: int = _PCA_MAXITER, V0: np.ndarray | None = None, side: Any = None
+                 max_iter: int = _PCA_MAXITER, V0: Start | None = None, side: Any = None
                  ) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """The largest ``k`` eigenpairs of S_t = Zc^T Zc by block subspace iteration with Rayleigh-Ritz: a block of
     k + max(4, k) columns (or ``V0``'s, a start), two passes an iteration (Zc V, then Zc^T of it), which holds two
@@ -111,12 +112,15 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
     vector). Stops when every one of the k residuals ||S v - theta v|| is below ``tol`` times the largest Ritz
     value. With ``side`` (a :class:`~dufs.methods.ufcm.kept.KeptY`) the n x block array stays on the worker that
     keeps it: its Gram matrix and T R made there, T R handed to the pass as a future. Returns (values, vectors,
-    products, converged)."""
+    products, converged). The same iteration with V's rows in pieces beside the blocks:
+    :meth:`~dufs.methods.ufcm.features.FeatureSide.pca`."""
     d = Zc.d
-    b = min(d, k + max(4, k)) if V0 is None else V0.shape[1]
+    if V0 is None:
+        V0 = random_start(rng, d, min(d, k + max(4, k)))
+    b = V0.b
     # in place where the array is ours (a fresh d x b array for each Cholesky QR pass faulted its pages in:
     # docs/measurements.md, "UFCM's scatter")
-    V = _orth(rng.standard_normal((d, b)), inplace=True) if V0 is None else _orth(V0)
+    V = _orth(V0.rows(0, d), inplace=True)
     products, converged = 0, False
     theta = np.zeros(b)
     for _ in range(max_iter):
@@ -126,29 +130,87 @@ def _top_scatter(Zc: _Centred, k: int, rng: np.random.Generator, *, tol: float =
         else:  # T kept on a worker: only its Gram matrix comes here (made again where its worker was lost)
             Vt = V
             G = side.again(lambda Vt=Vt: side.gram(*Zc.matvec_held(Vt)))
-        theta, R = np.linalg.eigh(0.5 * (G + G.T))
-        theta, R = theta[::-1], R[:, ::-1]
+        theta, R = ritz(G)
         V = V @ R  # Ritz vectors
-        Rc = np.ascontiguousarray(R)  # (R's reversed view: matmul takes it in another order, on each side alike)
         if side is None:
-            S = Zc.rmatvec(T @ Rc)  # S_t V, d x b
+            S = Zc.rmatvec(T @ R)  # S_t V, d x b
             del T
         else:
-            S = side.again(lambda Rc=Rc: Zc.rmatvec_kept(*side.times(Rc)),
+            S = side.again(lambda R=R: Zc.rmatvec_kept(*side.times(R)),
                            lambda Vt=Vt: side.gram(*Zc.matvec_held(Vt)))
             del Vt
         products += b
         res = _residual_norms(S, V, theta, k)
-        log.info("ufcm: PCA start, block iteration %d: top eigenvalues %s, largest relative residual %.3g",
-                 products // b, np.array2string(theta[:k], precision=6),
-                 float(res.max()) / max(abs(theta[0]), np.finfo(float).tiny))
-        if np.all(res <= tol * max(abs(theta[0]), np.finfo(float).tiny)):
+        if pca_done(res, theta, tol, products // b):
             converged = True
             break
         del V
         V = _orth(S, inplace=True)
         del S
     return theta[:k], V[:, :k], products, converged
+
+
+def ritz(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Rayleigh-Ritz step of the PCA start from T's Gram matrix: its eigenvalues, largest first, and
+    eigenvectors (C order: the reversed view is taken by matmul in another order, on each side alike)."""
+    theta, R = np.linalg.eigh(0.5 * (G + G.T))
+    return theta[::-1], np.ascontiguousarray(R[:, ::-1])
+
+
+def pca_done(res: np.ndarray, theta: np.ndarray, tol: float, it: int) -> bool:
+    """Whether every one of the PCA start's residuals is below ``tol`` times its largest Ritz value (logged)."""
+    top = max(abs(theta[0]), np.finfo(float).tiny)
+    log.info("ufcm: PCA start, block iteration %d: top eigenvalues %s, largest relative residual %.3g", it,
+             np.array2string(theta[:res.size], precision=6), float(res.max()) / top)
+    return bool(np.all(res <= tol * top))
+
+
+_NORMAL_CHUNK = 1 << 16  # rows of a start's random columns made from one stream
+
+
+def normal_rows(seed: int, lo: int, hi: int, w: int) -> np.ndarray:
+    """Rows ``lo:hi`` of a standard normal matrix of ``w`` columns fixed by ``seed``: each chunk of
+    ``_NORMAL_CHUNK`` rows from its own stream, so that a piece of features makes its rows of a start without
+    the others' (:mod:`dufs.methods.ufcm.features`), the same numbers as the driver's whole start."""
+    out = np.empty((max(hi - lo, 0), w))
+    c = lo // _NORMAL_CHUNK
+    while c * _NORMAL_CHUNK < hi:
+        a, b = max(lo, c * _NORMAL_CHUNK), min(hi, (c + 1) * _NORMAL_CHUNK)
+        R = np.random.default_rng([seed, c]).standard_normal((_NORMAL_CHUNK, w))
+        out[a - lo:b - lo] = R[a - c * _NORMAL_CHUNK:b - c * _NORMAL_CHUNK]
+        c += 1
+    return out
+
+
+@dataclass
+class Start:
+    """The PCA start's first block V0 (d x b) without forming it: its first ``E.shape[1]`` columns ``E`` on the
+    features ``cols`` (a sample's eigenvectors; zero elsewhere), the others standard normal (:func:`normal_rows`
+    of ``seed``). :meth:`rows` makes any rows of it, :meth:`block` the part of it a block of features needs."""
+
+    seed: int
+    b: int
+    cols: np.ndarray
+    E: np.ndarray
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        kk = self.E.shape[1]
+        V = np.zeros((hi - lo, self.b))
+        if kk < self.b:
+            V[:, kk:] = normal_rows(self.seed, lo, hi, self.b - kk)
+        if kk:
+            a, z = np.searchsorted(self.cols, [lo, hi])
+            V[self.cols[a:z] - lo, :kk] = self.E[a:z]
+        return V
+
+    def block(self, lo: int, hi: int) -> Start:
+        a, z = np.searchsorted(self.cols, [lo, hi])
+        return Start(self.seed, self.b, self.cols[a:z], self.E[a:z])
+
+
+def random_start(rng: np.random.Generator, d: int, b: int) -> Start:
+    """A start of ``b`` standard normal columns, its seed drawn from ``rng``."""
+    return Start(int(rng.integers(0, 2**31 - 1)), b, np.zeros(0, dtype=np.int64), np.zeros((0, 0)))
 
 
 def _w_step(Zc: _Centred, St: np.ndarray | None, Q: np.ndarray, counts: np.ndarray, Dd: np.ndarray,
@@ -245,12 +307,17 @@ def _rows_take(X: Any, start: int, rate: float, seed: int) -> Any:
 
 def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random.Generator, side: Any = None
                       ) -> tuple[np.ndarray, np.ndarray, int, bool]:
-    """The PCA start above ``_PCA_SAMPLE_ABOVE`` samples: the top k principal directions of a uniform sample of
-    ``_PCA_SAMPLE`` rows (taken by the row blocks, centred by its own means, in this process: every product is
-    in memory and only the features the sample holds take part), then ``_PCA_REFINE`` block iterations on all rows
-    from there (two passes each, k columns), which give every feature with data its row of W. A full-data
-    subspace iteration from random would take tens of iterations of two passes at kddb size (the top eigenvalues
-    of clustered sparse data are close together)."""
+    """The PCA start above ``_PCA_SAMPLE_ABOVE`` samples: :func:`sample_start`, then ``_PCA_REFINE`` block
+    iterations on all rows from there (two passes each, k columns), which give every feature with data its row of
+    W. A full-data subspace iteration from random would take tens of iterations of two passes at kddb size (the
+    top eigenvalues of clustered sparse data are close together)."""
+    return _top_scatter(Zc, k, rng, max_iter=_PCA_REFINE, V0=sample_start(M, Zc, k, seed, rng), side=side)
+
+
+def sample_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random.Generator) -> Start:
+    """The top k principal directions of a uniform sample of ``_PCA_SAMPLE`` rows (taken by the row blocks,
+    centred by its own means, in this process: every product is in memory and only the features the sample holds
+    take part), as a :class:`Start` (random columns where the sample has too few features)."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     from dufs.engine import Rows
@@ -259,10 +326,11 @@ def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random
     rows = Rows.of(M)
     rate = min(1.0, _PCA_SAMPLE / n)
     Xs = sp.csr_array(rows.map(_rows_take, args=(rate, seed), n_rows=int(rate * n)).gather("the PCA sample"))
-    cols = np.unique(Xs.indices)
+    cols = np.unique(Xs.indices).astype(np.int64)
     _, inv = M.transform
     w = np.ones(cols.size) if inv is None else np.asarray(inv, dtype=np.float64)[cols]
     Xc = sp.csc_array(Xs[:, cols] @ sp.diags_array(w)).astype(np.float64)
+    del Xs
     ns = Xc.shape[0]
     mean = np.asarray(Xc.sum(axis=0)).ravel() / max(ns, 1)
 
@@ -271,14 +339,10 @@ def _sample_pca_start(M: Matrix, Zc: _Centred, k: int, seed: int, rng: np.random
         return Xc.T @ t - mean * t.sum(axis=0)
 
     kk = min(k, cols.size - 1)
-    V0 = rng.standard_normal((d, k))
+    start = random_start(rng, d, k)
     if kk >= 1 and ns > 1:
         op = LinearOperator((cols.size, cols.size), matvec=st, matmat=st, dtype=np.float64)
         _, E = eigsh(op, k=kk, which="LA", v0=rng.standard_normal(cols.size))
-        V0[:] = 0.0
-        V0[cols, :kk] = E
-        if kk < k:
-            V0[:, kk:] = rng.standard_normal((d, k - kk))
+        start = Start(start.seed, k, cols, np.ascontiguousarray(E, dtype=np.float64))
     log.info("ufcm: PCA start from a sample of %d rows (%d features), refined on all rows", ns, cols.size)
-    del Xs
-    return _top_scatter(Zc, k, rng, max_iter=_PCA_REFINE, V0=V0, side=side)
+    return start
