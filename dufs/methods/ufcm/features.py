@@ -592,13 +592,9 @@ def _top_deflated(Qa: np.ndarray, Da: np.ndarray, gidx: np.ndarray, k: int, m: i
             at = np.searchsorted(gidx, cand_ys[i])
             if at < gidx.size and gidx[at] == cand_ys[i]:
                 V[at, j] = 1.0
-    for _ in range(2):  # orthonormal: Cholesky QR twice, the Gram matrix all-reduced
-        G = allsum(V.T @ V)
-        try:
-            Lc = np.linalg.cholesky(0.5 * (G + G.T))
-        except np.linalg.LinAlgError:
-            return None
-        V = V @ np.linalg.inv(Lc).T
+    V = _orth_pieces(V, allsum)  # orthonormal: Cholesky QR twice, the Gram matrix all-reduced
+    if V is None:
+        return None
     QtV = allsum(Qa.T @ V)
     R = Qa @ QtV - (Da[:, None] + vals[None, :]) * V
     res = np.sqrt(allsum(np.einsum("ij,ij->j", R, R)))
