@@ -97,11 +97,11 @@ DRIVER_MEMORY: dict[str, tuple[float, float, float, str]] = {
              "start's scores and L F, L 1) and the n x 16 anchor embedding; ten d-vectors (sigma, V, the v-step's "
              "start and weights); the column statistics (six d-vectors, dufs.engine.ColumnStats)"),
     # on workers of several machines W and Q in pieces beside the blocks (ufcm.features), the PCA start's block
-    # too, Y and the labels in pieces of rows (ufcm.pieces): the driver holds the result (the labels as int32, the
-    # scores) and, as every method does, the column statistics
-    "ufcm": (4, 8 * (1 + 1 + 6), 0.0,
-             "the labels (int32) and the scores (the result); the centring m; the column statistics (six "
-             "d-vectors, dufs.engine.ColumnStats)"),
+    # too, Y and the labels in pieces of rows (ufcm.pieces), each piece making its features' means: on
+    # unstandardized data (sparse data's default) the driver holds the result alone, the labels as int32 and the
+    # scores (standardized, it holds the column statistics too, six d-vectors, and the transform)
+    "ufcm": (4, 8, 0.0, "the labels (int32) and the scores (the result); no column statistics on unstandardized "
+             "data (the pieces make their means; Matrix.nonnegative)"),
 }
 MEMORY_LIMIT = 4e9  # bytes: the driver's resident memory M3FS and UFCM must stay under at 10x kddb
 

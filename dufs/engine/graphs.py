@@ -114,21 +114,21 @@ def graph_values(M: Any) -> str:
     n, d = M.shape
     if M.nnz > SPARSE_GRAPH_DENSITY * n * d:
         return "raw"
-    nonneg = np.dtype(M.dtype).kind in "ub" or (M.stats.n_features == 0 or float(np.min(M.stats.min)) >= 0)
-    return SPARSE_GRAPH_VALUES if nonneg else "raw"
+    return SPARSE_GRAPH_VALUES if M.nonnegative() else "raw"
 
 
 def sparse_counts(M: Any) -> bool:
     """Whether the Matrix ``M`` is read as sparse non-negative data (counts, frequencies, presences): at most
-    :data:`SPARSE_GRAPH_DENSITY` of its entries nonzero, unstandardized, no negative value (its column statistics:
-    one pass where they are not made yet, none for an unsigned or boolean type or for dense data). What the
-    methods' ``values="auto"`` reads differently (UFCM: docs/methods.md, "What UFCM reads")."""
+    :data:`SPARSE_GRAPH_DENSITY` of its entries nonzero, unstandardized, no negative value
+    (:meth:`Matrix.nonnegative`: one pass where the statistics are not made yet, none for an unsigned or boolean type
+    or for dense data). What the methods' ``values="auto"`` reads differently (UFCM: docs/methods.md, "What UFCM
+    reads")."""
     if not _is_matrix(M) or M.standardize is not None:
         return False
     n, d = M.shape
     if M.nnz > SPARSE_GRAPH_DENSITY * n * d:
         return False
-    return np.dtype(M.dtype).kind in "ub" or M.stats.n_features == 0 or float(np.min(M.stats.min)) >= 0
+    return M.nonnegative()
 
 
 def resolve_graph(graph: str, n_samples: int, who: str = "graph") -> str:

@@ -331,6 +331,17 @@ class Matrix(Passes, ColumnAccess):
             self._stats = st
         return st
 
+    def nonnegative(self) -> bool:
+        """Whether no stored value is negative: from the column statistics where they are made (or the dtype),
+        else from one pass that brings back each block's smallest value, not the statistics (48 bytes a feature on
+        the driver: 14 GB at 10 times kddb's features)."""
+        if np.dtype(self.dtype).kind in "ub" or self.shape[1] == 0:
+            return True
+        if self._stats is not None:
+            return float(np.min(self._stats.min)) >= 0
+        mins = self.map_blocks(_smallest)
+        return all(m >= 0 for m in mins)
+
     @property
     def cached_stats(self) -> ColumnStats | None:
         """:attr:`stats` where the pass that makes them has run, else None."""
@@ -390,6 +401,11 @@ class Matrix(Passes, ColumnAccess):
         if mu is not None:
             base = np.where(st.min == st.max, 0.0, base)
         return base * inv * inv if inv is not None else base
+
+
+def _smallest(b: Any) -> float:
+    """A block's smallest stored value (+inf where it stores none)."""
+    return float(b.data.min()) if b.data.size else float("inf")
 
 
 def as_matrix(X: Any, *, standardize: str | None = None, y: Any = None, block_width: int | None = None,

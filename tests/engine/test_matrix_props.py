@@ -456,3 +456,18 @@ def test_ranked_head_is_the_head_of_numpy_stable_argsort(monkeypatch, values, k,
     want = np.argsort(key, kind="stable")[:k]
     np.testing.assert_array_equal(blocks.ranked_head(s, k, higher), want)
     np.testing.assert_array_equal(rank(s, higher, k=k), want)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(X=sparse_matrices(), width=st.integers(1, 7), negate=st.booleans(), data=st.data())
+def test_nonnegative_is_numpys_with_or_without_the_statistics(X, width, negate, data):
+    """Matrix.nonnegative: whether no stored value is negative, as NumPy says, from a pass of its own (the column
+    statistics not made) and from the statistics once made."""
+    X = sp.csc_array(X)
+    if negate and X.nnz:
+        X.data[data.draw(st.integers(0, X.nnz - 1))] = -1.5
+    want = bool(X.nnz == 0 or X.data.min() >= 0)
+    M = Matrix(X, block_width=width)
+    assert M.nonnegative() == want and M.cached_stats is None
+    M.stats  # noqa: B018 -- made now
+    assert M.nonnegative() == want

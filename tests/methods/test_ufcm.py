@@ -258,7 +258,8 @@ def test_sampled_pca_start_above_the_row_bound(monkeypatch):
     ref_vecs = ref_vecs[:, ::-1][:, :k]
     monkeypatch.setattr(UM, "_PCA_SAMPLE_ABOVE", 1000)
     monkeypatch.setattr(US, "_PCA_SAMPLE", 500)
-    Zc = US._Centred(M)  # the column statistics: one pass
+    Zc = US._Centred(M)
+    assert Zc.m.shape == (d,)  # the column statistics: one pass, made when first asked
     passes = M.passes
     vals, W, nprod, _ = US._sample_pca_start(M, Zc, k, 0, np.random.default_rng(0))
     assert nprod == k * US._PCA_REFINE and M.passes - passes == 2 * US._PCA_REFINE  # k columns, two passes each

@@ -189,6 +189,27 @@ def test_pca_start_in_pieces_runs_as_the_driver_does(both_paths, monkeypatch, sa
     np.testing.assert_allclose(c.scores, np.linalg.norm(a.W, axis=1), rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
+def test_w_pieces_make_their_means_and_the_driver_no_column_statistics(cluster_client):
+    """On unstandardized data W's pieces make their features' means from their blocks: the driver never makes
+    the column statistics (48 bytes a feature), and the run is the driver's (which centres with them) up to the
+    order of the sums over the features."""
+    X = three_groups_sparse()
+    with cluster_client.as_current(), dask.config.set({"dufs.engine.shared-memory": "off",
+                                                       "dufs.engine.kept-vectors": "on"}):
+        M = Matrix(X, block_width=200).persist()
+        try:
+            b = ufcm(M, n_clusters=3, n_components=2, max_iter=3, dense_below=100, values="raw")
+            made = M.cached_stats
+        finally:
+            M.release()
+    a = ufcm(Matrix(X, block_width=200), n_clusters=3, n_components=2, max_iter=3, dense_below=100, values="raw")
+    assert b.diagnostics["w_side"] == "2 pieces" and made is None
+    np.testing.assert_allclose(b.objective, a.objective, rtol=1e-12)
+    np.testing.assert_array_equal(b.labels, a.labels)
+    np.testing.assert_allclose(b.scores, a.scores, rtol=0, atol=1e-12)
+
+
 def test_a_start_made_by_pieces_of_features_is_made_whole():
     """The PCA start's rows made for any range of features (a piece's blocks) are the whole start's rows:
     across the random streams' chunk boundaries, with a sample's directions on some features."""

@@ -33,7 +33,7 @@ from dufs.engine import (
     partition_rmatvec,
 )
 from dufs.kernels.affine import standardize_rows
-from dufs.kernels.blockops import csc_label_sums
+from dufs.kernels.blockops import csc_column_stats, csc_label_sums
 from dufs.methods.lowrank import (
     _DEFLATE_MAX,
     _MODEL_ROWS,
@@ -82,9 +82,10 @@ class FeatureSide:
     iteration's Q, D and W steps there, :meth:`y_held` makes Zc W for the worker that keeps Y, :meth:`result`
     brings W back once."""
 
-    def __init__(self, M: Any, m: np.ndarray | None, W0: np.ndarray | Start, parts: list[list[int]],
+    def __init__(self, M: Any, m: np.ndarray | str | None, W0: np.ndarray | Start, parts: list[list[int]],
                  peers: list[str]):
-        """``W0``: W's start (d x k), or the PCA start's first block (:meth:`pca` then makes W)."""
+        """``W0``: W's start (d x k), or the PCA start's first block (:meth:`pca` then makes W); ``m``: the
+        centring (None: none), or ``"means"``: the columns' means, made by each piece from its blocks."""
         self.M, self.parts, self.peers = M, parts, peers
         if isinstance(W0, Start):  # each block makes its rows of it
             self.k = W0.b
@@ -100,9 +101,10 @@ class FeatureSide:
         for r, part in enumerate(parts):
             for i in part:
                 rank[i] = r
-        per = [None if v is None else PerBlock(np.asarray(v, dtype=np.float64)) for v in (mu, inv, m)]
-        _, self.state = M.map_blocks(_init, start, *per, PerBlock(rank), state=[None] * len(parts),
-                                     partitions=parts)
+        per = [None if v is None or isinstance(v, str) else PerBlock(np.asarray(v, dtype=np.float64))
+               for v in (mu, inv, m)]
+        _, self.state = M.map_blocks(_init, start, *per, PerBlock(rank), M.shape[0] if isinstance(m, str) else None,
+                                     state=[None] * len(parts), partitions=parts)
         M.count_passes(-1)  # it sweeps no nonzeros
         # the pieces' tasks run where their state is kept, and all-reduce among those workers: the blocks may have
         # moved since ``peers`` was read from their placement (a task that needed one elsewhere, and the memory
@@ -240,9 +242,14 @@ def _cat(vs: list) -> np.ndarray | None:
     return None if vs[0] is None else np.ascontiguousarray(np.concatenate(vs), dtype=np.float64)
 
 
-def _init(blks, st, W0, mu, inv, m, rank):
-    """A piece's state: its blocks' rows of W's start and of the transform and centring, its features' numbers."""
+def _init(blks, st, W0, mu, inv, m, rank, n_rows):
+    """A piece's state: its blocks' rows of W's start and of the transform and centring, its features' numbers.
+    ``n_rows`` given (m None): m is its features' means, made here from its blocks (as the column statistics
+    make them)."""
     gidx = np.concatenate([np.arange(b.start, b.stop, dtype=np.int64) for b in blks])
+    if n_rows is not None:
+        m = [np.nan_to_num(csc_column_stats(b.indptr, b.indices, b.data, n_rows)[0] / n_rows, nan=0.0)
+             for b in blks]
     if isinstance(W0[0], Start):
         W0 = [s.rows(b.start, b.stop) for s, b in zip(W0, blks, strict=True)]
     st = {"W": _cat(W0), "mu": _cat(mu) if mu is not None else None, "inv": _cat(inv) if inv is not None else None,

@@ -321,7 +321,7 @@ class _Run:
             self.pieces = feature_pieces(M) if self.want_pieces else None
             if self.pieces is not None:  # W's rows (and the PCA start's block) in pieces; none of it kept here
                 try:
-                    self.fside = FeatureSide(M, Zc.m, start, *self.pieces)
+                    self.fside = FeatureSide(M, Zc.pieces_m(), start, *self.pieces)
                     got = self.fside.pca(self.pca_side, k, self.p, max_iter, _PCA_TOL)
                     nprod, pca_converged, f_pen = got["products"], got["converged"], got["penalty"]
                     self.centring = (got["mW"], got["shift"])

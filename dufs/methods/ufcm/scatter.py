@@ -31,15 +31,31 @@ class _Centred:
     def __init__(self, M: Matrix):
         self.M = M
         self.n, self.d = M.shape
-        self.m: np.ndarray | None = None  # None: Z is centred by construction (zscore), exactly, not to rounding
-        if M.standardize != "zscore":
-            m = np.nan_to_num(M.stats.mean(), nan=0.0)
-            mu, inv = M.transform
+        self.centred = M.standardize == "zscore"  # Z centred by construction, exactly, not to rounding
+        self._m: np.ndarray | None = None
+
+    @property
+    def m(self) -> np.ndarray | None:
+        """Z's column means (None where Z is centred by construction), made here when first asked (from the column
+        statistics: a path that keeps W in pieces makes its own, :meth:`pieces_m`)."""
+        if self.centred:
+            return None
+        if self._m is None:
+            m = np.nan_to_num(self.M.stats.mean(), nan=0.0)
+            mu, inv = self.M.transform
             if mu is not None:
                 m -= mu
             if inv is not None:
                 m *= inv
-            self.m = m
+            self._m = m
+        return self._m
+
+    def pieces_m(self) -> np.ndarray | str | None:
+        """What W's pieces are given for m: ``"means"`` where Z is X (no transform: each piece makes its features'
+        means from its blocks, and the driver holds no statistics), else :attr:`m`."""
+        if self._m is None and not self.centred and self.M.standardize is None:
+            return "means"
+        return self.m
 
     def matvec(self, V: np.ndarray) -> np.ndarray:
         """Zc V (n x k): one pass."""
