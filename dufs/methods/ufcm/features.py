@@ -48,6 +48,7 @@ from dufs.methods.ufcm.scatter import Start
 __all__ = ["FeatureSide", "NoPieces", "feature_pieces"]
 
 log = get_logger(__name__)
+_RESULT_CALLS = 8  # calls that bring the scores here, each from a group of the pieces
 
 
 def feature_pieces(M: Any) -> tuple[list[list[int]], list[str]] | None:
@@ -217,15 +218,24 @@ class FeatureSide:
         return self._assemble(pieces, np.empty((self.M.shape[1], self.k)))
 
     def scores(self) -> np.ndarray:
-        """W's row norms (d), brought here once: the scores."""
-        pieces, self.state = self.M.map_blocks(_row_norms, state=self.state, partitions=self.parts)
-        self.M.count_passes(-1)
-        return self._assemble(pieces, np.empty(self.M.shape[1]))
+        """W's row norms (d), brought here once: the scores, from at most ``_RESULT_CALLS`` groups of pieces in
+        turn, so that the pieces in flight here add at most 1 / ``_RESULT_CALLS`` of them to the result."""
+        out = np.empty(self.M.shape[1])
+        K = len(self.parts)
+        per = -(-K // min(K, _RESULT_CALLS))
+        for g in range(0, K, per):
+            pieces, self.state = self.M.map_blocks(_row_norms, g, g + per, state=self.state, partitions=self.parts)
+            self.M.count_passes(-1)
+            self._assemble(pieces, out)
+            del pieces
+        return out
 
     def _assemble(self, pieces: list, out: np.ndarray) -> np.ndarray:
-        """The pieces' rows placed at their blocks' features in ``out``."""
+        """The pieces' rows placed at their blocks' features in ``out`` (a piece given as None: left alone)."""
         bounds = self.M.bounds
         for part, w in zip(self.parts, pieces, strict=True):
+            if w is None:
+                continue
             o = 0
             for i in part:
                 a, b = bounds[i], bounds[i + 1]
@@ -407,7 +417,10 @@ def _result(blks, st):
     return st, st["W"]
 
 
-def _row_norms(blks, st):
+def _row_norms(blks, st, lo, hi):
+    """W's row norms on the pieces of ranks ``lo`` to ``hi`` (the others: None)."""
+    if not lo <= st["rank"] < hi:
+        return st, None
     W = st["W"]
     return st, np.sqrt(np.einsum("ij,ij->i", W, W))
 

@@ -131,7 +131,11 @@ class PieceY(KeptY):
         return joined(self.client, self.kept_codes, _join, self.peers[0])
 
     def result(self) -> np.ndarray:
-        return np.concatenate([small for small, _ in self._call("labels")])
+        """The labels (int32), a piece at a time into one array: no second copy of them here at once."""
+        out = np.empty(self.n, dtype=np.int32)
+        for j, p in enumerate(self.pieces):
+            out[self.bounds[j]:self.bounds[j + 1]] = kept_call(self.client, _run, p, "labels", "", j, self.peers)[0]
+        return out
 
     def gram(self, held: tuple, mW: np.ndarray | None) -> np.ndarray:  # the PCA start stays on one worker
         raise ParameterError("ufcm: the PCA start's block is kept on one worker (KeptY), not in pieces")
@@ -200,7 +204,7 @@ def _u_step(s, k, C, s1, starts):
 
 
 def _labels(s):
-    return s.labels.copy(), []
+    return s.labels.astype(np.int32), []
 
 
 _CALLS = {"new_y": _new_y, "rebuild": _rebuild, "start": _start, "u_step": _u_step, "labels": _labels}
