@@ -294,3 +294,40 @@ def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_p
     np.testing.assert_array_equal(got.indices, want.indices)
     assert set(got.indices[:8]) == set(range(8))
     np.testing.assert_allclose(got.scores, want.scores, rtol=1e-9, atol=1e-12)
+
+
+def test_m3fs_on_three_machines_reads_its_scores_where_the_reduce_scatter_summed_them(tmp_path, monkeypatch):
+    """M3FS on three machines: the v-step's scores in a piece of rows a machine, made in the order in which the
+    pass's reduce-scatter leaves its sum, so that each piece reads its rows (and the nine dots) of the pass's sum
+    where they were added (no gather at the root, no fetches). It selects what a LocalCluster of as many worker
+    processes selects, the scores equal but for the order of the sums."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dufs.engine import HeldPieces
+    from dufs.methods.m3fs import piece_scores
+
+    rng = np.random.default_rng(6)
+    n = 40_000  # the scores above the size a sum over machines goes whole
+    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)
+    X[: n // 2, :8] = rng.random((n // 2, 8))  # two clusters of rows, eight features mark the first
+    path = tmp_path / "m.zarr"
+    dufs.write_store(X.tocsr(), path, feature_block=400)
+    kw = _ITERATIVE["m3fs"]
+    with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
+            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            Client(lc) as client:
+        want = dufs.fit(str(path), method="m3fs", n_features=8, client=client, **kw)
+    reads: list = []
+    real = piece_scores.PieceScores.trial
+
+    def trial(self, both, *a):
+        reads.append(isinstance(both, HeldPieces) and both.receivers == self.peers)
+        return real(self, both, *a)
+
+    monkeypatch.setattr(piece_scores.PieceScores, "trial", trial)
+    with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
+        got = dufs.fit(str(path), method="m3fs", n_features=8, client=client, **kw)
+    assert reads and all(reads), reads
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-9, atol=1e-12)

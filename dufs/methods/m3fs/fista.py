@@ -157,7 +157,7 @@ def _iteration_kept(st: _State, beta: float) -> _Trial:
     yb, Fy, gb = st.side.momentum(beta, yb, (1.0 + beta) * st.ax - beta * st.axp)
     st.Lip *= 0.9
     rd = st.rd
-    both = rd.step_held(st.side.gradient(), beta, gb, 1.0 / st.Lip)
+    both = rd.step_held(st.side.gradient(), beta, gb, 1.0 / st.Lip, pieces=getattr(st.side, "in_pieces", False))
     trial, st.Lip, rd.tried = st.side.trial(both, rd.centred, 1.0 / st.Lip, st.Lip)
     return trial
 

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 from dufs.engine import (
     AllSum,
     AnchorGraph,
+    HeldPieces,
     abort_exchange,
     current_client,
     ensure_plugin,
@@ -37,19 +38,35 @@ from dufs.engine import (
 )
 from dufs.errors import ParameterError
 from dufs.methods.m3fs.kept_scores import Decisions, KeptScores, _final, _momentum, _Samples, _trial
+from dufs.methods.m3fs.resident import StepSum
 
 __all__ = ["PieceScores", "kept_side"]
 
 
-def kept_side(prob: Any, F: np.ndarray, LF: np.ndarray | None, graph: Any) -> Any:
+def kept_side(prob: Any, F: np.ndarray, LF: np.ndarray | None, graph: Any, homes: list | None = None) -> Any:
     """Where a v-step's scores are kept on workers of several machines: in a piece of rows a machine
     (:class:`PieceScores`) where the Laplacian allows it (``dufs.engine.side-pieces``), else on one worker
-    (:class:`~dufs.methods.m3fs.kept_scores.KeptScores`)."""
+    (:class:`~dufs.methods.m3fs.kept_scores.KeptScores`). ``homes``: the workers of the pass's partitions, whose
+    machines' order is the order in which a reduce-scatter over them leaves the pieces of its sum (the pieces of
+    the scores are made in that order, so that each reads its own in place)."""
     local = prob.lambda_ == 0.0 or isinstance(graph, AnchorGraph)
     workers = piece_workers(current_client(), prob.n) if local else []
     if len(workers) > 1:
-        return PieceScores(prob, F, LF, graph, workers)
+        return PieceScores(prob, F, LF, graph, _in_order(workers, homes))
     return KeptScores(prob, F, LF, graph)
+
+
+def _in_order(workers: list[str], homes: list | None) -> list[str]:
+    """``workers`` (one a machine) with the machines in the order of their first worker among ``homes``, those
+    without one after them."""
+    from distributed.comm import get_address_host
+
+    if not homes or None in homes:
+        return workers
+    first: dict[str, int] = {}
+    for i, h in enumerate(homes):
+        first.setdefault(get_address_host(h), i)
+    return sorted(workers, key=lambda w: first.get(get_address_host(w), len(homes)))
 
 
 class PieceScores(Decisions):
@@ -82,12 +99,14 @@ class PieceScores(Decisions):
         self.peers = [p.address for p in self.pieces]
         self.R: list | None = None
         self.decision: str | None = None
+        self.in_pieces = True  # the pass's sum wanted in pieces of rows (ResidentU.step_held)
 
-    def _call(self, what: str, *args: Any, keep: int = 0) -> list:
+    def _call(self, what: str, *args: Any, keep: int = 0, each: list | None = None) -> list:
         """``what`` on every piece at once, one task each, their sums all-reduced under one fresh token (given up on
-        the others where one fails, so that none waits)."""
+        the others where one fails, so that none waits); ``each``: a first argument of each piece's own."""
         token = uuid.uuid4().hex
-        calls = [(p, what, token, j, self.peers, *args) for j, p in enumerate(self.pieces)]
+        calls = [(p, what, token, j, self.peers, *([] if each is None else [each[j]]), *args)
+                 for j, p in enumerate(self.pieces)]
         try:
             return kept_calls(self.client, _run, calls, keep=keep)
         except BaseException:
@@ -107,14 +126,22 @@ class PieceScores(Decisions):
         return joined(self.client, R, _join, self.peers[0])
 
     def trial(self, both: Any, centred: bool, step: float, Lip: float) -> tuple[tuple, float, float]:
-        """As :meth:`KeptScores.trial`: the pass's sum kept where it was made, each piece reading its rows."""
+        """As :meth:`KeptScores.trial`: each piece reading its rows of the pass's sum where a reduce-scatter left
+        them on its own worker (a :class:`~dufs.engine.HeldPieces` in the pieces' order), else from the sum kept
+        where it was made."""
         from distributed import Future
 
         c = self.client
+        if isinstance(both, HeldPieces):
+            if both.receivers == self.peers and both.in_pieces(8 * self.bounds[-1]):
+                got = self._call("trial", centred, step, Lip, each=list(both.futures))
+                Fn, nb, dd, aN, Lip, tried = got[0][0]
+                return (Fn, None, nb, None, None, dd, aN), Lip, tried
+            both = both.whole(c)
         if not isinstance(both, Future):  # made here after all (a pass run inline)
             both = c.scatter(both, hash=False, workers=[self.peers[0]])
         _, (held,) = kept_call(c, _hold, both, keep=1)
-        got = self._call("trial", (held.address, held.token), centred, step, Lip)
+        got = self._call("trial", centred, step, Lip, each=[(held.address, held.token)] * len(self.pieces))
         Fn, nb, dd, aN, Lip, tried = got[0][0]
         return (Fn, None, nb, None, None, dd, aN), Lip, tried
 
@@ -177,12 +204,15 @@ def _join(*parts: np.ndarray) -> np.ndarray:
 
 
 def _hold(both: Any) -> tuple:
-    return None, [np.asarray(both)]
+    return None, [np.asarray(both.buf if isinstance(both, StepSum) else both)]
 
 
-def _trial_piece(s: _Samples, held: tuple[str, str], centred: bool, step: float, Lip: float) -> tuple:
+def _trial_piece(s: _Samples, held: Any, centred: bool, step: float, Lip: float) -> tuple:
     """:func:`~dufs.methods.m3fs.kept_scores._trial` on this piece's rows of the pass's sum (the 9 dots, then the
-    scores) kept under ``held`` (its worker, its token)."""
+    scores): its piece of a reduce-scatter's sum made here (a :class:`StepSum`), or kept under ``held`` (its
+    worker, its token)."""
+    if isinstance(held, StepSum):
+        return _trial(s, held.buf, centred, step, Lip)
     a, b = s.rows
     address, token = held
     dots, Fu = fetch_kept([(address, token, 0, 9), (address, token, 9 + a, 9 + b)])

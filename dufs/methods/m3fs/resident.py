@@ -40,7 +40,7 @@ from dufs.engine import (
 from dufs.kernels.vstep import fista_sweep, scaled_start
 from dufs.scheduling import each_in_threads, task_threads
 
-__all__ = ["ResidentU", "resident_partitions"]
+__all__ = ["ResidentU", "StepSum", "resident_partitions"]
 
 _NONE = np.zeros(0)
 
@@ -145,7 +145,31 @@ def _free(st, x, xp, i):
     return None
 
 
-def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None):
+class StepSum:
+    """A partition's result of :func:`_step` (the 9 dots, then the scores) as a sum over the machines may leave it
+    in pieces of its rows (``Matrix.map_blocks(hold="pieces")``): each piece carries the dots (summed over the
+    machines on every receiver) and its rows of the scores; the pieces' sums are the sum's."""
+
+    def __init__(self, buf: np.ndarray):
+        self.buf = buf
+
+    def __add__(self, other: StepSum) -> StepSum:
+        return StepSum(self.buf + other.buf)
+
+    @property
+    def dufs_rows(self) -> int:
+        return self.buf.shape[0] - 9
+
+    def dufs_pieces(self, bounds: list[int]) -> list[StepSum]:
+        return [StepSum(np.concatenate([self.buf[:9], self.buf[9 + a:9 + c]]))
+                for a, c in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    @classmethod
+    def dufs_join(cls, pieces: list[StepSum]) -> StepSum:
+        return cls(np.concatenate([pieces[0].buf[:9], *(p.buf[9:] for p in pieces)]))
+
+
+def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None, pieces=False):
     """The decision on the last trial applied (with ``renew``, the new v-step's start made first by :func:`_renew`
     from the last v-step's final decision, s = ``renew``), then for each block in one sweep of its nonzeros
     (:func:`~dufs.kernels.vstep.fista_sweep`): the momentum point y = x + beta (x - x_prev), the gradient
@@ -195,6 +219,8 @@ def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, rene
             into[row[0]][:] = both[9:]
             both = both[:9].copy()
     ys, gs, us = (list(v) for v in zip(*made, strict=True))
+    if pieces and into is None:  # (a copy: the pooled buffer is this worker's next call's)
+        both = StepSum(np.array(both))
     return {**st, "x": x, "xp": xp, "y": ys, "g": gs, "u": us}, both
 
 
@@ -324,14 +350,18 @@ class ResidentU:
         self.tried = float(step)
         return Fu, dots
 
-    def step_held(self, R: Any, beta: float, gb: float, step: float) -> Any:
+    def step_held(self, R: Any, beta: float, gb: float, step: float, pieces: bool = False) -> Any:
         """:meth:`step` with the gradient ``R`` a future (kept on a worker: :mod:`dufs.methods.m3fs.kept_scores`)
         and the partitions' sum of (the 9 dots, the scores) left where it is made: its future (or, a pass run
-        inline, the array), which :func:`step_result` reads where the scores are kept."""
+        inline, the array), which :func:`step_result` reads where the scores are kept. ``pieces``: the sum as
+        :class:`StepSum`, left in pieces of its rows where the machines' partials are added by a reduce-scatter
+        (a :class:`~dufs.engine.HeldPieces`), for scores kept in pieces of rows
+        (:mod:`dufs.methods.m3fs.piece_scores`)."""
         with contextlib.ExitStack() as stack:
             got, self.state = self.M.map_blocks(_step, mark_spread(R), float(beta), gb / self.n, gb, float(step),
                                                 self.decision, state=self.state, partitions=self.parts,
-                                                reduce="sum", hold=True, **self._renewing(stack))
+                                                reduce="sum", hold="pieces" if pieces else True, pieces=pieces,
+                                                **self._renewing(stack))
         self.decision = None
         self.swept = self.tried = float(step)
         return got
@@ -360,6 +390,10 @@ class ResidentU:
             for i, v in zip(part, vs, strict=True):
                 out[bounds[i]:bounds[i + 1]] = v
         return out
+
+    def homes(self) -> list:
+        """The workers of the partitions' state (None where not kept on a worker)."""
+        return [getattr(it, "address", None) for it in getattr(self.state, "items", [])]
 
     def release(self) -> None:
         self.state.release()

@@ -401,7 +401,7 @@ def _v_step(M: Matrix, sigma: np.ndarray, y: np.ndarray, L: Any, a: _VArgs, *, p
     passes0 = M.passes
     U, b, F, LF, value, aU0 = _first_point(prob, a, parts, renew)
     rd = _place(prob, U, a.colsum, parts, keep, renew)
-    side = kept_side(prob, F, LF, graph) if rd is not None and kept_vectors(current_client()) else None
+    side = kept_side(prob, F, LF, graph, rd.homes()) if rd is not None and kept_vectors(current_client()) else None
     st = _State(U, b, F, LF, value, a.lipschitz, rd, aU0, prob.binary, side)
     del F, LF
     try:
