@@ -256,26 +256,34 @@ def test_every_iterative_method_selects_on_machines_what_it_selects_on_one(store
         np.testing.assert_allclose(got[m].scores, want[m].scores, rtol=1e-9, atol=1e-12, err_msg=m)
 
 
+def _two_clusters_on_three_processes(tmp_path, n: int, seed: int, method: str, kw: dict):
+    """A store of ``n`` rows in two clusters (eight features mark the first; above the size a sum over machines
+    goes whole), and ``method``'s selection on it by a LocalCluster of three worker processes on the path remote
+    workers take: (its path, the selection)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)  # W step matrix-free
+    X[: n // 2, :8] = rng.random((n // 2, 8))
+    path = tmp_path / f"{method}.zarr"
+    dufs.write_store(X.tocsr(), path, feature_block=400)
+    with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
+            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            Client(lc) as client:
+        return path, dufs.fit(str(path), method=method, n_features=8, client=client, **kw)
+
+
 def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_path, monkeypatch):
     """UFCM on three machines: W in pieces beside the blocks, Y and the labels in a piece of rows a machine, each
     piece reading its rows of Zc W where the pass's reduce-scatter added them (no gather at the root). It selects
     what a LocalCluster of as many worker processes selects, the scores equal but for the order of the sums."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from dufs.methods.ufcm import pieces
 
-    rng = np.random.default_rng(5)
-    n = 20_000  # Y (n x 2) above the size a sum over machines goes whole
-    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)  # W step matrix-free
-    X[: n // 2, :8] = rng.random((n // 2, 8))  # two clusters of rows, eight features mark the first
-    path = tmp_path / "u.zarr"
-    dufs.write_store(X.tocsr(), path, feature_block=400)
     kw = {"max_iter": 3, "n_clusters": 2, "n_components": 2}
-    with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
-            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
-            Client(lc) as client:
-        want = dufs.fit(str(path), method="ufcm", n_features=8, client=client, **kw)
+    path, want = _two_clusters_on_three_processes(tmp_path, 20_000, 5, "ufcm", kw)  # Y (n x 2) above that size
     reads: list = []
     real = pieces.PieceY._held
 
@@ -301,23 +309,13 @@ def test_m3fs_on_three_machines_reads_its_scores_where_the_reduce_scatter_summed
     pass's reduce-scatter leaves its sum, so that each piece reads its rows (and the nine dots) of the pass's sum
     where they were added (no gather at the root, no fetches). It selects what a LocalCluster of as many worker
     processes selects, the scores equal but for the order of the sums."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from dufs.engine import HeldPieces
     from dufs.methods.m3fs import piece_scores
 
-    rng = np.random.default_rng(6)
-    n = 40_000  # the scores above the size a sum over machines goes whole
-    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)
-    X[: n // 2, :8] = rng.random((n // 2, 8))  # two clusters of rows, eight features mark the first
-    path = tmp_path / "m.zarr"
-    dufs.write_store(X.tocsr(), path, feature_block=400)
     kw = _ITERATIVE["m3fs"]
-    with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
-            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
-            Client(lc) as client:
-        want = dufs.fit(str(path), method="m3fs", n_features=8, client=client, **kw)
+    path, want = _two_clusters_on_three_processes(tmp_path, 40_000, 6, "m3fs", kw)  # the scores above that size
     reads: list = []
     real = piece_scores.PieceScores.trial
 
