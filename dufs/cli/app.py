@@ -13,16 +13,32 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from typer.core import TyperCommand, TyperGroup
 
 from dufs.errors import DufsError, ParameterError
 
+
+class _Console(Console):
+    """rich's Console with its width read from ``COLUMNS`` when it prints: rich fixes the width of a console made
+    while ``COLUMNS`` is set (as it is in pytest-xdist's workers), and a later ``COLUMNS`` would not change it."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        got = Console.size.fget(self)
+        cols = os.environ.get("COLUMNS", "")
+        return ConsoleDimensions(int(cols), got.height) if cols.isdigit() and int(cols) > 0 else got
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
 # no emoji codes: "file.svm:100:" must not print as "file.svm💯"
-console = Console(stderr=True, emoji=False)
-out = Console(emoji=False)
+console = _Console(stderr=True, emoji=False)
+out = _Console(emoji=False)
 
 
 # click's exception classes as this typer uses them (recent typer releases vendor their own click)

@@ -89,6 +89,18 @@ def _remove_token(token: str) -> None:
             _run("ip", "link", "del", name, check=False)
 
 
+def _free_net(start: int) -> str:
+    """A 10.x /16 (x in 200-249) that no interface here has an address in, the first from ``start`` on (every one
+    in use: ``start``'s)."""
+    used = set()
+    for line in _run("ip", "-o", "-4", "addr", check=False).stdout.splitlines():
+        for word in line.split():
+            if word.startswith("10.") and word.count(".") == 3:
+                used.add(".".join(word.split(".")[:2]))
+    nets = [f"10.{200 + (start + i) % 50}" for i in range(50)]
+    return next((n for n in nets if n not in used), nets[0])
+
+
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
@@ -145,8 +157,9 @@ class EmulatedCluster:
         self.machines, self.procs, self.threads, self.rate = int(machines), int(procs), int(threads), rate
         self.memory_limit, self.shm_bytes, self.env = memory_limit, shm_bytes, dict(env or {})
         self.token = uuid.uuid4().hex[:6]
-        # a /16 of the 10.0.0.0/8 range chosen at random, the host at .0.1, machine i at .(i // 200 + 1).(i % 200 + 2)
-        self._net = f"10.{200 + int(self.token[:2], 16) % 50}"
+        # a /16 of the 10.0.0.0/8 range chosen at random among those no interface here uses (another cluster's, a
+        # test process beside this one), the host at .0.1, machine i at .(i // 200 + 1).(i % 200 + 2)
+        self._net = _free_net(int(self.token[:2], 16))
         self.host_address = f"{self._net}.0.1"
         self.scheduler_host = f"{self._net}.0.2"
         self.machine_addresses = [f"{self._net}.{i // 200 + 1}.{i % 200 + 2}" for i in range(self.machines)]
