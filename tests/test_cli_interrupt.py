@@ -19,12 +19,12 @@ from tests._scripts import console_script
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.name != "posix", reason="sends SIGINT to a process")]
 
-ROWS, REPEATS = 10_000, 16
+ROWS, REPEATS = 10_000, 40  # a conversion of about 3 s: time to interrupt it on a loaded machine
 
 
 def _write_libsvm(path: Path) -> None:
-    """About 56 MB of libsvm text (ROWS distinct lines of 30 nonzeros, REPEATS times): a few seconds to convert,
-    written in about one."""
+    """About 140 MB of libsvm text (ROWS distinct lines of 30 nonzeros, REPEATS times): a few seconds to convert,
+    written in about two."""
     rng = np.random.default_rng(0)
     lines = []
     for i in range(ROWS):
