@@ -37,13 +37,22 @@ def _write_libsvm(path: Path) -> None:
             f.write(chunk)
 
 
+def _ctrl_c_reaches() -> None:
+    """In the child before it runs: SIGINT delivered and default, as in a terminal, whatever this test process
+    inherited (a child keeps an ignored or blocked SIGINT across exec: seen once where the tests ran in
+    pytest-xdist's workers, a conversion that ran to its end)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_convert_says_where_the_partial_store_is_and_resume_finishes_it(tmp_path):
     dufs_cmd = console_script("dufs")
     assert dufs_cmd is not None
     _write_libsvm(tmp_path / "big.svm")
     args = [*dufs_cmd, "convert", "big.svm", "big.zarr", "--workers", "0", "--block-bytes", "1MiB"]
     partial = tmp_path / "big.zarr.dufs-partial"
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_reaches)
     try:
         end = time.monotonic() + patience(60)
         while not partial.exists() and proc.poll() is None and time.monotonic() < end:
