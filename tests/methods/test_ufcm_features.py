@@ -14,6 +14,7 @@ import pytest
 from dufs.engine import AllSum, Matrix
 from dufs.methods.ufcm import features as UF
 from dufs.methods.ufcm import ufcm
+from dufs.methods.ufcm.secular import top_lowrank_pieces
 from tests._planted import near_pole_problem, three_groups_sparse
 
 
@@ -49,7 +50,7 @@ def _in_pieces(Qa, Da, k, W):
     def run(j):
         try:
             q = Qa[rows[j]].copy()
-            out[j] = UF.top_lowrank_pieces(q, Da[rows[j]].copy(), rows[j].astype(np.int64), k, _ThreadSum(hub, j, W))
+            out[j] = top_lowrank_pieces(q, Da[rows[j]].copy(), rows[j].astype(np.int64), k, _ThreadSum(hub, j, W))
             np.testing.assert_array_equal(q, Q0[rows[j]])  # given back as it was
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
