@@ -307,28 +307,30 @@ def _after_w(st: dict, vals: np.ndarray, p: float, allsum: AllSum) -> dict:
     r = np.sqrt(np.einsum("ij,ij->i", W, W))
     pen = float(np.sum(r[r > 0] ** p))
     k = W.shape[1]
-    parts = [(W.T @ Q).ravel(), [pen]]
-    parts.append(np.zeros(k) if st["m"] is None else st["m"] @ W)
-    if st["mu"] is not None:
-        parts.append((st["mu"] * st["inv"]) @ W if st["inv"] is not None else st["mu"] @ W)
-    tot = allsum(np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in parts]))
+    tot = allsum(np.concatenate([(W.T @ Q).ravel(), [pen], *_centring_parts(st, W)]))
     c = Q.shape[1]
-    WtQ = tot[:k * c].reshape(k, c)
-    out = {"vals": vals, "WtQ": WtQ, "penalty": float(tot[k * c]),
-           "mW": None if st["m"] is None else tot[k * c + 1:k * c + 1 + k],
-           "shift": None if st["mu"] is None else tot[k * c + 1 + k:], "active": int(allsum([float(
-               np.count_nonzero(st["active"]))])[0])}
-    return out
+    mW, shift = _centring_of(st, tot[k * c + 1:], k)
+    return {"vals": vals, "WtQ": tot[:k * c].reshape(k, c), "penalty": float(tot[k * c]), "mW": mW,
+            "shift": shift, "active": int(allsum([float(np.count_nonzero(st["active"]))])[0])}
+
+
+def _centring_parts(st: dict, V: np.ndarray) -> list:
+    """This piece's parts of V's centring rows (m^T V, zeros without m; then the transform's centre times
+    diag(inv) V where it centres), to be all-reduced (:func:`_centring_of` reads their sum)."""
+    parts = [np.zeros(V.shape[1]) if st["m"] is None else st["m"] @ V]
+    if st["mu"] is not None:
+        parts.append((st["mu"] * st["inv"]) @ V if st["inv"] is not None else st["mu"] @ V)
+    return parts
+
+
+def _centring_of(st: dict, tot: np.ndarray, b: int) -> tuple:
+    """(m^T V, the transform's row) from the sum of :func:`_centring_parts`; None where absent."""
+    return None if st["m"] is None else tot[:b], None if st["mu"] is None else tot[b:]
 
 
 def _centring(st: dict, V: np.ndarray, allsum: AllSum) -> tuple:
-    """V's centring rows (m^T V, and the transform's centre times diag(inv) V), all-reduced; None where absent."""
-    b = V.shape[1]
-    parts = [np.zeros(b) if st["m"] is None else st["m"] @ V]
-    if st["mu"] is not None:
-        parts.append((st["mu"] * st["inv"]) @ V if st["inv"] is not None else st["mu"] @ V)
-    tot = allsum(np.concatenate(parts))
-    return None if st["m"] is None else tot[:b], None if st["mu"] is None else tot[b:]
+    """V's centring rows, all-reduced (:func:`_centring_parts`)."""
+    return _centring_of(st, allsum(np.concatenate(_centring_parts(st, V))), V.shape[1])
 
 
 def _pca_orth(blks, st, token, peers):
@@ -374,9 +376,9 @@ def _pca_finish(blks, st, k, p, token, peers):
     allsum = AllSum(token, st["rank"], peers)
     W = st["W"] = np.ascontiguousarray(st["W"][:, :k])
     r = np.sqrt(np.einsum("ij,ij->i", W, W))
-    pen = float(allsum([float(np.sum(r[r > 0] ** p))])[0])
-    mW, shift = _centring(st, W, allsum)
-    return st, {"penalty": pen, "mW": mW, "shift": shift}
+    tot = allsum(np.concatenate([[float(np.sum(r[r > 0] ** p))], *_centring_parts(st, W)]))
+    mW, shift = _centring_of(st, tot[1:], k)
+    return st, {"penalty": float(tot[0]), "mW": mW, "shift": shift}
 
 
 def _finish_w(blks, st, vals, p, token, peers):
