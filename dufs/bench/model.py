@@ -32,6 +32,9 @@ TERMS: dict[str, Callable[[float, float, float, float, float], float]] = {
     "n/W": lambda n, d, z, W, P: n / W,  # a piece of the rows a machine
     # a sum over machines in pieces (dufs.engine.exchange): 2 (W - 1) / W partials into the root's machine
     "n2(W-1)/W": lambda n, d, z, W, P: 2.0 * n * (W - 1) / W,
+    # the rows a machine's blocks touch, from the other machines' pieces (dufs.engine.touched): at z / n nonzeros
+    # a row spread evenly over the features, 1 - (1 - 1/W)^(z/n) of the rows, (W - 1) / W of them elsewhere
+    "n touched": lambda n, d, z, W, P: n * (1.0 - (1.0 - 1.0 / W) ** (z / n)) * (W - 1) / W,
     "d": lambda n, d, z, W, P: d,
     "d/W": lambda n, d, z, W, P: d / W,
     "nnz/W": lambda n, d, z, W, P: z / W,
@@ -75,6 +78,10 @@ KEPT = ("n",)  # the sweeps over vectors kept on one worker: a cost a sample
 #: n / W and a fixed one
 KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W", "1"), "m3fs": ("n/W", "1"),
                "ufcm": ("n/W", "1")}
+#: the methods whose vector a pass reads is sent from those pieces as the rows each machine touches
+#: (``dufs.engine.touched-rows``): its bytes into a machine then
+TOUCHED = {"lapaofs": ("n touched", "WP", "1"), "lapdofs": ("n touched", "WP", "1"),
+           "jcfs": ("n touched", "WP", "1")}
 #: their driver's CPU an iteration then: a fixed cost and one a worker (the blocks' proposals, a task a piece),
 #: nothing over the samples (its iterations hand it scalars; M3FS's alternation works over the samples between
 #: v-steps, not in the median iteration), where a term in n fitted to the noise between two store sizes was
@@ -279,6 +286,12 @@ def _in_pieces(datas: list[dict], method: str, kinds: Any = None) -> bool:
         for x in datas for r in x["runs"] if r["method"] == method)
 
 
+def _touched(datas: list[dict], method: str) -> bool:
+    """Whether ``method``'s vector went to the machines as the rows they touch in the runs measured."""
+    return method in TOUCHED and all(str(r.get("touched_rows", "off")).lower() not in ("off", "false", "no")
+                                     for x in datas for r in x["runs"] if r["method"] == method)
+
+
 def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25e9, efficiency: float = 0.5
                ) -> Params:
     """The parameters from scale benches' measurements (each data set: the store's n, d, nnz, the ``runs`` on W
@@ -291,6 +304,8 @@ def fit_params(datas: list[dict], *, P: int = 16, T: int = 1, link: float = 1.25
     params = Params(P=P, T=T, link=link, efficiency=efficiency, t_task=sched / trans if trans > 0 else 0.0)
     for m in sorted({r["method"] for x in datas for r in x["runs"]}, key=list(SHAPES).index):
         shape = {**SHAPES[m], **(FEATURE_PIECES[m] if _in_pieces(datas, m, FEATURE_PIECES) else {})}
+        if _in_pieces(datas, m) and _touched(datas, m):
+            shape["machine_in"] = TOUCHED[m]
         comp = fit(COMPUTE, _compute_points(datas, m))
         coef = dict(zip(comp.terms, comp.coefs, strict=True))
         params.methods[m] = MethodModel(

@@ -184,6 +184,7 @@ def _on_cluster(W: int, procs: int, rate: str | None, methods: tuple[str, ...], 
         for m in methods:
             got = {"machines": W, "procs": procs, "threads": threads, "method": m,
                    "side_pieces": str(config.get("engine.side-pieces")),  # the model's kept term follows it
+                   "touched_rows": str(config.get("engine.touched-rows")),  # and its bytes into a machine this
                    **_run_method(cluster, client, st.path, m, n_features)}
             out.append(got)
             kept = f"on kept vectors {got['kept']:.3f} s, " if got["kept"] else ""

@@ -56,9 +56,11 @@ from dufs.engine.rows import Rows, max_task_bytes
 from dufs.engine.shm import Receiving, receiving
 from dufs.engine.state import BlockState
 from dufs.engine.stats import ColumnStats, block_stats
+from dufs.engine.touched import Pieced
 
 __all__ = ["AllSum", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "FeatureBlock", "HeldPieces", "Kept",
-           "Matrix", "PerBlock", "ROWS", "Receiving", "Rows", "STANDARDIZE", "StoreBlock", "Transform", "VALUES",
+           "Matrix", "PerBlock", "Pieced", "ROWS", "Receiving", "Rows", "STANDARDIZE", "StoreBlock", "Transform",
+           "VALUES",
            "abort_exchange", "allreduce_sum", "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer",
            "check_finite", "check_labels", "current_client", "ensure_plugin", "fetch", "fetch_kept", "flush",
            "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",

@@ -108,13 +108,18 @@ except ImportError:  # pragma: no cover
 
 
 class ExchangePlugin(_Base):  # type: ignore[misc,valid-type]
-    """Adds the ``dufs_put`` handler to a worker (registered once a client by :func:`ensure_plugin`)."""
+    """Adds the ``dufs_put``, ``dufs_kept``, ``dufs_touch`` and ``dufs_touch_rows`` handlers to a worker (registered
+    once a client by :func:`ensure_plugin`)."""
 
     name = "dufs-exchange"
 
     def setup(self, worker: Any) -> None:
         worker.handlers["dufs_put"] = _put
         worker.handlers["dufs_kept"] = _kept
+        from dufs.engine.touched import _touch, _touch_rows
+
+        worker.handlers["dufs_touch"] = _touch
+        worker.handlers["dufs_touch_rows"] = _touch_rows
 
 
 def ensure_plugin(client: Any) -> None:

@@ -35,6 +35,7 @@ from dufs.engine.dispatch import (
 from dufs.engine.exchange import HeldPieces, ScatteredSum
 from dufs.engine.progress import report
 from dufs.engine.state import BlockState
+from dufs.engine.touched import PerPartition, Pieced, machine_vectors, touched_rows_on
 
 __all__ = ["StatePasses"]
 
@@ -52,7 +53,11 @@ class StatePasses:
         ``state`` a list of the blocks' or partitions' items (or None); ``hold``: the sum's future where it is
         made by tasks."""
 
+        args = self._touched_args(args, state, partitions)
+
         def pick(a: Any, u: int) -> Any:
+            if isinstance(a, PerPartition):
+                return a.value[u]
             if partitions is None:
                 return self.block_item(a, u)
             return [self.block_item(a, i) for i in partitions[u]] if isinstance(a, PerBlock) else a
@@ -90,6 +95,27 @@ class StatePasses:
                 return self.run([tree_sum(tasks)], name)[0] if tasks else None
             return self.run(tasks, name)
         return self._map_tasks(fn, srcs, state, task_args, partitions, reduce, name, hold)
+
+    def _touched_args(self, args: tuple, state: Any, partitions: list | None) -> tuple:
+        """``args`` with each :class:`~dufs.engine.touched.Pieced` vector given as the rows each machine's blocks
+        touch (a :class:`PerPartition` of one future a machine) where the blocks are on several machines, else as
+        the vector joined on one worker (sent on to the machines of the blocks)."""
+        if not any(isinstance(a, Pieced) for a in args):
+            return args
+        from distributed.comm import get_address_host
+
+        client = current_client()
+        if self.residency.get("mode") != "persisted":
+            return tuple(a.whole(client) if isinstance(a, Pieced) else a for a in args)
+        homes = self.homes(client, partitions)
+        if state is not None:  # where a partition's task runs: beside its state, where that is kept
+            homes = [it.address if isinstance(it, Resident) else h for it, h in zip(state, homes, strict=True)]
+        hosts = None if None in homes else [get_address_host(h) for h in homes]
+        if hosts is None or len(set(hosts)) < 2 or not touched_rows_on():
+            return tuple(a.whole(client) if isinstance(a, Pieced) else a for a in args)
+        groups = [[u] for u in range(self.n_blocks)] if partitions is None else partitions
+        return tuple(PerPartition(machine_vectors(self, client, a, groups, hosts, homes)) if isinstance(a, Pieced)
+                     else a for a in args)
 
     def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
                    reduce: str | None, name: str, hold: bool = False) -> tuple:
@@ -315,7 +341,7 @@ def _futures(x: Any) -> list:
 
     if isinstance(x, Future):
         return [x]
-    if isinstance(x, PerBlock):
+    if isinstance(x, PerBlock | PerPartition):
         return _futures(x.value) if isinstance(x.value, list | tuple) else []
     if isinstance(x, dict):
         x = list(x.values())

@@ -256,6 +256,14 @@ def test_every_iterative_method_selects_on_machines_what_it_selects_on_one(store
         np.testing.assert_allclose(got[m].scores, want[m].scores, rtol=1e-9, atol=1e-12, err_msg=m)
 
 
+def _two_clusters(n: int, seed: int) -> sp.csr_matrix:
+    """``n`` rows, 2400 features, in two clusters (eight features mark the first)."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)  # W step matrix-free
+    X[: n // 2, :8] = rng.random((n // 2, 8))
+    return X.tocsr()
+
+
 def _two_clusters_on_three_processes(tmp_path, n: int, seed: int, method: str, kw: dict):
     """A store of ``n`` rows in two clusters (eight features mark the first; above the size a sum over machines
     goes whole), and ``method``'s selection on it by a LocalCluster of three worker processes on the path remote
@@ -263,11 +271,8 @@ def _two_clusters_on_three_processes(tmp_path, n: int, seed: int, method: str, k
     import dask
     from distributed import Client, LocalCluster
 
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, 2400, density=0.002, format="lil", random_state=rng, dtype=np.float64)  # W step matrix-free
-    X[: n // 2, :8] = rng.random((n // 2, 8))
     path = tmp_path / f"{method}.zarr"
-    dufs.write_store(X.tocsr(), path, feature_block=400)
+    dufs.write_store(_two_clusters(n, seed), path, feature_block=400)
     with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.direct-passes": "off"}), \
             LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
             Client(lc) as client:
@@ -327,5 +332,37 @@ def test_m3fs_on_three_machines_reads_its_scores_where_the_reduce_scatter_summed
     with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
         got = dufs.fit(str(path), method="m3fs", n_features=8, client=client, **kw)
     assert reads and all(reads), reads
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-9, atol=1e-12)
+
+
+def test_a_greedy_step_sends_each_machine_the_rows_its_blocks_touch(tmp_path, monkeypatch):
+    """LapAOFS on three machines with its side in pieces of rows: each pass gets V as the rows of each machine's
+    blocks, from the pieces where they were made (no whole copy); the rows a machine is sent are fewer than n and,
+    over the machines, are the rows with a nonzero (SciPy's). It selects what a LocalCluster of as many worker
+    processes selects, the scores equal but for the order of the sums."""
+    from distributed import Client
+
+    from dufs.engine import stateful
+
+    kw = _ITERATIVE["lapaofs"]
+    n = 20_000
+    path, want = _two_clusters_on_three_processes(tmp_path, n, 7, "lapaofs", kw)
+    layouts: list = []
+    real = stateful.machine_vectors
+
+    def spy(executor, client, v, groups, hosts, workers):
+        got = real(executor, client, v, groups, hosts, workers)
+        layouts.append(executor.touched[1])
+        return got
+
+    monkeypatch.setattr(stateful, "machine_vectors", spy)
+    with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
+        got = dufs.fit(str(path), method="lapaofs", n_features=8, client=client, **kw)
+        rows = client.gather(list(layouts[-1].rows.values())) if layouts else []
+    assert len(layouts) >= 7, len(layouts)  # every step after the first
+    assert len(rows) == 3 and all(len(r) < n for r in rows), [len(r) for r in rows]
+    touched = np.unique(_two_clusters(n, 7).nonzero()[0])
+    np.testing.assert_array_equal(np.unique(np.concatenate(rows)), touched)
     np.testing.assert_array_equal(got.indices, want.indices)
     np.testing.assert_allclose(got.scores, want.scores, rtol=1e-9, atol=1e-12)

@@ -8,10 +8,11 @@ selected columns, of the anchor graph's Zh or of JCFS's Y), and a step is one ta
 :meth:`Side.partials` (the step's sums over the piece's samples, a few hundred numbers), their all-reduce among
 the pieces' workers (:func:`~dufs.engine.exchange.allreduce_sum`: worker to worker, in a fixed tree), then
 :meth:`Side.finish` from the sums over every sample, which makes the same H, criterion and objective on every
-piece and V's rows of the piece. V is joined from its pieces by one task on the first machine, from where the pass
-sends it on to the machines of the blocks, as the one side's V went. The sums are made by pieces, so the
-selections are the one side's up to the order of additions. Only where B is local to the rows: an anchor graph's
-(whose Zh^T z is one of the sums) or no graph term; a kNN graph's Laplacian mixes the rows."""
+piece and V's rows of the piece. V stays in its pieces: the pass brings each machine the rows its blocks touch
+from each piece (:class:`~dufs.engine.Pieced`; on one machine it is joined there by one task). The sums are
+made by pieces, so the selections are the one side's up to the order of additions. Only where B is local to the
+rows: an anchor graph's (whose Zh^T z is one of the sums) or no graph term; a kNN graph's Laplacian mixes the
+rows."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ import numpy as np
 
 from dufs.engine import (
     Kept,
+    Pieced,
     abort_exchange,
     allreduce_sum,
     current_client,
     ensure_plugin,
-    joined,
     kept_calls,
     piece_bounds,
     tree_sum_values,
@@ -39,8 +40,8 @@ __all__ = ["PieceSides"]
 
 class PieceSides:
     """The sides of a greedy selection, one a worker of ``workers`` (one a machine), each over its rows (the module
-    docstring); :meth:`take` and :meth:`vectors_at` as :class:`~dufs.methods.greedy.side.Side` 's, V a future of
-    the joined vector with its column sums."""
+    docstring); :meth:`take` and :meth:`vectors_at` as :class:`~dufs.methods.greedy.side.Side` 's, V kept in its
+    pieces (a :class:`~dufs.engine.Pieced`) with its column sums."""
 
     def __init__(self, workers: list[str], n: int, mode: int, lam1: float, lam2: float, W: Any, Y: Any, dtype: Any,
                  wd: np.ndarray | None, li: np.ndarray | None):
@@ -85,7 +86,7 @@ class PieceSides:
 
     def _step(self, what: str, *args: Any) -> tuple:
         """One task a piece, side by side: its sums, their all-reduce among the pieces' workers, the second phase
-        (the module docstring); V joined on the first machine."""
+        (the module docstring); V left in its pieces."""
         c = self.client
         ensure_plugin(c)
         token = uuid.uuid4().hex
@@ -98,7 +99,7 @@ class PieceSides:
             raise
         s_p, c2, crit, obj, _ = got[0][0]
         vsum = tree_sum_values([small[4] for small, _ in got])
-        V = joined(c, [kept[0] for _, kept in got], _join, self.workers[0])
+        V = Pieced([kept[0] for _, kept in got], self.bounds, _join, self.workers[0])
         return V, s_p, c2, crit, obj, vsum
 
 

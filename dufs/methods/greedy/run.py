@@ -19,6 +19,7 @@ from dufs.engine import (
     Kept,
     Matrix,
     PerBlock,
+    Pieced,
     as_future,
     current_client,
     flush,
@@ -181,11 +182,11 @@ class GreedyRun:
             V = mark_spread(as_future(self.client, V))
         elif isinstance(V, Future):  # joined from the pieces on a worker: sent on from there
             V = mark_spread(V)
-        else:
+        elif not isinstance(V, Pieced):  # (in pieces of rows, each machine gets the rows its blocks touch)
             V = np.ascontiguousarray(V, dtype=_step_dtype(self.mode, V.shape))  # the column sums from these values
             vsum = col_sums(V)
         vsum = np.zeros(vsum.shape[0]) if self.raw else vsum  # read only by blocks with a transform
-        with shipped(V, broadcast=True, shared=True) as Va:  # every block's worker reads it
+        with contextlib.nullcontext(V) if isinstance(V, Pieced) else shipped(V, broadcast=True, shared=True) as Va:
             props, new = self._map(_step, p, Va, vsum, s_p, c2, self.mode, self.dir if save else None,
                                    state=self.state)
         release(self.state)
