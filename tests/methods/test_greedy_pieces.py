@@ -41,6 +41,22 @@ def test_a_column_cut_to_a_piece_of_rows():
     assert got[0][0].dtype == np.int32
 
 
+def test_a_piece_of_v_takes_the_whole_vectors_dtype():
+    """LapAOFS's V goes to the blocks in float32 once the whole n x 2 vector passes 8 MiB in float64; a piece of it
+    takes the whole vector's dtype, not its own size's, so that V has the same bits on any number of machines."""
+    from dufs.kernels.greedy import A_OPTIMAL, JCFS
+    from dufs.methods.greedy.side import step_vectors
+
+    piece = np.random.default_rng(0).standard_normal((1000, 2))
+    n = (1 << 23) // 16 + 1  # n x 2 float64 just over 8 MiB
+    assert step_vectors(piece, (), mode=A_OPTIMAL)[1][0].dtype == np.float64
+    got = step_vectors(piece, (), mode=A_OPTIMAL, rows=n)[1][0]
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, piece.astype(np.float32))
+    assert step_vectors(piece, (), mode=A_OPTIMAL, rows=n - 1)[1][0].dtype == np.float64
+    assert step_vectors(piece, (), mode=JCFS, rows=n)[1][0].dtype == np.float64  # JCFS's ratios need float64
+
+
 @pytest.mark.parametrize("method,graph", [("lapaofs", "anchor"), ("lapdofs", "anchor"), ("jcfs", "anchor"),
                                           ("lapaofs", "knn")])
 def test_pieces_select_what_the_driver_does(cluster_client, method, graph):

@@ -71,10 +71,6 @@ class PieceSides:
     def __len__(self) -> int:
         return len(self.sides)
 
-    def _each(self, what: str, *args: Any, keep: int = 0) -> list:
-        return kept_calls(self.client, piece_call, [(s, what, self.bounds[j], *args)
-                                                    for j, s in enumerate(self.sides)], keep=keep)
-
     def take(self, p: int, col: Any, coef: float, shift: float) -> tuple:
         """A step (:meth:`Side.take` in pieces): (V, s_p, c2, criterion, objective, V's column sums)."""
         return self._step("step", int(p), col, coef, shift)
@@ -92,7 +88,7 @@ class PieceSides:
         token = uuid.uuid4().hex
         peers = [s.address for s in self.sides]
         try:
-            got = kept_calls(c, piece_call, [(s, what, self.bounds[j], token, j, peers, *args)
+            got = kept_calls(c, piece_call, [(s, what, self.bounds[j], self.bounds[-1], token, j, peers, *args)
                                              for j, s in enumerate(self.sides)], keep=1)
         except BaseException:  # the other pieces stop waiting for the one that failed
             abort_exchange(c, token, peers)
@@ -126,8 +122,9 @@ def _column_rows(col: tuple, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
     return (rows[keep] - a).astype(rows.dtype, copy=False), vals[keep]
 
 
-def piece_call(side: Any, what: str, a: int, token: str, rank: int, peers: list[str], *args: Any) -> tuple:
-    """On the worker that keeps a piece's ``side`` (rows from ``a``), the task of piece ``rank`` among ``peers``
+def piece_call(side: Any, what: str, a: int, rows: int, token: str, rank: int, peers: list[str], *args: Any
+               ) -> tuple:
+    """On the worker that keeps a piece's ``side`` (rows from ``a`` of ``rows``), the task of piece ``rank`` among ``peers``
     (their workers): the first phase of a step (``step``: p, its column, coef, shift) or of a replay
     (``replay_step``: t), its sums all-reduced with the other pieces' (exchange ``token``), then the second phase
     from the sums over every sample; V's piece kept, (s_p, c2, the criterion, the objective, V's piece's column
@@ -145,4 +142,5 @@ def piece_call(side: Any, what: str, a: int, token: str, rank: int, peers: list[
         crit, obj = side.criterion[-1], side.objective[-1]
     else:
         (V, s_p, c2), crit, obj = side.replay_finish(sums), None, None
-    return step_vectors(V, (s_p, c2, crit, obj), mode=side.mode)
+    # V's dtype as the whole vector's would be (V's rows from every piece): the same on any number of machines
+    return step_vectors(V, (s_p, c2, crit, obj), mode=side.mode, rows=rows)

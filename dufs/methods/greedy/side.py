@@ -298,8 +298,8 @@ def side_call(side: Side, what: str, *args: Any) -> tuple:
     return step_vectors(V, small, mode=side.mode)
 
 
-def step_vectors(V: np.ndarray, small: tuple, *, mode: int) -> tuple:
+def step_vectors(V: np.ndarray, small: tuple, *, mode: int, rows: int | None = None) -> tuple:
     """V in the dtype its pass ships it in and its column sums (read by blocks with a transform) beside ``small``;
-    V kept."""
-    V = np.ascontiguousarray(V, dtype=_step_dtype(mode, V.shape))
+    V kept. ``rows``: the whole vector's rows where ``V`` is a piece of it (the dtype is the whole vector's)."""
+    V = np.ascontiguousarray(V, dtype=_step_dtype(mode, (V.shape[0] if rows is None else rows, *V.shape[1:])))
     return (*small, col_sums(V)), [V]

@@ -8,11 +8,11 @@ of machines: the term M3FS's scaling misses on. Here each machine's first worker
 the v-step runs on every piece at once, one task a piece: the same functions as on one worker, their sums over the
 samples (1^T L F and 1^T L 1, the hinge's slope in the bias at each Newton step, the majoriser's value, 1^T R, and
 an anchor Laplacian's Zh^T D^-1/2 x) all-reduced among the pieces (:func:`~dufs.engine.allreduce_sum`, worker to
-worker), so that every piece takes the same decisions from the same bits. R is joined from its pieces on the first
-machine for the pass (as the greedy selectors' V is), and each piece reads its rows of the pass's sum from the
-worker that holds it. The sums are made by pieces, so the v-step is the one worker's up to the order of additions.
-Only where the Laplacian is local to the rows given those sums: an anchor graph's, or none (a kNN graph's mixes the
-rows: its scores stay on one worker)."""
+worker), so that every piece takes the same decisions from the same bits. R stays in its pieces: the pass brings
+each machine the rows its blocks touch (as the greedy selectors' V), and each piece reads its rows of the pass's
+sum from the worker that holds it. The sums are made by pieces, so the v-step is the one worker's up to the order
+of additions. Only where the Laplacian is local to the rows given those sums: an anchor graph's, or none (a kNN
+graph's mixes the rows: its scores stay on one worker)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from dufs.engine import (
     AllSum,
     AnchorGraph,
     HeldPieces,
+    Pieced,
     abort_exchange,
     current_client,
     ensure_plugin,
     fetch_kept,
-    joined,
     kept_call,
     kept_calls,
     piece_bounds,
@@ -121,9 +121,10 @@ class PieceScores(Decisions):
         return got[0][0]
 
     def gradient(self) -> Any:
-        """A future of R joined from its pieces on the first machine, for the pass (sent on from there)."""
+        """R in its pieces (a :class:`~dufs.engine.Pieced`): the pass brings each machine the rows its blocks
+        touch (on one machine R is joined on the first piece's worker)."""
         R, self.R = self.R, None
-        return joined(self.client, R, _join, self.peers[0])
+        return Pieced(R, self.bounds, _join, self.peers[0])
 
     def trial(self, both: Any, centred: bool, step: float, Lip: float) -> tuple[tuple, float, float]:
         """As :meth:`KeptScores.trial`: each piece reading its rows of the pass's sum where a reduce-scatter left

@@ -28,6 +28,7 @@ import numpy as np
 from dufs.engine import (
     Matrix,
     PerBlock,
+    Pieced,
     buffer,
     current_client,
     mark_spread,
@@ -358,7 +359,8 @@ class ResidentU:
         (a :class:`~dufs.engine.HeldPieces`), for scores kept in pieces of rows
         (:mod:`dufs.methods.m3fs.piece_scores`)."""
         with contextlib.ExitStack() as stack:
-            got, self.state = self.M.map_blocks(_step, mark_spread(R), float(beta), gb / self.n, gb, float(step),
+            R = R if isinstance(R, Pieced) else mark_spread(R)  # (in pieces: the rows each machine touches)
+            got, self.state = self.M.map_blocks(_step, R, float(beta), gb / self.n, gb, float(step),
                                                 self.decision, state=self.state, partitions=self.parts,
                                                 reduce="sum", hold="pieces" if pieces else True, pieces=pieces,
                                                 **self._renewing(stack))
