@@ -124,8 +124,8 @@ def _column_rows(col: tuple, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 def piece_call(side: Any, what: str, a: int, rows: int, token: str, rank: int, peers: list[str], *args: Any
                ) -> tuple:
-    """On the worker that keeps a piece's ``side`` (rows from ``a`` of ``rows``), the task of piece ``rank`` among ``peers``
-    (their workers): the first phase of a step (``step``: p, its column, coef, shift) or of a replay
+    """On the worker that keeps a piece's ``side`` (rows from ``a`` of ``rows``), the task of piece ``rank`` among
+    ``peers`` (their workers): the first phase of a step (``step``: p, its column, coef, shift) or of a replay
     (``replay_step``: t), its sums all-reduced with the other pieces' (exchange ``token``), then the second phase
     from the sums over every sample; V's piece kept, (s_p, c2, the criterion, the objective, V's piece's column
     sums) back (the criterion and objective None in a replay)."""
