@@ -312,11 +312,12 @@ def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_p
 def test_m3fs_on_three_machines_reads_its_scores_where_the_reduce_scatter_summed_them(tmp_path, monkeypatch):
     """M3FS on three machines: the v-step's scores in a piece of rows a machine, made in the order in which the
     pass's reduce-scatter leaves its sum, so that each piece reads its rows (and the nine dots) of the pass's sum
-    where they were added (no gather at the root, no fetches). It selects what a LocalCluster of as many worker
+    where they were added (no gather at the root, no fetches), and R sent from its pieces to each machine as the
+    rows its blocks touch. It selects what a LocalCluster of as many worker
     processes selects, the scores equal but for the order of the sums."""
     from distributed import Client
 
-    from dufs.engine import HeldPieces
+    from dufs.engine import HeldPieces, stateful
     from dufs.methods.m3fs import piece_scores
 
     kw = _ITERATIVE["m3fs"]
@@ -329,9 +330,13 @@ def test_m3fs_on_three_machines_reads_its_scores_where_the_reduce_scatter_summed
         return real(self, both, *a)
 
     monkeypatch.setattr(piece_scores.PieceScores, "trial", trial)
+    touched: list = []  # R goes to each machine as the rows its blocks touch
+    real_mv = stateful.machine_vectors
+    monkeypatch.setattr(stateful, "machine_vectors", lambda *a: touched.append(1) or real_mv(*a))
     with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
         got = dufs.fit(str(path), method="m3fs", n_features=8, client=client, **kw)
     assert reads and all(reads), reads
+    assert len(touched) == len(reads), (len(touched), len(reads))
     np.testing.assert_array_equal(got.indices, want.indices)
     np.testing.assert_allclose(got.scores, want.scores, rtol=1e-9, atol=1e-12)
 
