@@ -295,7 +295,8 @@ def tree_sum(parts: list) -> Any:
     return parts[0]
 
 
-def tree_sum_machines(parts: list, homes: list[str | None], client: Any, pieces: bool = False) -> Any:
+def tree_sum_machines(parts: list, homes: list[str | None], client: Any, pieces: bool = False, rows: Any = None
+                      ) -> Any:
     """:func:`tree_sum` of delayed values made on workers of several machines (``homes``: the worker of each),
     summed first within each machine (its parts in order, the adds kept on its workers: the partials do not leave
     it) and then one partial a machine in a fixed tree over the machines (in the order of their first parts), each
@@ -304,7 +305,8 @@ def tree_sum_machines(parts: list, homes: list[str | None], client: Any, pieces:
     reduce-scatter and a gather instead, in the same pairs (:mod:`dufs.engine.exchange`): the root's machine
     receives two partials' worth, not log2 W. Where the parts are on one machine (or a home is unknown),
     :func:`tree_sum` itself: the same numbers. ``pieces``: a reduce-scatter's sum is left in its pieces (a
-    :class:`~dufs.engine.exchange.ScatteredSum`)."""
+    :class:`~dufs.engine.exchange.ScatteredSum`). ``rows`` (:func:`dufs.engine.touched.sum_rows`): the partials
+    are zero off their blocks' rows, and a reduce-scatter sends each machine's touched rows only."""
     from distributed.comm import get_address_host
 
     hosts = machines(client) if client is not None and None not in homes else {}
@@ -323,7 +325,9 @@ def tree_sum_machines(parts: list, homes: list[str | None], client: Any, pieces:
     if len(level) >= 3 and _machine_sums() == "auto":  # the machines' partials in pieces, peer to peer
         from dufs.engine.exchange import reduce_scatter_sum
 
-        return reduce_scatter_sum([p for _, p in level], [hosts[h][0] for h, _ in level], client, pieces=pieces)
+        receivers = [hosts[h][0] for h, _ in level]
+        return reduce_scatter_sum([p for _, p in level], receivers, client, pieces=pieces,
+                                  rows=None if rows is None else rows([h for h, _ in level], receivers))
     while len(level) > 1:
         nxt = []
         for (host, a), (_, b) in zip(level[0::2], level[1::2], strict=False):

@@ -149,18 +149,29 @@ def _pieces(part: Any, k: int) -> list | None:
     return part.dufs_pieces(piece_bounds(part.dufs_rows, k))
 
 
-def _push(part: Any, source: int, token: str, receivers: list[str]) -> tuple[int, bool]:
+def _push(part: Any, source: int, token: str, receivers: list[str], touched: Any = None, layout: str | None = None,
+          reader: int = 0) -> tuple[int, bool]:
     """As a task on machine ``source``: its partial cut into a piece a receiver along its rows, piece j sent to
-    ``receivers[j]`` (whole to ``receivers[0]`` when small); (``source``, whether it went whole)."""
+    ``receivers[j]`` (whole to ``receivers[0]`` when small); with ``touched`` (the rows the machine's blocks touch,
+    where its partial is zero elsewhere: :mod:`dufs.engine.touched`) only those rows of each piece, which its
+    receiver was told (as machine ``reader`` of the ``layout``). (``source``, whether it went whole)."""
     from distributed import get_worker
     from distributed.protocol import to_serialize
     from distributed.utils import sync
 
-    cut = _pieces(part, len(receivers))
+    from dufs.engine.touched import compact
+
+    k = len(receivers)
+    cut = _pieces(part, k)
     whole = cut is None
     pieces = {0: part} if whole else dict(enumerate(cut))
     worker = get_worker()
     remote = {j: p for j, p in pieces.items() if receivers[j] != worker.address}
+    if touched is not None and not whole:
+        b = piece_bounds(_rows_of(part), k)
+        at = np.searchsorted(touched, b)
+        remote = {j: ("touched", layout, reader, b[j + 1] - b[j], compact(p, touched[at[j]:at[j + 1]] - b[j]))
+                  for j, p in remote.items()}
     for j, p in pieces.items():
         if j not in remote:
             _put(token, source, p)
@@ -177,6 +188,24 @@ def _push(part: Any, source: int, token: str, receivers: list[str]) -> tuple[int
     return source, whole
 
 
+def _rows_of(part: Any) -> int:
+    return part.shape[0] if isinstance(part, np.ndarray) else int(part.dufs_rows)
+
+
+def _expanded(x: Any) -> Any:
+    """A piece as it arrived, or, sent as its touched rows only, expanded to the whole piece (zero elsewhere)."""
+    if not (isinstance(x, tuple) and len(x) == 5 and x[0] == "touched"):
+        return x
+    from dufs.engine.touched import expand, held_rows
+
+    _, layout, reader, rows, part = x
+    idx = held_rows(layout, reader)
+    if idx is None:
+        raise HeldLost("a sum over machines was lost: its receiver no longer knows the rows a machine sent (its "
+                       "worker restarted)")
+    return expand(part, idx, rows)
+
+
 def _reduce(acks: list[tuple[int, bool]], j: int, token: str) -> Any:
     """As a task on receiver ``j``: its pieces added over the machines in the tree's order (None: the partials
     went whole to another receiver)."""
@@ -190,7 +219,7 @@ def _reduce(acks: list[tuple[int, bool]], j: int, token: str) -> Any:
     if len(got) != k:
         raise HeldLost(f"a sum over machines was lost: receiver {j} holds {len(got)} of its {k} pieces (its worker "
                        f"restarted, or the task ran elsewhere)")
-    return tree_sum_values([got[m] for m in range(k)])
+    return tree_sum_values([_expanded(got[m]) for m in range(k)])
 
 
 def _concat(pieces: list) -> Any:
@@ -227,11 +256,13 @@ class HeldPieces:
                              pure=False)
 
 
-def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any, pieces: bool = False) -> Any:
+def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any, pieces: bool = False,
+                       rows: Any = None) -> Any:
     """The sum of ``level`` (delayed partials, one a machine, in the tree's order) as a delayed value on
     ``receivers[0]``: pushed in pieces to ``receivers`` (one worker a machine, in the same order), added there,
     gathered at the root (the module docstring); with ``pieces``, left where they were added (a
-    :class:`ScatteredSum`)."""
+    :class:`ScatteredSum`). ``rows``: (a layout's token, each machine's touched rows, its number in the layout),
+    the machines' partials being zero off those rows: each sends only them (:mod:`dufs.engine.touched`)."""
     import dask
 
     ensure_plugin(client)
@@ -240,8 +271,9 @@ def reduce_scatter_sum(level: list[Any], receivers: list[str], client: Any, piec
     reduce = dask.delayed(_reduce, pure=False)
     acks = []
     for m, part in enumerate(level):
+        extra = () if rows is None else (rows[1][m], rows[0], rows[2][m])
         with dask.annotate(workers=[receivers[m]], allow_other_workers=True):
-            acks.append(push(part, m, token, receivers))
+            acks.append(push(part, m, token, receivers, *extra))
     sums = []
     for j, r in enumerate(receivers):
         with dask.annotate(workers=[r], allow_other_workers=True):

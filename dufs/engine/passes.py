@@ -126,7 +126,8 @@ class Passes:
     # ------------------------------------------------------------------ functions over the blocks
     @inline_when_small
     def map_blocks(self, fn: Any, *args: Any, state: Any = None, reduce: str | None = None,
-                   partitions: list | None = None, hold: bool | str = False, **kwargs: Any) -> Any:
+                   partitions: list | None = None, hold: bool | str = False, rows_touched: bool = False,
+                   **kwargs: Any) -> Any:
         """Run ``fn(block, *args, **kwargs)`` on every feature block where it is loaded: one task a block, one pass.
 
         ``block`` is a :class:`FeatureBlock`. Arguments wrapped in :class:`PerBlock` are given block by block;
@@ -148,6 +149,10 @@ class Passes:
         value, as without it. ``hold="pieces"``: where the machines' partials are added by a reduce-scatter, the
         sum is left in the pieces of its rows on the machines' receivers (a :class:`HeldPieces`), for work kept in
         pieces of rows beside them; elsewhere as ``hold=True``.
+
+        ``rows_touched`` (with ``reduce="sum"``): each result is an n-row array (or has ``dufs_rows``) that is zero
+        off the rows its blocks touch, so that a sum over machines sends each machine's touched rows only
+        (:mod:`dufs.engine.touched`).
         """
         if reduce not in (None, "sum"):
             raise ParameterError(f"The 'reduce' parameter of map_blocks must be None or 'sum'; got {reduce!r}.")
@@ -160,7 +165,8 @@ class Passes:
                 raise ParameterError(f"map_blocks: state has {len(items)} items for {n} "
                                      f"{'blocks' if parts is None else 'partitions'}")
         return self.executor.map(fn, args, kwargs, items, reduce, parts, _name(fn),
-                                 hold=hold if reduce == "sum" else False)
+                                 hold=hold if reduce == "sum" else False,
+                                 rows=self.shape[0] if rows_touched and reduce == "sum" else 0)
 
     @inline_when_small
     def map_sums(self, fn: Any, keys: list, *args: Any, then: Any = None, then_args: tuple = ()) -> list:

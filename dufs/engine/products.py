@@ -54,9 +54,22 @@ class ProductPasses:
                 if got is not None:
                     return got
                 f = delayed(partition_rmatvec)
-                tasks = [f([self.src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, None, None, classes)
-                         for u in partitions]
+                tasks = self._at_homes(client, partitions, lambda u: f(
+                    [self.src[i] for i in u], Vs, vsum, [tf[i] for i in u], dt, None, None, classes))
             return self._rows_gathered(tasks, partitions, shape, dtype)
+
+    def _at_homes(self, client: Any, partitions: list[list[int]], make: Any) -> list:
+        """``make(partition)`` for each partition, its task pinned (loosely) to the worker that holds its blocks: left
+        free, the scheduler may run it elsewhere and move its blocks and its n-row result between machines."""
+        import dask
+
+        homes = self.homes(client, partitions) if client is not None and \
+            self.residency.get("mode") == "persisted" else [None] * len(partitions)
+        out = []
+        for g, h in zip(partitions, homes, strict=True):
+            with dask.annotate(**({"workers": [h], "allow_other_workers": True} if h else {})):
+                out.append(make(g))
+        return out
 
     def _rows_gathered(self, tasks: list, partitions: list[list[int]], shape: tuple, dtype: Any) -> np.ndarray:
         """The pass of ``tasks`` (one a partition, or a block), each result written into its blocks' rows as it
@@ -139,11 +152,13 @@ class ProductPasses:
                 parts = [f(s, Ws[i], n) for i, s in enumerate(self.src)]
             else:
                 f = delayed(partition_matvec)
-                parts = [f([self.src[i] for i in g], [Ws[i] for i in g], n) for g in partitions]
+                parts = self._at_homes(client, partitions, lambda g: f([self.src[i] for i in g], [Ws[i] for i in g], n))
             # summed within each machine first, then one partial a machine in a tree (on one machine: the fixed
             # tree of the blocks): the block-order tree sent n x p partials between machines at most of its adds
+            # (each machine's partial is zero off its blocks' rows: over three machines only those are sent)
+            homes = where if partitions is None else self.homes(client, partitions)
             total = tree_sum(parts) if where is None else \
-                tree_sum_machines(parts, where if partitions is None else self.homes(client, partitions), client)
+                tree_sum_machines(parts, homes, client, rows=self._sum_rows(client, partitions, homes, n))
             if hold and client is not None:
                 return self.run_held([total], "Z U")[0]
             return self.run([total], "Z U")[0]

@@ -35,7 +35,7 @@ from dufs.engine.dispatch import (
 from dufs.engine.exchange import HeldPieces, ScatteredSum
 from dufs.engine.progress import report
 from dufs.engine.state import BlockState
-from dufs.engine.touched import PerPartition, Pieced, machine_vectors, touched_rows_on
+from dufs.engine.touched import PerPartition, Pieced, machine_vectors, sum_rows, touched_rows_on
 
 __all__ = ["StatePasses"]
 
@@ -48,10 +48,11 @@ class StatePasses:
     """The executor's ``map_blocks`` passes (a mixin of :class:`~dufs.engine.executor.Executor`)."""
 
     def map(self, fn: Any, args: tuple, kwargs: dict, state: Any, reduce: str | None, partitions: list | None,
-            name: str, hold: bool = False) -> Any:
+            name: str, hold: bool = False, rows: int = 0) -> Any:
         """``Matrix.map_blocks`` (checked there): ``fn`` over every block, or every partition of ``partitions``;
         ``state`` a list of the blocks' or partitions' items (or None); ``hold``: the sum's future where it is
-        made by tasks."""
+        made by tasks; ``rows`` > 0: the results are that many rows, zero off their blocks' rows (a sum over
+        machines sends only those)."""
 
         args = self._touched_args(args, state, partitions)
 
@@ -68,7 +69,7 @@ class StatePasses:
             kw = {k: self.scatter_per_block(ship(v, every=True)) for k, v in kwargs.items()}
             return self._map_resident_tasks(
                 fn, srcs, state, lambda u: (tuple(pick(a, u) for a in shared), {k: pick(v, u) for k, v in kw.items()}),
-                partitions, reduce, name, hold)
+                partitions, reduce, name, hold, rows)
         if state is not None:
             got = self._map_direct(fn, srcs, state, args, kwargs, partitions, reduce, pick, name)
             if not isinstance(got, str):
@@ -94,7 +95,7 @@ class StatePasses:
             if reduce == "sum":
                 return self.run([tree_sum(tasks)], name)[0] if tasks else None
             return self.run(tasks, name)
-        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce, name, hold)
+        return self._map_tasks(fn, srcs, state, task_args, partitions, reduce, name, hold, rows)
 
     def _touched_args(self, args: tuple, state: Any, partitions: list | None) -> tuple:
         """``args`` with each :class:`~dufs.engine.touched.Pieced` vector given as the rows each machine's blocks
@@ -117,8 +118,16 @@ class StatePasses:
         return tuple(PerPartition(machine_vectors(self, client, a, groups, hosts, homes)) if isinstance(a, Pieced)
                      else a for a in args)
 
+    def _sum_rows(self, client: Any, partitions: list | None, home: list, rows: int) -> Any:
+        """:func:`~dufs.engine.touched.sum_rows` for a pass's results of ``rows`` rows (0: not zero off their
+        blocks' rows) made on ``home``, or None."""
+        if not rows or client is None or None in home or self.residency.get("mode") != "persisted":
+            return None
+        groups = [[u] for u in range(self.n_blocks)] if partitions is None else partitions
+        return sum_rows(self, client, groups, home, rows)
+
     def _map_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
-                   reduce: str | None, name: str, hold: bool = False) -> tuple:
+                   reduce: str | None, name: str, hold: bool = False, rows: int = 0) -> tuple:
         """``map`` with state as tasks, each pinned (loosely) to the worker of its blocks, the new state left there;
         reported as one pass (its start and end: the results are gathered together)."""
         from operator import getitem
@@ -144,7 +153,7 @@ class StatePasses:
             got = compute(new + res)
             report(name, n, n)
             return (tree_sum_values(got[n:]) if reduce == "sum" else got[n:], BlockState(got[:n]))
-        total = _total(res, home, client, reduce, hold)
+        total = _total(res, home, client, reduce, hold, self._sum_rows(client, partitions, home, rows))
         futs = track(client.compute(new + _wanted(total, res)))
         out = _results(client, futs[n:], total, hold)
         report(name, n, n)
@@ -171,7 +180,7 @@ class StatePasses:
         return (all(kept) or not any(kept)) and None not in self.homes(client, partitions)
 
     def _map_resident_tasks(self, fn: Any, srcs: list, items: list, task_args: Any, partitions: list | None,
-                            reduce: str | None, name: str, hold: bool = False) -> tuple:
+                            reduce: str | None, name: str, hold: bool = False, rows: int = 0) -> tuple:
         """``map`` with state as one task a partition (or block), each on the worker of its blocks (or of its
         state, where kept on the workers), which keeps the new state in its memory
         (:func:`~dufs.engine.direct.map_resident_task`) and returns only the result: one task a partition where
@@ -194,7 +203,7 @@ class StatePasses:
                 res.append(f(fn, s, items[u], a, kw, tokens[u], drops.pop(home[u], [])))
         self.passes += 1
         report(name, 0, n)
-        total = _total(res, home, client, reduce, hold)
+        total = _total(res, home, client, reduce, hold, self._sum_rows(client, partitions, home, rows))
         futs = track(client.compute(_wanted(total, res)))
         try:
             out = _results(client, futs, total, hold)
@@ -300,12 +309,12 @@ class StatePasses:
         return dargs, dkw
 
 
-def _total(res: list, home: list, client: Any, reduce: str | None, hold: Any) -> Any:
+def _total(res: list, home: list, client: Any, reduce: str | None, hold: Any, rows: Any = None) -> Any:
     """The sum of the tasks' results over the machines (``reduce="sum"``; ``hold="pieces"``: a reduce-scatter's
-    left in its pieces), or None."""
+    left in its pieces; ``rows``: each machine's touched rows only), or None."""
     if reduce != "sum":
         return None
-    return tree_sum_machines(res, home, client, pieces=hold == "pieces")
+    return tree_sum_machines(res, home, client, pieces=hold == "pieces", rows=rows)
 
 
 def _wanted(total: Any, res: list) -> list:

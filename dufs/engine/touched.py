@@ -26,11 +26,11 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["PerPartition", "Pieced", "machine_vectors", "touched_rows_on"]
+__all__ = ["PerPartition", "Pieced", "compact", "expand", "machine_vectors", "sum_rows", "touched_rows_on"]
 
 _TOUCH: dict[tuple[str, int], np.ndarray] = {}  # on a piece's worker: its rows each reader touches, by layout
 _TOKENS: list[str] = []  # on a piece's worker: the layouts it keeps rows for, oldest first
-_KEEP_LAYOUTS = 4
+_KEEP_LAYOUTS = 8
 _LOCK = threading.Lock()
 
 
@@ -75,60 +75,87 @@ def touched_rows_on() -> bool:
 
 class _Layout:
     """The touched rows of each machine for one placement of the blocks: ``rows[host]`` a future of T_h, kept on
-    ``at[host]``; ``token`` names the pieces' rows on their workers."""
+    ``at[host]``; ``token`` names the pieces' rows on their workers, where machine ``host`` is ``reader[host]``."""
 
-    def __init__(self, token: str, rows: dict, at: dict):
-        self.token, self.rows, self.at = token, rows, at
+    def __init__(self, token: str, rows: dict, at: dict, reader: dict):
+        self.token, self.rows, self.at, self.reader = token, rows, at, reader
 
 
 def machine_vectors(executor: Any, client: Any, v: Pieced, groups: list[list[int]], hosts: list[str],
                     workers: list[str]) -> list:
     """A future a group of blocks: the n-vector ``v`` at the rows the blocks of its host touch, zero elsewhere
     (group g of ``groups`` on ``hosts[g]``, its task on ``workers[g]``); one gather task a host."""
-    by_host: dict[str, list[int]] = {}
-    first: dict[str, str] = {}
-    for g, h in enumerate(hosts):
-        by_host.setdefault(h, []).extend(groups[g])
-        first.setdefault(h, workers[g])
-    lay = layout(executor, client, by_host, first, v)
+    by_host, first = _by_host(groups, hosts, workers)
+    lay = layout(executor, client, by_host, first, [k.address for k in v.pieces], v.bounds)
     pairs = [(k.address, k.token) for k in v.pieces]
-    got = {h: client.submit(_gather, lay.rows[h], pairs, v.bounds, lay.token, sorted(by_host).index(h),
+    got = {h: client.submit(_gather, lay.rows[h], pairs, v.bounds, lay.token, lay.reader[h],
                             workers=[lay.at[h]], allow_other_workers=True, pure=False)
            for h in sorted(by_host)}
     return [got[h] for h in hosts]
 
 
-def layout(executor: Any, client: Any, by_host: dict[str, list[int]], first: dict[str, str], v: Pieced) -> _Layout:
-    """The touched rows of each host's blocks, made once for this placement of the blocks and of ``v``'s pieces
-    (kept on ``executor``: one layout at a time)."""
-    from dufs.engine.blocks import resolve  # noqa: F401 - the tasks' module, imported on the workers too
+def sum_rows(executor: Any, client: Any, groups: list[list[int]], workers: list[str], n: int) -> Any:
+    """For a sum over machines of partials that are zero off their blocks' rows (group g of ``groups`` made on
+    ``workers[g]``): a function of the machines (in the sum's order) and their receivers that gives the
+    reduce-scatter what each machine sends as its touched rows only (:func:`~dufs.engine.exchange.
+    reduce_scatter_sum`'s ``rows``: the layout's token, each machine's touched rows and its number in the layout)
+    , or None where the rows touched are off (``dufs.engine.touched-rows``)."""
+    if not touched_rows_on():
+        return None
+    from distributed.comm import get_address_host
+
+    from dufs.engine.exchange import piece_bounds
+
+    by_host, first = _by_host(groups, [get_address_host(w) for w in workers], workers)
+
+    def rows(hosts: list[str], receivers: list[str]) -> tuple:
+        lay = layout(executor, client, by_host, first, receivers, piece_bounds(n, len(receivers)))
+        return lay.token, [lay.rows[h] for h in hosts], [lay.reader[h] for h in hosts]
+
+    return rows
+
+
+def _by_host(groups: list[list[int]], hosts: list[str], workers: list[str]) -> tuple[dict, dict]:
+    """The blocks of ``groups`` by host, and the worker of each host's first group."""
+    by_host: dict[str, list[int]] = {}
+    first: dict[str, str] = {}
+    for g, h in enumerate(hosts):
+        by_host.setdefault(h, []).extend(groups[g])
+        first.setdefault(h, workers[g])
+    return by_host, first
+
+
+def layout(executor: Any, client: Any, by_host: dict[str, list[int]], first: dict[str, str], holders: list[str],
+           bounds: list[int]) -> _Layout:
+    """The touched rows of each host's blocks, each of ``holders`` (one a piece of rows ``bounds``) told its part
+    of them; made once for this placement of the blocks and of the pieces (the last few kept on ``executor``)."""
     from dufs.engine.exchange import ensure_plugin
 
-    key = (tuple((h, tuple(sorted(b))) for h, b in sorted(by_host.items())),
-           tuple(k.address for k in v.pieces), tuple(v.bounds))
-    got = getattr(executor, "touched", None)
-    if got is not None and got[0] == key:
-        return got[1]
+    key = (tuple((h, tuple(sorted(b))) for h, b in sorted(by_host.items())), tuple(holders), tuple(bounds))
+    kept = getattr(executor, "touched", None)
+    if kept is None:
+        kept = executor.touched = {}
+    if key in kept:
+        return kept[key]
     ensure_plugin(client)
     token = uuid.uuid4().hex
     homes = executor.homes(client, None)
-    peers = [k.address for k in v.pieces]
-    rows, at = {}, {}
+    rows, at, reader = {}, {}, {}
     for r, h in enumerate(sorted(by_host)):
-        blocks = sorted(by_host[h])
         marks = []
         by_worker: dict[str, list[int]] = {}
-        for i in blocks:
+        for i in sorted(by_host[h]):
             by_worker.setdefault(homes[i] or first[h], []).append(i)
         for w, bs in sorted(by_worker.items()):  # each worker marks its own blocks' rows: no block moves
-            marks.append(client.submit(_marked, [executor.src[i] for i in bs], v.n, workers=[w],
+            marks.append(client.submit(_marked, [executor.src[i] for i in bs], bounds[-1], workers=[w],
                                        allow_other_workers=True, pure=False))
-        at[h] = first[h]
-        rows[h] = client.submit(_told, marks, v.bounds, token, r, peers, workers=[first[h]],
+        at[h], reader[h] = first[h], r
+        rows[h] = client.submit(_told, marks, bounds, token, r, list(holders), workers=[first[h]],
                                 allow_other_workers=True, pure=False)
-    lay = _Layout(token, rows, at)
-    executor.touched = (key, lay)
-    return lay
+    while len(kept) >= _KEEP_LAYOUTS // 2:  # the oldest let go (their pieces' workers drop them in time)
+        del kept[next(iter(kept))]
+    kept[key] = _Layout(token, rows, at, reader)
+    return kept[key]
 
 
 # ---------------------------------------------------------------------------------------------------- on a worker
@@ -240,3 +267,22 @@ def _gather(rows: np.ndarray, pairs: list[tuple[str, str]], bounds: list[int], l
         else:
             out[rows[cut[j]:cut[j + 1]]] = x
     return out
+
+
+def compact(piece: Any, idx: np.ndarray) -> Any:
+    """A piece of a partial at its rows ``idx`` only (an array's rows, or an object's ``dufs_take``)."""
+    return piece[idx] if isinstance(piece, np.ndarray) else piece.dufs_take(idx)
+
+
+def expand(part: Any, idx: np.ndarray, rows: int) -> Any:
+    """:func:`compact` 's ``part`` back to its ``rows`` rows, zero off ``idx`` (the same bits as the piece)."""
+    if isinstance(part, np.ndarray):
+        out = np.zeros((rows, *part.shape[1:]), dtype=part.dtype)
+        out[idx] = part
+        return out
+    return type(part).dufs_expand(part, idx, rows)
+
+
+def held_rows(token: str, reader: int) -> np.ndarray | None:
+    """On a piece's worker: its rows that machine ``reader`` touches in the layout ``token`` (None: not told)."""
+    return _TOUCH.get((token, int(reader)))

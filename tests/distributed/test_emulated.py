@@ -220,6 +220,37 @@ def test_a_sum_over_machines_goes_in_pieces_peer_to_peer():
     assert max(tree) > 1.9 * part, tree  # the tree's root: two partials
     assert max(pieces) < 1.6 * part and min(pieces) > 0.7 * part, pieces  # 2 x 3/4 at the root, 3/4 elsewhere
 
+def test_a_product_over_machines_sends_each_machine_s_touched_rows_only():
+    """Z U over four machines, the partials added by a reduce-scatter: each machine's partial is zero off the rows
+    its blocks touch, so it sends only those rows of each piece (:mod:`dufs.engine.touched`), 1 - exp(-0.5) = 0.39
+    of them here (two nonzeros a row, a quarter of the features a machine); the product the same bits as with the
+    whole pieces, and NumPy's. Each partition's product runs where its blocks are: none of them moves."""
+    import dask
+
+    from dufs.engine import as_matrix, get_client
+
+    rng = np.random.default_rng(8)
+    X = sp.random(100_000, 800, density=0.0025, format="csr", random_state=rng, dtype=np.float64)
+    U = rng.standard_normal((800, 2))
+    got = {}
+    with (EmulatedCluster(machines=4, procs=1) as cluster,
+          get_client(scheduler_address=cluster.address) as client, client.as_current()):
+        M = as_matrix(X, block_width=100, persist=True, standardize=None)
+        for how in ("off", "on"):
+            with dask.config.set({"dufs.engine.touched-rows": how}):
+                M.matvec(U)  # the placement, and the rows touched, made once
+                before = cluster.link_bytes()
+                value = M.matvec(U)
+                got[how] = (value, sorted(b.into for b in EmulatedCluster.since(before, cluster.link_bytes())))
+    np.testing.assert_array_equal(got["on"][0], got["off"][0])
+    np.testing.assert_allclose(got["on"][0], X @ U, rtol=1e-12, atol=1e-12)
+    part = 8 * U.shape[1] * X.shape[0]
+    off, on = got["off"][1], got["on"][1]  # into each machine, sorted: the root's (the summed pieces too) last
+    assert all(0.7 * part < b < 0.8 * part for b in off[:3]) and 1.45 * part < off[3] < 1.6 * part, off
+    assert all(0.25 * part < b < 0.35 * part for b in on[:3]), on  # 3/4 of a partial x 0.39 of its rows
+    assert on[3] < off[3] - 0.3 * part, on
+
+
 _ITERATIVE = {
     "mmfs": {"tol": 1e-6},
     "lapaofs": {"graph": "anchor", "n_anchors": 32, "embed_dim": 8},
@@ -358,7 +389,8 @@ def test_a_greedy_step_sends_each_machine_the_rows_its_blocks_touch(tmp_path, mo
 
     def spy(executor, client, v, groups, hosts, workers):
         got = real(executor, client, v, groups, hosts, workers)
-        layouts.append(executor.touched[1])
+        layouts.extend(lay for key, lay in executor.touched.items()  # the layout over V's pieces
+                       if key[1] == tuple(k.address for k in v.pieces) and key[2] == tuple(v.bounds))
         return got
 
     monkeypatch.setattr(stateful, "machine_vectors", spy)

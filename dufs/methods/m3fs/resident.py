@@ -169,6 +169,17 @@ class StepSum:
     def dufs_join(cls, pieces: list[StepSum]) -> StepSum:
         return cls(np.concatenate([pieces[0].buf[:9], *(p.buf[9:] for p in pieces)]))
 
+    def dufs_take(self, idx: np.ndarray) -> StepSum:
+        """The dots and the scores at rows ``idx`` only (sent so where the others are zero)."""
+        return StepSum(np.concatenate([self.buf[:9], self.buf[9:][idx]]))
+
+    def dufs_expand(self, idx: np.ndarray, rows: int) -> StepSum:
+        """:meth:`dufs_take` 's piece back to ``rows`` rows, zero off ``idx``."""
+        buf = np.zeros(9 + rows)
+        buf[:9] = self.buf[:9]
+        buf[9:][idx] = self.buf[9:]
+        return StepSum(buf)
+
 
 def _step(blks, st, R, beta, ga, rsum, step, decision, into=None, row=None, renew=None, pieces=False):
     """The decision on the last trial applied (with ``renew``, the new v-step's start made first by :func:`_renew`
@@ -363,7 +374,7 @@ class ResidentU:
             got, self.state = self.M.map_blocks(_step, R, float(beta), gb / self.n, gb, float(step),
                                                 self.decision, state=self.state, partitions=self.parts,
                                                 reduce="sum", hold="pieces" if pieces else True, pieces=pieces,
-                                                **self._renewing(stack))
+                                                rows_touched=True, **self._renewing(stack))
         self.decision = None
         self.swept = self.tried = float(step)
         return got

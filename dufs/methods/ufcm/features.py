@@ -200,7 +200,7 @@ class FeatureSide:
         where a reduce-scatter made it: a :class:`~dufs.engine.HeldPieces`), the transform's centring row or None),
         as :meth:`Matrix.matvec` with ``hold`` gives it."""
         got, self.state = self.M.map_blocks(_zc_w, self.M.shape[0], state=self.state, partitions=self.parts,
-                                            reduce="sum", hold="pieces")
+                                            reduce="sum", hold="pieces", rows_touched=True)
         return got
 
     def result(self) -> np.ndarray:
