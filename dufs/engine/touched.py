@@ -1,19 +1,25 @@
-"""A vector over the samples kept in row pieces, sent to each machine as the rows its blocks touch
-(docs/scaling.md, "The rows a machine touches").
+"""The rows each machine's blocks touch: what a machine is sent of a vector over the samples, and what it sends of
+its partial of a sum (docs/scaling.md, "The rows a machine touches").
 
-A pass over feature blocks reads an n-vector only at the rows of its blocks' nonzeros. Where the vector is kept
-in pieces of rows, one a machine (a greedy step's V), each machine receives from each piece only the rows that its
-own blocks touch: at few nonzeros a row a machine's d / W features touch a fraction 1 - (1 - 1/W)^nnz_row of the
-rows (0.41 of them at W = 8 and 4 a row), where a whole copy brought 8 n bytes a column into every machine.
+A pass over feature blocks reads an n-vector only at the rows of its blocks' nonzeros, and its products (Z U, M3FS's
+scores) are zero off them. At few nonzeros a row a machine's d / W features touch a fraction 1 - (1 - 1/W)^nnz_row
+of the rows (0.41 of them at W = 8 and 4 a row), where a whole copy brought 8 n bytes a column into every machine
+and a reduce-scatter sent every row of each piece.
 
-The layout (:func:`layout`) is made once for a placement of the blocks: each machine's touched rows T_h (a task a
-partition marks its blocks' rows, one task a machine joins them and keeps them as a future), each piece's worker
-told, through its ``dufs_touch`` handler, which of its rows each machine touches (kept there in
-:data:`_TOUCH`). Each pass then runs one task a reading machine (:func:`_gather`) that fetches from every piece
-its rows of T_h (``dufs_touch_rows``: worker to worker) into an n-vector that is zero elsewhere, read by the
-machine's partitions. A piece whose worker no longer has the rows (it restarted) sends its piece whole: more
-bytes, the same numbers. The numbers are the joined vector's at every row a block reads, so a pass makes the same
-bits as from the whole vector."""
+The layout (:func:`layout`) is made once for a placement of the blocks and a cut of the rows into pieces, one a
+machine: each machine's touched rows T_h (a task a worker marks its blocks' rows, one task a machine joins them and
+keeps them as a future), each piece's worker told, through its ``dufs_touch`` handler, which of its rows each
+machine touches (kept there in :data:`_TOUCH`).
+
+- A vector kept in such pieces (:class:`Pieced`: a greedy step's V, M3FS's R) goes to a pass as one gather task a
+  reading machine (:func:`_gather`), which fetches from every piece its rows of T_h (``dufs_touch_rows``: worker to
+  worker) into an n-vector that is zero elsewhere. A piece whose worker was not told the rows (it restarted) sends
+  its piece whole: more bytes, the same numbers.
+- A sum over machines of partials zero off their blocks' rows (:func:`sum_rows`, for
+  :func:`~dufs.engine.exchange.reduce_scatter_sum`) sends each piece at the machine's touched rows only
+  (:func:`compact`), expanded where it arrives (:func:`expand`).
+
+Either way the numbers are the whole vector's at every row a block reads, and the pieces' sums are the same bits."""
 
 from __future__ import annotations
 

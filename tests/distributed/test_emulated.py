@@ -312,10 +312,12 @@ def _two_clusters_on_three_processes(tmp_path, n: int, seed: int, method: str, k
 
 def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_path, monkeypatch):
     """UFCM on three machines: W in pieces beside the blocks, Y and the labels in a piece of rows a machine, each
-    piece reading its rows of Zc W where the pass's reduce-scatter added them (no gather at the root). It selects
+    piece reading its rows of Zc W where the pass's reduce-scatter added them (no gather at the root), the labels
+    sent to the W step's pass as the rows each machine's blocks touch. It selects
     what a LocalCluster of as many worker processes selects, the scores equal but for the order of the sums."""
     from distributed import Client
 
+    from dufs.engine import stateful
     from dufs.methods.ufcm import pieces
 
     kw = {"max_iter": 3, "n_clusters": 2, "n_components": 2}
@@ -329,8 +331,12 @@ def test_ufcm_on_three_machines_reads_y_where_the_reduce_scatter_summed_it(tmp_p
         return got
 
     monkeypatch.setattr(pieces.PieceY, "_held", held)
+    touched: list = []  # the W step's labels go to each machine as the rows its blocks touch
+    real_mv = stateful.machine_vectors
+    monkeypatch.setattr(stateful, "machine_vectors", lambda *a: touched.append(1) or real_mv(*a))
     with EmulatedCluster(machines=3, procs=1) as cluster, Client(cluster.address) as client:
         got = dufs.fit(str(path), method="ufcm", n_features=8, client=client, **kw)
+    assert touched, touched
     d = got.diagnostics
     # W in a piece a worker that holds blocks when it starts (a block may have moved to another machine by then)
     assert d["y_side"] == "3 pieces" and d["w_side"] in ("2 pieces", "3 pieces"), d

@@ -109,8 +109,9 @@ class KeptY:
                 log.warning("ufcm: %s; made again once more", e)
         return None  # tries < 1: nothing tried again
 
-    def codes(self) -> Any:
-        """A future of the labels' int32 codes, for the pass Zc^T U."""
+    def codes(self, pieced: bool = False) -> Any:
+        """A future of the labels' int32 codes, for the pass Zc^T U (``pieced``: read by a pass over the blocks;
+        one worker keeps them here, so the same)."""
         return as_future(self.client, self.labels[1])
 
     def result(self) -> np.ndarray:

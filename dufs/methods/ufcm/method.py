@@ -431,7 +431,7 @@ class _Run:
             km, chosen, counts = side.u_step(c, C, s1, ss)
             t2 = time.perf_counter()
             timings["u_step"] += t2 - t1
-            got = self.fside.iterate(side.codes(), counts, c, self.beta, self.p, _EPS)
+            got = self.fside.iterate(side.codes(pieced=True), counts, c, self.beta, self.p, _EPS)
             timings["w_step"] += time.perf_counter() - t2
             return km, chosen, counts, got
 

@@ -13,7 +13,8 @@ driver's sample, row for row), by one piece (the restarts dealt round them), the
 Lloyd on all rows (from the current centroids, and from a winning restart's) runs as sklearn's Lloyd does, each
 step's centroids from the all-reduced sums (an empty cluster keeps its centroid, where sklearn moves it to a far
 sample). At or below that size Y is gathered whole on every piece and the driver's U step is run as it is. The
-labels go to the pass Zc^T U joined on the first machine."""
+labels go to the W step's pass Zc^T U from their pieces, each machine getting the rows its blocks touch
+(:class:`~dufs.engine.Pieced`), and joined on the first machine for a pass that needs them whole."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 from dufs.engine import (
     AllSum,
     HeldPieces,
+    Pieced,
     abort_exchange,
     ensure_plugin,
     fetch_kept,
@@ -126,8 +128,12 @@ class PieceY(KeptY):
         del h
         return got
 
-    def codes(self) -> Any:
-        """A future of the labels' int32 codes joined on the first machine, for the pass Zc^T U."""
+    def codes(self, pieced: bool = False) -> Any:
+        """A future of the labels' int32 codes joined on the first machine, for the pass Zc^T U; ``pieced``: left
+        in their pieces for a pass over the blocks (:class:`~dufs.engine.Pieced`: each machine gets the rows its
+        blocks touch)."""
+        if pieced:
+            return Pieced(self.kept_codes, self.bounds, _join, self.peers[0])
         return joined(self.client, self.kept_codes, _join, self.peers[0])
 
     def result(self) -> np.ndarray:
