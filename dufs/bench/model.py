@@ -81,7 +81,9 @@ KEPT_PIECES = {"lapaofs": ("n/W", "1"), "lapdofs": ("n/W", "1"), "jcfs": ("n/W",
 #: the methods whose vector a pass reads is sent from those pieces as the rows each machine touches
 #: (``dufs.engine.touched-rows``): its bytes into a machine then
 TOUCHED = {"lapaofs": ("n touched", "WP", "1"), "lapdofs": ("n touched", "WP", "1"),
-           "jcfs": ("n touched", "WP", "1")}
+           "jcfs": ("n touched", "WP", "1"),
+           # R, and the partial scores' pieces of the reduce-scatter, both at the machine's touched rows
+           "m3fs": ("n touched", "1")}
 #: their driver's CPU an iteration then: a fixed cost and one a worker (the blocks' proposals, a task a piece),
 #: nothing over the samples (its iterations hand it scalars; M3FS's alternation works over the samples between
 #: v-steps, not in the median iteration), where a term in n fitted to the noise between two store sizes was
