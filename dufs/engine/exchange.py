@@ -159,7 +159,7 @@ def _push(part: Any, source: int, token: str, receivers: list[str], touched: Any
     from distributed.protocol import to_serialize
     from distributed.utils import sync
 
-    from dufs.engine.touched import compact
+    from dufs.engine.touched import compact, dense
 
     k = len(receivers)
     cut = _pieces(part, k)
@@ -167,10 +167,11 @@ def _push(part: Any, source: int, token: str, receivers: list[str], touched: Any
     pieces = {0: part} if whole else dict(enumerate(cut))
     worker = get_worker()
     remote = {j: p for j, p in pieces.items() if receivers[j] != worker.address}
-    if touched is not None and not whole:
+    if touched is not None and not whole:  # a piece whose rows the machine nearly all touches goes whole
         b = piece_bounds(_rows_of(part), k)
         at = np.searchsorted(touched, b)
-        remote = {j: ("touched", layout, reader, b[j + 1] - b[j], compact(p, touched[at[j]:at[j + 1]] - b[j]))
+        remote = {j: p if dense(at[j + 1] - at[j], b[j + 1] - b[j]) else
+                  ("touched", layout, reader, b[j + 1] - b[j], compact(p, touched[at[j]:at[j + 1]] - b[j]))
                   for j, p in remote.items()}
     for j, p in pieces.items():
         if j not in remote:

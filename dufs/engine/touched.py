@@ -36,7 +36,15 @@ __all__ = ["PerPartition", "Pieced", "compact", "expand", "machine_vectors", "su
 
 _TOUCH: dict[tuple[str, int], np.ndarray] = {}  # on a piece's worker: its rows each reader touches, by layout
 _TOKENS: list[str] = []  # on a piece's worker: the layouts it keeps rows for, oldest first
-_KEEP_LAYOUTS = 8
+_KEEP_LAYOUTS = 8  # the layouts a worker keeps rows for, the least recently used dropped
+#: a machine that touches at least this share of a piece's rows is sent (and sends) the piece whole: its rows'
+#: numbers would cost half as much again as they save, and the piece's worker keeps none for it
+DENSE = 0.9
+
+
+def dense(touched: int, rows: int) -> bool:
+    """Whether ``touched`` rows of a piece of ``rows`` go as the whole piece (:data:`DENSE`)."""
+    return touched >= DENSE * rows
 _LOCK = threading.Lock()
 
 
@@ -158,7 +166,7 @@ def layout(executor: Any, client: Any, by_host: dict[str, list[int]], first: dic
         at[h], reader[h] = first[h], r
         rows[h] = client.submit(_told, marks, bounds, token, r, list(holders), workers=[first[h]],
                                 allow_other_workers=True, pure=False)
-    while len(kept) >= _KEEP_LAYOUTS // 2:  # the oldest let go (their pieces' workers drop them in time)
+    while len(kept) >= _KEEP_LAYOUTS:  # the oldest let go (their pieces' workers drop them in time)
         del kept[next(iter(kept))]
     kept[key] = _Layout(token, rows, at, reader)
     return kept[key]
@@ -176,23 +184,26 @@ def _marked(srcs: list, n: int) -> np.ndarray:
 
 
 def _told(marks: list[np.ndarray], bounds: list[int], token: str, reader: int, peers: list[str]) -> np.ndarray:
-    """The rows (int64, sorted) a machine's blocks touch (the union of ``marks``); each piece's worker of ``peers``
-    told its part of them (its handler ``dufs_touch``), read by the machine ``reader``'s gathers."""
+    """The rows (sorted; int32 below 2^31 rows) a machine's blocks touch (the union of ``marks``); each piece's
+    worker of ``peers`` told its part of them (its handler ``dufs_touch``; None where they are nearly all of the
+    piece's), read by the machine ``reader``'s gathers."""
     from distributed import get_worker
     from distributed.utils import sync
 
     m = marks[0].copy()
     for x in marks[1:]:
         m |= x
-    rows = np.flatnonzero(m)
+    rows = np.flatnonzero(m).astype(np.int32 if m.shape[0] < 2**31 else np.int64)
     cut = np.searchsorted(rows, bounds)
-    parts = [(rows[cut[j]:cut[j + 1]] - bounds[j]).astype(np.int32) for j in range(len(peers))]
+    parts = [None if dense(cut[j + 1] - cut[j], bounds[j + 1] - bounds[j]) else
+             (rows[cut[j]:cut[j + 1]] - bounds[j]).astype(np.int32) for j in range(len(peers))]
     worker = get_worker()
 
     async def tell() -> None:
         from distributed.protocol import to_serialize
 
-        await asyncio.gather(*(worker.rpc(a).dufs_touch(token=token, reader=reader, rows=to_serialize(p))
+        await asyncio.gather(*(worker.rpc(a).dufs_touch(token=token, reader=reader,
+                                                        rows=None if p is None else to_serialize(p))
                                for a, p in zip(peers, parts, strict=True) if a != worker.address))
 
     for a, p in zip(peers, parts, strict=True):
@@ -207,22 +218,41 @@ def _told(marks: list[np.ndarray], bounds: list[int], token: str, reader: int, p
 
 def _touch(token: str, reader: int, rows: Any) -> str:
     """The worker's handler ``dufs_touch``: the rows of its piece that machine ``reader`` touches, for the layout
-    ``token`` (the oldest layouts dropped)."""
+    ``token`` (None: nearly all, the piece goes whole); the least recently used layouts dropped."""
     with _LOCK:
-        if token not in _TOKENS:
-            _TOKENS.append(token)
-            while len(_TOKENS) > _KEEP_LAYOUTS:
-                old = _TOKENS.pop(0)
-                for k in [k for k in _TOUCH if k[0] == old]:
-                    del _TOUCH[k]
-        _TOUCH[(token, int(reader))] = np.asarray(rows)
+        _used(token)
+        while len(_TOKENS) > _KEEP_LAYOUTS:
+            old = _TOKENS.pop(0)
+            for k in [k for k in _TOUCH if k[0] == old]:
+                del _TOUCH[k]
+        _TOUCH[(token, int(reader))] = _ALL if rows is None else np.asarray(rows)
     return "OK"
+
+
+_ALL = "all"  # told that a machine touches (nearly) all of the piece's rows
+
+
+def _used(token: str) -> None:
+    """``token`` the most recently used layout (with :data:`_LOCK` held)."""
+    if token in _TOKENS:
+        _TOKENS.remove(token)
+    _TOKENS.append(token)
+
+
+def held_rows(token: str, reader: int) -> np.ndarray | None:
+    """On a piece's worker: its rows that machine ``reader`` touches in the layout ``token`` (None: not told, or
+    nearly all of them)."""
+    with _LOCK:
+        idx = _TOUCH.get((token, int(reader)))
+        if idx is not None:
+            _used(token)
+    return None if idx is None or isinstance(idx, str) else idx
 
 
 def _touch_rows(token: str, layout: str, reader: int) -> Any:
     """The worker's handler ``dufs_touch_rows``: (whether whole, the rows of the vector kept under ``token`` that
-    machine ``reader`` touches, or all of them where this worker was not told which); None where it keeps no such
-    vector."""
+    machine ``reader`` touches, or all of them where this worker was not told which or they are nearly all); None
+    where it keeps no such vector."""
     from distributed.protocol import to_serialize
 
     from dufs.engine.kept import _KEPT
@@ -230,7 +260,7 @@ def _touch_rows(token: str, layout: str, reader: int) -> Any:
     v = _KEPT.get(token)
     if v is None:
         return None
-    idx = _TOUCH.get((layout, int(reader)))
+    idx = held_rows(layout, reader)
     return (idx is None, to_serialize(v if idx is None else v[idx]))
 
 
@@ -288,7 +318,3 @@ def expand(part: Any, idx: np.ndarray, rows: int) -> Any:
         return out
     return type(part).dufs_expand(part, idx, rows)
 
-
-def held_rows(token: str, reader: int) -> np.ndarray | None:
-    """On a piece's worker: its rows that machine ``reader`` touches in the layout ``token`` (None: not told)."""
-    return _TOUCH.get((token, int(reader)))

@@ -224,7 +224,8 @@ def test_a_product_over_machines_sends_each_machine_s_touched_rows_only():
     """Z U over four machines, the partials added by a reduce-scatter: each machine's partial is zero off the rows
     its blocks touch, so it sends only those rows of each piece (:mod:`dufs.engine.touched`), 1 - exp(-0.5) = 0.39
     of them here (two nonzeros a row, a quarter of the features a machine); the product the same bits as with the
-    whole pieces, and NumPy's. Each partition's product runs where its blocks are: none of them moves."""
+    whole pieces, and NumPy's. Each partition's product runs where its blocks are: none of them moves. Where a
+    machine touches nearly every row, its pieces go whole."""
     import dask
 
     from dufs.engine import as_matrix, get_client
@@ -232,16 +233,23 @@ def test_a_product_over_machines_sends_each_machine_s_touched_rows_only():
     rng = np.random.default_rng(8)
     X = sp.random(100_000, 800, density=0.0025, format="csr", random_state=rng, dtype=np.float64)
     U = rng.standard_normal((800, 2))
+    dense = sp.random(20_000, 800, density=0.05, format="csr", random_state=rng, dtype=np.float64)
     got = {}
     with (EmulatedCluster(machines=4, procs=1) as cluster,
           get_client(scheduler_address=cluster.address) as client, client.as_current()):
-        M = as_matrix(X, block_width=100, persist=True, standardize=None)
-        for how in ("off", "on"):
-            with dask.config.set({"dufs.engine.touched-rows": how}):
-                M.matvec(U)  # the placement, and the rows touched, made once
-                before = cluster.link_bytes()
-                value = M.matvec(U)
-                got[how] = (value, sorted(b.into for b in EmulatedCluster.since(before, cluster.link_bytes())))
+        for name, Z in (("", X), ("dense ", dense)):
+            M = as_matrix(Z, block_width=100, persist=True, standardize=None)
+            for how in ("off", "on"):
+                with dask.config.set({"dufs.engine.touched-rows": how}):
+                    M.matvec(U)  # the placement, and the rows touched, made once
+                    before = cluster.link_bytes()
+                    value = M.matvec(U)
+                    got[name + how] = (value, sorted(b.into for b in EmulatedCluster.since(before,
+                                                                                            cluster.link_bytes())))
+    # where each machine touches nearly every row (ten nonzeros a row a machine), the pieces go whole: no more bytes
+    np.testing.assert_array_equal(got["dense on"][0], got["dense off"][0])
+    np.testing.assert_allclose(got["dense on"][0], dense @ U, rtol=1e-12, atol=1e-12)
+    assert sum(got["dense on"][1]) < 1.02 * sum(got["dense off"][1]), got
     np.testing.assert_array_equal(got["on"][0], got["off"][0])
     np.testing.assert_allclose(got["on"][0], X @ U, rtol=1e-12, atol=1e-12)
     part = 8 * U.shape[1] * X.shape[0]
