@@ -115,8 +115,13 @@ class StatePasses:
         if hosts is None or len(set(hosts)) < 2 or not touched_rows_on():
             return tuple(a.whole(client) if isinstance(a, Pieced) else a for a in args)
         groups = [[u] for u in range(self.n_blocks)] if partitions is None else partitions
-        return tuple(PerPartition(machine_vectors(self, client, a, groups, hosts, homes)) if isinstance(a, Pieced)
-                     else a for a in args)
+        out = []
+        for a in args:
+            if isinstance(a, Pieced):
+                got = machine_vectors(self, client, a, groups, hosts, homes)
+                a = a.whole(client) if got is None else PerPartition(got)
+            out.append(a)
+        return tuple(out)
 
     def _sum_rows(self, client: Any, partitions: list | None, home: list, rows: int) -> Any:
         """:func:`~dufs.engine.touched.sum_rows` for a pass's results of ``rows`` rows (0: not zero off their
