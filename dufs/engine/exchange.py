@@ -72,7 +72,6 @@ def fetch_kept(pairs: list[tuple]) -> list[Any]:
     workers side by side (worker to worker, through their ``dufs_kept`` handler);
     :class:`~dufs.engine.direct.HeldLost` where one is gone."""
     from distributed import get_worker
-    from distributed.utils import sync
 
     from dufs.engine.kept import _KEPT
 
@@ -84,21 +83,33 @@ def fetch_kept(pairs: list[tuple]) -> list[Any]:
             v = _KEPT.get(t)
             out[i] = v[rows[0]:rows[1]] if v is not None and rows else v
 
-    async def get() -> list:
-        return await asyncio.gather(*(worker.rpc(a).dufs_kept(token=t, start=rows[0] if rows else None,
-                                                              stop=rows[1] if rows else None)
-                                      for a, t, *rows in pairs if a != here))
-
     away = [i for i, (a, *_) in enumerate(pairs) if a != here]
-    if away:
-        try:
-            for i, v in zip(away, sync(worker.loop, get), strict=True):
-                out[i] = v
-        except (OSError, asyncio.TimeoutError) as e:
-            raise HeldLost(f"a vector kept on a worker was lost: its worker left ({e})") from None
+    got = ask_workers(worker, [(pairs[i][0], "dufs_kept", {"token": pairs[i][1],
+                                                           "start": pairs[i][2] if len(pairs[i]) > 2 else None,
+                                                           "stop": pairs[i][3] if len(pairs[i]) > 2 else None})
+                               for i in away])
+    for i, v in zip(away, got, strict=True):
+        out[i] = v
     if any(v is None for v in out):
         raise HeldLost("a vector kept on a worker was lost: its worker left or restarted")
     return out
+
+
+def ask_workers(worker: Any, calls: list[tuple[str, str, dict]]) -> list:
+    """From a task on ``worker``: each (address, handler, arguments) of ``calls`` asked of its worker, side by side
+    (worker to worker); the answers in order. :class:`~dufs.engine.direct.HeldLost` where a worker has left."""
+    from distributed.utils import sync
+
+    if not calls:
+        return []
+
+    async def get() -> list:
+        return await asyncio.gather(*(getattr(worker.rpc(a), h)(**kw) for a, h, kw in calls))
+
+    try:
+        return sync(worker.loop, get)
+    except (OSError, asyncio.TimeoutError) as e:
+        raise HeldLost(f"a vector kept on a worker was lost: its worker left ({e})") from None
 
 
 try:  # a WorkerPlugin where distributed is installed (it is wherever there are workers)

@@ -287,8 +287,8 @@ def _gather(rows: np.ndarray, pairs: list[tuple[str, str]], bounds: list[int], l
     """On a reading machine: the vector kept in the pieces ``pairs`` (worker address, token) at the ``rows`` this
     machine's blocks touch, zero elsewhere; each piece's rows fetched from its worker side by side."""
     from distributed import get_worker
-    from distributed.utils import sync
 
+    from dufs.engine.exchange import ask_workers
     from dufs.engine.kept import _KEPT
 
     worker = get_worker()
@@ -300,17 +300,11 @@ def _gather(rows: np.ndarray, pairs: list[tuple[str, str]], bounds: list[int], l
             v = _KEPT.get(t)
             got[j] = None if v is None else (False, v[rows[cut[j]:cut[j + 1]] - bounds[j]])
 
-    async def get() -> list:
-        return await asyncio.gather(*(worker.rpc(a).dufs_touch_rows(token=t, layout=layout, reader=reader)
-                                      for a, t in pairs if a != here))
-
     away = [j for j, (a, _) in enumerate(pairs) if a != here]
-    if away:
-        try:
-            for j, x in zip(away, sync(worker.loop, get), strict=True):
-                got[j] = x
-        except (OSError, asyncio.TimeoutError) as e:
-            raise HeldLost(f"a vector kept on a worker was lost: its worker left ({e})") from None
+    for j, x in zip(away, ask_workers(worker, [(pairs[j][0], "dufs_touch_rows",
+                                                {"token": pairs[j][1], "layout": layout, "reader": reader})
+                                               for j in away]), strict=True):
+        got[j] = x
     if any(x is None for x in got):
         raise HeldLost("a vector kept on a worker was lost: its worker left or restarted")
     first = got[0][1]
