@@ -374,6 +374,10 @@ class SparseStore:
     def feature_nnz(self) -> np.ndarray:
         return read_array(self._group[layout.FEATURE_NNZ], f"{self.path}: feature_nnz")
 
+    def feature_nnz_of(self, start: int, stop: int) -> np.ndarray:
+        """The nonzeros of features ``start:stop`` (a read of that range only)."""
+        return read_array(self._group[layout.FEATURE_NNZ], f"{self.path}: feature_nnz", slice(start, stop))
+
     def block(self, i: int, orientation: Orientation = "csc") -> RawBlock:
         """Block ``i`` as raw buffers (one contiguous read of each of its three arrays)."""
         o = _check_orientation(orientation)

@@ -22,9 +22,10 @@ from dufs.kernels.affine import standardize_rows
 from dufs.kernels.blockops import column_groups, csc_label_sums, csc_matvec, csc_rmatvec
 from dufs.scheduling import each_in_threads, task_threads
 
-__all__ = ["ROWS", "VALUES", "BlockInfo", "FeatureBlock", "PerBlock", "StoreBlock", "ValuedStoreBlock",
-           "assemble_columns", "block_columns", "block_matvec", "block_rmatvec", "block_scores_and_top", "block_topk",
-           "gather_block", "local_topk", "map_group", "map_one", "map_state", "materialize", "nnz_of",
+__all__ = ["ROWS", "VALUES", "BlockInfo", "BlockSlice", "FeatureBlock", "PerBlock", "StoreBlock",
+           "ValuedStoreBlock", "assemble_columns", "block_columns", "block_matvec", "block_rmatvec",
+           "block_scores_and_top", "block_topk", "column_slice", "gather_block", "local_topk", "map_group",
+           "map_one", "map_state", "materialize", "nnz_of",
            "partition_rmatvec", "resolve", "row_sq_sums", "valued_block", "valued_data", "valued_dtype"]
 
 
@@ -218,8 +219,33 @@ def resolve(b: Any) -> FeatureBlock:
 
 
 def materialize(b: Any) -> FeatureBlock:
-    """A block's buffers for persisting: a store block is read afresh (not through the cache, so it is held once)."""
+    """A block's buffers for persisting: a store block is read afresh (not through the cache, so it is held once),
+    a :class:`BlockSlice` cut from its source's."""
+    if isinstance(b, BlockSlice):
+        return column_slice(materialize(b.src), b.start, b.stop)
     return b.read() if isinstance(b, StoreBlock) else b
+
+
+@dataclass(frozen=True)
+class BlockSlice:
+    """Features ``start:stop`` of the block ``src`` (a :class:`FeatureBlock` or a store block): a block cut from a
+    larger one where it is persisted, so that every worker thread holds a block
+    (:func:`~dufs.engine.placement.split_blocks`)."""
+
+    src: Any
+    start: int
+    stop: int
+
+
+def column_slice(b: FeatureBlock, start: int, stop: int) -> FeatureBlock:
+    """Features ``start:stop`` of ``b`` as a block of its own: copies, so that the whole block is not kept alive
+    by the slice."""
+    j0, j1 = start - b.start, stop - b.start
+    if not 0 <= j0 <= j1 <= b.width:
+        raise ParameterError(f"features {start}:{stop} are not in the block {b.start}:{b.stop}")
+    lo, hi = int(b.indptr[j0]), int(b.indptr[j1])
+    return FeatureBlock(start, stop, np.asarray(b.indptr[j0:j1 + 1] - lo, dtype=np.int64),
+                        b.indices[lo:hi].copy(), b.data[lo:hi].copy())
 
 
 @dataclass(frozen=True)

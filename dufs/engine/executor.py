@@ -152,7 +152,7 @@ class Executor(ProductPasses, StatePasses):
         """Load the blocks into ``client``'s workers' memory when they fit in ``fraction`` of it
         (:func:`~dufs.engine.placement.persist_blocks`); whether they were."""
         values, rows = self.residency.get("values"), self.residency.get("rows")
-        src, self.residency = persist_blocks(client, self.src, self.blocks, self.residency, fraction)
+        src, blocks, self.residency = persist_blocks(client, self.src, self.blocks, self.residency, fraction)
         if values is not None:  # blocks read with their values transformed (Matrix(values=...)) stay so
             self.residency["values"] = values
         if rows is not None:
@@ -160,7 +160,7 @@ class Executor(ProductPasses, StatePasses):
         if src is None:
             log.info("%s", self.residency["reason"])
             return False
-        self.src = src
+        self.src, self.blocks = src, blocks
         self.placed_at = {}
         if self.residency["bytes"] is None or any(b.nnz < 0 for b in self.blocks):
             self.count_nnz()

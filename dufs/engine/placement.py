@@ -9,11 +9,20 @@ from typing import Any
 import numpy as np
 
 from dufs import config
-from dufs.engine.blocks import FeatureBlock, StoreBlock, ValuedStoreBlock, materialize, valued_block
+from dufs.engine.blocks import (
+    BlockInfo,
+    BlockSlice,
+    FeatureBlock,
+    StoreBlock,
+    ValuedStoreBlock,
+    column_slice,
+    materialize,
+    valued_block,
+)
 from dufs.engine.dispatch import track
 from dufs.errors import ParameterError
 
-__all__ = ["partition", "persist_blocks", "plan_placement", "runs", "valued_sources"]
+__all__ = ["partition", "persist_blocks", "plan_placement", "runs", "split_blocks", "valued_sources"]
 
 
 def valued_sources(src: list, values: str, residency: dict, where: list[str | None], client: Any,
@@ -91,12 +100,13 @@ def valued_sources(src: list, values: str, residency: dict, where: list[str | No
     return out, out_res
 
 
-def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fraction: float) -> tuple[list | None,
-                                                                                                       dict]:
+def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fraction: float
+                   ) -> tuple[list | None, list, dict]:
     """Load blocks (``src``: their sources, ``blocks``: their :class:`~dufs.engine.blocks.BlockInfo`) into the
-    workers' memory, placed by :func:`plan_placement`, when they fit in ``fraction`` of the cluster's memory.
-    Returns the futures (None when they do not fit, or are not known to: left to be re-read each pass) and the new
-    residency record. A cluster without workers yet is waited for (``dufs.engine.wait-for-workers``)."""
+    workers' memory, placed by :func:`plan_placement`, when they fit in ``fraction`` of the cluster's memory; fewer
+    blocks than the workers' threads are cut first (:func:`split_blocks`). Returns the futures (None when they do
+    not fit, or are not known to: left to be re-read each pass), the blocks' information (new where they were cut)
+    and the new residency record. A cluster without workers yet is waited for (``dufs.engine.wait-for-workers``)."""
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"].items())
     if not workers:
         # a cluster that is starting, scaling up or restarting a worker: wait for one rather than fail
@@ -111,9 +121,13 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
     need = residency.get("bytes")
     mode = residency["mode"]
     if mode != "source" and memory and need is not None and need > fraction * memory:
-        return None, {"mode": "store" if mode == "store" else mode, "bytes": need, "cluster_memory": memory,
-                      "reason": f"not persisted: {need / 2**20:,.0f} MiB exceeds {fraction:.0%} of the cluster's "
-                                f"{memory / 2**20:,.0f} MiB; blocks are re-read each pass"}
+        return None, blocks, {"mode": "store" if mode == "store" else mode, "bytes": need, "cluster_memory": memory,
+                              "reason": f"not persisted: {need / 2**20:,.0f} MiB exceeds {fraction:.0%} of the "
+                                        f"cluster's {memory / 2**20:,.0f} MiB; blocks are re-read each pass"}
+    slots = sum(int(w.get("nthreads") or 1) for _, w in workers)
+    n_before = len(blocks)
+    src, blocks = split_blocks(src, blocks, slots, int(config.parse_bytes(config.get("engine.split-block-nnz"))),
+                               len(workers))
     place = plan_placement([b.nnz if b.nnz >= 0 else b.width for b in blocks], [a for a, _ in workers])
     from dask.delayed import Delayed
     from distributed import wait
@@ -133,8 +147,60 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
     # to "no-worker" (no worker running at that moment: both of a 2-worker cluster lost at once); distributed then
     # starts such a task on a worker that joins only when that worker is one it was restricted to, loose or not
     client.sync(client.scheduler.set_restrictions, worker={f.key: None for f in futures})
-    return futures, {"mode": "persisted", "bytes": need, "cluster_memory": memory, "n_workers": len(workers),
-                     "reason": "persisted in the workers' memory, balanced by nonzeros"}
+    cut = (f"; its {n_before} feature blocks cut into {len(blocks)} for the workers' {slots} threads"
+           if len(blocks) > n_before else "")
+    return futures, blocks, {"mode": "persisted", "bytes": need, "cluster_memory": memory, "n_workers": len(workers),
+                             "reason": f"persisted in the workers' memory, balanced by nonzeros{cut}"}
+
+
+def split_blocks(src: list, blocks: list, slots: int, min_nnz: int, workers: int = 1) -> tuple[list, list]:
+    """The blocks cut, where there are fewer than ``slots`` (the cluster's worker threads), into about
+    min(``slots``, nnz / ``min_nnz``) pieces (pieces of about ``min_nnz`` nonzeros or more) (a multiple of ``workers`` where that is at least ``workers``, so that
+    the workers' loads can be equal), balanced by nonzeros within each block: a pass runs a block a thread, so a
+    store of one block ran every pass on one worker of a cluster. In-memory blocks are cut here; a store's are cut
+    where they are loaded (a :class:`~dufs.engine.blocks.BlockSlice`), by its features' nonzeros; blocks whose
+    features' nonzeros are not known (a Dask array's) are left whole. ``min_nnz`` 0: never cut."""
+    if min_nnz <= 0 or len(blocks) >= slots or any(b.nnz < 0 for b in blocks):
+        return src, blocks
+    total = sum(b.nnz for b in blocks)
+    want = min(slots, round(total / min_nnz))
+    if want >= workers > 1:
+        want -= want % workers
+    if want <= len(blocks):
+        return src, blocks
+    target = total / want
+    stores: dict[str, Any] = {}
+    out_src, out_blocks = [], []
+    for s, b in zip(src, blocks, strict=True):
+        pieces = min(max(1, round(b.nnz / target)), b.width)
+        counts = None if pieces < 2 else _feature_nnz(s, stores)
+        if counts is None:
+            out_src.append(s)
+            out_blocks.append(b)
+            continue
+        cum = np.cumsum(counts)
+        cuts = np.searchsorted(cum, b.nnz * np.arange(1, pieces) / pieces, side="left") + 1
+        edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, b.width - 1), [b.width]]))
+        for a, z in zip(edges[:-1], edges[1:], strict=True):
+            lo, hi = b.start + int(a), b.start + int(z)
+            out_src.append(column_slice(s, lo, hi) if isinstance(s, FeatureBlock) else BlockSlice(s, lo, hi))
+            out_blocks.append(BlockInfo(lo, hi, int(cum[z - 1] - (cum[a - 1] if a else 0))))
+    return out_src, out_blocks
+
+
+def _feature_nnz(s: Any, stores: dict) -> np.ndarray | None:
+    """The nonzeros of each feature of the block source ``s``: an in-memory block's from its pointers, a store
+    block's read from its store (that range only); None for other sources."""
+    if isinstance(s, FeatureBlock):
+        return np.diff(s.indptr)
+    if isinstance(s, StoreBlock):
+        from dufs.data import open_store
+
+        st = stores.get(s.path)
+        if st is None:
+            st = stores[s.path] = open_store(s.path)
+        return np.asarray(st.feature_nnz_of(s.start, s.stop), dtype=np.int64)
+    return None
 
 
 def plan_placement(est: list[int], workers: list[str]) -> dict[int, str]:
