@@ -155,11 +155,12 @@ def persist_blocks(client: Any, src: list, blocks: list, residency: dict, fracti
 
 def split_blocks(src: list, blocks: list, slots: int, min_nnz: int, workers: int = 1) -> tuple[list, list]:
     """The blocks cut, where there are fewer than ``slots`` (the cluster's worker threads), into about
-    min(``slots``, nnz / ``min_nnz``) pieces (pieces of about ``min_nnz`` nonzeros or more) (a multiple of ``workers`` where that is at least ``workers``, so that
-    the workers' loads can be equal), balanced by nonzeros within each block: a pass runs a block a thread, so a
-    store of one block ran every pass on one worker of a cluster. In-memory blocks are cut here; a store's are cut
-    where they are loaded (a :class:`~dufs.engine.blocks.BlockSlice`), by its features' nonzeros; blocks whose
-    features' nonzeros are not known (a Dask array's) are left whole. ``min_nnz`` 0: never cut."""
+    min(``slots``, nnz / ``min_nnz``) pieces of about ``min_nnz`` nonzeros or more (a multiple of ``workers`` where
+    that is at least ``workers``, so that the workers' loads can be equal), balanced by nonzeros within each block:
+    a pass runs a block a thread, so a store of one block ran every pass on one worker of a cluster. In-memory
+    blocks are cut here; a store's are cut where they are loaded (a :class:`~dufs.engine.blocks.BlockSlice`), by
+    its features' nonzeros; blocks whose features' nonzeros are not known (a Dask array's) are left whole.
+    ``min_nnz`` 0: never cut."""
     if min_nnz <= 0 or len(blocks) >= slots or any(b.nnz < 0 for b in blocks):
         return src, blocks
     total = sum(b.nnz for b in blocks)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dask
 import numpy as np
-import pytest
 import scipy.sparse as sp
 
 import dufs
