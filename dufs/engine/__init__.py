@@ -49,7 +49,18 @@ from dufs.engine.graphs import (
     sparse_counts,
 )
 from dufs.engine.inputs import check_finite, check_labels, input_identity
-from dufs.engine.kept import Kept, as_future, fetch, flush, joined, kept_call, kept_calls, kept_vectors, piece_workers
+from dufs.engine.kept import (
+    Kept,
+    as_future,
+    distinct_workers,
+    fetch,
+    flush,
+    joined,
+    kept_call,
+    kept_calls,
+    kept_vectors,
+    piece_workers,
+)
 from dufs.engine.knn import graph_built
 from dufs.engine.matrix import ROWS, STANDARDIZE, VALUES, Matrix, Transform, as_matrix, transform_of
 from dufs.engine.rows import Rows, max_task_bytes
@@ -62,9 +73,10 @@ __all__ = ["AllSum", "AnchorGraph", "BlockState", "ColumnStats", "Executor", "Fe
            "Matrix", "PerBlock", "Pieced", "ROWS", "Receiving", "Rows", "STANDARDIZE", "StoreBlock", "Transform",
            "VALUES",
            "abort_exchange", "allreduce_sum", "anchor_graph", "as_future", "as_matrix", "block_stats", "buffer",
-           "check_finite", "check_labels", "current_client", "ensure_plugin", "fetch", "fetch_kept", "flush",
-           "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values", "in_shared_memory",
-           "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors", "knn_graph",
+           "check_finite", "check_labels", "current_client", "distinct_workers", "ensure_plugin", "fetch",
+           "fetch_kept", "flush", "get_client", "graph_built", "graph_metric", "graph_rows", "graph_values",
+           "in_shared_memory", "input_identity", "is_lost", "joined", "kept_call", "kept_calls", "kept_vectors",
+           "knn_graph",
            "laplacian_operator", "last_timeline", "mark_spread", "max_task_bytes", "partition_matvec",
            "partition_rmatvec", "piece_bounds", "piece_workers", "ranked_head", "receiving", "resolve_graph", "shipped",
            "sparse_counts", "thread_runs", "transform_of", "tree_sum_into", "tree_sum_values"]

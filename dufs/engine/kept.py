@@ -23,7 +23,8 @@ import numpy as np
 
 from dufs.engine.direct import HeldLost
 
-__all__ = ["Kept", "as_future", "fetch", "flush", "joined", "kept_call", "kept_calls", "kept_vectors", "piece_workers"]
+__all__ = ["Kept", "as_future", "distinct_workers", "fetch", "flush", "joined", "kept_call", "kept_calls",
+           "kept_vectors", "piece_workers"]
 
 _KEPT: dict[str, np.ndarray] = {}  # on a worker: its kept vectors by token
 _LOCK = threading.Lock()
@@ -239,6 +240,20 @@ def kept_vectors(client: Any) -> bool:
         return len(machines(client)) > 1
     except Exception:  # a client that cannot say: the driver's way
         return False
+
+
+def distinct_workers(pieces: list[Kept]) -> list[str]:
+    """The workers of ``pieces`` made one a worker (:func:`kept_calls` with ``where``), for the calls among them
+    that run at once and wait on each other (an all-reduce, rank by rank); :class:`HeldLost` where two landed on
+    one worker. That happens where the worker named for one was lost while they were made (its task then ran on
+    another's, the restriction being loose): their ranks would then share that worker's thread, one waiting for a
+    message from the other queued behind it, until the exchange's timeout (10 minutes) gave up. Lost, the solver
+    makes its pieces again, on the workers there are then."""
+    peers = [k.address for k in pieces]
+    if len(set(peers)) < len(peers):
+        raise HeldLost(f"a piece kept on a worker was lost: {len(peers)} pieces landed on {len(set(peers))} workers "
+                       f"(a worker left while they were made)")
+    return peers
 
 
 def piece_workers(client: Any, n: int) -> list[str]:

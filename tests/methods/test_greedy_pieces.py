@@ -127,3 +127,40 @@ def test_a_worker_that_keeps_a_piece_killed_mid_run_changes_nothing(monkeypatch,
     np.testing.assert_array_equal(got.indices, ref.indices)
     np.testing.assert_allclose(got.diagnostics["criterion"], ref.diagnostics["criterion"], rtol=1e-10)
     assert got.diagnostics["recoveries"] >= 1
+
+
+def test_pieces_that_land_on_one_worker_are_made_again_not_waited_on(cluster_client, monkeypatch):
+    """Two pieces on one worker (the worker named for one was lost while they were made, and its task ran on the
+    other's): their steps' all-reduce would wait rank on rank in that worker's one thread until the exchange's
+    timeout. They are taken as lost at once and made again on the workers there are; no step runs among them."""
+    import dask
+
+    from dufs.methods.greedy import pieces, run
+
+    X = _data(3)
+    real_workers, real_calls = run.piece_workers, pieces.kept_calls
+    asked, peers_of_steps = [], []
+
+    def workers(client, n):  # the first time, both pieces named on one worker
+        got = real_workers(client, n)
+        asked.append(got)
+        return [got[0]] * len(got) if len(asked) == 1 else got
+
+    def calls(client, fn, calls_, **kw):
+        if fn is pieces.piece_call:
+            peers_of_steps.append(list(calls_[0][6]))
+        return real_calls(client, fn, calls_, **kw)
+
+    monkeypatch.setattr(run, "piece_workers", workers)
+    monkeypatch.setattr(pieces, "kept_calls", calls)
+    with cluster_client.as_current():
+        M = as_matrix(X, block_width=8, persist=True)
+        with dask.config.set({"dufs.engine.shared-memory": "off", "dufs.engine.kept-vectors": "off"}):
+            want = _fit(M, "lapaofs", cluster_client, "anchor")
+        with dask.config.set(_PIECES):
+            got = _fit(M, "lapaofs", cluster_client, "anchor")
+        M.release()
+    assert len(asked) >= 2 and peers_of_steps
+    assert all(len(set(p)) == len(p) for p in peers_of_steps), peers_of_steps
+    assert got.diagnostics["recoveries"] >= 1 and got.diagnostics["samples_side"] == "2 pieces"
+    np.testing.assert_array_equal(got.indices, want.indices)

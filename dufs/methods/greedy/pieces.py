@@ -27,6 +27,7 @@ from dufs.engine import (
     abort_exchange,
     allreduce_sum,
     current_client,
+    distinct_workers,
     ensure_plugin,
     kept_calls,
     piece_bounds,
@@ -67,6 +68,7 @@ class PieceSides:
             calls.append((b - a, mode, lam1, lam2, None, zh_j, None if W is None else W.anchors,
                           None if W is None else W.lam, big[0], dtype, big[1], li, ysq))
         self.sides: list[Kept] = [h[0] for _, h in kept_calls(c, make_side, calls, keep=1, where=self.workers)]
+        self.peers = distinct_workers(self.sides)  # its steps' all-reduces wait rank on rank
 
     def __len__(self) -> int:
         return len(self.sides)
@@ -86,7 +88,7 @@ class PieceSides:
         c = self.client
         ensure_plugin(c)
         token = uuid.uuid4().hex
-        peers = [s.address for s in self.sides]
+        peers = self.peers
         try:
             got = kept_calls(c, piece_call, [(s, what, self.bounds[j], self.bounds[-1], token, j, peers, *args)
                                              for j, s in enumerate(self.sides)], keep=1)

@@ -87,12 +87,12 @@ class GreedyRun:
         self.state: Any = None
         self.client = current_client()
         self.kept = kept_vectors(self.client)
-        self.side: Any = self._new_side()  # a Side, its Kept handle on a worker, or its pieces
+        self.recoveries = 0
+        self.side: Any = self._first_side()  # a Side, its Kept handle on a worker, or its pieces
         # where the work over the samples runs (the diagnostics' "samples_side")
         self.side_layout = (f"{len(self.side)} pieces" if isinstance(self.side, PieceSides) else
                             "one worker" if isinstance(self.side, Kept) else "driver")
         self.parts: list[list[int]] | None = None  # the partitions of the block state (None: one task a block)
-        self.recoveries = 0
         self.replayed = 0
         self.resumed = 0
 
@@ -106,6 +106,17 @@ class GreedyRun:
         dtype = np.float32 if np.dtype(self.M.dtype) == np.float32 else np.float64
         return (self.n, mode, lam1, self.lam2, self.L if lam1 and not anchor else None, W if anchor else None,
                 self.Y, dtype, wd, li)
+
+    def _first_side(self) -> Any:
+        """:meth:`_new_side`, made again where a worker it was made on was lost meanwhile (as a step's loss is)."""
+        while True:
+            try:
+                return self._new_side()
+            except Exception as exc:
+                if not recoverable(exc, self.recoveries):
+                    raise
+                self.recoveries += 1
+                log.warning("the selected set's side was lost as it was made (%s); making it again", exc)
 
     def _new_side(self) -> Any:
         """An empty :class:`Side` here, or made and kept on a worker (:attr:`kept`): the anchor graph's Zh whole

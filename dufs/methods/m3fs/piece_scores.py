@@ -29,6 +29,7 @@ from dufs.engine import (
     Pieced,
     abort_exchange,
     current_client,
+    distinct_workers,
     ensure_plugin,
     fetch_kept,
     kept_call,
@@ -96,7 +97,7 @@ class PieceScores(Decisions):
                 zh_j = _scatter(c, zh[a:b], w)
             calls.append((*vecs, zh_j, lam, _Samples.consts(prob), n, (a, b)))
         self.pieces = [h[0] for _, h in kept_calls(c, _make, calls, keep=1, where=list(workers))]
-        self.peers = [p.address for p in self.pieces]
+        self.peers = distinct_workers(self.pieces)
         self.R: list | None = None
         self.decision: str | None = None
         self.in_pieces = True  # the pass's sum wanted in pieces of rows (ResidentU.step_held)

@@ -28,6 +28,7 @@ from dufs.engine import (
     HeldPieces,
     Pieced,
     abort_exchange,
+    distinct_workers,
     ensure_plugin,
     fetch_kept,
     joined,
@@ -83,7 +84,7 @@ class PieceY(KeptY):
         self.bounds = piece_bounds(self.n, len(self.workers))
         calls = [(j, (self.bounds[j], self.bounds[j + 1]), self.n) for j in range(len(self.workers))]
         self.pieces = [h[0] for _, h in kept_calls(self.client, _make, calls, keep=1, where=self.workers)]
-        self.peers = [p.address for p in self.pieces]
+        self.peers = distinct_workers(self.pieces)
 
     def _call(self, what: str, *args: Any, keep: int = 0, each: list | None = None) -> list:
         """``what`` on every piece at once, its all-reduces under a fresh token (given up on the others where one
