@@ -156,13 +156,15 @@ def check_script_guard() -> None:
 
 def _workers_first(cluster: Any, client: Any, timeout: float = 10.0) -> None:
     """Close the workers while the scheduler still runs, then let the cluster close it: closed the other way round,
-    a worker's heartbeat in flight when the scheduler goes logs a "Failed to communicate with scheduler" error."""
+    a worker's heartbeat in flight when the scheduler goes logs a "Failed to communicate with scheduler" error. A
+    worker leaves the scheduler's list before its process has stopped, so the wait is also for the cluster's own
+    worker objects, dropped once their nannies have closed (a loaded machine showed the error with the list alone)."""
     import time
 
     with contextlib.suppress(Exception):
         cluster.scale(0)
         end = time.monotonic() + timeout
-        while time.monotonic() < end and client.scheduler_info(n_workers=-1).get("workers"):
+        while time.monotonic() < end and (client.scheduler_info(n_workers=-1).get("workers") or cluster.workers):
             time.sleep(0.05)
 
 
